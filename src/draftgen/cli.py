@@ -1,0 +1,263 @@
+"""The ``draftgen`` command line: flags → config → one library call per command.
+
+Every command catches ``DraftgenError`` and prints ``Error: <message>`` on one line (no traceback), then
+exits with the error's exit code. Ctrl-C exits 130 with a one-line message. Nothing here holds logic.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from . import __version__
+from .errors import DraftgenError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"Error: {message}", err=True)
+    sys.exit(code)
+
+
+def friendly(fn: F) -> F:
+    """Turn library errors into one line and an exit code."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except DraftgenError as exc:
+            _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, exc.exit_code)
+        except KeyboardInterrupt:
+            _fail("interrupted; completed work is on disk and the next run resumes from it", 130)
+        except BrokenPipeError:
+            sys.exit(1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _load(config: str, overrides: dict[str, Any] | None = None) -> Any:
+    from .config import load_config
+
+    return load_config(config, overrides)
+
+
+def _setup_logging(verbose: bool) -> None:
+    import logging
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="draftgen")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging on stderr.")
+def cli(verbose: bool) -> None:
+    """Generate exact-token-ID training data for speculative-decoding drafters."""
+    _setup_logging(verbose)
+
+
+run_dir_option = click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (overrides run_dir).")
+
+
+def generate_options(fn: F) -> F:
+    opts = [
+        click.option("--dataset", "datasets", multiple=True, help="Only this dataset (repeatable)."),
+        click.option("--partition", type=click.Choice(["short", "long", "all"]), default="all", show_default=True),
+        click.option("--token-budget", type=int, help="Completion-token budget per dataset."),
+        click.option("--max-spend", type=float, help="Dollar budget for this run directory (USD)."),
+        click.option("--short-concurrency", type=int, help="Requests in flight for the short partition."),
+        click.option("--long-concurrency", type=int, help="Requests in flight for the long partition."),
+        click.option("--short-max-tokens", type=int, help="max_tokens for short prompts."),
+        click.option("--long-max-tokens", type=int, help="max_tokens for long prompts."),
+        click.option("--api-key-file", type=click.Path(dir_okay=False), help="File holding the API key (else OPENROUTER_API_KEY)."),
+        click.option("--base-url", help="API root, e.g. https://openrouter.ai/api/v1 or http://127.0.0.1:PORT/api/v1."),
+        run_dir_option,
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def generate_overrides(kw: dict[str, Any]) -> dict[str, Any]:
+    base_url = kw.get("base_url")
+    out: dict[str, Any] = {
+        "run_dir": kw.get("run_dir"),
+        "budget.token_budget": kw.get("token_budget"),
+        "budget.max_spend_usd": kw.get("max_spend"),
+        "partitions.short.concurrency": kw.get("short_concurrency"),
+        "partitions.long.concurrency": kw.get("long_concurrency"),
+        "partitions.short.max_tokens": kw.get("short_max_tokens"),
+        "partitions.long.max_tokens": kw.get("long_max_tokens"),
+        "endpoint.api_key_file": str(Path(kw["api_key_file"]).resolve()) if kw.get("api_key_file") else None,
+        "endpoint.base_url": base_url,
+    }
+    return out
+
+
+@cli.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@generate_options
+@friendly
+def generate(config: str, **kw: Any) -> None:
+    """Send prepared prompts and write raw responses with exact token ids (resumable)."""
+    from .generate import GenerateOptions, run_generate
+
+    cfg = _load(config, generate_overrides(kw))
+    opts = GenerateOptions(datasets=list(kw["datasets"]), partition=kw["partition"], argv=sys.argv, base_url_flag=kw.get("base_url"))
+    report = run_generate(cfg, opts)
+    if report.exit_code:
+        sys.exit(report.exit_code)
+
+
+@cli.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@run_dir_option
+@click.option("--skip-bad", is_flag=True, help="Skip and count malformed input lines instead of stopping.")
+@friendly
+def prepare(config: str, run_dir: str | None, skip_bad: bool) -> None:
+    """Normalise prompt datasets into prepared/<dataset>/prompts.jsonl."""
+    from .prepare import run_prepare
+
+    cfg = _load(config, {"run_dir": run_dir, "prepare.skip_bad": True if skip_bad else None})
+    run_prepare(cfg, echo=click.echo)
+
+
+@cli.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@run_dir_option
+@click.option("--reference", type=click.Path(dir_okay=False), help="Reference ids (emulator ground truth or exact-id records).")
+@friendly
+def audit(config: str, run_dir: str | None, reference: str | None) -> None:
+    """Check reconstructed ids: structure, billing agreement, BPE drift against reference ids."""
+    from .audit import run_audit
+
+    cfg = _load(config, {"run_dir": run_dir, "audit.reference": str(Path(reference).resolve()) if reference else None})
+    run_audit(cfg, echo=click.echo)
+
+
+@cli.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@run_dir_option
+@friendly
+def merge(config: str, run_dir: str | None) -> None:
+    """Filter, dedupe, cap, shuffle and split into merged/ Parquet plus exports."""
+    from .merge import run_merge
+
+    cfg = _load(config, {"run_dir": run_dir})
+    run_merge(cfg, echo=click.echo)
+
+
+@cli.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--api-key-file", type=click.Path(dir_okay=False))
+@click.option("--base-url")
+@click.option("--prompt", help="Prompt to send (overrides probe.prompt).")
+@friendly
+def probe(config: str, api_key_file: str | None, base_url: str | None, prompt: str | None) -> None:
+    """One request that checks key, credits, provider, reasoning field, cost and reconstruction."""
+    from .probe import run_probe
+
+    cfg = _load(config, {
+        "endpoint.api_key_file": str(Path(api_key_file).resolve()) if api_key_file else None,
+        "endpoint.base_url": base_url,
+        "probe.prompt": prompt,
+    })
+    report = run_probe(cfg, echo=click.echo)
+    if not report.ok:
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@run_dir_option
+@click.option("--api-key-file", type=click.Path(dir_okay=False))
+@click.option("--base-url")
+@click.option("--pilot", type=int, help="Prompts per dataset to send as a pilot (overrides plan.pilot).")
+@friendly
+def plan(config: str, run_dir: str | None, api_key_file: str | None, base_url: str | None, pilot: int | None) -> None:
+    """Estimate tokens, dollars, time and hidden-state disk before spending."""
+    from .plan import run_plan
+
+    cfg = _load(config, {
+        "run_dir": run_dir,
+        "endpoint.api_key_file": str(Path(api_key_file).resolve()) if api_key_file else None,
+        "endpoint.base_url": base_url,
+        "plan.pilot": pilot,
+    })
+    run_plan(cfg, echo=click.echo)
+
+
+@cli.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@generate_options
+@friendly
+def run(config: str, **kw: Any) -> None:
+    """Prepare → generate → audit → merge → report, resuming where it stopped."""
+    from .pipeline import run_pipeline
+
+    cfg = _load(config, generate_overrides(kw))
+    report = run_pipeline(cfg, argv=sys.argv, datasets=list(kw["datasets"]), partition=kw["partition"],
+                          base_url_flag=kw.get("base_url"), echo=click.echo)
+    if report.exit_code:
+        sys.exit(report.exit_code)
+
+
+@cli.command()
+@click.argument("target", type=click.Path())
+@friendly
+def status(target: str) -> None:
+    """Summarise a run directory (or a config's run directory), during a run or after it."""
+    from .report.status import run_status
+
+    run_status(target, echo=click.echo)
+
+
+@cli.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@run_dir_option
+@click.option("--output", type=click.Path(dir_okay=False), help="Where to write the page (default <run_dir>/report.html).")
+@friendly
+def report(config: str, run_dir: str | None, output: str | None) -> None:
+    """Write report.html: one self-contained page with tables and charts."""
+    from .report.html import run_report
+
+    cfg = _load(config, {"run_dir": run_dir})
+    path = run_report(cfg, output=Path(output) if output else None)
+    click.echo(f"report: {path}")
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8765, show_default=True)
+@click.option("--scenario", default="fast", show_default=True, help="fast | realistic | chaos | path to a scenario YAML.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--ground-truth", type=click.Path(dir_okay=False), help="Append {generation_id, output_ids, prompt_ids} per response.")
+@click.option("--api-key", help="Accept only this key (default: any sk-or-… key).")
+@click.option("--management-key", help="The key that may read /credits.")
+@click.option("--credits", type=float, default=100.0, show_default=True, help="Starting credits in USD.")
+@click.option("--profile", default="qwen3", show_default=True, help="Token profile of the emulated model.")
+@click.option("--tokenizer", default="bundled:qwen3", show_default=True, help="Tokenizer of the emulated model.")
+@friendly
+def emulate(**kw: Any) -> None:
+    """Serve a local OpenRouter emulator (also SGLang /generate and vLLM token-id modes)."""
+    from .emulator.server import EmulatorOptions, serve_forever
+
+    serve_forever(EmulatorOptions(**kw), echo=click.echo)
+
+
+def main() -> None:
+    cli(prog_name="draftgen")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,413 @@
+"""Typed run configuration: a YAML file plus CLI flag overrides.
+
+Reads one YAML file (``draftgen <command> CONFIG``). Unknown keys, wrong types and bad values are a
+``ConfigError`` naming the file and the key path (``datasets[1].formt``) and what to do. Relative paths
+in the file resolve from the file's folder. Defaults live here, in code; ``docs/config.md`` is generated
+from these classes (``python -m draftgen.docgen``), so the reference cannot drift.
+
+Shape (every section optional except ``datasets``)::
+
+    run_dir: runs/quickstart
+    model:     {id, profile, tokenizer, tokenizer_sha256, chat_template, thinking}
+    endpoint:  emulator | openrouter | openai | vllm | sglang   (or a mapping, see EndpointConfig)
+    routing:   OpenRouter provider object {order, only, ignore, sort, allow_fallbacks, quantizations, ...}
+    reasoning: {effort, max_tokens, exclude, enabled}
+    sampling:  {temperature, top_p, seed, stop, logprobs, top_logprobs}
+    partitions: {short: {concurrency, max_tokens}, long: {concurrency, max_tokens}}
+    datasets:  [{name, path | hf, format, partition, max_samples, token_budget, weight, cap}, ...]
+    prepare, budget, retry, audit, merge, hidden_states, plan, probe
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import yaml
+
+from .errors import ConfigError
+
+__all__ = [
+    "AuditConfig",
+    "BudgetConfig",
+    "DatasetConfig",
+    "EmulatorConfig",
+    "EndpointConfig",
+    "HiddenStatesConfig",
+    "MergeConfig",
+    "ModelConfig",
+    "PartitionConfig",
+    "PartitionsConfig",
+    "PlanConfig",
+    "PrepareConfig",
+    "ProbeConfig",
+    "ReasoningConfig",
+    "RetryConfig",
+    "RoutingConfig",
+    "RunConfig",
+    "SamplingConfig",
+    "config_hash",
+    "load_config",
+    "resolve_api_key",
+]
+
+
+class _C(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
+    pass
+
+
+class ModelConfig(_C):
+    """The target model."""
+
+    id: str = "qwen/qwen3-8b"
+    """API model slug sent as ``model`` (OpenRouter: ``moonshotai/kimi-k2.5``)."""
+    profile: str = "qwen3"
+    """Token profile: kimi-k2.5, kimi-k2-thinking, qwen3, qwen3-thinking-2507, deepseek-r1, deepseek-v3.1, glm-4.5, gpt-oss, generic."""
+    tokenizer: str = "bundled:qwen3"
+    """Tokenizer: ``bundled:qwen3``, a local folder, or ``hf:org/name@revision``."""
+    tokenizer_sha256: str | None = None
+    """Optional sha256 pin of the vocabulary file (uncompressed)."""
+    chat_template: str | None = None
+    """Optional path to a chat template overriding the tokenizer folder's."""
+    thinking: bool = True
+    """Whether the model reasons (selects the thinking prompt and suffix)."""
+
+
+class EmulatorConfig(_C):
+    """The embedded emulator used when ``endpoint: emulator``."""
+
+    scenario: str = "fast"
+    """fast | realistic | chaos, or a path to a scenario YAML file."""
+    seed: int = 0
+    credits: float = 100.0
+    """Starting credits of the emulated account, in USD."""
+    ground_truth: bool = True
+    """Write the emulator's true ids to ``<run_dir>/emulator/ground_truth.jsonl`` (for the BPE audit)."""
+
+
+class EndpointConfig(_C):
+    """Where requests go."""
+
+    kind: Literal["emulator", "openrouter", "openai", "vllm", "sglang"] = "openrouter"
+    base_url: str | None = None
+    """API root. OpenRouter: https://openrouter.ai/api/v1 (the default for kind openrouter)."""
+    base_urls: list[str] = msgspec.field(default_factory=list)
+    """Several API roots to load-balance across (local servers)."""
+    api_key_env: str = "OPENROUTER_API_KEY"
+    api_key_file: str | None = None
+    management_key_env: str | None = None
+    """Environment variable holding a management key, to reconcile spend with /credits."""
+    stream: bool = True
+    connect_timeout_s: float = 30.0
+    idle_timeout_s: float = 180.0
+    """A request with no bytes for this long is a retryable timeout (no total timeout)."""
+    emulator: EmulatorConfig = msgspec.field(default_factory=EmulatorConfig)
+
+
+class RoutingConfig(_C):
+    """OpenRouter's ``provider`` object, sent as is (omitted fields are not sent)."""
+
+    order: list[str] | None = None
+    only: list[str] | None = None
+    ignore: list[str] | None = None
+    sort: str | None = None
+    allow_fallbacks: bool | None = None
+    quantizations: list[str] | None = None
+    require_parameters: bool | None = None
+    data_collection: str | None = None
+    max_price: dict[str, float] | None = None
+
+
+class ReasoningConfig(_C):
+    effort: str | None = None
+    max_tokens: int | None = None
+    exclude: bool | None = None
+    enabled: bool | None = None
+
+
+class SamplingConfig(_C):
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+
+class PartitionConfig(_C):
+    concurrency: int
+    max_tokens: int
+
+
+class PartitionsConfig(_C):
+    short: PartitionConfig = msgspec.field(default_factory=lambda: PartitionConfig(concurrency=2000, max_tokens=10240))
+    long: PartitionConfig = msgspec.field(default_factory=lambda: PartitionConfig(concurrency=500, max_tokens=16384))
+
+
+class DatasetConfig(_C):
+    """One prompt source."""
+
+    name: str
+    path: str | None = None
+    """Local JSONL/JSON/Parquet file or folder, or ``bundled:<name>`` for a prompt set shipped with draftgen."""
+    hf: str | None = None
+    """Hugging Face dataset name (needs ``datasets``)."""
+    hf_subset: str | None = None
+    split: str = "train"
+    format: Literal["auto", "messages", "sharegpt", "alpaca", "prompt", "glaive"] = "auto"
+    field: str | None = None
+    """Column holding the conversation or prompt, when not the format's usual one."""
+    partition: Literal["auto", "short", "long"] = "auto"
+    max_samples: int | None = None
+    token_budget: int | None = None
+    """Completion-token budget for this dataset (done + in flight)."""
+    multi_turn: Literal["last", "all"] | None = None
+    weight: float = 1.0
+    """Merge weight: the share of this dataset's samples kept is weight (<= 1) or it is repeated (> 1)."""
+    cap: int | None = None
+    """Merge cap: at most this many samples of the dataset in the merged output."""
+
+
+class PrepareConfig(_C):
+    long_prompt_tokens: int = 4096
+    """Prompts at least this long go to the long partition (when a dataset's partition is auto)."""
+    multi_turn: Literal["last", "all"] = "last"
+    skip_bad: bool = False
+    dedupe: bool = True
+    seed: int = 0
+
+
+class BudgetConfig(_C):
+    max_spend_usd: float | None = None
+    token_budget: int | None = None
+    """Default per-dataset completion-token budget."""
+
+
+class RetryConfig(_C):
+    max_attempts: int = 6
+    base_delay_s: float = 0.5
+    multiplier: float = 2.0
+    max_delay_s: float = 60.0
+    adaptive_concurrency: bool = True
+    shutdown_grace_s: float = 30.0
+
+
+class AuditConfig(_C):
+    reference: str | None = None
+    """Reference ids (emulator ground truth or exact-id records) for the BPE audit."""
+    max_structural_failure_rate: float | None = None
+    max_billing_disagreement: float | None = None
+    """Aggregate |rebuilt - billed| / billed completion tokens allowed (the reference run: 0.0004)."""
+    max_semantic_mismatch_rate: float | None = None
+    max_tokenization_mismatch_rate: float | None = None
+
+
+class MergeConfig(_C):
+    max_seq_len: int = 8192
+    overflow: Literal["truncate", "drop"] = "truncate"
+    drop_truncated: bool = False
+    drop_audit_failed: bool = True
+    min_tokens: int = 0
+    max_tokens: int | None = None
+    dedupe: bool = True
+    seed: int = 0
+    val_fraction: float = 0.0
+    mask_reasoning: bool = False
+    exports: list[Literal["speculators", "specforge"]] = msgspec.field(default_factory=lambda: ["speculators", "specforge"])
+
+
+class HiddenStatesConfig(_C):
+    hidden_size: int | None = None
+    slots: int = 4
+    """Captured hidden states per token (EAGLE-3: 3 auxiliary layers + the final one)."""
+    dtype: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
+    extraction_tokens_per_s: float | None = None
+
+
+class PlanConfig(_C):
+    pilot: int = 0
+    """Prompts per dataset to send as a pilot; their responses are kept and reused by the run."""
+    avg_output_tokens: int | None = None
+    """Used when there is no pilot."""
+    avg_latency_s: float | None = None
+
+
+class ProbeConfig(_C):
+    prompt: str = "In one short paragraph, why is the sky blue?"
+    max_tokens: int = 512
+
+
+class RunConfig(_C):
+    datasets: list[DatasetConfig]
+    run_dir: str = "runs/default"
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    endpoint: EndpointConfig = msgspec.field(default_factory=EndpointConfig)
+    routing: RoutingConfig = msgspec.field(default_factory=RoutingConfig)
+    reasoning: ReasoningConfig = msgspec.field(default_factory=ReasoningConfig)
+    sampling: SamplingConfig = msgspec.field(default_factory=SamplingConfig)
+    partitions: PartitionsConfig = msgspec.field(default_factory=PartitionsConfig)
+    prepare: PrepareConfig = msgspec.field(default_factory=PrepareConfig)
+    budget: BudgetConfig = msgspec.field(default_factory=BudgetConfig)
+    retry: RetryConfig = msgspec.field(default_factory=RetryConfig)
+    audit: AuditConfig = msgspec.field(default_factory=AuditConfig)
+    merge: MergeConfig = msgspec.field(default_factory=MergeConfig)
+    hidden_states: HiddenStatesConfig = msgspec.field(default_factory=HiddenStatesConfig)
+    plan: PlanConfig = msgspec.field(default_factory=PlanConfig)
+    probe: ProbeConfig = msgspec.field(default_factory=ProbeConfig)
+    progress: Literal["auto", "rich", "plain", "off"] = "auto"
+    #: folder of the config file; relative paths resolve from here (not part of the file)
+    base_dir: str = ""
+
+    def path(self, p: str) -> Path:
+        """Resolve a path from the config file's folder."""
+        q = Path(p).expanduser()
+        return q if q.is_absolute() else Path(self.base_dir or ".") / q
+
+    @property
+    def run_path(self) -> Path:
+        return self.path(self.run_dir)
+
+    def dataset(self, name: str) -> DatasetConfig:
+        for d in self.datasets:
+            if d.name == name:
+                return d
+        raise ConfigError(f"no dataset named {name!r}; datasets: {', '.join(d.name for d in self.datasets)}")
+
+
+_PATH_RE = re.compile(r"\$\.?(.*)`?$")
+
+
+def _explain(exc: msgspec.ValidationError, where: str) -> ConfigError:
+    msg = str(exc)
+    m = re.search(r"- at `\$(.*)`", msg)
+    key = m.group(1).lstrip(".") if m else ""
+    head = msg.split(" - at ")[0]
+    unknown = re.match(r"Object contains unknown field `(.+)`", head)
+    if unknown:
+        field_path = f"{key}.{unknown.group(1)}" if key else unknown.group(1)
+        return ConfigError(f"{where}: unknown key {field_path!r}; check the spelling (see docs/config.md)")
+    return ConfigError(f"{where}: {head}" + (f" at {key!r}" if key else "") + "; see docs/config.md")
+
+
+def _validate(cfg: RunConfig, where: str) -> None:
+    names = [d.name for d in cfg.datasets]
+    if not names:
+        raise ConfigError(f"{where}: 'datasets' is empty; list at least one dataset")
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ConfigError(f"{where}: dataset name {sorted(dup)[0]!r} is used twice; names must be unique")
+    for i, d in enumerate(cfg.datasets):
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", d.name):
+            raise ConfigError(f"{where}: datasets[{i}].name {d.name!r} must use letters, digits, '_', '-', '.' only")
+        if (d.path is None) == (d.hf is None):
+            raise ConfigError(f"{where}: datasets[{i}] ({d.name}) needs exactly one of 'path' or 'hf'")
+    for part in ("short", "long"):
+        p = getattr(cfg.partitions, part)
+        if p.concurrency < 1 or p.max_tokens < 1:
+            raise ConfigError(f"{where}: partitions.{part} concurrency and max_tokens must be >= 1")
+    if cfg.budget.max_spend_usd is not None and cfg.budget.max_spend_usd < 0:
+        raise ConfigError(f"{where}: budget.max_spend_usd must be >= 0")
+    if cfg.retry.max_attempts < 1:
+        raise ConfigError(f"{where}: retry.max_attempts must be >= 1")
+    if not 0.0 <= cfg.merge.val_fraction < 1.0:
+        raise ConfigError(f"{where}: merge.val_fraction must be in [0, 1)")
+
+
+def config_from_mapping(data: Any, *, where: str, base_dir: Path) -> RunConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: the config must be a YAML mapping of keys to values")
+    data = dict(data)
+    ep = data.get("endpoint")
+    if isinstance(ep, str):
+        data["endpoint"] = {"kind": ep}
+    data["base_dir"] = str(base_dir)
+    try:
+        cfg = msgspec.convert(data, type=RunConfig, str_keys=True)
+    except msgspec.ValidationError as exc:
+        raise _explain(exc, where) from None
+    _validate(cfg, where)
+    return cfg
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Read and validate a YAML config; ``overrides`` are dotted keys → values from CLI flags."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not UTF-8 text; save the config as UTF-8") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{p}: is a folder; give the path of a YAML config file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        loc = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{p}{loc}: {problem}; fix the YAML syntax") from None
+    if data is None:
+        raise ConfigError(f"{p}: the config file is empty")
+    if overrides:
+        data = apply_overrides(data, overrides, where=str(p))
+    return config_from_mapping(data, where=str(p), base_dir=p.resolve().parent)
+
+
+def apply_overrides(data: Any, overrides: dict[str, Any], *, where: str) -> Any:
+    """Set dotted keys (``partitions.short.concurrency``) in the raw mapping; None values are skipped."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: the config must be a YAML mapping of keys to values")
+    data = dict(data)
+    if isinstance(data.get("endpoint"), str):
+        data["endpoint"] = {"kind": data["endpoint"]}
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        node = data
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            child = dict(child) if isinstance(child, dict) else {}
+            node[part] = child
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def config_hash(cfg: RunConfig) -> str:
+    """Hash of what decides the content of a run's outputs (model, prompts, sampling), not of knobs
+    like concurrency or budgets, so a resumed run may change those freely."""
+    keyed = {
+        "model": msgspec.to_builtins(cfg.model),
+        "reasoning": msgspec.to_builtins(cfg.reasoning),
+        "sampling": msgspec.to_builtins(cfg.sampling),
+        "datasets": [{"name": d.name, "path": d.path, "hf": d.hf, "format": d.format} for d in cfg.datasets],
+    }
+    return hashlib.sha256(msgspec.json.encode(keyed, order="sorted")).hexdigest()[:16]
+
+
+def resolve_api_key(cfg: RunConfig, *, required: bool = True) -> str | None:
+    """The API key from ``endpoint.api_key_file`` or the environment variable. Never logged."""
+    ep = cfg.endpoint
+    if ep.api_key_file:
+        path = cfg.path(ep.api_key_file)
+        try:
+            key = path.read_text(encoding="utf-8").strip()
+        except OSError:
+            raise ConfigError(f"{path}: cannot read the API key file; check the path and permissions") from None
+        if not key:
+            raise ConfigError(f"{path}: the API key file is empty")
+        return key
+    key = os.environ.get(ep.api_key_env, "").strip()
+    if key:
+        return key
+    if required:
+        raise ConfigError(
+            f"no API key: set {ep.api_key_env} or pass --api-key-file PATH (a file holding only the key)"
+        )
+    return None

@@ -1,0 +1,282 @@
+"""Crash-safe append-only JSONL, atomic JSON files, and the resume index.
+
+This is the only module that encodes or decodes JSON for files (the HTTP wire format is decoded in
+``backends.wire`` and the emulator). Formats:
+
+- JSONL: one record per line, UTF-8, ``\\n``-terminated, written by ``JsonlWriter``. A line is either
+  complete and valid, or it is the last line and partial (a crash mid-write); ``repair_partial_tail``
+  truncates such a tail before anything is appended, so completed lines are never touched.
+- JSON documents (``run.json``, ``stats.json``, ``audit.json``): written to a temp file, fsynced and renamed.
+
+Resume is by ``sample_id``: ``scan_responses`` reads only the fields resume needs (id, token counts, cost),
+so start-up stays fast on logs of hundreds of millions of tokens.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from .errors import InputError, StorageError
+from .records import FailureRecord, ResponseRecord
+
+__all__ = [
+    "JsonlWriter",
+    "ResumeIndex",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "decode_json",
+    "encode_json",
+    "iter_jsonl",
+    "read_json",
+    "repair_partial_tail",
+    "scan_failures",
+    "scan_responses",
+]
+
+T = TypeVar("T")
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode_json(obj: Any) -> bytes:
+    return _encoder.encode(obj)
+
+
+def decode_json(data: bytes | str, type: type[T], *, where: str = "<input>") -> T:
+    try:
+        return msgspec.json.decode(data, type=type)
+    except msgspec.ValidationError as exc:
+        raise InputError(f"{where}: {exc}; fix the field or regenerate the file") from None
+    except msgspec.DecodeError as exc:
+        raise InputError(f"{where}: not valid JSON ({exc})") from None
+
+
+def _storage_error(path: Path, exc: OSError) -> StorageError:
+    if exc.errno == errno.ENOSPC:
+        return StorageError(f"{path}: no space left on device; free space and rerun (completed work is kept)")
+    return StorageError(f"{path}: write failed ({exc.strerror or exc}); completed work is kept")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except OSError as exc:
+        raise _storage_error(path, exc) from None
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, msgspec.json.format(encode_json(obj), indent=2) + b"\n")
+
+
+def read_json(path: Path, type: type[T]) -> T:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found") from None
+    return decode_json(data, type, where=str(path))
+
+
+def repair_partial_tail(path: Path) -> int:
+    """Truncate an unterminated last line (a write cut by a crash). Returns the bytes removed."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return 0
+    if size == 0:
+        return 0
+    with open(path, "rb+") as fh:
+        fh.seek(size - 1)
+        if fh.read(1) == b"\n":
+            return 0
+        # Walk back to the last newline in blocks.
+        pos = size
+        block = 1 << 16
+        cut = 0
+        while pos > 0:
+            start = max(0, pos - block)
+            fh.seek(start)
+            chunk = fh.read(pos - start)
+            idx = chunk.rfind(b"\n")
+            if idx >= 0:
+                cut = start + idx + 1
+                break
+            pos = start
+        try:
+            fh.truncate(cut)
+            fh.flush()
+            os.fsync(fh.fileno())
+        except OSError as exc:
+            raise _storage_error(path, exc) from None
+        return size - cut
+
+
+class JsonlWriter:
+    """Append records to one JSONL file. One writer owns a file; call ``write_many`` from one task.
+
+    Each batch is written with one ``write`` call, then flushed and fsynced (group commit), so a
+    crash leaves at most one partial last line, which ``repair_partial_tail`` removes on the next open.
+    """
+
+    def __init__(self, path: Path, *, fsync: bool = True) -> None:
+        self.path = path
+        self.fsync = fsync
+        path.parent.mkdir(parents=True, exist_ok=True)
+        repair_partial_tail(path)
+        try:
+            self._fh = open(path, "ab", buffering=0)
+        except OSError as exc:
+            raise _storage_error(path, exc) from None
+
+    def write_many(self, records: Iterable[Any]) -> None:
+        buf = bytearray()
+        for rec in records:
+            buf += _encoder.encode(rec)
+            buf += b"\n"
+        if not buf:
+            return
+        try:
+            view = memoryview(buf)
+            while view:
+                n = self._fh.write(view)
+                view = view[n:]
+            if self.fsync:
+                os.fsync(self._fh.fileno())
+        except OSError as exc:
+            # A short write leaves a partial tail; cut it now so the file stays valid.
+            try:
+                repair_partial_tail(self.path)
+            except StorageError:
+                pass
+            raise _storage_error(self.path, exc) from None
+
+    def write(self, record: Any) -> None:
+        self.write_many((record,))
+
+    def close(self) -> None:
+        try:
+            self._fh.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def iter_jsonl(path: Path, type: type[T], *, skip_partial_tail: bool = True) -> Iterator[tuple[int, T]]:
+    """Yield (line number, record). A corrupt complete line is an InputError naming file:line.
+
+    An unterminated last line is a crash artefact and is skipped when ``skip_partial_tail``.
+    """
+    decoder = msgspec.json.Decoder(type)
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with fh:
+        lineno = 0
+        for raw in fh:
+            lineno += 1
+            if not raw.endswith(b"\n") and skip_partial_tail:
+                return
+            if not raw.strip():
+                continue
+            try:
+                yield lineno, decoder.decode(raw)
+            except msgspec.ValidationError as exc:
+                raise InputError(f"{path}:{lineno}: {exc}") from None
+            except msgspec.DecodeError as exc:
+                raise InputError(f"{path}:{lineno}: corrupt line ({exc}); remove or fix that line") from None
+
+
+class _UsageScan(msgspec.Struct):
+    completion_tokens: int = 0
+    cost: float = 0.0
+    upstream_cost: float | None = None
+    is_byok: bool = False
+
+
+class _ResponseScan(msgspec.Struct):
+    sample_id: str
+    usage: _UsageScan | None = None
+    output_ids: msgspec.Raw | None = None
+    prompt_ids: msgspec.Raw | None = None
+
+
+def _raw_len(raw: msgspec.Raw | None) -> int:
+    if raw is None:
+        return 0
+    data = bytes(raw)
+    if data.strip() in (b"[]", b"null", b""):
+        return 0
+    return data.count(b",") + 1
+
+
+class ResumeIndex(msgspec.Struct):
+    """What resume needs from one dataset's raw log."""
+
+    done: set[str]
+    completion_tokens: int = 0
+    spend_usd: float = 0.0
+    duplicates: int = 0
+
+
+def scan_responses(path: Path) -> ResumeIndex:
+    """Read the done ids, completion tokens and spend of a raw log (repairing nothing on disk).
+
+    Completion tokens use ``usage.completion_tokens`` when present, else ``len(output_ids)`` (legacy
+    SGLang rows). A duplicated id (possible only in logs written by other tools) counts once.
+    """
+    idx = ResumeIndex(done=set())
+    for _, row in iter_jsonl(path, _ResponseScan):
+        if row.sample_id in idx.done:
+            idx.duplicates += 1
+            continue
+        idx.done.add(row.sample_id)
+        if row.usage is not None and row.usage.completion_tokens:
+            idx.completion_tokens += row.usage.completion_tokens
+        else:
+            idx.completion_tokens += _raw_len(row.output_ids)
+        if row.usage is not None:
+            idx.spend_usd += row.usage.cost
+            if row.usage.is_byok and row.usage.upstream_cost:
+                idx.spend_usd += row.usage.upstream_cost
+    return idx
+
+
+def scan_failures(path: Path) -> dict[str, FailureRecord]:
+    """Latest failure per sample id."""
+    out: dict[str, FailureRecord] = {}
+    for _, rec in iter_jsonl(path, FailureRecord):
+        out[rec.sample_id] = rec
+    return out
+
+
+def iter_responses(path: Path) -> Iterator[ResponseRecord]:
+    for _, rec in iter_jsonl(path, ResponseRecord):
+        yield rec
+
+
+__all__ += ["iter_responses"]

@@ -1,0 +1,48 @@
+"""Qwen3 profiles: hybrid thinking (Qwen3-0.6B…235B-A22B) and the *-Thinking-2507 models.
+
+Hybrid: the prompt ends ``<|im_start|>assistant\\n``; the model writes
+``<think>\\n{r}\\n</think>\\n\\n{c}<|im_end|>``. With thinking off the template already appends
+``<think>\\n\\n</think>\\n\\n`` to the prompt, so the model writes ``{c}<|im_end|>``.
+2507-Thinking: the prompt ends ``…assistant\\n<think>\\n``; the model writes ``{r}\\n</think>\\n\\n{c}<|im_end|>``.
+Ids: ``<|im_end|>`` 151645, ``<think>`` 151667, ``</think>`` 151668. Tool calls are text between
+``<tool_call>``/``</tool_call>`` control tokens (151657/151658), which may appear in content.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .profile import Field, Profile, Special
+
+__all__ = ["Qwen3Profile", "Qwen3ThinkingProfile"]
+
+
+class Qwen3Profile(Profile):
+    name = "qwen3"
+    thinking_suffix = (
+        Special("<think>"),
+        Field("reasoning", lead="\n", trail="\n"),
+        Special("</think>"),
+        Field("content", lead="\n\n"),
+    )
+    plain_suffix = (Field("content"),)
+    think_end = "</think>"
+    end_of_turn = ("<|im_end|>",)
+    generated_specials = ("<tool_call>", "</tool_call>")
+    thinking_kwarg = "enable_thinking"
+
+
+class Qwen3ThinkingProfile(Qwen3Profile):
+    """Qwen3-*-Thinking-2507: ``<think>\\n`` is part of the prompt; thinking cannot be switched off."""
+
+    name = "qwen3-thinking-2507"
+    thinking_suffix = (
+        Field("reasoning", trail="\n"),
+        Special("</think>"),
+        Field("content", lead="\n\n"),
+    )
+
+    def render_prompt(self, messages: Any, tools: Any = None) -> str:
+        text = super().render_prompt(messages, tools)
+        # The 2507 template's generation prompt opens the think block; the hybrid template does not.
+        return text if text.endswith("<think>\n") else text + "<think>\n"
