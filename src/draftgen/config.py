@@ -143,9 +143,17 @@ class PartitionConfig(_C):
     max_tokens: int
 
 
+_PARTITION_DEFAULTS: dict[str, dict[str, int]] = {
+    "short": {"concurrency": 2000, "max_tokens": 10240},
+    "long": {"concurrency": 500, "max_tokens": 16384},
+}
+
+
 class PartitionsConfig(_C):
-    short: PartitionConfig = msgspec.field(default_factory=lambda: PartitionConfig(concurrency=2000, max_tokens=10240))
-    long: PartitionConfig = msgspec.field(default_factory=lambda: PartitionConfig(concurrency=500, max_tokens=16384))
+    """Requests in flight and max_tokens per partition (the reference run: 2,000/10,240 and 500/16,384)."""
+
+    short: PartitionConfig = msgspec.field(default_factory=lambda: PartitionConfig(**_PARTITION_DEFAULTS["short"]))
+    long: PartitionConfig = msgspec.field(default_factory=lambda: PartitionConfig(**_PARTITION_DEFAULTS["long"]))
 
 
 class DatasetConfig(_C):
@@ -325,6 +333,14 @@ def config_from_mapping(data: Any, *, where: str, base_dir: Path) -> RunConfig:
     if isinstance(ep, str):
         data["endpoint"] = {"kind": ep}
     data["base_dir"] = str(base_dir)
+    parts = data.get("partitions")
+    if isinstance(parts, dict):
+        # A partially given partition (e.g. only a flag's concurrency) keeps the other default.
+        parts = dict(parts)
+        for name, default in _PARTITION_DEFAULTS.items():
+            if isinstance(parts.get(name), dict):
+                parts[name] = {**default, **parts[name]}
+        data["partitions"] = parts
     try:
         cfg = msgspec.convert(data, type=RunConfig, str_keys=True)
     except msgspec.ValidationError as exc:

@@ -221,13 +221,10 @@ class _UsageScan(msgspec.Struct):
 class _ResponseScan(msgspec.Struct):
     sample_id: str
     usage: _UsageScan | None = None
-    output_ids: msgspec.Raw | None = None
-    prompt_ids: msgspec.Raw | None = None
+    output_ids: msgspec.Raw = msgspec.Raw(b"")
 
 
-def _raw_len(raw: msgspec.Raw | None) -> int:
-    if raw is None:
-        return 0
+def _raw_len(raw: msgspec.Raw) -> int:
     data = bytes(raw)
     if data.strip() in (b"[]", b"null", b""):
         return 0

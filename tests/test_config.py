@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from draftgen.config import config_hash, load_config, resolve_api_key
+from draftgen.errors import ConfigError
+
+BASE = """
+run_dir: runs/x
+endpoint: emulator
+datasets:
+  - name: chat
+    path: bundled:chat
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "c.yaml"
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def test_defaults_and_relative_paths(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, BASE))
+    assert cfg.endpoint.kind == "emulator"
+    assert cfg.partitions.short.concurrency == 2000 and cfg.partitions.long.max_tokens == 16384
+    assert cfg.run_path == tmp_path / "runs/x"
+
+
+def test_overrides_apply(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, BASE), {"partitions.short.concurrency": 7, "budget.max_spend_usd": 3.5, "run_dir": None})
+    assert cfg.partitions.short.concurrency == 7
+    assert cfg.partitions.short.max_tokens == 10240
+    assert cfg.budget.max_spend_usd == 3.5
+    assert cfg.run_dir == "runs/x"
+
+
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [
+        (BASE + "    formt: x\n", r"unknown key 'datasets\[0\]\.formt'"),
+        (BASE + "partitions: {short: {concurrency: x, max_tokens: 3}}\n", r"Expected `int`.*partitions\.short\.concurrency"),
+        ("run_dir: [unclosed\n", r"c\.yaml:\d+: .*fix the YAML syntax"),
+        ("", r"the config file is empty"),
+        ("- a\n- b\n", r"must be a YAML mapping"),
+        ("run_dir: x\ndatasets: []\n", r"'datasets' is empty"),
+        (BASE + "  - name: chat\n    path: other\n", r"used twice"),
+        ("datasets:\n  - name: a\n", r"needs exactly one of 'path' or 'hf'"),
+        (BASE + "endpoint: {kind: nope}\n", r"Invalid enum value 'nope'"),
+        (BASE + "merge: {val_fraction: 1.5}\n", r"val_fraction"),
+    ],
+)
+def test_bad_config_is_one_clear_line(tmp_path: Path, text: str, pattern: str) -> None:
+    with pytest.raises(ConfigError, match=pattern) as info:
+        load_config(_write(tmp_path, text))
+    assert "\n" not in str(info.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_config_hash_ignores_knobs(tmp_path: Path) -> None:
+    a = load_config(_write(tmp_path, BASE))
+    b = load_config(_write(tmp_path, BASE), {"partitions.short.concurrency": 3, "budget.max_spend_usd": 1.0})
+    c = load_config(_write(tmp_path, BASE), {"model.id": "other/model"})
+    assert config_hash(a) == config_hash(b) != config_hash(c)
+
+
+def test_api_key_from_env_and_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = load_config(_write(tmp_path, BASE))
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
+    with pytest.raises(ConfigError, match="set OPENROUTER_API_KEY") as info:
+        resolve_api_key(cfg)
+    monkeypatch.setenv("OPENROUTER_API_KEY", "sk-or-v1-abc")
+    assert resolve_api_key(cfg) == "sk-or-v1-abc"
+    keyfile = tmp_path / "key.txt"
+    keyfile.write_text("sk-or-v1-fromfile\n")
+    cfg2 = load_config(_write(tmp_path, BASE), {"endpoint.api_key_file": str(keyfile)})
+    assert resolve_api_key(cfg2) == "sk-or-v1-fromfile"
+    assert "sk-or" not in str(info.value)

@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from draftgen.errors import InputError, StorageError
+from draftgen.records import FailureRecord, ResponseRecord, Usage
+from draftgen.store import (
+    JsonlWriter,
+    atomic_write_json,
+    iter_jsonl,
+    read_json,
+    repair_partial_tail,
+    scan_failures,
+    scan_responses,
+)
+
+
+def _rec(i: int, **kw: object) -> ResponseRecord:
+    return ResponseRecord(sample_id=f"s{i}", dataset="d", output_ids=[1, 2, 3], usage=Usage(completion_tokens=3, cost=0.5), **kw)  # type: ignore[arg-type]
+
+
+def test_writer_appends_and_reads_back(tmp_path: Path) -> None:
+    p = tmp_path / "raw.jsonl"
+    with JsonlWriter(p) as w:
+        w.write_many([_rec(1), _rec(2)])
+        w.write(_rec(3))
+    rows = [r for _, r in iter_jsonl(p, ResponseRecord)]
+    assert [r.sample_id for r in rows] == ["s1", "s2", "s3"]
+    assert rows[0].output_ids == [1, 2, 3]
+
+
+def test_partial_tail_is_repaired_before_append(tmp_path: Path) -> None:
+    p = tmp_path / "raw.jsonl"
+    with JsonlWriter(p) as w:
+        w.write(_rec(1))
+    good = p.read_bytes()
+    with open(p, "ab") as fh:
+        fh.write(b'{"sample_id": "s2", "outp')
+    # Readers skip the crash artefact; the writer cuts it before appending.
+    assert [r.sample_id for _, r in iter_jsonl(p, ResponseRecord)] == ["s1"]
+    assert repair_partial_tail(p) == len(b'{"sample_id": "s2", "outp')
+    assert p.read_bytes() == good
+    with open(p, "ab") as fh:
+        fh.write(b"xx")
+    with JsonlWriter(p) as w:
+        w.write(_rec(2))
+    assert [r.sample_id for _, r in iter_jsonl(p, ResponseRecord)] == ["s1", "s2"]
+
+
+def test_partial_tail_without_any_newline_truncates_to_empty(tmp_path: Path) -> None:
+    p = tmp_path / "raw.jsonl"
+    p.write_bytes(b'{"sample_id": "x"')
+    assert repair_partial_tail(p) == 17
+    assert p.read_bytes() == b""
+
+
+def test_corrupt_complete_line_names_file_and_line(tmp_path: Path) -> None:
+    p = tmp_path / "raw.jsonl"
+    p.write_bytes(b'{"sample_id": "a"}\nnot json\n')
+    with pytest.raises(InputError, match=r"raw\.jsonl:2: corrupt line"):
+        list(iter_jsonl(p, ResponseRecord))
+
+
+def test_wrong_type_names_field(tmp_path: Path) -> None:
+    p = tmp_path / "raw.jsonl"
+    p.write_bytes(b'{"sample_id": 5}\n')
+    with pytest.raises(InputError, match=r"raw\.jsonl:1: .*sample_id"):
+        list(iter_jsonl(p, ResponseRecord))
+
+
+def test_scan_counts_tokens_spend_and_legacy_sglang_rows(tmp_path: Path) -> None:
+    p = tmp_path / "raw.jsonl"
+    with JsonlWriter(p) as w:
+        w.write_many([_rec(1), _rec(2)])
+    with open(p, "ab") as fh:
+        fh.write(b'{"sample_id": "legacy", "output_ids": [5, 6, 7, 8]}\n')
+        fh.write(b'{"sample_id": "s1", "output_ids": [1]}\n')  # a duplicate written by another tool
+        fh.write(b'{"sample_id": "byok", "usage": {"completion_tokens": 2, "cost": 0.0, "is_byok": true, "upstream_cost": 0.25}}\n')
+    idx = scan_responses(p)
+    assert idx.done == {"s1", "s2", "legacy", "byok"}
+    assert idx.completion_tokens == 3 + 3 + 4 + 2
+    assert idx.spend_usd == pytest.approx(1.25)
+    assert idx.duplicates == 1
+
+
+def test_scan_failures_keeps_latest(tmp_path: Path) -> None:
+    p = tmp_path / "f.jsonl"
+    with JsonlWriter(p) as w:
+        w.write(FailureRecord(sample_id="a", dataset="d", kind="server", reason="500"))
+        w.write(FailureRecord(sample_id="a", dataset="d", kind="rate_limited", reason="429"))
+    assert scan_failures(p)["a"].kind == "rate_limited"
+
+
+def test_atomic_json_roundtrip(tmp_path: Path) -> None:
+    p = tmp_path / "sub" / "x.json"
+    atomic_write_json(p, _rec(1))
+    assert read_json(p, ResponseRecord).sample_id == "s1"
+    assert not [f for f in os.listdir(p.parent) if f.endswith(".tmp")]
+
+
+def test_enospc_is_a_clear_storage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    p = tmp_path / "raw.jsonl"
+    w = JsonlWriter(p)
+    w.write(_rec(1))
+
+    class Full:
+        def write(self, data: object) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def fileno(self) -> int:
+            return -1
+
+        def close(self) -> None:
+            pass
+
+    w._fh = Full()  # type: ignore[assignment]
+    with pytest.raises(StorageError, match="no space left on device"):
+        w.write(_rec(2))
+    assert [r.sample_id for _, r in iter_jsonl(p, ResponseRecord)] == ["s1"]
