@@ -38,6 +38,9 @@ def friendly(fn: F) -> F:
             _fail("interrupted; completed work is on disk and the next run resumes from it", 130)
         except BrokenPipeError:
             sys.exit(1)
+        except OSError as exc:  # a path the library did not anticipate (a file where a folder must be, ...)
+            where = f"{exc.filename}: " if exc.filename else ""
+            _fail(f"{where}{exc.strerror or exc}; check that path and its permissions", 1)
 
     return wrapper  # type: ignore[return-value]
 

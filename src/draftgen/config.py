@@ -75,6 +75,11 @@ class ModelConfig(_C):
     """Optional path to a chat template overriding the tokenizer folder's."""
     thinking: bool = True
     """Whether the model reasons (selects the thinking prompt and suffix)."""
+    profile_options: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Markers of the ``generic`` profile: think_start, think_end, end_of_turn, reasoning_lead,
+    reasoning_trail, content_lead, tool_specials, thinking_kwarg, expected_ids (see draftgen.tokens.generic)."""
+    template_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Extra chat-template variables, e.g. gpt-oss ``reasoning_effort`` / ``current_date``."""
 
 
 class EmulatorConfig(_C):
@@ -215,16 +220,30 @@ class AuditConfig(_C):
 
 
 class MergeConfig(_C):
+    """How ``merge`` builds merged/ from the raw responses."""
+
     max_seq_len: int = 8192
+    """Cap on prompt + completion tokens per sample; longer samples are cut (``overflow``)."""
     overflow: Literal["truncate", "drop"] = "truncate"
+    """Over ``max_seq_len``: keep the first ``max_seq_len`` tokens, or drop the sample."""
     drop_truncated: bool = False
+    """Drop samples whose generation hit max_tokens (finish_reason ``length``)."""
     drop_audit_failed: bool = True
+    """Drop samples listed in audit/audit.json ``failed_sample_ids`` (skipped when there is no audit)."""
     min_tokens: int = 0
+    """Drop samples with fewer completion tokens than this."""
     max_tokens: int | None = None
+    """Drop samples with more completion tokens than this (before the ``max_seq_len`` cap)."""
     dedupe: bool = True
+    """Keep one sample per ``dedupe_key`` across all datasets (the first dataset in config order wins)."""
+    dedupe_key: Literal["prompt", "sequence"] = "prompt"
+    """What counts as a duplicate: the same prompt (content hash), or the same prompt + completion ids."""
     seed: int = 0
+    """Seed of the weight/cap draw, the shuffle and the train/validation split."""
     val_fraction: float = 0.0
+    """Share of distinct samples put in the validation split."""
     mask_reasoning: bool = False
+    """loss_mask 0 over the reasoning tokens (through the end-of-think marker) as well as the prompt."""
     exports: list[Literal["speculators", "specforge"]] = msgspec.field(default_factory=lambda: ["speculators", "specforge"])
 
 
@@ -332,6 +351,8 @@ def config_from_mapping(data: Any, *, where: str, base_dir: Path) -> RunConfig:
     ep = data.get("endpoint")
     if isinstance(ep, str):
         data["endpoint"] = {"kind": ep}
+    if data.get("progress") is False:  # YAML reads a bare `off` as false
+        data["progress"] = "off"
     data["base_dir"] = str(base_dir)
     parts = data.get("partitions")
     if isinstance(parts, dict):

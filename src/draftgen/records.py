@@ -24,6 +24,7 @@ import msgspec
 __all__ = [
     "SCHEMA_VERSION",
     "AuditReport",
+    "BillingExample",
     "DatasetAudit",
     "DatasetStats",
     "FailureRecord",
@@ -36,6 +37,7 @@ __all__ = [
     "ResponseRecord",
     "RunManifest",
     "Sampling",
+    "StructuralExample",
     "Tool",
     "ToolCall",
     "ToolFunction",
@@ -182,6 +184,11 @@ class DatasetStats(msgspec.Struct, omit_defaults=True):
     short: int = 0
     long: int = 0
     source: str = ""
+    rows_read: int = 0  # source rows read (before multi-turn cuts, dedupe and sampling)
+    not_selected: int = 0  # unique prompts left out by max_samples
+    max_prompt_tokens: int = 0
+    multi_turn: str = ""  # "last" | "all"
+    fingerprint: str = ""  # hash of the inputs that decide prompts.jsonl; equal → prepare is a no-op
     schema_version: int = SCHEMA_VERSION
 
 
@@ -191,6 +198,24 @@ class MismatchExample(msgspec.Struct, omit_defaults=True):
     position: int
     ours: list[str]
     reference: list[str]
+    cause: str = ""  # semantic: the record flag that explains it (junction_restored, reasoning_dropped, ...)
+
+
+class StructuralExample(msgspec.Struct, omit_defaults=True):
+    """One structural finding of the audit (the first few per dataset)."""
+
+    sample_id: str
+    kind: str  # missing_end_of_turn, stray_special, decode_mismatch, prompt_mismatch, ...
+    detail: str = ""
+
+
+class BillingExample(msgspec.Struct, omit_defaults=True):
+    """A sample whose rebuilt completion length differs from the billed one, and why."""
+
+    sample_id: str
+    billed: int
+    rebuilt: int
+    cause: str
 
 
 class DatasetAudit(msgspec.Struct, omit_defaults=True):
@@ -209,6 +234,16 @@ class DatasetAudit(msgspec.Struct, omit_defaults=True):
     tokenization_mismatch: int = 0
     semantic_mismatch: int = 0
     examples: list[MismatchExample] = msgspec.field(default_factory=list)
+    duplicates: int = 0
+    structural_failed_samples: int = 0  # samples with at least one structural failure
+    structural_examples: list[StructuralExample] = msgspec.field(default_factory=list)
+    prompt_checked: int = 0
+    billing_checked: int = 0
+    billing_examples: list[BillingExample] = msgspec.field(default_factory=list)
+    reference_missing: int = 0  # records without a reference entry (when a reference was given)
+    prompt_reference_mismatch: int = 0  # prompt_ids differing from the reference's
+    tokenization_mismatch_ids: list[str] = msgspec.field(default_factory=list)
+    semantic_mismatch_ids: list[str] = msgspec.field(default_factory=list)
 
 
 class AuditReport(msgspec.Struct, omit_defaults=True):
@@ -218,6 +253,8 @@ class AuditReport(msgspec.Struct, omit_defaults=True):
     thresholds_broken: list[str] = msgspec.field(default_factory=list)
     created_at: float = 0.0
     schema_version: int = SCHEMA_VERSION
+    reference: str | None = None  # the reference-ids file used for the BPE audit
+    assumptions: list[str] = msgspec.field(default_factory=list)  # the profile's documented guesses
 
 
 class RunManifest(msgspec.Struct, omit_defaults=True):
@@ -230,3 +267,130 @@ class RunManifest(msgspec.Struct, omit_defaults=True):
     git_sha: str | None = None
     created_at: float = 0.0
     schema_version: int = SCHEMA_VERSION
+
+
+# -- merge outputs: merged/stats.json, merged/manifest.json and the export rows -------------------------
+
+
+class HiddenDatasetLine(msgspec.Struct):
+    dataset: str
+    samples: int
+    tokens: int
+    bytes: int
+    drop_saves: int  # bytes saved by dropping this dataset
+    cap_saved: int  # bytes the length cap saved on this dataset
+
+
+class HiddenStatesReport(msgspec.Struct):
+    """Hidden-state disk estimate (``draftgen.hidden``): tokens × hidden_size × slots × dtype bytes."""
+
+    hidden_size: int
+    slots: int
+    dtype: str
+    tokens: int
+    bytes: int
+    tokens_uncapped: int
+    bytes_uncapped: int
+    cap_saved: int
+    max_seq_len: int | None
+    datasets: list[HiddenDatasetLine]
+    by_dtype: dict[str, int]
+
+
+class MergedDatasetStats(msgspec.Struct, omit_defaults=True):
+    """One dataset's share of merged/ (``dataset`` is "all" for the total)."""
+
+    dataset: str
+    records: int = 0  # response records read (distinct sample ids)
+    samples: int = 0  # rows written (weight > 1 repeats count)
+    unique_samples: int = 0
+    train: int = 0
+    validation: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    reasoning_share: float = 0.0  # reasoning_tokens / completion_tokens
+    supervised_tokens: int = 0  # ones in loss_mask
+    capped: int = 0  # rows truncated to max_seq_len
+    tokens_uncapped: int = 0  # prompt + completion tokens before the cap
+    dropped: dict[str, int] = msgspec.field(default_factory=dict)  # reason -> samples
+
+
+class MergeStats(msgspec.Struct, omit_defaults=True):
+    datasets: list[MergedDatasetStats]
+    total: MergedDatasetStats
+    notes: list[str] = msgspec.field(default_factory=list)
+    hidden_states: HiddenStatesReport | None = None
+    schema_version: int = SCHEMA_VERSION
+
+
+class MergedFile(msgspec.Struct):
+    path: str  # relative to merged/
+    split: str  # "train" | "validation"
+    kind: str  # "parquet" | "speculators" | "specforge"
+    rows: int
+    bytes: int
+    sha256: str
+
+
+class MergeManifest(msgspec.Struct, omit_defaults=True):
+    """merged/manifest.json, written last: merged/ is complete iff it exists."""
+
+    files: list[MergedFile]
+    seed: int
+    merge: dict[str, Any]  # the merge config section used
+    datasets: list[str]
+    profile: str
+    schema_version: int = SCHEMA_VERSION
+
+
+class SpeculatorsMetadata(msgspec.Struct, omit_defaults=True):
+    sample_id: str
+    dataset: str
+    finish_reason: str | None = None
+    provider: str | None = None
+    ids_source: str = "exact"
+    prompt_len: int = 0
+    completion_len: int = 0
+    reasoning_len: int = 0
+    capped: bool = False
+    is_tool_call: bool = False
+
+
+class SpeculatorsRow(msgspec.Struct):
+    """vllm-project/speculators regeneration row: pre-tokenized, ``text`` = decode(input_ids)."""
+
+    id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+    text: str
+    metadata: SpeculatorsMetadata
+
+
+class SpecForgeMessage(msgspec.Struct, omit_defaults=True):
+    role: str
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class SpecForgeRow(msgspec.Struct):
+    """sgl-project/SpecForge conversation row (re-tokenized by its trainer)."""
+
+    id: str
+    conversations: list[SpecForgeMessage]
+
+
+__all__ += [
+    "HiddenDatasetLine",
+    "HiddenStatesReport",
+    "MergeManifest",
+    "MergeStats",
+    "MergedDatasetStats",
+    "MergedFile",
+    "SpecForgeMessage",
+    "SpecForgeRow",
+    "SpeculatorsMetadata",
+    "SpeculatorsRow",
+]

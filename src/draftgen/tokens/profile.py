@@ -3,14 +3,21 @@
 A profile describes the generated assistant suffix as a sequence of pieces:
 
     Special("<think>")            a control token the model emits
-    Lit("analysis")               fixed text the model emits between control tokens
+    Lit("analysis")               fixed text the model emits (between two control tokens)
     Field("reasoning", lead, trail)   the text an API returns in one field; ``lead``/``trail`` are the
                                   canonical junction whitespace the model writes at the field's edges
 
 ``build_output`` turns the API's text fields back into token ids. It never strips or normalises model
 text: a field that already carries its junction is used as is; one whose junction a provider trimmed gets
-the canonical junction and the record is flagged ``junction_restored``. Text between two control tokens is
-encoded as one string (never per field: BPE merges across ``"Done." + "\\n"``).
+the canonical junction (only the missing part) and the record is flagged ``junction_restored``. Text
+between two control tokens is encoded as one string (never per field: BPE merges across ``"Done." + "\\n"``).
+
+Control-token strings found inside model text: tool-call markup the profile declares
+(``generated_specials``) and tokens whose HF ``special`` flag is false (``<think>``…) become control ids,
+as the model's tokenizer encodes them; tokens whose HF flag is true (``<|im_end|>``…) are encoded as
+plain text, because a server's detokenizer drops such a token when the model generates it, so a literal
+one in returned text was written as text. The end-of-think marker inside the reasoning field is text too
+(the server's reasoning parser would have split there). Every such string is flagged.
 
 ``parse_output`` is the inverse: ids → the fields an OpenAI-compatible server returns (reasoning parser
 semantics: the raw text between the markers, control tokens of tool-call markup kept as text).
@@ -19,23 +26,29 @@ Flags written into ``ResponseRecord.recon_flags``:
 
     junction_restored       a provider trimmed junction whitespace; the canonical junction was used
     reasoning_dropped       reasoning_tokens > 0 but no reasoning text came back
+    reasoning_unused        reasoning text came back for a profile run without thinking; not encoded
+    replacement_char        the text holds U+FFFD, likely undecodable bytes a server replaced (not recoverable)
     truncated_in_reasoning  finish_reason=length with no content: no end-of-think, no end-of-turn
     truncated               finish_reason=length: no end-of-turn
     special_in_text:<tok>   a control-token string inside model text (not tool-call markup)
     tool_markup             tool-call control tokens inside model text (allowed for this profile)
+    tool_calls_rendered     structured tool calls were rendered into the model's markup (ids, argument
+                            spacing and numbering are the canonical ones, not necessarily the sampled ones)
+    assumed_end_token       the end-of-turn token is a documented guess (GLM: <|user|> / <|observation|>)
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
 
 from ..errors import TokenizerError
-from ..records import Message, Tool
+from ..records import Message, Tool, ToolCall
 from .tokenizer import Tokenizer
 
 __all__ = [
@@ -46,7 +59,10 @@ __all__ = [
     "Profile",
     "Reconstruction",
     "Special",
+    "call_name_args",
     "render_template",
+    "restore_lead",
+    "restore_trail",
 ]
 
 
@@ -75,6 +91,13 @@ class Reconstruction:
     ids: list[int]
     flags: list[str] = field(default_factory=list)
     reasoning_token_count: int = 0  # ids up to and including the end-of-think marker
+    #: the reasoning / content text exactly as encoded (junctions restored, tool markup appended)
+    reasoning_text: str | None = None
+    content_text: str = ""
+    #: everything the ids decode to (control tokens as their strings): what ``decode(ids)`` must give
+    text: str = ""
+    ended: bool = False
+    ids_source: str = "reconstructed"
 
 
 @dataclass
@@ -88,6 +111,8 @@ class ParsedOutput:
 
 def _tojson(value: Any, indent: int | None = None, separators: tuple[str, str] | None = None,
             ensure_ascii: bool = False, sort_keys: bool = False) -> str:
+    if separators is not None:
+        separators = (separators[0], separators[1])
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -96,6 +121,7 @@ def _raise(message: str) -> None:
 
 
 _ENV: Any = None
+_TEMPLATES: dict[str, Any] = {}
 
 
 def render_template(template: str, **context: Any) -> str:
@@ -110,22 +136,51 @@ def render_template(template: str, **context: Any) -> str:
         env.globals["raise_exception"] = _raise
         _ENV = env
     try:
-        tmpl = _compiled(template)
+        tmpl = _TEMPLATES.get(template)
+        if tmpl is None:
+            tmpl = _TEMPLATES[template] = _ENV.from_string(template)
         out: str = tmpl.render(**context)
     except jinja2.TemplateError as exc:
         raise TokenizerError(f"chat template failed to render: {exc}") from None
+    except (TypeError, AttributeError, KeyError, ValueError) as exc:
+        raise TokenizerError(f"chat template failed to render: {type(exc).__name__}: {exc}") from None
     return out
 
 
-_TEMPLATES: dict[str, Any] = {}
+def restore_lead(text: str, lead: str) -> tuple[str, bool]:
+    """``text`` with the missing head of ``lead`` put back (only the part a provider trimmed)."""
+    if not lead or text.startswith(lead):
+        return text, False
+    for k in range(1, len(lead) + 1):
+        if text.startswith(lead[k:]):
+            return lead[:k] + text, True
+    return lead + text, True  # pragma: no cover - k == len(lead) always matches
 
 
-def _compiled(template: str) -> Any:
-    t = _TEMPLATES.get(template)
-    if t is None:
-        t = _ENV.from_string(template)
-        _TEMPLATES[template] = t
-    return t
+def restore_trail(text: str, trail: str) -> tuple[str, bool]:
+    if not trail or text.endswith(trail):
+        return text, False
+    for j in range(len(trail) - 1, -1, -1):
+        if text.endswith(trail[:j]):
+            return text + trail[j:], True
+    return text + trail, True  # pragma: no cover
+
+
+def _arguments_value(arguments: str) -> Any:
+    """Tool-call arguments as a server passes them to the template: a mapping when the JSON parses."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return value if isinstance(value, dict) else arguments
+
+
+def call_name_args(call: ToolCall) -> tuple[str, str]:
+    """(function name, arguments text) of a structured tool call; arguments verbatim."""
+    fn = call.function
+    if fn is None:
+        return "", ""
+    return fn.name, fn.arguments
 
 
 class Profile:
@@ -143,48 +198,144 @@ class Profile:
     generated_specials: tuple[str, ...] = ()
     #: keyword the chat template reads to switch thinking, e.g. "enable_thinking" or "thinking"
     thinking_kwarg: str | None = None
+    #: control-token ids this model is known to use; a tokenizer that disagrees is the wrong one
+    expected_special_ids: Mapping[str, int] = {}
+    #: file names of this family's chat template / tokenizer config in a tokenizer folder
+    template_names: tuple[str, ...] = ()
+    config_names: tuple[str, ...] = ()
+    #: pass tool-call arguments to the template as mappings (what vLLM/SGLang do) rather than strings
+    tool_arguments_as_dict: bool = True
+    #: documented guesses this profile makes, for probe/audit output
+    assumptions: tuple[str, ...] = ()
+    #: the end-of-turn token is a guess (flag ``assumed_end_token`` on every ended output)
+    end_token_assumed: bool = False
+    #: an output has at most one end-of-think token (harmony's ``<|end|>`` also ends other messages)
+    think_end_unique: bool = True
 
-    def __init__(self, tokenizer: Tokenizer, chat_template: str | None = None, *, thinking: bool = True,
-                 template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        chat_template: str | None = None,
+        *,
+        thinking: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+        config: Mapping[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.thinking = thinking
         self.template_kwargs = dict(template_kwargs or {})
+        self.config = dict(config or {})
+        self.options = dict(options or {})
+        self.configure(self.options)
         tok = tokenizer
         # Resolve every control token now, so a tokenizer that does not match fails at load time.
-        for piece in (*self.thinking_suffix, *self.plain_suffix):
-            if isinstance(piece, Special):
-                tok.special_id(piece.text)
-        self.end_of_turn_ids = tuple(tok.special_id(t) for t in self.end_of_turn)
-        self.think_end_id = tok.special_id(self.think_end) if self.think_end else None
+        needed = [p.text for p in (*self.thinking_suffix, *self.plain_suffix) if isinstance(p, Special)]
+        needed += list(self.end_of_turn) + ([self.think_end] if self.think_end else [])
+        for text in needed:
+            if text not in tok.special_tokens:
+                raise TokenizerError(
+                    f"profile {self.name!r} needs control token {text!r} but tokenizer {tok.name!r} has none; "
+                    "the tokenizer does not match model.profile (check model.tokenizer)"
+                )
+        for text, want in self.expected_special_ids.items():
+            got = tok.special_tokens.get(text)
+            if got != want:
+                raise TokenizerError(
+                    f"profile {self.name!r}: {text!r} is id {got} in tokenizer {tok.name!r}, expected {want}; "
+                    "wrong tokenizer files for this model"
+                )
+        self.end_of_turn_ids = tuple(tok.special_tokens[t] for t in self.end_of_turn)
+        self.think_end_id = tok.special_tokens[self.think_end] if self.think_end else None
         self.generated_special_ids = frozenset(
             tok.special_tokens[t] for t in self.generated_specials if t in tok.special_tokens
         )
+        self._lit_cache: dict[str, list[int]] = {}
+
+    def configure(self, options: Mapping[str, Any]) -> None:
+        """Hook: read ``model.profile_options`` (the generic profile does; others accept none)."""
+        if options:
+            raise TokenizerError(
+                f"profile {self.name!r} takes no profile_options (got {', '.join(sorted(options))}); "
+                "only the generic profile is configured that way"
+            )
 
     # -- prompt -----------------------------------------------------------------------------------
 
-    def template_context(self, messages: Sequence[Message], tools: Sequence[Tool] | None) -> dict[str, Any]:
+    def _special_text(self, key: str) -> str:
+        value = self.config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        return value if isinstance(value, str) else ""
+
+    def message_dict(self, message: Message) -> dict[str, Any]:
+        """A message as an OpenAI-compatible server (vLLM, SGLang) hands it to the template: ``content``
+        always present (a null content becomes ""), tool calls with ``id``/``type``, arguments as
+        mappings where the profile's servers convert them."""
+        d: dict[str, Any] = {"role": message.role, "content": ""}
+        d.update(msgspec.to_builtins(message))
+        if message.tool_calls:
+            calls = []
+            for call in message.tool_calls:
+                c: dict[str, Any] = {"id": call.id, "type": call.type}
+                if call.function is not None:
+                    args: Any = call.function.arguments
+                    if self.tool_arguments_as_dict:
+                        args = _arguments_value(args)
+                    c["function"] = {"name": call.function.name, "arguments": args}
+                calls.append(c)
+            d["tool_calls"] = calls
+        return d
+
+    def tool_dict(self, tool: Tool) -> dict[str, Any]:
+        d: dict[str, Any] = {"type": tool.type}
+        d.update(msgspec.to_builtins(tool))
+        return d
+
+    def template_context(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Tool] | None,
+        *,
+        add_generation_prompt: bool = True,
+        when: float | None = None,
+    ) -> dict[str, Any]:
         ctx: dict[str, Any] = {
-            "messages": [msgspec.to_builtins(m) for m in messages],
-            "tools": [msgspec.to_builtins(t) for t in tools] if tools else None,
-            "add_generation_prompt": True,
-            "bos_token": "",
-            "eos_token": "",
+            "messages": [self.message_dict(m) for m in messages],
+            "tools": [self.tool_dict(t) for t in tools] if tools else None,
+            "add_generation_prompt": add_generation_prompt,
+            "bos_token": self._special_text("bos_token"),
+            "eos_token": self._special_text("eos_token"),
+            "strftime_now": lambda fmt: time.strftime(fmt, time.localtime(when) if when else time.localtime()),
         }
         if self.thinking_kwarg:
             ctx[self.thinking_kwarg] = self.thinking
         ctx.update(self.template_kwargs)
         return ctx
 
-    def render_prompt(self, messages: Sequence[Message], tools: Sequence[Tool] | None = None) -> str:
+    def render_prompt(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Tool] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        when: float | None = None,
+    ) -> str:
+        """The prompt text the server renders (``when``: request time, for templates that print a date)."""
         if not self.chat_template:
             raise TokenizerError(
-                f"profile {self.name!r} needs a chat template; put chat_template.jinja in the tokenizer folder"
+                f"profile {self.name!r} needs a chat template; put chat_template.jinja in the tokenizer folder "
+                "or set model.chat_template"
             )
-        return render_template(self.chat_template, **self.template_context(messages, tools))
+        ctx = self.template_context(messages, tools, add_generation_prompt=add_generation_prompt, when=when)
+        return render_template(self.chat_template, **ctx)
 
-    def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Tool] | None = None) -> list[int]:
-        return self.tokenizer.encode(self.render_prompt(messages, tools))
+    def prompt_ids(
+        self, messages: Sequence[Message], tools: Sequence[Tool] | None = None, *, when: float | None = None
+    ) -> list[int]:
+        """Ids of the rendered prompt; control-token strings in it become control ids, no BOS is added."""
+        return self.tokenizer.encode(self.render_prompt(messages, tools, when=when))
 
     # -- generated suffix ---------------------------------------------------------------------------
 
@@ -192,9 +343,32 @@ class Profile:
     def suffix(self) -> tuple[Piece, ...]:
         return self.thinking_suffix if self.thinking else self.plain_suffix
 
-    def end_token(self, content: str, finish_reason: str | None) -> str | None:
+    def suffix_for(
+        self, reasoning: str, content: str, reasoning_tokens: int, tool_calls: Sequence[ToolCall] | None
+    ) -> tuple[Piece, ...]:
+        """Hook: the suffix used for one output (harmony picks channels by what came back)."""
+        return self.suffix
+
+    def end_token(self, content: str, finish_reason: str | None, tool_calls: Sequence[ToolCall] | None = None) -> str | None:
         """The control token that ends this turn, or None. Hook for formats with several (GLM, harmony)."""
         return self.end_of_turn[0] if self.end_of_turn else None
+
+    def render_tool_calls(self, tool_calls: Sequence[ToolCall], content: str, flags: list[str]) -> str:
+        """Hook: structured tool calls as the model writes them after ``content`` (control tokens as
+        their strings). The base profile cannot and says so."""
+        flags.append("tool_calls_unrendered")
+        return ""
+
+    @property
+    def allowed_output_special_ids(self) -> frozenset[int]:
+        """Control ids that may appear in a generated suffix of this profile."""
+        tok = self.tokenizer
+        ids = {tok.special_tokens[p.text] for p in (*self.thinking_suffix, *self.plain_suffix) if isinstance(p, Special)}
+        ids.update(self.end_of_turn_ids)
+        ids.update(self.generated_special_ids)
+        if self.think_end_id is not None:
+            ids.add(self.think_end_id)
+        return frozenset(ids)
 
     def build_output(
         self,
@@ -203,112 +377,222 @@ class Profile:
         finish_reason: str | None,
         *,
         reasoning_tokens: int = 0,
+        tool_calls: Sequence[ToolCall] | None = None,
+        content_ids: Sequence[int] | None = None,
     ) -> Reconstruction:
-        """Rebuild the generated ids from the text fields an API returned."""
+        """Rebuild the generated ids from the text fields an API returned.
+
+        ``content_ids``: exact ids of the content run (from logprobs); used instead of encoding it.
+        Only valid where the content run is bounded by control tokens (see ``logprobs``).
+        """
         flags: list[str] = []
         content = content or ""
         reasoning = reasoning or ""
+        tok = self.tokenizer
+        suffix = self.suffix_for(reasoning, content, reasoning_tokens, tool_calls)
+        has_reasoning = any(isinstance(p, Field) and p.name == "reasoning" for p in suffix)
         truncated = finish_reason == "length"
-        has_reasoning_field = any(isinstance(p, Field) and p.name == "reasoning" for p in self.suffix)
-        in_reasoning = truncated and has_reasoning_field and content == ""
-        if has_reasoning_field and reasoning == "" and reasoning_tokens > 0:
+        in_reasoning = truncated and has_reasoning and content == "" and not tool_calls
+        if has_reasoning and reasoning == "" and reasoning_tokens > 0:
             flags.append("reasoning_dropped")
+        if not has_reasoning and reasoning:
+            flags.append("reasoning_unused")
         if truncated:
             flags.append("truncated_in_reasoning" if in_reasoning else "truncated")
+        if "\ufffd" in reasoning or "\ufffd" in content:
+            # U+FFFD usually stands for bytes the server could not decode (a cut inside a character):
+            # the sampled bytes are lost and re-encoding gives the replacement character's own bytes.
+            flags.append("replacement_char")
+        tool_text = self.render_tool_calls(tool_calls, content, flags) if tool_calls else ""
 
-        segments: list[str | int] = []  # str: text run; int: control id
-        run: list[str] = []
+        # parts: control id, or (text, kind) with kind "r" (reasoning), "c" (content) or "l" (literal)
+        parts: list[int | tuple[str, str]] = []
         restored = False
-        tok = self.tokenizer
-        for piece in self.suffix:
+        reasoning_text: str | None = None
+        content_text = ""
+        for piece in suffix:
             if isinstance(piece, Special):
-                if run:
-                    segments.append("".join(run))
-                    run = []
-                segments.append(tok.special_tokens[piece.text])
+                parts.append(tok.special_tokens[piece.text])
             elif isinstance(piece, Lit):
-                run.append(piece.text)
-            else:
-                text = reasoning if piece.name == "reasoning" else content
-                if piece.name == "reasoning" and in_reasoning:
+                parts.append((piece.text, "l"))
+            elif piece.name == "reasoning":
+                text, r1 = restore_lead(reasoning, piece.lead)
+                if in_reasoning:
                     # Cut inside the reasoning: no trail junction, no end-of-think, nothing after.
-                    if text and not text.startswith(piece.lead):
-                        restored = True
-                        run.append(piece.lead)
-                    run.append(text)
+                    restored |= r1 and reasoning != ""
+                    reasoning_text = text if reasoning else ""
+                    parts.append((reasoning_text, "r"))
                     break
-                lead_ok = text.startswith(piece.lead)
-                rest = text[len(piece.lead):] if lead_ok else text
-                trail_ok = rest.endswith(piece.trail)
-                if not (lead_ok and trail_ok):
-                    restored = True
-                run.append(piece.lead)
-                run.append(rest)
-                if not trail_ok:
-                    run.append(piece.trail)
+                text, r2 = restore_trail(text, piece.trail)
+                restored |= r1 or r2
+                reasoning_text = text
+                parts.append((text, "r"))
+            else:
+                text, r1 = restore_lead(content, piece.lead)
+                text, r2 = restore_trail(text, piece.trail)
+                restored |= r1 or r2
+                content_text = text + tool_text
+                parts.append((content_text, "c"))
         if restored:
             flags.append("junction_restored")
-        if run:
-            segments.append("".join(run))
-        if finish_reason in ("stop", "tool_calls"):
-            end = self.end_token(content, finish_reason)
-            if end is not None:
-                segments.append(tok.special_tokens[end])
+        end = self.end_token(content, finish_reason, tool_calls) if finish_reason in ("stop", "tool_calls") else None
+        if end is not None:
+            parts.append(tok.special_tokens[end])
+            if self.end_token_assumed:
+                flags.append("assumed_end_token")
 
         ids: list[int] = []
+        texts: list[str] = []
         reasoning_count = 0
         think_end = self.think_end_id
-        specials = tok.special_ids
-        markup = 0
-        for seg in segments:
-            if isinstance(seg, int):
-                ids.append(seg)
-                if seg == think_end:
-                    reasoning_count = len(ids)
+        id_to_special = tok.id_to_special
+        run: list[str] = []
+        run_kinds = ""
+        for part in (*parts, None):
+            if isinstance(part, tuple):
+                run.append(part[0])
+                run_kinds += part[1]
                 continue
-            if not seg:
-                continue
-            enc = tok.encode(seg)
-            if not specials.isdisjoint(enc):
-                for t in enc:
-                    if t in specials:
-                        if t in self.generated_special_ids:
-                            markup += 1
-                        else:
-                            flags.append(f"special_in_text:{tok.id_to_special[t]}")
-            ids.extend(enc)
-        if markup:
-            flags.append("tool_markup")
+            if run:
+                text = "".join(run)
+                texts.append(text)
+                if content_ids is not None and run_kinds == "c" and not tool_text:
+                    ids.extend(content_ids)
+                elif text:
+                    ids.extend(self.encode_run(text, "r" in run_kinds, flags))
+                run = []
+                run_kinds = ""
+            if part is None:
+                break
+            ids.append(part)
+            texts.append(id_to_special[part])
+            if part == think_end and not in_reasoning:
+                reasoning_count = len(ids)
         if in_reasoning:
             reasoning_count = len(ids)
-        return Reconstruction(ids=ids, flags=flags, reasoning_token_count=reasoning_count)
+        return Reconstruction(
+            ids=ids,
+            flags=flags,
+            reasoning_token_count=reasoning_count,
+            reasoning_text=reasoning_text,
+            content_text=content_text,
+            text="".join(texts),
+            ended=end is not None,
+        )
+
+    def encode_run(self, text: str, in_reasoning: bool, flags: list[str]) -> list[int]:
+        """Encode one text run between control tokens (see the module docstring for literal specials)."""
+        tok = self.tokenizer
+        pattern = tok.special_pattern
+        if pattern.search(text) is None:
+            return tok.encode(text)
+        out: list[int] = []
+        buf: list[str] = []
+        pos = 0
+        markup = False
+        for m in pattern.finditer(text):
+            sid = tok.special_tokens[m.group(0)]
+            if sid in self.generated_special_ids:
+                control = True
+                markup = True
+            else:
+                control = sid not in tok.hf_special_ids and not (in_reasoning and sid == self.think_end_id)
+                flag = f"special_in_text:{m.group(0)}"
+                if flag not in flags:
+                    flags.append(flag)
+            if control:
+                buf.append(text[pos:m.start()])
+                chunk = "".join(buf)
+                if chunk:
+                    out.extend(tok.encode_ordinary(chunk))
+                buf = []
+                out.append(sid)
+            else:
+                buf.append(text[pos:m.end()])
+            pos = m.end()
+        buf.append(text[pos:])
+        chunk = "".join(buf)
+        if chunk:
+            out.extend(tok.encode_ordinary(chunk))
+        if markup and "tool_markup" not in flags:
+            flags.append("tool_markup")
+        return out
+
+    # -- parsing ----------------------------------------------------------------------------------------
+
+    def _lit_ids(self, text: str) -> list[int]:
+        ids = self._lit_cache.get(text)
+        if ids is None:
+            ids = self._lit_cache[text] = self.tokenizer.encode_ordinary(text)
+        return ids
+
+    def _match(self, body: Sequence[int], pos: int, pieces: Sequence[Piece]) -> int | None:
+        """Position after ``pieces`` (control tokens and literals) if ``body`` has them at ``pos``."""
+        tok = self.tokenizer
+        for piece in pieces:
+            if isinstance(piece, Special):
+                if pos < len(body) and body[pos] == tok.special_tokens[piece.text]:
+                    pos += 1
+                    continue
+                return None
+            if isinstance(piece, Lit):
+                lit = self._lit_ids(piece.text)
+                if list(body[pos:pos + len(lit)]) == lit:
+                    pos += len(lit)
+                    continue
+                # A non-canonical segmentation of the literal ("anal" "ysis") still spells it.
+                want = piece.text.encode("utf-8")
+                got = b""
+                end = pos
+                while len(got) < len(want) and end < len(body) and body[end] not in tok.special_ids:
+                    got += tok.token_bytes(body[end])
+                    end += 1
+                if got != want:
+                    return None
+                pos = end
+                continue
+            return None
+        return pos
+
+    def parse_with(self, suffix: Sequence[Piece], body: list[int], ended: bool) -> ParsedOutput | None:
+        """Parse ``body`` (end-of-turn removed) against one suffix layout; None if it does not fit."""
+        tok = self.tokenizer
+        names = [p.name if isinstance(p, Field) else None for p in suffix]
+        if "reasoning" not in names or self.think_end_id is None:
+            c_at = names.index("content") if "content" in names else len(suffix)
+            pos = self._match(body, 0, suffix[:c_at])
+            if pos is None:
+                return None
+            return ParsedOutput(reasoning=None, content=tok.decode(body[pos:]), ended=ended, in_reasoning=False)
+        r_at = names.index("reasoning")
+        pos = self._match(body, 0, suffix[:r_at])
+        if pos is None:
+            return None
+        try:
+            close = body.index(self.think_end_id, pos)
+        except ValueError:
+            return ParsedOutput(
+                reasoning=tok.decode(body[pos:]), content="", ended=ended, in_reasoning=True,
+                reasoning_token_count=len(body),
+            )
+        end_at = next(i for i in range(r_at + 1, len(suffix)) if suffix[i] == Special(self.think_end or ""))
+        c_at = names.index("content") if "content" in names else len(suffix)
+        cpos = self._match(body, close + 1, suffix[end_at + 1:c_at])
+        return ParsedOutput(
+            reasoning=tok.decode(body[pos:close]),
+            content=tok.decode(body[(close + 1 if cpos is None else cpos):]),
+            ended=ended,
+            in_reasoning=False,
+            reasoning_token_count=close + 1,
+        )
 
     def parse_output(self, ids: Sequence[int]) -> ParsedOutput:
         """Split generated ids into the text fields a server returns (markers removed, text untouched)."""
         ids = list(ids)
         ended = bool(ids) and ids[-1] in self.end_of_turn_ids
         body = ids[:-1] if ended else ids
-        # Skip leading control tokens and literals the suffix opens with (e.g. Qwen3 hybrid "<think>").
-        start = 0
-        tok = self.tokenizer
-        if not self.thinking or self.think_end_id is None:
-            return ParsedOutput(reasoning=None, content=tok.decode(body), ended=ended, in_reasoning=False)
-        for piece in self.suffix:
-            if isinstance(piece, Special) and start < len(body) and body[start] == tok.special_tokens[piece.text]:
-                start += 1
-                continue
-            break
-        try:
-            close = body.index(self.think_end_id, start)
-        except ValueError:
-            return ParsedOutput(
-                reasoning=tok.decode(body[start:]), content="", ended=ended, in_reasoning=True,
-                reasoning_token_count=len(body),
-            )
-        return ParsedOutput(
-            reasoning=tok.decode(body[start:close]),
-            content=tok.decode(body[close + 1:]),
-            ended=ended,
-            in_reasoning=False,
-            reasoning_token_count=close + 1,
-        )
+        for suffix in (self.suffix, self.plain_suffix):
+            parsed = self.parse_with(suffix, body, ended)
+            if parsed is not None:
+                return parsed
+        return ParsedOutput(reasoning=None, content=self.tokenizer.decode(body), ended=ended, in_reasoning=False)

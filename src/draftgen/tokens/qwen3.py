@@ -5,44 +5,60 @@ Hybrid: the prompt ends ``<|im_start|>assistant\\n``; the model writes
 ``<think>\\n\\n</think>\\n\\n`` to the prompt, so the model writes ``{c}<|im_end|>``.
 2507-Thinking: the prompt ends ``…assistant\\n<think>\\n``; the model writes ``{r}\\n</think>\\n\\n{c}<|im_end|>``.
 Ids: ``<|im_end|>`` 151645, ``<think>`` 151667, ``</think>`` 151668. Tool calls are text between
-``<tool_call>``/``</tool_call>`` control tokens (151657/151658), which may appear in content.
+``<tool_call>``/``</tool_call>`` control tokens (151657/151658): ``\\n<tool_call>\\n{"name": …,
+"arguments": …}\\n</tool_call>`` after the content (no leading newline on the first when the content is empty).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from types import MappingProxyType
 from typing import Any
 
-from .profile import Field, Profile, Special
+from ..records import ToolCall
+from .profile import Field, Piece, Profile, Special, call_name_args
 
 __all__ = ["Qwen3Profile", "Qwen3ThinkingProfile"]
 
 
 class Qwen3Profile(Profile):
     name = "qwen3"
-    thinking_suffix = (
+    thinking_suffix: tuple[Piece, ...] = (
         Special("<think>"),
         Field("reasoning", lead="\n", trail="\n"),
         Special("</think>"),
         Field("content", lead="\n\n"),
     )
-    plain_suffix = (Field("content"),)
+    plain_suffix: tuple[Piece, ...] = (Field("content"),)
     think_end = "</think>"
     end_of_turn = ("<|im_end|>",)
     generated_specials = ("<tool_call>", "</tool_call>")
-    thinking_kwarg = "enable_thinking"
+    thinking_kwarg: str | None = "enable_thinking"
+    expected_special_ids = MappingProxyType({"<|im_end|>": 151645, "<think>": 151667, "</think>": 151668, "<tool_call>": 151657})
+
+    def render_tool_calls(self, tool_calls: Sequence[ToolCall], content: str, flags: list[str]) -> str:
+        flags.append("tool_calls_rendered")
+        out = []
+        for i, call in enumerate(tool_calls):
+            name, args = call_name_args(call)
+            sep = "\n" if (i > 0 or content) else ""
+            out.append(f'{sep}<tool_call>\n{{"name": "{name}", "arguments": {args or "{}"}}}\n</tool_call>')
+        return "".join(out)
 
 
 class Qwen3ThinkingProfile(Qwen3Profile):
     """Qwen3-*-Thinking-2507: ``<think>\\n`` is part of the prompt; thinking cannot be switched off."""
 
     name = "qwen3-thinking-2507"
-    thinking_suffix = (
+    thinking_suffix: tuple[Piece, ...] = (
         Field("reasoning", trail="\n"),
         Special("</think>"),
         Field("content", lead="\n\n"),
     )
 
-    def render_prompt(self, messages: Any, tools: Any = None) -> str:
-        text = super().render_prompt(messages, tools)
+    def render_prompt(self, messages: Any, tools: Any = None, **kw: Any) -> str:
+        text = super().render_prompt(messages, tools, **kw)
+        if not kw.get("add_generation_prompt", True):
+            return text
         # The 2507 template's generation prompt opens the think block; the hybrid template does not.
         return text if text.endswith("<think>\n") else text + "<think>\n"

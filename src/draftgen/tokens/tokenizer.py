@@ -8,12 +8,17 @@ normalises text beyond what the model's own tokenizer does (Qwen3 applies NFC; t
 - ``encode_ordinary(text)``: special-token strings are encoded as plain text.
 - ``token_bytes(id)``: the raw bytes of a token (byte-level BPE), used for logprob recovery and by the
   emulator's non-canonical segmentation.
+- ``special_tokens``: every control token (text → id), whatever its HF ``special`` flag;
+  ``hf_special_ids``: the subset whose HF flag is true, i.e. the ones a server's detokenizer drops
+  with ``skip_special_tokens`` (a literal one found in returned text cannot be a generated control id).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = ["HFTokenizer", "TiktokenTokenizer", "Tokenizer", "bytes_to_unicode"]
@@ -44,7 +49,11 @@ class Tokenizer:
     name: str = ""
     #: special token text → id (every control token the model knows, HF "special" flag or not)
     special_tokens: dict[str, int]
+    #: ids whose HF ``special`` flag is true (dropped by ``skip_special_tokens``)
+    hf_special_ids: frozenset[int] = frozenset()
     vocab_size: int
+    #: the Unicode normal form the tokenizer applies before encoding ("NFC" for Qwen3), or None
+    normalization: str | None = None
 
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
@@ -58,15 +67,31 @@ class Tokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         raise NotImplementedError
 
+    def normalize(self, text: str) -> str:
+        """``text`` as the tokenizer sees it (``decode(encode(text))`` for text without specials)."""
+        return unicodedata.normalize(self.normalization, text) if self.normalization else text  # type: ignore[arg-type]
+
     def token_str(self, token_id: int) -> str:
         """A readable form of one token, for mismatch reports (``' NOR'``)."""
         if token_id in self.special_ids:
             return self.id_to_special[token_id]
-        return self.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
+        try:
+            return self.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
+        except (KeyError, ValueError, IndexError):
+            return f"<unknown:{token_id}>"
+
+    def token_strs(self, ids: Iterable[int]) -> list[str]:
+        return [self.token_str(t) for t in ids]
 
     @functools.cached_property
     def special_ids(self) -> frozenset[int]:
         return frozenset(self.special_tokens.values())
+
+    @functools.cached_property
+    def special_pattern(self) -> re.Pattern[str]:
+        """Matches any control-token string (longest first, like the tokenizers' own matchers)."""
+        names = sorted(self.special_tokens, key=len, reverse=True)
+        return re.compile("|".join(re.escape(n) for n in names) if names else r"(?!x)x")
 
     @functools.cached_property
     def id_to_special(self) -> dict[int, str]:
@@ -86,12 +111,13 @@ class Tokenizer:
     def bytes_to_id(self) -> dict[bytes, int]:
         """Every non-special token's bytes → id (built once, on first use)."""
         out: dict[bytes, int] = {}
+        specials = self.special_ids
         for tid in range(self.vocab_size):
-            if tid in self.special_ids:
+            if tid in specials:
                 continue
             try:
                 b = self.token_bytes(tid)
-            except (KeyError, ValueError):
+            except (KeyError, ValueError, IndexError):
                 continue
             out.setdefault(b, tid)
         return out
@@ -105,12 +131,23 @@ class HFTokenizer(Tokenizer):
         self.name = name
         added = tok.get_added_tokens_decoder()  # id -> AddedToken
         self.special_tokens = {a.content: i for i, a in added.items()}
+        self.hf_special_ids = frozenset(i for i, a in added.items() if a.special)
+        self._soft_ids = frozenset(i for i, a in added.items() if not a.special)
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        self._normalizer = tok.normalizer
+        if self._normalizer is not None and self._normalizer.normalize_str("e\u0301") != "e\u0301":
+            self.normalization = "NFC" if self._normalizer.normalize_str("e\u0301") == "\u00e9" else "custom"
         self._vocab_rev: dict[int, str] | None = None
 
     @property
     def raw(self) -> Any:
         return self._tok
+
+    def normalize(self, text: str) -> str:
+        if self.normalization is None:
+            return text
+        out: str = self._normalizer.normalize_str(text)
+        return out
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
@@ -125,7 +162,15 @@ class HFTokenizer(Tokenizer):
             ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
         finally:
             self._tok.encode_special_tokens = False
-        return ids
+        if self._soft_ids.isdisjoint(ids):
+            return ids
+        # Added tokens without the HF special flag (<think>, <tool_call>) are matched even with
+        # encode_special_tokens; run the pipeline without the added vocabulary instead.
+        norm = self._normalizer.normalize_str(text) if self._normalizer is not None else text
+        pre = self._tok.pre_tokenizer
+        pieces = [p for p, _ in pre.pre_tokenize_str(norm)] if pre is not None else [norm]
+        model = self._tok.model
+        return [t.id for piece in pieces for t in model.tokenize(piece)]
 
     def decode(self, ids: Sequence[int]) -> str:
         out: str = self._tok.decode(list(ids), skip_special_tokens=False)
@@ -148,24 +193,68 @@ class HFTokenizer(Tokenizer):
             return self.decode([token_id]).encode("utf-8")
 
 
-class TiktokenTokenizer(Tokenizer):
-    """A ``tiktoken.Encoding`` (Kimi's tiktoken.model, o200k). Specials are tiktoken specials."""
+# Kimi's tokenizer (like Llama 3's) hands tiktoken at most 400k characters at a time, each cut further
+# so that no run of whitespace or of non-whitespace exceeds 25k characters.
+_TIKTOKEN_MAX_ENCODE_CHARS = 400_000
+_MAX_NO_WHITESPACE_CHARS = 25_000
 
-    def __init__(self, enc: Any, *, name: str = "") -> None:
+
+def _split_long_runs(s: str, max_run: int) -> Iterable[str]:
+    run = 0
+    is_space = s[0].isspace() if s else False
+    start = 0
+    for i, ch in enumerate(s):
+        now = ch.isspace()
+        if is_space ^ now:
+            run = 1
+            is_space = now
+        else:
+            run += 1
+            if run > max_run:
+                yield s[start:i]
+                start = i
+                run = 1
+    yield s[start:]
+
+
+class TiktokenTokenizer(Tokenizer):
+    """A ``tiktoken.Encoding`` (Kimi's tiktoken.model, o200k). Specials are tiktoken specials.
+
+    ``chunked``: split long inputs the way Kimi's tokenizer does before calling tiktoken (only inputs
+    with a run of more than 25,000 (non-)whitespace characters are affected).
+    """
+
+    def __init__(self, enc: Any, *, name: str = "", hf_special_ids: Iterable[int] = (), chunked: bool = False) -> None:
         self._enc = enc
         self.name = name
         self.special_tokens = dict(enc._special_tokens)
+        self.hf_special_ids = frozenset(hf_special_ids)
         self.vocab_size = enc.n_vocab
+        self.chunked = chunked
 
     @property
     def raw(self) -> Any:
         return self._enc
 
+    def _chunks(self, text: str) -> Iterable[str]:
+        for i in range(0, len(text), _TIKTOKEN_MAX_ENCODE_CHARS):
+            yield from _split_long_runs(text[i:i + _TIKTOKEN_MAX_ENCODE_CHARS], _MAX_NO_WHITESPACE_CHARS)
+
     def encode(self, text: str) -> list[int]:
+        if self.chunked and len(text) > _MAX_NO_WHITESPACE_CHARS:
+            out: list[int] = []
+            for chunk in self._chunks(text):
+                out.extend(self._enc.encode(chunk, allowed_special="all"))
+            return out
         ids: list[int] = self._enc.encode(text, allowed_special="all")
         return ids
 
     def encode_ordinary(self, text: str) -> list[int]:
+        if self.chunked and len(text) > _MAX_NO_WHITESPACE_CHARS:
+            out: list[int] = []
+            for chunk in self._chunks(text):
+                out.extend(self._enc.encode_ordinary(chunk))
+            return out
         ids: list[int] = self._enc.encode_ordinary(text)
         return ids
 

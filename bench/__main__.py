@@ -1,0 +1,309 @@
+"""``python -m bench``: run every benchmark and write bench/RESULTS.md.
+
+Runs each ``bench/bench_*.py`` in its own subprocess (own process group, own timeout), so one failure or
+hang does not stop the rest, and the whole run stays inside a global time budget (default 19 minutes).
+A script's figures are read from its ``RESULT-JSON: {...}`` lines (see ``bench/_common.py``); its whole
+output is kept verbatim as well. RESULTS.md holds the machine, package versions, git SHA and date, a table
+of the targets from the issues (met / not met / not measured), every figure, and the raw outputs.
+
+Flags: ``--quick`` (smoke size: every script gets ``DRAFTGEN_BENCH_QUICK=1`` and, where it accepts it,
+``--quick``), ``--only NAME`` (repeatable; ``resume`` or ``bench_resume``), ``--budget SECONDS``,
+``--timeout SECONDS`` (per script, overriding the defaults), ``--output PATH`` (default bench/RESULTS.md;
+with ``--quick``, bench/RESULTS-quick.md so that a smoke run never replaces the full figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench._common import REPO_ROOT, git_sha, machine_info, package_versions, parse_results
+
+BENCH_DIR = Path(__file__).resolve().parent
+PACKAGES = [
+    "draftgen", "aiohttp", "msgspec", "orjson", "tokenizers", "tiktoken", "pyarrow", "openai", "uvloop",
+]
+# Seconds per script (full size, quick size). Their sum may exceed the global budget: the budget wins.
+TIMEOUTS: dict[str, tuple[int, int]] = {
+    "bench_resume": (150, 60),
+    "bench_reconstruct": (150, 60),
+    "bench_emulator": (150, 60),
+    "bench_report": (120, 60),
+    "bench_merge": (300, 90),
+    "bench_generate": (360, 150),
+    "bench_scale": (450, 120),
+    "bench_peers": (420, 180),
+}
+DEFAULT_TIMEOUT = (180, 90)
+# Smoke-size flags for scripts that neither read DRAFTGEN_BENCH_QUICK nor accept --quick.
+QUICK_ARGS: dict[str, list[str]] = {
+    "bench_merge": ["--scale", "0.05"],
+    "bench_emulator": ["--seconds", "2"],
+}
+# Run order: cheap and independent first, the long engine runs after.
+ORDER = ["bench_resume", "bench_reconstruct", "bench_emulator", "bench_report", "bench_merge", "bench_generate",
+         "bench_scale", "bench_peers"]
+RAW_TAIL_CHARS = 12_000
+
+
+@dataclass
+class Target:
+    """A performance target from an issue, checked against the first of ``keys`` a script reported."""
+
+    label: str
+    benches: tuple[str, ...]
+    keys: tuple[str, ...]
+    op: str  # ">=" or "<="
+    threshold: float
+    source: str
+
+
+TARGETS = [
+    Target("emulator responses/s (~1k tokens, one core, fast)", ("bench_emulator",),
+           ("responses_per_s", "emulator_responses_per_s", "whole_responses_per_s", "rps"), ">=", 1000, "issue 2"),
+    Target("request-path CPU vs openai-SDK baseline (ratio)", ("bench_generate",),
+           ("request_path_cpu_ratio",), "<=", 1 / 3, "issue 3"),
+    Target("reconstruction cost vs raw tokenizer encode (ratio)", ("bench_reconstruct", "bench_generate"),
+           ("reconstruct_vs_raw_ratio", "ratio_vs_raw", "overhead_ratio", "reconstruct_inline_vs_raw_ratio"),
+           "<=", 1.25, "issue 3"),
+    Target("slot occupancy at 2,000 in flight (realistic)", ("bench_generate",),
+           ("slot_occupancy", "occupancy"), ">=", 0.97, "issue 3"),
+    Target("peak RSS at 5,000 in flight (MiB)", ("bench_generate",),
+           ("peak_rss_mb_5000", "rss_mb_5000", "peak_rss_mb_at_5000"), "<=", 1024, "issue 3"),
+    Target("10x reference rate on one core: measured steady tokens/s", ("bench_scale",),
+           ("max_sustained_tokens_per_s",), ">=", 460_000, "issue 7"),
+    Target("10x reference rate on one core: client tokens per CPU second", ("bench_scale",),
+           ("client_tokens_per_cpu_s",), ">=", 460_000, "issue 7"),
+]
+
+
+@dataclass
+class BenchRun:
+    name: str
+    path: Path
+    status: str = "not run"
+    rc: int | None = None
+    wall_s: float = 0.0
+    output: str = ""
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+    def figures(self) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for res in self.results:
+            prefix = "" if len(self.results) == 1 else f"{res.get('name', '')}."
+            for k, v in res["figures"].items():
+                merged[prefix + k] = v
+        return merged
+
+    def figure(self, key: str) -> Any:
+        for res in self.results:
+            if key in res["figures"]:
+                return res["figures"][key]
+        return None
+
+
+def discover(only: list[str]) -> list[Path]:
+    found = {p.stem: p for p in sorted(BENCH_DIR.glob("bench_*.py"))}
+    if only:
+        wanted = [n if n.startswith("bench_") else f"bench_{n}" for n in only]
+        missing = [n for n in wanted if n not in found]
+        if missing:
+            raise SystemExit(f"no such benchmark: {', '.join(missing)}; have: {', '.join(found)}")
+        return [found[n] for n in wanted]
+    ranked = sorted(found, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+    return [found[n] for n in ranked]
+
+
+def _accepts_quick(path: Path) -> bool:
+    try:
+        return "--quick" in path.read_text(encoding="utf-8") or "quick_mode" in path.read_text(encoding="utf-8")
+    except OSError:
+        return False
+
+
+def run_one(run: BenchRun, *, quick: bool, timeout: float) -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONUNBUFFERED"] = "1"
+    if quick:
+        env["DRAFTGEN_BENCH_QUICK"] = "1"
+    extra: list[str] = []
+    if quick:
+        extra = ["--quick"] if _accepts_quick(run.path) else QUICK_ARGS.get(run.name, [])
+    cmd = [sys.executable, str(run.path), *extra]
+    print(f"\n=== {run.name} (timeout {timeout:.0f} s) ===", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    chunks: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for raw in iter(proc.stdout.readline, b""):
+            line = raw.decode("utf-8", errors="replace")
+            chunks.append(line)
+            sys.stdout.write("  " + line)
+            sys.stdout.flush()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        run.rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+        run.rc = proc.wait()
+    reader.join(timeout=10)
+    run.wall_s = time.perf_counter() - t0
+    run.output = "".join(chunks)
+    run.results = parse_results(run.output)
+    if timed_out:
+        run.status = f"timed out after {timeout:.0f} s"
+    elif run.rc != 0:
+        run.status = f"failed (exit {run.rc})"
+    elif not run.results:
+        run.status = "ok (no RESULT-JSON; raw output only)"
+    else:
+        run.status = "ok"
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the script and everything it started (emulator processes): TERM, then KILL."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, float):
+        if v == 0 or 0.01 <= abs(v) < 1e6:
+            return f"{v:,.3f}".rstrip("0").rstrip(".")
+        return f"{v:.3g}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def _check(t: Target, runs: dict[str, BenchRun]) -> tuple[str, str]:
+    whys = []
+    for bench in t.benches:
+        run = runs.get(bench)
+        if run is None or not run.results:
+            if run is not None:
+                whys.append(f"{bench}: {run.status}")
+            else:
+                whys.append(f"{bench}: " + ("not run" if (BENCH_DIR / f"{bench}.py").exists() else "script absent"))
+            continue
+        for key in t.keys:
+            v = run.figure(key)
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                ok = v >= t.threshold if t.op == ">=" else v <= t.threshold
+                return ("met" if ok else "NOT met"), f"{bench}: {key} = {_fmt(float(v))}"
+        whys.append(f"{bench}: none of {', '.join(t.keys)} reported")
+    return "not measured", "; ".join(whys)
+
+
+def load_average() -> str:
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def render(runs: list[BenchRun], *, quick: bool, total_s: float, argv: list[str], load_before: str) -> str:
+    m = machine_info()
+    by_name = {r.name: r for r in runs}
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# draftgen benchmark results",
+        "",
+        "Generated by `python -m bench" + (" " + " ".join(argv) if argv else "") + "`; do not edit by hand.",
+        "",
+        f"- date: {now}",
+        f"- git: `{git_sha() or 'unknown'}`",
+        f"- size: {'quick (smoke size; figures are not the headline ones)' if quick else 'full'}",
+        f"- total wall time: {total_s:.0f} s",
+        f"- machine: {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable), {m['ram_gib']} GiB RAM",
+        f"- Python {m['python']} ({m['implementation']}), {m['os']}, {m['libc']}",
+        "- packages: " + ", ".join(f"{k} {v}" for k, v in package_versions(PACKAGES).items()),
+        f"- load average (1/5/15 min) before: {load_before}; after: {load_average()} "
+        "(other work on the machine slows wall-clock figures; CPU-second figures are steadier)",
+        "",
+        "## Targets",
+        "",
+        "| target | source | goal | status | measured |",
+        "|---|---|---|---|---|",
+    ]
+    for t in TARGETS:
+        status, got = _check(t, by_name)
+        lines.append(f"| {t.label} | {t.source} | {t.op} {_fmt(t.threshold)} | {status} | {got} |")
+    lines += ["", "## Benchmarks", "", "| benchmark | status | wall s | figures |", "|---|---|---|---|"]
+    for r in runs:
+        lines.append(f"| {r.name} | {r.status} | {r.wall_s:.1f} | {len(r.figures())} |")
+    for r in runs:
+        lines += ["", f"## {r.name}", "", f"Status: {r.status}; {r.wall_s:.1f} s.", ""]
+        figs = r.figures()
+        if figs:
+            lines += ["| figure | value |", "|---|---|"]
+            lines += [f"| {k} | {_fmt(v)} |" for k, v in figs.items()]
+            lines.append("")
+        out = r.output
+        if len(out) > RAW_TAIL_CHARS:
+            out = f"[... {len(out) - RAW_TAIL_CHARS:,} characters cut ...]\n" + out[-RAW_TAIL_CHARS:]
+        fence = "````" if "```" in out else "```"
+        lines += ["<details><summary>raw output</summary>", "", fence + "text", out.rstrip("\n"), fence, "",
+                  "</details>"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--quick", action="store_true", help="smoke size (minutes, not the headline figures)")
+    ap.add_argument("--only", action="append", default=[], metavar="NAME", help="run only this benchmark")
+    ap.add_argument("--budget", type=float, default=None, help="global time budget in seconds (default 1140)")
+    ap.add_argument("--timeout", type=float, default=None, help="per-script timeout in seconds")
+    ap.add_argument("--output", type=Path, default=None,
+                    help="default bench/RESULTS.md (quick: bench/RESULTS-quick.md, so the full one is kept)")
+    args = ap.parse_args(argv)
+    raw_argv = list(argv if argv is not None else sys.argv[1:])
+    budget = args.budget if args.budget is not None else (600.0 if args.quick else 1140.0)
+    output: Path = args.output or BENCH_DIR / ("RESULTS-quick.md" if args.quick else "RESULTS.md")
+    paths = discover(args.only)
+    runs = [BenchRun(p.stem, p) for p in paths]
+    load_before = load_average()
+    t0 = time.perf_counter()
+    for run in runs:
+        left = budget - (time.perf_counter() - t0)
+        if left < 20:
+            run.status = "not run: the global time budget was spent"
+            continue
+        own = args.timeout or TIMEOUTS.get(run.name, DEFAULT_TIMEOUT)[1 if args.quick else 0]
+        run_one(run, quick=args.quick, timeout=min(own, left))
+        print(f"=== {run.name}: {run.status}, {run.wall_s:.1f} s", flush=True)
+    total = time.perf_counter() - t0
+    output.write_text(render(runs, quick=args.quick, total_s=total, argv=raw_argv, load_before=load_before), encoding="utf-8")
+    print(f"\nwrote {output} ({total:.0f} s)")
+    return 0 if all(r.status.startswith("ok") for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""bench_generate: draftgen's generation engine against a peer-style baseline, on the local emulator.
+
+    python bench/bench_generate.py [--quick]
+
+Phases (each client in its own subprocess; the emulator in another, started by this script):
+
+1. ``fast`` scenario, the same prompts, the same in-flight count (2,000): the baseline
+   (``_gen_baseline.py``: openai SDK ``AsyncOpenAI`` + ``asyncio.Semaphore`` + JSONL appends) and draftgen
+   (``_gen_draftgen.py``: ``run_generate``), both non-streamed, then draftgen streamed.
+   Figures: client CPU seconds per 1,000 responses, wall-time ratio, and draftgen's split into the
+   request path (HTTP, parsing, validation, budget, writing) and reconstruction (``build_output``,
+   tokenizer-bound, in the CPU pool) plus prompt-id rendering.
+2. ``realistic`` scenario (time-compressed, same providers, faults and quirks): slot occupancy at 2,000
+   in flight = achieved requests/s ÷ (in flight ÷ mean latency), measured as busy attempts on the wire ÷
+   concurrency over the steady state.
+3. Peak RSS of the draftgen process with 5,000 requests in flight (slow responses so they overlap).
+
+The last line is ``RESULT-JSON: {...}`` (see bench/_common.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+try:
+    from bench._common import emit_result, free_port, machine_info, quick_mode
+except ImportError:  # pragma: no cover - run as a plain script
+    from _common import emit_result, free_port, machine_info, quick_mode  # type: ignore[no-redef]
+
+HERE = Path(__file__).resolve().parent
+PY = sys.executable
+PROMPTS_DIR = HERE.parent / "src" / "draftgen" / "data" / "prompts"
+
+
+def make_prompts(path: Path, n: int) -> None:
+    """``n`` distinct prompts (bundled chat/code prompts with a numbered suffix) as PromptRecord lines."""
+    bases: list[Any] = []
+    for name in ("chat", "code"):
+        for line in (PROMPTS_DIR / f"{name}.jsonl").read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                if "messages" in row:
+                    bases.append(row["messages"])
+                else:
+                    text = row.get("prompt") or (row.get("instruction", "") + ("\n\n" + row["input"] if row.get("input") else ""))
+                    bases.append([{"role": "user", "content": text}])
+    with path.open("w", encoding="utf-8") as fh:
+        for i in range(n):
+            msgs = [dict(m) for m in bases[i % len(bases)]]
+            msgs[-1]["content"] = f"{msgs[-1]['content']}\n\n(request {i})"
+            fh.write(json.dumps({"sample_id": f"bench-{i:07d}", "dataset": "bench", "messages": msgs,
+                                 "partition": "short"}) + "\n")
+
+
+class Emulator:
+    def __init__(self, scenario: str, workdir: Path) -> None:
+        self.port = free_port()
+        self.log = open(workdir / f"emulator-{self.port}.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [PY, "-m", "draftgen.cli", "emulate", "--port", str(self.port), "--scenario", scenario,
+             "--credits", "1000000000"],
+            stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        self.base_url = f"http://127.0.0.1:{self.port}/api/v1"
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("emulator did not start")
+
+    def cpu_s(self) -> float:
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            return 0.0
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def run_json(args: list[str], timeout: float) -> dict[str, Any]:
+    res = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+    if res.returncode != 0 or not lines:
+        raise RuntimeError(f"{args[1]} failed ({res.returncode}): {res.stderr[-2000:]}")
+    out: dict[str, Any] = json.loads(lines[-1])
+    return out
+
+
+def draftgen(work: Path, tag: str, base_url: str, prompts: Path, concurrency: int, max_tokens: int, *,
+             stream: bool, timeline: bool = False, timeout: float = 600) -> dict[str, Any]:
+    spec = {"base_url": base_url, "prompts": str(prompts), "run_dir": str(work / f"run-{tag}"),
+            "concurrency": concurrency, "max_tokens": max_tokens, "stream": stream, "timeline": timeline}
+    spec_path = work / f"spec-{tag}.json"
+    spec_path.write_text(json.dumps(spec))
+    return run_json([PY, str(HERE / "_gen_draftgen.py"), str(spec_path)], timeout)
+
+
+def slow_scenario(work: Path, name: str, time_scale: float) -> Path:
+    """The realistic roster on a compressed clock; keep-alive padding kept sparse so the emulator's own
+    CPU does not pace the run."""
+    path = work / f"{name}.yaml"
+    path.write_text(f"base: realistic\nname: {name}\ntime_scale: {time_scale}\nkeepalive_s: 50\n")
+    return path
+
+
+def main() -> None:
+    quick = quick_mode()
+    n_fast = 4000 if quick else 12000
+    inflight = 2000
+    max_tokens = 4096
+    figures: dict[str, Any] = {"quick": quick, "in_flight": inflight, "cores": machine_info()["usable_cores"]}
+    with tempfile.TemporaryDirectory(prefix="bench-generate-") as tmp:
+        work = Path(tmp)
+        prompts = work / "prompts.jsonl"
+        make_prompts(prompts, n_fast)
+
+        # -- 1. fast: baseline vs draftgen ------------------------------------------------------------
+        emu = Emulator("fast", work)
+        try:
+            # warm the emulator's prompt cache and output pool equally for both clients
+            draftgen(work, "warm", emu.base_url, prompts, inflight, max_tokens, stream=False)
+            e0 = emu.cpu_s()
+            base = run_json([PY, str(HERE / "_gen_baseline.py"), emu.base_url, str(prompts),
+                             str(work / "baseline.jsonl"), str(inflight), str(max_tokens)], 900)
+            e1 = emu.cpu_s()
+            ours = draftgen(work, "fast", emu.base_url, prompts, inflight, max_tokens, stream=False)
+            e2 = emu.cpu_s()
+            ours_s = draftgen(work, "fast-stream", emu.base_url, prompts, inflight, max_tokens, stream=True)
+        finally:
+            emu.stop()
+        per_k = 1000.0 / n_fast
+        base_cpu_k = base["cpu_s"] * per_k
+        ours_cpu_k = ours["cpu_s"] * per_k
+        recon_k = ours["recon_cpu_s"] * per_k
+        prompt_k = ours["prompt_ids_cpu_s"] * per_k
+        req_path_k = ours_cpu_k - recon_k - prompt_k
+        stream_req_k = (ours_s["cpu_s"] - ours_s["recon_cpu_s"] - ours_s["prompt_ids_cpu_s"]) * per_k
+        print(f"fast, {n_fast} prompts, {inflight} in flight, non-streamed:")
+        print(f"  baseline (openai SDK + semaphore + JSONL): {base_cpu_k:.3f} CPU s / 1k responses, wall {base['wall_s']:.1f}s, "
+              f"{base['errors']} errors; emulator CPU {e1 - e0:.1f}s")
+        print(f"  draftgen total: {ours_cpu_k:.3f} CPU s / 1k, wall {ours['wall_s']:.1f}s; emulator CPU {e2 - e1:.1f}s")
+        print(f"    request path {req_path_k:.3f}, reconstruction {recon_k:.3f}, prompt ids {prompt_k:.3f} CPU s / 1k")
+        print(f"    reconstruction / raw encode of the same text: {ours['recon_cpu_s'] / ours['raw_encode_cpu_s']:.3f}")
+        print(f"  draftgen streamed: {ours_s['cpu_s'] * per_k:.3f} CPU s / 1k (request path {stream_req_k:.3f}), "
+              f"wall {ours_s['wall_s']:.1f}s")
+        figures.update({
+            "baseline_cpu_s_per_1k": round(base_cpu_k, 4),
+            "draftgen_cpu_s_per_1k": round(ours_cpu_k, 4),
+            "request_path_cpu_s_per_1k": round(req_path_k, 4),
+            "reconstruction_cpu_s_per_1k": round(recon_k, 4),
+            "prompt_ids_cpu_s_per_1k": round(prompt_k, 4),
+            "request_path_cpu_ratio": round(req_path_k / base_cpu_k, 4),
+            "total_cpu_ratio": round(ours_cpu_k / base_cpu_k, 4),
+            "reconstruct_inline_vs_raw_ratio": round(ours["recon_cpu_s"] / ours["raw_encode_cpu_s"], 4),
+            "wall_ratio": round(ours["wall_s"] / base["wall_s"], 4),
+            "baseline_wall_s": round(base["wall_s"], 2),
+            "draftgen_wall_s": round(ours["wall_s"], 2),
+            "baseline_errors": base["errors"],
+            "draftgen_failed": ours["failed"],
+            "stream_request_path_cpu_s_per_1k": round(stream_req_k, 4),
+            "stream_cpu_s_per_1k": round(ours_s["cpu_s"] * per_k, 4),
+        })
+
+        # -- 2. realistic: slot occupancy at 2,000 in flight -------------------------------------------
+        n_occ = 6000 if quick else 12000
+        occ_prompts = work / "occ.jsonl"
+        make_prompts(occ_prompts, n_occ)
+        emu = Emulator(str(slow_scenario(work, "realistic-compressed", 0.1)), work)
+        try:
+            occ = draftgen(work, "occupancy", emu.base_url, occ_prompts, inflight, max_tokens, stream=False,
+                           timeline=True)
+        finally:
+            emu.stop()
+        print(f"realistic (time x0.1), {n_occ} prompts, {inflight} in flight: occupancy {occ['occupancy']}, "
+              f"mean latency {occ['mean_latency_s']:.2f}s, {occ['n']} done, {occ['failed']} failed, wall {occ['wall_s']:.1f}s")
+        figures.update({"slot_occupancy": None if occ["occupancy"] is None else round(occ["occupancy"], 4),
+                        "occupancy_mean_latency_s": round(occ["mean_latency_s"], 3)})
+
+        # -- 3. peak RSS with 5,000 in flight ------------------------------------------------------------
+        n_rss = 5000 if quick else 10000
+        rss_prompts = work / "rss.jsonl"
+        make_prompts(rss_prompts, n_rss)
+        emu = Emulator(str(slow_scenario(work, "realistic-rss", 0.2)), work)
+        try:
+            rss = draftgen(work, "rss", emu.base_url, rss_prompts, 5000, max_tokens, stream=False, timeline=True)
+        finally:
+            emu.stop()
+        print(f"5,000 in flight: peak RSS {rss['peak_rss_mb']:.0f} MiB ({rss['n']} done, occupancy {rss['occupancy']})")
+        figures.update({"peak_rss_mb_5000": round(rss["peak_rss_mb"], 1), "occupancy_5000": rss["occupancy"]})
+    emit_result("bench_generate", figures)
+
+
+if __name__ == "__main__":
+    main()

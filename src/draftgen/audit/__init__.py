@@ -1,0 +1,318 @@
+"""``draftgen audit``: prove the run's token ids. Reads a run directory, writes ``audit/audit.json``.
+
+Reads ``raw/<dataset>/raw_responses.jsonl`` (ResponseRecord), ``prepared/<dataset>/prompts.jsonl``
+(PromptRecord, by sample_id) and optionally reference ids (``audit.reference`` / ``--reference``; default
+``emulator/ground_truth.jsonl`` when present). Per dataset and overall:
+
+- structural checks (see ``audit.checks``): end-of-turn iff finish_reason is stop/tool_calls, one
+  end-of-think wherever there is reasoning, no unknown/stray control tokens, ids decode to the text
+  fields (modulo the junctions the record flags), prompt_ids equal the profile's rendering;
+- billing agreement: rebuilt vs billed completion tokens per sample and in aggregate, each disagreement
+  labelled with its cause;
+- BPE audit against reference ids: exact-match, tokenization-only and semantic mismatch rates, with the
+  first differing span of each mismatch (``[' NOR']`` vs ``[' N', 'OR']``).
+
+Writes ``AuditReport`` (records.py) to ``audit/audit.json``; ``failed_sample_ids`` per dataset are the
+samples merge drops (structural failures and semantic mismatches). Prints a summary through ``echo`` and
+raises ``ThresholdBroken`` (exit 3) when a threshold of ``cfg.audit`` is broken (after writing the file).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+
+from ..config import RunConfig
+from ..errors import RunDirError, ThresholdBroken
+from ..records import (
+    AuditReport,
+    BillingExample,
+    DatasetAudit,
+    PromptRecord,
+    ResponseRecord,
+    StructuralExample,
+)
+from ..store import atomic_write_json, iter_jsonl
+from ..tokens import Profile, profile_from_config
+from .checks import RecordFindings, audit_record, billing_cause, compare_reference, first_diff_span
+from .reference import ReferenceIndex, ids_digest, load_reference
+
+__all__ = [
+    "RecordFindings",
+    "audit_dataset",
+    "audit_record",
+    "billing_cause",
+    "compare_reference",
+    "first_diff_span",
+    "run_audit",
+]
+
+_MAX_EXAMPLES = 20
+
+
+class _IdOnly(msgspec.Struct):
+    sample_id: str
+
+
+class _PromptIndex:
+    """sample_id → byte offset in prompts.jsonl; records are read back one at a time."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offsets: dict[str, int] = {}
+        self._dec = msgspec.json.Decoder(PromptRecord)
+        dec = msgspec.json.Decoder(_IdOnly)
+        try:
+            fh = open(path, "rb")  # noqa: SIM115 - held for the dataset's audit, closed by close()
+        except FileNotFoundError:
+            self._fh = None
+            return
+        offset = 0
+        for raw in fh:
+            if raw.endswith(b"\n") and raw.strip():
+                try:
+                    self.offsets.setdefault(dec.decode(raw).sample_id, offset)
+                except (msgspec.ValidationError, msgspec.DecodeError):
+                    pass  # prepare validated this file; a bad line simply cannot be used to check prompts
+            offset += len(raw)
+        self._fh = fh
+
+    def get(self, sample_id: str) -> PromptRecord | None:
+        off = self.offsets.get(sample_id)
+        if off is None or self._fh is None:
+            return None
+        self._fh.seek(off)
+        try:
+            return self._dec.decode(self._fh.readline())
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return None
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+
+
+def _add_failure(da: DatasetAudit, sample_id: str, kind: str, detail: str) -> None:
+    da.structural_failures[kind] = da.structural_failures.get(kind, 0) + 1
+    if len(da.structural_examples) < _MAX_EXAMPLES:
+        da.structural_examples.append(StructuralExample(sample_id=sample_id, kind=kind, detail=detail))
+
+
+def audit_dataset(
+    profile: Profile, name: str, raw_path: Path, prompts_path: Path, reference: ReferenceIndex | None
+) -> DatasetAudit:
+    """Audit one dataset's raw log (see the module docstring)."""
+    da = DatasetAudit(dataset=name)
+    prompts = _PromptIndex(prompts_path)
+    seen: set[str] = set()
+    failed: set[str] = set()
+    try:
+        for _, rec in iter_jsonl(raw_path, ResponseRecord):
+            if rec.sample_id in seen:
+                da.duplicates += 1
+                continue
+            seen.add(rec.sample_id)
+            da.records += 1
+            da.ids_source[rec.ids_source] = da.ids_source.get(rec.ids_source, 0) + 1
+            _audit_one(profile, rec, prompts, reference, da, failed)
+    finally:
+        prompts.close()
+    da.failed_sample_ids = sorted(failed)
+    return da
+
+
+def _audit_one(
+    profile: Profile,
+    rec: ResponseRecord,
+    prompts: _PromptIndex,
+    reference: ReferenceIndex | None,
+    da: DatasetAudit,
+    failed: set[str],
+) -> None:
+    prompt = prompts.get(rec.sample_id) if rec.prompt_ids is not None else None
+    f = audit_record(profile, rec, prompt)
+    if f.prompt_checked:
+        da.prompt_checked += 1
+    for flag in f.flags:
+        da.flags[flag] = da.flags.get(flag, 0) + 1
+    for kind, detail in f.failures:
+        _add_failure(da, rec.sample_id, kind, detail)
+    if f.failures:
+        failed.add(rec.sample_id)
+        da.structural_failed_samples += 1
+    ref_kind: str | None = None
+    ref_cause = ""
+    if reference is not None and rec.output_ids is not None:
+        entry = reference.lookup(rec.generation_id, rec.sample_id)
+        if entry is None:
+            da.reference_missing += 1
+        else:
+            da.reference_compared += 1
+            if ids_digest(rec.output_ids) == entry.digest:
+                ref_kind = "exact"
+            else:
+                ref_ids, _ = reference.ids(entry)
+                ref_kind, example = compare_reference(profile, rec.sample_id, rec.output_ids, ref_ids, f.flags)
+                if example is not None:
+                    ref_cause = example.cause
+                    if len(da.examples) < _MAX_EXAMPLES:
+                        da.examples.append(example)
+            if ref_kind == "exact":
+                da.exact_match += 1
+            elif ref_kind == "tokenization":
+                da.tokenization_mismatch += 1
+                da.tokenization_mismatch_ids.append(rec.sample_id)
+            else:
+                da.semantic_mismatch += 1
+                da.semantic_mismatch_ids.append(rec.sample_id)
+                failed.add(rec.sample_id)
+            if rec.prompt_ids is not None and entry.prompt_digest is not None and ids_digest(rec.prompt_ids) != entry.prompt_digest:
+                da.prompt_reference_mismatch += 1
+    if f.billed is not None:
+        da.billing_checked += 1
+        da.billed_completion_tokens += f.billed
+        da.rebuilt_completion_tokens += f.rebuilt
+        diff = f.rebuilt - f.billed
+        if diff:
+            da.billing_mismatched_samples += 1
+            cause = billing_cause(diff, f.billed, f.flags, f.ended, ref_kind, ref_cause)
+            da.billing_explanations[cause] = da.billing_explanations.get(cause, 0) + 1
+            if len(da.billing_examples) < _MAX_EXAMPLES:
+                da.billing_examples.append(
+                    BillingExample(sample_id=rec.sample_id, billed=f.billed, rebuilt=f.rebuilt, cause=cause)
+                )
+
+
+def _merge_into(total: DatasetAudit, da: DatasetAudit) -> None:
+    for name in (
+        "records", "billed_completion_tokens", "rebuilt_completion_tokens", "billing_mismatched_samples",
+        "reference_compared", "exact_match", "tokenization_mismatch", "semantic_mismatch", "duplicates",
+        "prompt_checked", "billing_checked", "reference_missing", "prompt_reference_mismatch",
+        "structural_failed_samples",
+    ):
+        setattr(total, name, getattr(total, name) + getattr(da, name))
+    for name in ("structural_failures", "flags", "ids_source", "billing_explanations"):
+        acc: dict[str, int] = getattr(total, name)
+        for k, v in getattr(da, name).items():
+            acc[k] = acc.get(k, 0) + v
+    room = _MAX_EXAMPLES - len(total.examples)
+    total.examples.extend(da.examples[: max(room, 0)])
+    room = _MAX_EXAMPLES - len(total.structural_examples)
+    total.structural_examples.extend(da.structural_examples[: max(room, 0)])
+    room = _MAX_EXAMPLES - len(total.billing_examples)
+    total.billing_examples.extend(da.billing_examples[: max(room, 0)])
+    total.failed_sample_ids.extend(da.failed_sample_ids)
+    total.tokenization_mismatch_ids.extend(da.tokenization_mismatch_ids)
+    total.semantic_mismatch_ids.extend(da.semantic_mismatch_ids)
+
+
+def _rates(da: DatasetAudit) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if da.records:
+        out["structural_failure_rate"] = da.structural_failed_samples / da.records
+    if da.billed_completion_tokens:
+        out["billing_disagreement"] = abs(da.rebuilt_completion_tokens - da.billed_completion_tokens) / da.billed_completion_tokens
+    if da.reference_compared:
+        out["semantic_mismatch_rate"] = da.semantic_mismatch / da.reference_compared
+        out["tokenization_mismatch_rate"] = da.tokenization_mismatch / da.reference_compared
+        out["exact_match_rate"] = da.exact_match / da.reference_compared
+    return out
+
+
+def _thresholds(cfg: RunConfig, audits: list[DatasetAudit]) -> list[str]:
+    a = cfg.audit
+    limits = {
+        "structural_failure_rate": a.max_structural_failure_rate,
+        "billing_disagreement": a.max_billing_disagreement,
+        "semantic_mismatch_rate": a.max_semantic_mismatch_rate,
+        "tokenization_mismatch_rate": a.max_tokenization_mismatch_rate,
+    }
+    broken: list[str] = []
+    for da in audits:
+        rates = _rates(da)
+        for key, limit in limits.items():
+            if limit is not None and key in rates and rates[key] > limit:
+                broken.append(f"{da.dataset}: {key.replace('_', ' ')} {rates[key]:.4%} > {limit:.4%}")
+    return broken
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2%}"
+
+
+def summary_lines(report: AuditReport) -> list[str]:
+    """A readable summary: one row per dataset and overall, then examples and broken thresholds."""
+    head = f"{'dataset':<20} {'records':>8} {'failed':>7} {'billing Δ':>10} {'ref':>7} {'exact':>8} {'tok-only':>8} {'semantic':>8}"
+    lines = [f"audit (profile {report.profile})" + (f", reference {report.reference}" if report.reference else ""), head]
+    for da in [*report.datasets, report.overall]:
+        r = _rates(da)
+        lines.append(
+            f"{da.dataset:<20} {da.records:>8} {len(set(da.failed_sample_ids)):>7} {_pct(r.get('billing_disagreement')):>10} "
+            f"{da.reference_compared:>7} {_pct(r.get('exact_match_rate')):>8} {_pct(r.get('tokenization_mismatch_rate')):>8} "
+            f"{_pct(r.get('semantic_mismatch_rate')):>8}"
+        )
+    o = report.overall
+    if o.structural_failures:
+        lines.append("structural failures: " + ", ".join(f"{k} {v}" for k, v in sorted(o.structural_failures.items())))
+        for ex in o.structural_examples[:5]:
+            lines.append(f"  {ex.sample_id}: {ex.kind} {ex.detail}".rstrip())
+    if o.billing_explanations:
+        lines.append(
+            f"billing: rebuilt {o.rebuilt_completion_tokens} vs billed {o.billed_completion_tokens} tokens; "
+            f"{o.billing_mismatched_samples} samples differ: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(o.billing_explanations.items(), key=lambda kv: -kv[1]))
+        )
+    if o.flags:
+        lines.append("flags: " + ", ".join(f"{k} {v}" for k, v in sorted(o.flags.items(), key=lambda kv: -kv[1])))
+    for m in o.examples[:10]:
+        lines.append(f"  {m.sample_id} @{m.position} ({m.kind}{', ' + m.cause if m.cause else ''}): {m.ours} vs {m.reference}")
+    for a in report.assumptions:
+        lines.append(f"assumption: {a}")
+    for b in report.thresholds_broken:
+        lines.append(f"THRESHOLD BROKEN: {b}")
+    return lines
+
+
+def run_audit(cfg: RunConfig, *, echo: Callable[[str], object] = print) -> AuditReport:
+    """Audit the run directory of ``cfg`` (see the module docstring)."""
+    run = cfg.run_path
+    raws = {d.name: run / "raw" / d.name / "raw_responses.jsonl" for d in cfg.datasets}
+    if not any(p.is_file() for p in raws.values()):
+        raise RunDirError(f"{run}: no raw/<dataset>/raw_responses.jsonl to audit; run `draftgen generate` first")
+    profile = profile_from_config(cfg)
+    ref_path: Path | None = cfg.path(cfg.audit.reference) if cfg.audit.reference else None
+    if ref_path is None and (run / "emulator" / "ground_truth.jsonl").is_file():
+        ref_path = run / "emulator" / "ground_truth.jsonl"
+    reference = load_reference(ref_path) if ref_path is not None else None
+    datasets: list[DatasetAudit] = []
+    overall = DatasetAudit(dataset="overall")
+    try:
+        for d in cfg.datasets:
+            da = audit_dataset(profile, d.name, raws[d.name], run / "prepared" / d.name / "prompts.jsonl", reference)
+            datasets.append(da)
+            _merge_into(overall, da)
+    finally:
+        if reference is not None:
+            reference.close()
+    report = AuditReport(
+        profile=profile.name,
+        datasets=datasets,
+        overall=overall,
+        created_at=round(time.time(), 3),
+        reference=str(ref_path) if ref_path is not None else None,
+        assumptions=list(profile.assumptions),
+    )
+    report.thresholds_broken = _thresholds(cfg, [*datasets, overall])
+    atomic_write_json(run / "audit" / "audit.json", report)
+    for line in summary_lines(report):
+        echo(line)
+    if report.thresholds_broken:
+        raise ThresholdBroken(
+            f"audit threshold broken: {report.thresholds_broken[0]}"
+            + (f" (and {len(report.thresholds_broken) - 1} more)" if len(report.thresholds_broken) > 1 else "")
+            + f"; see {run / 'audit' / 'audit.json'}"
+        )
+    return report

@@ -1,0 +1,141 @@
+"""Typed requests, completions and account data shared by every backend, and the backend protocol.
+
+A backend turns one ``CompletionRequest`` into one ``Completion`` or raises an ``errors.APIError``
+subclass (classified in ``backends.wire``). Everything constant for a run (model, routing, reasoning,
+sampling) is fixed when the backend is opened; a request carries only what differs per sample.
+
+Nothing here does I/O. The structs are plain msgspec Structs so they cost little to build at thousands
+of requests per second.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import msgspec
+
+from ..records import Message, Tool, ToolCall, Usage
+
+__all__ = [
+    "Backend",
+    "Completion",
+    "CompletionRequest",
+    "Credits",
+    "EndpointInfo",
+    "EndpointPricing",
+    "KeyInfo",
+    "LogprobToken",
+]
+
+
+class CompletionRequest(msgspec.Struct, kw_only=True):
+    """One sample to generate. ``prompt_ids`` is required only by token-level backends (SGLang)."""
+
+    sample_id: str
+    messages: list[Message]
+    max_tokens: int
+    tools: list[Tool] | None = None
+    prompt_ids: list[int] | None = None
+
+
+class LogprobToken(msgspec.Struct, array_like=True):
+    """One generated token as a logprob entry reports it: its text and, when given, its raw bytes."""
+
+    token: str
+    bytes: list[int] | None = None
+
+
+class Completion(msgspec.Struct, kw_only=True):
+    """What one successful request returned, with the text exactly as the server sent it.
+
+    ``reasoning`` is the first non-empty of the ``reasoning``, ``reasoning_content`` and joined
+    ``reasoning_details[].text`` fields; ``reasoning_field`` names which one carried it.
+    ``output_ids``/``prompt_ids`` are set only when the server returned token ids (vLLM, SGLang).
+    """
+
+    backend: str
+    reasoning: str | None = None
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    reasoning_field: str | None = None
+    finish_reason: str | None = None
+    native_finish_reason: str | None = None
+    provider: str | None = None
+    model: str | None = None
+    generation_id: str | None = None
+    usage: Usage | None = None
+    output_ids: list[int] | None = None
+    prompt_ids: list[int] | None = None
+    logprobs: list[LogprobToken] | None = None
+
+
+class KeyInfo(msgspec.Struct, kw_only=True):
+    """``GET /key``: the key's limit and usage in USD (None where the key has no limit)."""
+
+    label: str | None = None
+    limit: float | None = None
+    limit_remaining: float | None = None
+    usage: float = 0.0
+    usage_daily: float | None = None
+    is_free_tier: bool = False
+    is_management_key: bool = False
+    include_byok_in_limit: bool = False
+
+
+class Credits(msgspec.Struct, kw_only=True):
+    """``GET /credits`` (management key only): account credits and usage in USD."""
+
+    total_credits: float = 0.0
+    total_usage: float = 0.0
+
+    @property
+    def remaining(self) -> float:
+        return self.total_credits - self.total_usage
+
+
+class EndpointPricing(msgspec.Struct, kw_only=True):
+    """USD per token (OpenRouter sends strings; parsed to floats)."""
+
+    prompt: float = 0.0
+    completion: float = 0.0
+    request: float = 0.0
+    internal_reasoning: float = 0.0
+
+
+class EndpointInfo(msgspec.Struct, kw_only=True):
+    """One provider endpoint of a model (``/models/{author}/{slug}/endpoints``)."""
+
+    provider_name: str
+    tag: str = ""
+    quantization: str | None = None
+    context_length: int | None = None
+    max_completion_tokens: int | None = None
+    pricing: EndpointPricing = msgspec.field(default_factory=EndpointPricing)
+    status: int | None = None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A protocol client bound to one or more base URLs, owning one connection pool per URL."""
+
+    name: str
+
+    async def complete(self, req: CompletionRequest) -> Completion:
+        """Send one request; return the completion or raise an ``APIError`` subclass."""
+        ...
+
+    async def get_key_info(self) -> KeyInfo | None:
+        """``GET /key`` (OpenRouter); None for protocols without it."""
+        ...
+
+    async def get_credits(self, management_key: str | None = None) -> Credits | None:
+        """``GET /credits`` with a management key (OpenRouter); None without a key or protocol support."""
+        ...
+
+    async def get_model_endpoints(self, model: str) -> list[EndpointInfo] | None:
+        """A model's provider endpoints and prices (OpenRouter); None for other protocols."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the connection pools."""
+        ...

@@ -1,0 +1,140 @@
+"""OpenRouter and any OpenAI-compatible chat server: ``POST {base_url}/chat/completions``.
+
+Request body (JSON): ``model``, ``messages``, ``tools``, ``max_tokens``, ``stream`` (+ ``stream_options``
+so plain servers send usage), the sampling fields, and with ``openrouter=True`` also the ``provider``
+routing object and the ``reasoning`` object. The parts that are the same for every request are encoded
+once; a request only encodes its messages.
+
+Responses are read streamed (SSE, ``backends.sse``) or whole (``wire.decode_chat``; leading whitespace
+padding allowed). Account endpoints (OpenRouter only): ``GET /key``, ``GET /credits`` (management key),
+``GET /models/{author}/{slug}/endpoints``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from .base import Completion, CompletionRequest, Credits, EndpointInfo, KeyInfo
+from .http import HttpBackend, drop_none
+from .sse import ChatStream, SSEParser
+from .wire import (
+    check_completion,
+    classify_http,
+    completion_from_body,
+    decode_chat,
+    decode_credits,
+    decode_endpoints,
+    decode_key_info,
+    translate_exception,
+)
+
+__all__ = ["OpenAIChatBackend", "chat_body_prefix"]
+
+_enc = msgspec.json.Encoder()
+_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
+
+
+def chat_body_prefix(const: Mapping[str, Any]) -> bytes:
+    """``{"k":v,...,`` for the constant fields, ready for the per-request fields to be appended."""
+    enc = _enc.encode(dict(const))
+    return enc[:-1] + b"," if len(enc) > 2 else b"{"
+
+
+class OpenAIChatBackend(HttpBackend):
+    """OpenAI-compatible chat completions; ``openrouter`` adds routing/reasoning and account calls."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        *,
+        model: str,
+        stream: bool = True,
+        openrouter: bool = False,
+        routing: Mapping[str, Any] | None = None,
+        reasoning: Mapping[str, Any] | None = None,
+        sampling: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(session, base_url)
+        self.name = name or ("openrouter" if openrouter else "openai")
+        self.model = model
+        self.stream = stream
+        self.openrouter = openrouter
+        const: dict[str, Any] = {"model": model, "stream": stream}
+        if stream:
+            const["stream_options"] = {"include_usage": True}
+        if openrouter:
+            if routing:
+                const["provider"] = drop_none(routing)
+            if reasoning:
+                const["reasoning"] = drop_none(reasoning)
+        elif reasoning and reasoning.get("effort"):
+            const["reasoning_effort"] = reasoning["effort"]
+        const.update(drop_none(sampling or {}))
+        const.update(extra or {})
+        self._prefix = chat_body_prefix(const)
+        self._url = self.base_url + "/chat/completions"
+        self._where = f"POST {self._url}"
+
+    def encode_body(self, req: CompletionRequest) -> bytes:
+        parts = [self._prefix, b'"max_tokens":', str(req.max_tokens).encode(), b',"messages":', _enc.encode(req.messages)]
+        if req.tools:
+            parts.append(b',"tools":')
+            parts.append(_enc.encode(req.tools))
+        parts.append(b"}")
+        return b"".join(parts)
+
+    async def complete(self, req: CompletionRequest) -> Completion:
+        body = self.encode_body(req)
+        try:
+            async with self.session.post(self._url, data=body) as resp:
+                if resp.status != 200:
+                    raise classify_http(resp.status, await resp.read(), headers=resp.headers, where=self._where)
+                if self.stream and resp.content_type == "text/event-stream":
+                    parser = SSEParser()
+                    acc = ChatStream(self.name)
+                    async for chunk in resp.content.iter_any():
+                        for payload in parser.feed(chunk):
+                            acc.feed(payload)
+                    for payload in parser.close():
+                        acc.feed(payload)
+                    comp = acc.result()
+                else:
+                    data = await resp.read()
+                    head = data.lstrip()[:5]
+                    if self.stream and (head == b"data:" or head[:1] == b":"):
+                        # an SSE body sent with the wrong content type
+                        parser = SSEParser()
+                        acc = ChatStream(self.name)
+                        for payload in (*parser.feed(data), *parser.close()):
+                            acc.feed(payload)
+                        comp = acc.result()
+                    else:
+                        comp = completion_from_body(decode_chat(data), backend=self.name)
+        except _TRANSPORT_ERRORS as exc:
+            raise translate_exception(exc, where=self._where) from None
+        return check_completion(comp)
+
+    # -- OpenRouter account endpoints ------------------------------------------------------------------
+
+    async def get_key_info(self) -> KeyInfo | None:
+        if not self.openrouter:
+            return None
+        return decode_key_info(await self.get_json("/key"))
+
+    async def get_credits(self, management_key: str | None = None) -> Credits | None:
+        if not self.openrouter or not management_key:
+            return None
+        return decode_credits(await self.get_json("/credits", headers={"Authorization": f"Bearer {management_key}"}))
+
+    async def get_model_endpoints(self, model: str) -> list[EndpointInfo] | None:
+        if not self.openrouter:
+            return None
+        slug = model.split(":", 1)[0]
+        return decode_endpoints(await self.get_json(f"/models/{slug}/endpoints"))

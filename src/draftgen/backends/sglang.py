@@ -1,0 +1,174 @@
+"""SGLang's native ``POST {root}/generate``: token ids in, exact ``output_ids`` out.
+
+Request: ``{"input_ids": [...], "sampling_params": {"max_new_tokens", "temperature", "top_p", "stop"},
+"stream": bool}``; the prompt ids are rendered by the target's profile (``CompletionRequest.prompt_ids``),
+so the prompt the server saw is exactly the one recorded. Response (whole, or one SSE event per update
+ending in ``data: [DONE]``): ``{"text", "output_ids", "meta_info": {"id", "finish_reason": {"type":
+"stop"|"length"|"abort", ...}, "prompt_tokens", "completion_tokens", "cached_tokens"}}``. Streamed
+``output_ids`` may be cumulative or incremental depending on the server version; ``meta_info.completion_tokens``
+tells which. ``text`` is kept as content; the engine splits reasoning/content from the ids with the profile.
+
+``root`` is the base URL with a trailing ``/v1`` or ``/api/v1`` removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from ..errors import ConfigError, RetryableAPIError
+from ..records import Usage
+from .base import Completion, CompletionRequest
+from .http import HttpBackend, drop_none
+from .sse import SSEParser
+from .wire import WireError, check_completion, classify_http, error_from_wire, translate_exception
+
+__all__ = ["SGLangBackend", "sglang_root"]
+
+_enc = msgspec.json.Encoder()
+_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
+
+
+class _Finish(msgspec.Struct):
+    type: str | None = None
+    message: Any = None
+
+
+class _Meta(msgspec.Struct):
+    id: str | None = None
+    finish_reason: _Finish | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
+class _GenOut(msgspec.Struct):
+    text: str | None = None
+    output_ids: list[int] | None = None
+    meta_info: _Meta | None = None
+    error: Any = None
+
+
+_dec = msgspec.json.Decoder(_GenOut)
+
+
+def sglang_root(base_url: str) -> str:
+    url = base_url.rstrip("/")
+    for suffix in ("/api/v1", "/v1"):
+        if url.endswith(suffix):
+            return url[: -len(suffix)]
+    return url
+
+
+def _decode(data: bytes, where: str) -> _GenOut:
+    try:
+        out = _dec.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        raise RetryableAPIError(f"bad_json (not a /generate response, {where})", kind="bad_json") from None
+    if out.error is not None:
+        # the same envelope shapes as the chat servers, or a bare string
+        err = out.error
+        try:
+            wire_err = msgspec.convert(err, WireError) if isinstance(err, dict) else WireError(message=str(err))
+        except msgspec.ValidationError:
+            wire_err = WireError(message=str(err))
+        raise error_from_wire(wire_err, 200, where=where)
+    return out
+
+
+class SGLangBackend(HttpBackend):
+    name = "sglang"
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        *,
+        stream: bool = False,
+        sampling: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(session, sglang_root(base_url))
+        self.stream = stream
+        s = dict(sampling or {})
+        self._sampling = drop_none({"temperature": s.get("temperature"), "top_p": s.get("top_p"), "stop": s.get("stop")})
+        self._url = self.base_url + "/generate"
+        self._where = f"POST {self._url}"
+
+    async def complete(self, req: CompletionRequest) -> Completion:
+        if req.prompt_ids is None:
+            raise ConfigError("the sglang backend needs prompt token ids; set model.profile and model.tokenizer")
+        body = _enc.encode({
+            "input_ids": req.prompt_ids,
+            "sampling_params": {**self._sampling, "max_new_tokens": req.max_tokens},
+            "stream": self.stream,
+        })
+        try:
+            async with self.session.post(self._url, data=body) as resp:
+                if resp.status != 200:
+                    raise classify_http(resp.status, await resp.read(), headers=resp.headers, where=self._where)
+                if self.stream and resp.content_type == "text/event-stream":
+                    out = await self._read_stream(resp)
+                else:
+                    out = _decode(await resp.read(), self._where)
+        except _TRANSPORT_ERRORS as exc:
+            raise translate_exception(exc, where=self._where) from None
+        return check_completion(self._completion(out, req))
+
+    async def _read_stream(self, resp: aiohttp.ClientResponse) -> _GenOut:
+        parser = SSEParser()
+        ids: list[int] = []
+        last: _GenOut | None = None
+        done = False
+
+        def take(payload: bytes) -> None:
+            nonlocal ids, last, done
+            if payload[:6] == b"[DONE]":
+                done = True
+                return
+            out = _decode(payload, self._where)
+            new = out.output_ids or []
+            meta = out.meta_info
+            total = meta.completion_tokens if meta is not None else None
+            if total is not None and total == len(ids) + len(new) and total != len(new):
+                ids.extend(new)  # incremental
+            elif total is not None and total == len(new):
+                ids = list(new)  # cumulative
+            elif len(new) >= len(ids):
+                ids = list(new)
+            else:
+                ids.extend(new)
+            last = out
+
+        async for chunk in resp.content.iter_any():
+            for payload in parser.feed(chunk):
+                take(payload)
+        for payload in parser.close():
+            take(payload)
+        if last is None or (not done and (last.meta_info is None or last.meta_info.finish_reason is None)):
+            raise RetryableAPIError("stream_truncated (the /generate stream ended early)", kind="stream_truncated")
+        return _GenOut(text=last.text, output_ids=ids, meta_info=last.meta_info)
+
+    def _completion(self, out: _GenOut, req: CompletionRequest) -> Completion:
+        meta = out.meta_info or _Meta()
+        ftype = meta.finish_reason.type if meta.finish_reason is not None else None
+        if ftype == "abort":
+            msg = meta.finish_reason.message if meta.finish_reason is not None else None
+            raise RetryableAPIError(f"aborted (the server aborted the request: {msg})", kind="aborted")
+        ids = out.output_ids if out.output_ids is not None else []
+        return Completion(
+            backend=self.name,
+            content=out.text,
+            finish_reason=ftype,
+            native_finish_reason=ftype,
+            generation_id=meta.id,
+            usage=Usage(
+                prompt_tokens=meta.prompt_tokens or len(req.prompt_ids or ()),
+                completion_tokens=meta.completion_tokens if meta.completion_tokens is not None else len(ids),
+                cached_tokens=meta.cached_tokens or 0,
+            ),
+            output_ids=ids,
+            prompt_ids=req.prompt_ids,
+        )

@@ -1,0 +1,212 @@
+"""Server-sent events: framing (bytes → event payloads) and chat-chunk accumulation (payloads → Completion).
+
+Framing (``SSEParser``), per the SSE spec as servers really send it:
+- lines end in ``\\n`` or ``\\r\\n``; an empty line ends an event; ``data:`` lines of one event are joined
+  with ``\\n``; a single space after the colon is dropped;
+- lines starting with ``:`` are comments (OpenRouter's ``: OPENROUTER PROCESSING`` keep-alives) and are
+  skipped wherever they arrive; ``event:``, ``id:`` and ``retry:`` fields are ignored;
+- a chunk boundary may fall anywhere, even inside a line.
+
+Accumulation (``ChatStream``) of OpenAI-style ``chat.completion.chunk`` payloads:
+- ``data: [DONE]`` ends the stream;
+- the usage may come in a final chunk with ``choices: []`` or on a repeated finish chunk (Kimi via
+  OpenRouter sends the finish chunk twice, the second time with usage): the last usage seen wins, and a
+  repeated finish reason is not an error;
+- a chunk with a top-level ``error`` (HTTP status still 200) is a mid-stream error: it raises the
+  classified APIError (retryable unless the error says otherwise); so does ``finish_reason: error``;
+- a stream that ends without ``[DONE]`` and without a finish reason was cut: retryable.
+"""
+
+from __future__ import annotations
+
+from ..errors import RetryableAPIError
+from ..records import FunctionCall, ToolCall
+from .base import Completion, LogprobToken
+from .wire import _ToolCall, _Usage, decode_chat, error_from_wire, pick_reasoning, usage_from_wire
+
+__all__ = ["ChatStream", "SSEParser"]
+
+
+class SSEParser:
+    """Incremental SSE framing. ``feed`` returns the payloads of the events completed by ``chunk``."""
+
+    __slots__ = ("_buf", "_data")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        buf = self._buf + chunk if self._buf else chunk
+        lines = buf.split(b"\n")
+        self._buf = lines.pop()
+        out: list[bytes] = []
+        data = self._data
+        for line in lines:
+            if line[-1:] == b"\r":
+                line = line[:-1]
+            if not line:
+                if data:
+                    out.append(data[0] if len(data) == 1 else b"\n".join(data))
+                    data.clear()
+                continue
+            first = line[0]
+            if first == 58:  # ":" comment / keep-alive
+                continue
+            if line[:5] == b"data:":
+                value = line[5:]
+                if value[:1] == b" ":
+                    value = value[1:]
+                data.append(value)
+            # other fields (event, id, retry) carry nothing draftgen uses
+        return out
+
+    def close(self) -> list[bytes]:
+        """End of body: a last event not followed by a blank line is still delivered."""
+        out = self.feed(b"\n\n") if self._buf else []
+        if self._data:
+            out.append(b"\n".join(self._data))
+            self._data.clear()
+        return out
+
+
+class _ToolAcc:
+    __slots__ = ("args", "id", "name", "type")
+
+    def __init__(self) -> None:
+        self.id = ""
+        self.type = "function"
+        self.name = ""
+        self.args: list[str] = []
+
+
+class ChatStream:
+    """Accumulates the chunks of one streamed chat completion."""
+
+    __slots__ = (
+        "_content", "_details", "_logprobs", "_reasoning", "_reasoning_content", "_tools", "backend",
+        "done", "finish_reason", "generation_id", "model", "native_finish_reason", "output_ids",
+        "prompt_ids", "provider", "usage", "where",
+    )
+
+    def __init__(self, backend: str, *, where: str = "") -> None:
+        self.backend = backend
+        self.where = where
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._reasoning_content: list[str] = []
+        self._details: list[str] = []
+        self._tools: dict[int, _ToolAcc] | None = None
+        self._logprobs: list[LogprobToken] | None = None
+        self.done = False
+        self.finish_reason: str | None = None
+        self.native_finish_reason: str | None = None
+        self.provider: str | None = None
+        self.model: str | None = None
+        self.generation_id: str | None = None
+        self.usage: _Usage | None = None
+        self.output_ids: list[int] | None = None
+        self.prompt_ids: list[int] | None = None
+
+    def feed(self, payload: bytes) -> None:
+        """One event payload. Raises the classified APIError on an error chunk."""
+        if payload[:6] == b"[DONE]":
+            self.done = True
+            return
+        chunk = decode_chat(payload, where=self.where)
+        if chunk.provider is not None:
+            self.provider = chunk.provider
+        if chunk.error is not None:
+            raise error_from_wire(chunk.error, 200, provider=self.provider, where=self.where or "mid-stream")
+        if self.generation_id is None and chunk.id is not None:
+            self.generation_id = chunk.id
+        if chunk.model is not None:
+            self.model = chunk.model
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        if chunk.prompt_token_ids is not None:
+            self.prompt_ids = chunk.prompt_token_ids
+        if not chunk.choices:
+            return
+        ch = chunk.choices[0]
+        if ch.error is not None:
+            raise error_from_wire(ch.error, 200, provider=self.provider, where=self.where or "mid-stream")
+        d = ch.delta if ch.delta is not None else ch.message
+        if d is not None:
+            if d.content is not None:
+                self._content.append(d.content)
+            if d.reasoning:
+                self._reasoning.append(d.reasoning)
+            if d.reasoning_content:
+                self._reasoning_content.append(d.reasoning_content)
+            if d.reasoning_details:
+                for det in d.reasoning_details:
+                    if det.text:
+                        self._details.append(det.text)
+            if d.tool_calls:
+                self._add_tools(d.tool_calls)
+        if ch.token_ids:
+            if self.output_ids is None:
+                self.output_ids = []
+            self.output_ids.extend(ch.token_ids)
+        if ch.logprobs is not None and ch.logprobs.content:
+            if self._logprobs is None:
+                self._logprobs = []
+            self._logprobs.extend(LogprobToken(lp.token, lp.bytes) for lp in ch.logprobs.content)
+        if ch.finish_reason is not None:
+            self.finish_reason = ch.finish_reason
+            nfr = ch.native_finish_reason
+            self.native_finish_reason = nfr if nfr is None or isinstance(nfr, str) else str(nfr)
+
+    def _add_tools(self, calls: list[_ToolCall]) -> None:
+        tools = self._tools if self._tools is not None else {}
+        self._tools = tools
+        for i, c in enumerate(calls):
+            idx = c.index if c.index is not None else i
+            acc = tools.get(idx)
+            if acc is None:
+                acc = tools[idx] = _ToolAcc()
+            if c.id:
+                acc.id = c.id
+            if c.type:
+                acc.type = c.type
+            if c.function is not None:
+                if c.function.name:
+                    acc.name += c.function.name
+                if c.function.arguments:
+                    acc.args.append(c.function.arguments)
+
+    def result(self) -> Completion:
+        """The completion once the body has ended. A cut stream is a retryable error."""
+        if not self.done and self.finish_reason is None:
+            raise RetryableAPIError(
+                f"stream_truncated (the stream ended without a finish reason{', ' + self.provider if self.provider else ''})",
+                kind="stream_truncated",
+            )
+        reasoning, field = pick_reasoning(
+            "".join(self._reasoning) or None,
+            "".join(self._reasoning_content) or None,
+            "".join(self._details) or None,
+        )
+        tool_calls = None
+        if self._tools:
+            tool_calls = [
+                ToolCall(id=a.id, type=a.type, function=FunctionCall(name=a.name, arguments="".join(a.args)))
+                for _, a in sorted(self._tools.items())
+            ]
+        return Completion(
+            backend=self.backend,
+            reasoning=reasoning,
+            content="".join(self._content) if self._content else None,
+            tool_calls=tool_calls,
+            reasoning_field=field,
+            finish_reason=self.finish_reason,
+            native_finish_reason=self.native_finish_reason,
+            provider=self.provider,
+            model=self.model,
+            generation_id=self.generation_id,
+            usage=usage_from_wire(self.usage),
+            output_ids=self.output_ids,
+            prompt_ids=self.prompt_ids,
+            logprobs=self._logprobs,
+        )

@@ -1,0 +1,48 @@
+"""The generation engine: scheduling, retries, adaptive concurrency, budgets, writers, progress.
+
+``Engine`` (``scheduler``) runs one generation over ``DatasetPlan``s and ``PartitionPlan``s with a
+``Backend``; ``generate.run_generate`` builds those from the config. Modules: ``scheduler`` (producers,
+sample tasks, shutdown), ``limiter`` (AIMD slots), ``retry`` (backoff), ``budget`` (tokens and dollars
+with reservations), ``writer`` (one group-committing writer task per file), ``prompts`` (streamed
+prompt cursors), ``assemble`` (Completion → ResponseRecord with ids), ``stats`` (counters) and
+``progress`` (rich/plain display and the run log).
+"""
+
+from __future__ import annotations
+
+from .assemble import Assembler, request_hash
+from .budget import Admission, BudgetGovernor, Prices, TokenBudget, usage_cost
+from .limiter import AdaptiveLimiter
+from .progress import Display, RunLog, make_display, status_line, summary_lines
+from .prompts import PromptCursor, count_pending, estimate_prompt_tokens
+from .retry import RetryPolicy
+from .scheduler import DatasetPlan, Engine, EngineResult, PartitionPlan
+from .stats import DatasetCounts, RunStats
+from .writer import RecordSink
+
+__all__ = [
+    "AdaptiveLimiter",
+    "Admission",
+    "Assembler",
+    "BudgetGovernor",
+    "DatasetCounts",
+    "DatasetPlan",
+    "Display",
+    "Engine",
+    "EngineResult",
+    "PartitionPlan",
+    "Prices",
+    "PromptCursor",
+    "RecordSink",
+    "RetryPolicy",
+    "RunLog",
+    "RunStats",
+    "TokenBudget",
+    "count_pending",
+    "estimate_prompt_tokens",
+    "make_display",
+    "request_hash",
+    "status_line",
+    "summary_lines",
+    "usage_cost",
+]

@@ -1,0 +1,113 @@
+"""Adaptive concurrency for one partition: a slot limiter whose limit follows AIMD in 429 storms.
+
+Invariant: at most ``current`` (``int(limit)``) slots are taken by new acquisitions; ``limit`` stays in ``[floor, ceiling]``.
+
+- A rate-limited response (429, in-flight-budget 402) feeds an exponentially weighted 429 rate. When that
+  rate shows a storm (above ``storm_rate``) the limit is multiplied by ``decrease`` at most once per
+  ``cooldown_s``, so one burst of 429s from a single provider incident shrinks it once, not hundreds of
+  times.
+- Every success adds ``recover / limit`` to the limit (``recover`` = 2 % of the ceiling, at least 1), i.e.
+  about 2 % of the ceiling per round of ``limit`` completions: recovery is gradual but takes tens of
+  rounds, not thousands.
+- With ``adaptive=False`` the limit stays at the ceiling.
+
+Slots are taken by one producer per partition and released by the sample tasks; waiting is FIFO.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+
+__all__ = ["AdaptiveLimiter"]
+
+
+class AdaptiveLimiter:
+    def __init__(
+        self,
+        ceiling: int,
+        *,
+        adaptive: bool = True,
+        floor: int | None = None,
+        decrease: float = 0.7,
+        storm_rate: float = 0.05,
+        cooldown_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if ceiling < 1:
+            raise ValueError("ceiling must be >= 1")
+        self.ceiling = ceiling
+        self.floor = max(1, min(ceiling, floor if floor is not None else max(1, ceiling // 20)))
+        self.adaptive = adaptive
+        self.limit = float(ceiling)
+        self.decrease = decrease
+        self.storm_rate = storm_rate
+        self.cooldown_s = cooldown_s
+        self.recover = max(1.0, 0.02 * ceiling)
+        self.clock = clock
+        self.in_use = 0
+        self.rate_429 = 0.0  # EWMA of "this response was rate-limited"
+        self.decreases = 0
+        self._last_decrease = -1e18
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def current(self) -> int:
+        return int(self.limit + 1e-9)
+
+    def _wake(self) -> None:
+        while self._waiters and self.in_use < self.current:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self.in_use += 1
+                fut.set_result(None)
+
+    async def acquire(self) -> None:
+        if not self._waiters and self.in_use < self.current:
+            self.in_use += 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # got the slot just as we were cancelled: give it back
+            else:
+                try:
+                    self._waiters.remove(fut)
+                except ValueError:
+                    pass
+            raise
+
+    def release(self) -> None:
+        self.in_use -= 1
+        self._wake()
+
+    def _observe(self, limited: bool) -> None:
+        # alpha 0.02: a storm is a sustained share of 429s over the last ~50 responses
+        self.rate_429 += 0.02 * ((1.0 if limited else 0.0) - self.rate_429)
+
+    def on_success(self) -> None:
+        self._observe(False)
+        if self.adaptive and self.limit < self.ceiling:
+            self.limit = min(float(self.ceiling), self.limit + self.recover / max(self.limit, 1.0))
+            self._wake()
+
+    def on_other_error(self) -> None:
+        self._observe(False)
+
+    def on_rate_limited(self) -> bool:
+        """Record a rate-limited response; returns True when the limit was decreased."""
+        self._observe(True)
+        if not self.adaptive or self.rate_429 < self.storm_rate:
+            return False
+        now = self.clock()
+        if now - self._last_decrease < self.cooldown_s:
+            return False
+        self._last_decrease = now
+        self.limit = max(float(self.floor), self.limit * self.decrease)
+        self.decreases += 1
+        return True

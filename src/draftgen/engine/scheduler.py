@@ -1,0 +1,470 @@
+"""The generation engine: per-partition producers → bounded sample tasks → one writer per file.
+
+Flow, per partition (``short``, ``long``), each with its own ``AdaptiveLimiter`` (concurrency) and
+``max_tokens``, so a slow long request never holds a short slot:
+
+    producer: take a slot → pick the next admissible prompt (file order, dataset order; a dataset
+              blocked by its token budget lets the next one go) → reserve tokens and dollars → spawn
+    task:     [prompt ids for SGLang] → attempts with backoff → build the record in the CPU pool →
+              settle the budget → queue the record on the dataset's raw sink → release the slot
+
+Invariants:
+- Tasks alive ≤ slots ≤ concurrency: prompts are streamed from disk, never one task per prompt.
+- A sample is done iff its ResponseRecord is in ``raw_responses.jsonl``; each id is scheduled at most once
+  per run and never if already done, so no id is appended twice.
+- Every reservation is released exactly once (settled on success, released on failure or cancel).
+- Stop: scheduling stops at once; in-flight requests finish (within ``grace_s`` for an interrupt); tasks
+  waiting in backoff are abandoned (not done; the next run picks them up). A hard stop cancels all
+  in-flight requests. Records already handed to a sink are always written before ``run`` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from ..backends.base import Backend, Completion, CompletionRequest
+from ..errors import APIError, AuthError, DraftgenError, PaymentRequired, RateLimited, RetryableAPIError
+from ..records import FailureRecord, PromptRecord, ResponseRecord
+from .assemble import Assembler
+from .budget import Admission, BudgetGovernor, Prices
+from .limiter import AdaptiveLimiter
+from .progress import Display, RunLog
+from .prompts import PromptCursor, estimate_prompt_tokens
+from .retry import RetryPolicy
+from .stats import RunStats
+from .writer import RecordSink
+
+__all__ = ["DatasetPlan", "Engine", "EngineResult", "PartitionPlan"]
+
+_CONNECT_KINDS = {"connect_error", "connect_timeout"}
+
+
+@dataclass
+class PartitionPlan:
+    name: str
+    concurrency: int
+    max_tokens: int
+
+
+@dataclass
+class DatasetPlan:
+    name: str
+    prompts_path: Path
+    raw_dir: Path
+    done: set[str] = field(default_factory=set)
+    pending: dict[str, int] = field(default_factory=dict)  # partition → prompts left
+
+    @property
+    def raw_path(self) -> Path:
+        return self.raw_dir / "raw_responses.jsonl"
+
+    @property
+    def failures_path(self) -> Path:
+        return self.raw_dir / "failures.jsonl"
+
+
+@dataclass
+class EngineResult:
+    exit_code: int = 0
+    stop_reason: str | None = None
+
+
+class Engine:
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        assembler: Assembler,
+        datasets: Sequence[DatasetPlan],
+        partitions: Sequence[PartitionPlan],
+        governor: BudgetGovernor,
+        policy: RetryPolicy,
+        stats: RunStats,
+        log: RunLog,
+        display: Display,
+        adaptive: bool = True,
+        grace_s: float = 30.0,
+        needs_prompt_ids: bool = False,
+        cpu_workers: int = 2,
+        fsync: bool = True,
+        connect_failure_limit: int = 50,
+        ramp_s: float = 1.0,
+    ) -> None:
+        self.backend = backend
+        self.assembler = assembler
+        self.datasets = list(datasets)
+        self.partitions = list(partitions)
+        self.governor = governor
+        self.prices: Prices = governor.prices
+        self.policy = policy
+        self.stats = stats
+        self.log = log
+        self.display = display
+        self.adaptive = adaptive
+        self.grace_s = grace_s
+        self.needs_prompt_ids = needs_prompt_ids
+        self.cpu_workers = cpu_workers
+        self.fsync = fsync
+        self.connect_failure_limit = connect_failure_limit
+        self.limiters: dict[str, AdaptiveLimiter] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._backoff: set[asyncio.Task[None]] = set()
+        self._producers: list[asyncio.Task[None]] = []
+        self._sinks: dict[str, RecordSink[ResponseRecord]] = {}
+        self._fail_sinks: dict[str, RecordSink[FailureRecord]] = {}
+        self._taken: dict[str, set[str]] = {d.name: set() for d in self.datasets}
+        self._stop_reason: str | None = None
+        self._exit_code = 0
+        self._stopping = False
+        self._hard = False
+        self._deadline: float | None = None
+        self._fatal: BaseException | None = None
+        self._connect_failures = 0
+        self._successes = 0
+        self._last_success = time.monotonic()
+        self.ramp_s = ramp_s
+        self._cpu: ThreadPoolExecutor | None = None
+        self._io: ThreadPoolExecutor | None = None
+
+    # -- control -------------------------------------------------------------------------------------------
+
+    def request_stop(self, reason: str, *, exit_code: int = 1, hard: bool = False, grace: bool = False) -> None:
+        """Stop scheduling (first reason wins). ``grace``: cancel what is still in flight after ``grace_s``;
+        ``hard``: cancel it now."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+            self._exit_code = exit_code
+            self.stats.stopping = reason
+        self._stopping = True
+        if grace and self._deadline is None:
+            self._deadline = time.monotonic() + self.grace_s
+        if hard:
+            self._hard = True
+        for p in self._producers:
+            p.cancel()
+        for t in list(self._backoff):
+            t.cancel()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    # -- main ----------------------------------------------------------------------------------------------
+
+    async def run(self) -> EngineResult:
+        loop = asyncio.get_running_loop()
+        self._cpu = ThreadPoolExecutor(self.cpu_workers, thread_name_prefix="draftgen-cpu")
+        self._io = ThreadPoolExecutor(2, thread_name_prefix="draftgen-io")
+        try:
+            for ds in self.datasets:
+                if sum(ds.pending.values()):
+                    self._sink(ds.name)
+            for part in self.partitions:
+                lim = AdaptiveLimiter(part.concurrency, adaptive=self.adaptive)
+                self.limiters[part.name] = lim
+                self.stats.limit[part.name] = lim.current
+                self.stats.in_flight[part.name] = 0
+                self._producers.append(loop.create_task(self._produce(part, lim), name=f"producer:{part.name}"))
+            while True:
+                if self._hard:
+                    break
+                if self._deadline is not None and time.monotonic() >= self._deadline:
+                    self.log.write(f"grace period over: cancelling {len(self._tasks)} requests in flight")
+                    break
+                if all(p.done() for p in self._producers) and not self._tasks:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await self._shutdown()
+        for p in self._producers:
+            if not p.cancelled() and p.exception() is not None and self._fatal is None:
+                self._fatal = p.exception()
+        if self._fatal is not None:
+            raise self._fatal
+        return EngineResult(exit_code=self._exit_code, stop_reason=self._stop_reason)
+
+    async def _shutdown(self) -> None:
+        for p in self._producers:
+            p.cancel()
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*self._producers, *tasks, return_exceptions=True)
+        errors: list[BaseException] = []
+        sinks: list[RecordSink[Any]] = [*self._sinks.values(), *self._fail_sinks.values()]
+        for sink in sinks:
+            try:
+                await sink.close()
+            except Exception as exc:  # StorageError: keep closing the others, re-raise below
+                errors.append(exc)
+        if self._cpu is not None:
+            self._cpu.shutdown(wait=True, cancel_futures=True)
+        if self._io is not None:
+            self._io.shutdown(wait=True)
+        if errors and self._fatal is None:
+            self._fatal = errors[0]
+
+    # -- sinks ---------------------------------------------------------------------------------------------
+
+    def _sink(self, dataset: str) -> RecordSink[ResponseRecord]:
+        sink = self._sinks.get(dataset)
+        if sink is None:
+            plan = next(d for d in self.datasets if d.name == dataset)
+            counts = self.stats.dataset(dataset)
+
+            def written(batch: Sequence[ResponseRecord]) -> None:
+                counts.done += len(batch)
+
+            sink = RecordSink(plan.raw_path, executor=self._io, on_written=written, fsync=self.fsync)
+            sink.start()
+            self._sinks[dataset] = sink
+        return sink
+
+    def _fail_sink(self, dataset: str) -> RecordSink[FailureRecord]:
+        sink = self._fail_sinks.get(dataset)
+        if sink is None:
+            plan = next(d for d in self.datasets if d.name == dataset)
+            sink = RecordSink(plan.failures_path, executor=self._io, fsync=self.fsync)
+            sink.start()
+            self._fail_sinks[dataset] = sink
+        return sink
+
+    # -- producer ------------------------------------------------------------------------------------------
+
+    async def _produce(self, part: PartitionPlan, limiter: AdaptiveLimiter) -> None:
+        cursors = [
+            PromptCursor(d.name, d.prompts_path, part.name, d.done, self._taken[d.name])
+            for d in self.datasets
+            if d.pending.get(part.name)
+        ]
+        loop = asyncio.get_running_loop()
+        # First fill: spread the first ``concurrency`` requests over ``ramp_s`` so thousands of
+        # connections are not opened in the same millisecond (accept queues, TLS handshakes).
+        start = time.monotonic()
+        spawned = 0
+        # Tasks alive ≤ 2 × concurrency: a slot is freed when its response is in, and up to
+        # ``concurrency`` more responses may wait for the CPU pool before the producer waits too.
+        alive = asyncio.Semaphore(2 * part.concurrency)
+        while not self._stopping:
+            if spawned < part.concurrency and self.ramp_s > 0:
+                due = start + self.ramp_s * spawned / part.concurrency
+                delay = due - time.monotonic()
+                if delay > 0.002:
+                    await asyncio.sleep(delay)
+            await alive.acquire()
+            try:
+                await limiter.acquire()
+            except BaseException:
+                alive.release()
+                raise
+            try:
+                picked = await self._pick(part, cursors)
+            except BaseException:
+                limiter.release()
+                alive.release()
+                raise
+            if picked is None:
+                limiter.release()
+                alive.release()
+                return
+            dataset, prompt, worst = picked
+            self.stats.in_flight[part.name] = limiter.in_use
+            spawned += 1
+            task = loop.create_task(self._sample(part, limiter, alive, dataset, prompt, worst))
+            self._tasks.add(task)
+            task.add_done_callback(self._task_done)
+
+    async def _pick(self, part: PartitionPlan, cursors: list[PromptCursor]) -> tuple[str, PromptRecord, float] | None:
+        gov = self.governor
+        mt = part.max_tokens
+        while not self._stopping:
+            waiting = False
+            for cur in cursors:
+                if cur.exhausted:
+                    continue
+                tb = gov.token_budget(cur.dataset)
+                adm = tb.check(mt)
+                if adm is Admission.NEVER:
+                    self._budget_reached(cur)
+                    continue
+                if adm is Admission.WAIT:
+                    waiting = True
+                    continue
+                prompt = cur.peek()
+                if prompt is None:
+                    continue
+                worst = self.prices.worst_case(estimate_prompt_tokens(prompt), mt)
+                dadm = gov.check_dollars(worst)
+                if dadm is Admission.OK:
+                    cur.take()
+                    gov.reserve(cur.dataset, mt, worst)
+                    self.stats.reserved = gov.reserved
+                    return cur.dataset, prompt, worst
+                if dadm is Admission.WAIT:
+                    waiting = True
+                    break
+                rem = gov.remaining or 0.0
+                self.request_stop(
+                    f"dollar budget: ${max(rem, 0.0):.4f} left cannot cover the next request (worst case ${worst:.4f}); "
+                    "raise --max-spend to continue",
+                    exit_code=1,
+                )
+                return None
+            if not waiting:
+                return None
+            await gov.changed()
+        return None
+
+    def _budget_reached(self, cur: PromptCursor) -> None:
+        tb = self.governor.token_budget(cur.dataset)
+        reason = f"token budget reached ({tb.done} of {tb.budget} completion tokens)"
+        cur.finish(reason)
+        counts = self.stats.dataset(cur.dataset)
+        if counts.skipped is None:
+            counts.skipped = reason
+            self.display.print(f"{cur.dataset}: {reason}; its remaining prompts are skipped")
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and self._fatal is None:
+            self._fatal = exc
+            self.request_stop(f"internal error: {type(exc).__name__}", exit_code=1, hard=True)
+
+    # -- one sample ----------------------------------------------------------------------------------------
+
+    async def _sample(self, part: PartitionPlan, limiter: AdaptiveLimiter, alive: asyncio.Semaphore, dataset: str,
+                      prompt: PromptRecord, worst: float) -> None:
+        loop = asyncio.get_running_loop()
+        mt = part.max_tokens
+        settled = False
+        slot = True
+        try:
+            prompt_ids = None
+            if self.needs_prompt_ids:
+                prompt_ids = await loop.run_in_executor(self._cpu, self.assembler.prompt_ids, prompt)
+            req = CompletionRequest(sample_id=prompt.sample_id, messages=prompt.messages, max_tokens=mt,
+                                    tools=prompt.tools, prompt_ids=prompt_ids)
+            attempts = 0
+            while True:
+                attempts += 1
+                self.stats.requests += 1
+                t0 = time.monotonic()
+                try:
+                    comp = await self.backend.complete(req)
+                    break
+                except APIError as exc:
+                    if not await self._after_error(exc, attempts, part, limiter, dataset, prompt):
+                        return
+            latency = time.monotonic() - t0
+            # The response is in: free the slot now, so reconstruction never keeps a slot from the wire.
+            slot = False
+            limiter.on_success()
+            limiter.release()
+            st = self.stats
+            st.in_flight[part.name] = limiter.in_use
+            st.limit[part.name] = limiter.current
+            self._connect_failures = 0
+            self._successes += 1
+            self._last_success = time.monotonic()
+            try:
+                rec = await loop.run_in_executor(self._cpu, partial(
+                    self.assembler.build, prompt, comp, partition=part.name, max_tokens=mt, attempts=attempts,
+                    latency_s=latency, prompt_ids=prompt_ids,
+                ))
+            except DraftgenError as exc:  # a tokenizer/profile problem with this one output
+                self._fail(dataset, prompt, part.name, "reconstruction", str(exc), attempts, permanent=True,
+                           provider=comp.provider)
+                return
+            settled = True
+            self._book(dataset, comp, rec, mt, worst, latency)
+            self._sink(dataset).put(rec)
+        finally:
+            if not settled:
+                self.governor.release(dataset, mt, worst)
+                self.stats.reserved = self.governor.reserved
+            if slot:
+                limiter.release()
+                self.stats.in_flight[part.name] = limiter.in_use
+            alive.release()
+
+    def _book(self, dataset: str, comp: Completion, rec: ResponseRecord, mt: int, worst: float, latency: float) -> None:
+        u = comp.usage
+        tokens = u.completion_tokens if u is not None and u.completion_tokens else len(rec.output_ids or ())
+        cost = self.governor.settle(dataset, mt, worst, u, completion_tokens=tokens)
+        st = self.stats
+        counts = st.dataset(dataset)
+        counts.completion_tokens += tokens
+        counts.prompt_tokens += u.prompt_tokens if u is not None else len(rec.prompt_ids or ())
+        counts.cost += cost
+        st.spend_session = self.governor.session
+        st.reserved = self.governor.reserved
+        st.remaining = self.governor.remaining
+        st.latency_sum += latency
+        st.providers[comp.provider or comp.backend] += 1
+        st.ids_source[rec.ids_source] += 1
+
+    async def _after_error(self, exc: APIError, attempts: int, part: PartitionPlan, limiter: AdaptiveLimiter,
+                           dataset: str, prompt: PromptRecord) -> bool:
+        """Decide what follows a failed attempt: True = try again (after the backoff), False = give up."""
+        sid = prompt.sample_id
+        if isinstance(exc, AuthError):
+            self.request_stop(f"{exc}", exit_code=exc.exit_code, hard=True)
+            return False
+        if isinstance(exc, PaymentRequired):
+            self._fail(dataset, prompt, part.name, exc.kind, str(exc), attempts, permanent=False, status=exc.status)
+            self.request_stop(f"out of credits or over the key's limit ({exc.kind}); add credits and rerun to resume",
+                              exit_code=exc.exit_code)
+            return False
+        if isinstance(exc, RateLimited):
+            if limiter.on_rate_limited():
+                self.stats.limit[part.name] = limiter.current
+                self.log.write(f"adaptive concurrency: 429 storm, {part.name} limit lowered to {limiter.current}")
+        else:
+            limiter.on_other_error()
+        if exc.kind in _CONNECT_KINDS:
+            # A server that cannot be reached at all, or no longer: not one burst of slow connects.
+            self._connect_failures += 1
+            quiet = time.monotonic() - self._last_success
+            if (self._connect_failures >= self.connect_failure_limit and not self._stopping
+                    and (self._successes == 0 or quiet >= 60.0)):
+                self.request_stop(f"cannot reach the server ({exc}); check endpoint.base_url", exit_code=1)
+        if self._stopping:
+            self.log.write(f"abandon {dataset}/{sid} attempt {attempts}: {exc} (stopping)")
+            return False
+        if self.policy.should_retry(exc, attempts):
+            delay = self.policy.delay(attempts, exc.retry_after)
+            self.stats.retries[exc.kind] += 1
+            self.log.write(f"retry {dataset}/{sid} attempt {attempts}/{self.policy.max_attempts} in {delay:.2f}s: {exc}")
+            task = asyncio.current_task()
+            assert task is not None
+            self._backoff.add(task)  # type: ignore[arg-type]
+            try:
+                await asyncio.sleep(delay)
+            finally:
+                self._backoff.discard(task)  # type: ignore[arg-type]
+            return not self._stopping
+        retryable = isinstance(exc, RetryableAPIError)
+        kind = f"retries_exhausted:{exc.kind}" if retryable else exc.kind
+        self._fail(dataset, prompt, part.name, kind, str(exc), attempts, permanent=not retryable, status=exc.status)
+        return False
+
+    def _fail(self, dataset: str, prompt: PromptRecord, partition: str, kind: str, reason: str, attempts: int, *,
+              permanent: bool, status: int | None = None, provider: str | None = None) -> None:
+        rec = FailureRecord(
+            sample_id=prompt.sample_id, dataset=dataset, kind=kind, reason=reason, partition=partition,
+            status=status, permanent=permanent, attempts=attempts, provider=provider, created_at=round(time.time(), 3),
+        )
+        self.stats.failures[kind] += 1
+        self.stats.dataset(dataset).failed += 1
+        self.log.write(f"failed {dataset}/{prompt.sample_id} after {attempts} attempt(s): {kind}: {reason}")
+        self._fail_sink(dataset).put(rec)

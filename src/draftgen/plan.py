@@ -1,0 +1,418 @@
+"""``draftgen plan CONFIG``: tokens, dollars, time and hidden-state disk per dataset, before spending.
+
+Per dataset it reports the prompts (``prepared/<dataset>/stats.json``; ``prepare`` runs first when a
+dataset is not prepared), the expected output tokens, the cost, the time at the configured concurrency,
+and whether ``budget.max_spend_usd`` suffices (and, if not, how far to cap each dataset). With
+``hidden_states.hidden_size`` set it also gives the hidden-state disk size for ``merge.max_seq_len`` and,
+with ``hidden_states.extraction_tokens_per_s``, the extraction time.
+
+Where the numbers come from, best first:
+
+- output tokens, latency and cost per sample: responses already in ``raw/<dataset>/raw_responses.jsonl``,
+  including the pilot's; else ``plan.avg_output_tokens`` / ``plan.avg_latency_s`` and the routed prices;
+  else the partition's ``max_tokens`` (an upper bound);
+- prices: the model's endpoints (``GET /models/{model}/endpoints``) filtered by ``routing``
+  (``draftgen.pricing``).
+
+The pilot (``plan.pilot`` = N) sends the first N pending prompts of each dataset through the normal
+generate path into a side run directory (``<run_dir>/plan/pilot``), then appends its records to the run's
+raw logs (and its emulator ground truth to the run's), so ``draftgen run`` does not send them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+
+from .backends import EndpointInfo, open_backend
+from .config import RunConfig
+from .errors import APIError, AuthError
+from .hidden import DatasetTokens, format_bytes, format_hidden_report, hidden_states_report
+from .pricing import PriceEstimate, eligible_endpoints, estimate_price
+from .probe import api_key_for, embedded_endpoint
+from .records import DatasetStats, GroundTruthRecord, HiddenStatesReport, PromptRecord
+from .report.format import fmt_duration, fmt_int, fmt_usd
+from .report.metrics import DatasetMetrics, compute_metrics
+from .store import (
+    JsonlWriter,
+    atomic_write_bytes,
+    encode_json,
+    iter_jsonl,
+    iter_responses,
+    read_json,
+    scan_responses,
+)
+
+__all__ = ["ASSUMED_TOKENS_PER_S", "DatasetPlanLine", "PlanReport", "run_pilot", "run_plan"]
+
+Echo = Callable[[str], object]
+
+#: Decode speed of one stream assumed when there is neither a pilot nor ``plan.avg_latency_s``.
+ASSUMED_TOKENS_PER_S = 50.0
+
+
+class DatasetPlanLine(msgspec.Struct, kw_only=True):
+    dataset: str
+    prompts: int
+    short: int = 0
+    long: int = 0
+    done: int = 0
+    remaining: int = 0
+    avg_prompt_tokens: float = 0.0
+    avg_output_tokens: float = 0.0
+    output_basis: str = ""
+    expected_output_tokens: int = 0
+    """Completion tokens still to generate (limited by the dataset's token budget)."""
+    cost_usd: float | None = None
+    """Expected cost of what remains."""
+    cost_basis: str = ""
+    latency_s: float = 0.0
+    time_s: float = 0.0
+    """Time for what remains if this dataset ran alone at the partitions' concurrency."""
+    cap_samples: int | None = None
+    """Suggested total samples (done + new) to fit the dollar budget; None: no cap needed."""
+    cap_tokens: int | None = None
+    """The same cap as a completion-token budget (``datasets[].token_budget``)."""
+
+
+class PlanReport(msgspec.Struct, kw_only=True):
+    datasets: list[DatasetPlanLine]
+    prices: PriceEstimate | None = None
+    eligible_endpoints: list[str] = msgspec.field(default_factory=list)
+    spent_usd: float = 0.0
+    expected_cost_usd: float | None = None
+    budget_usd: float | None = None
+    budget_ok: bool | None = None
+    account_remaining_usd: float | None = None
+    """What the key may still spend (its limit remaining, or the account's credits), when known."""
+    account_ok: bool | None = None
+    time_s: float = 0.0
+    pilot_responses: int = 0
+    hidden: HiddenStatesReport | None = None
+    extraction_s: float | None = None
+    notes: list[str] = msgspec.field(default_factory=list)
+
+
+class _Len(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class _LenRow(msgspec.Struct):
+    sample_id: str
+    usage: _Len | None = None
+
+
+# -- pilot -----------------------------------------------------------------------------------------------
+
+
+def _pilot_prompts(cfg: RunConfig, name: str, n: int) -> list[PromptRecord]:
+    raw = cfg.run_path / "raw" / name / "raw_responses.jsonl"
+    done = scan_responses(raw).done
+    need = n - len(done)
+    picked: list[PromptRecord] = []
+    if need <= 0:
+        return picked
+    for _, rec in iter_jsonl(cfg.run_path / "prepared" / name / "prompts.jsonl", PromptRecord):
+        if rec.sample_id not in done:
+            picked.append(rec)
+            if len(picked) == need:
+                break
+    return picked
+
+
+def _adopt(pilot_dir: Path, run_dir: Path, names: list[str]) -> int:
+    """Append the pilot's records (and ground truth) to the run's logs, each sample once."""
+    added = 0
+    for name in names:
+        src = pilot_dir / "raw" / name / "raw_responses.jsonl"
+        if not src.is_file():
+            continue
+        dst = run_dir / "raw" / name / "raw_responses.jsonl"
+        done = scan_responses(dst).done
+        new = []
+        for r in iter_responses(src):
+            if r.sample_id not in done:
+                done.add(r.sample_id)
+                new.append(r)
+        if new:
+            with JsonlWriter(dst) as w:
+                w.write_many(new)
+            added += len(new)
+    gt_src = pilot_dir / "emulator" / "ground_truth.jsonl"
+    if gt_src.is_file():
+        gt_dst = run_dir / "emulator" / "ground_truth.jsonl"
+        have = {g.generation_id for _, g in iter_jsonl(gt_dst, GroundTruthRecord)}
+        gts = [g for _, g in iter_jsonl(gt_src, GroundTruthRecord) if g.generation_id not in have]
+        if gts:
+            with JsonlWriter(gt_dst) as w:
+                w.write_many(gts)
+    return added
+
+
+def run_pilot(cfg: RunConfig, n: int, *, echo: Echo = print) -> tuple[int, str | None]:
+    """Generate up to ``n`` responses per dataset through ``run_generate`` and keep them in the run's raw
+    logs. Returns the number of records added to the run, and why the pilot stopped early (or None)."""
+    from .generate import GenerateOptions, run_generate
+
+    pilot_dir = cfg.run_path / "plan" / "pilot"
+    names: list[str] = []
+    stopped: str | None = None
+    for d in cfg.datasets:
+        prompts = _pilot_prompts(cfg, d.name, n)
+        if not prompts:
+            continue
+        atomic_write_bytes(pilot_dir / "prepared" / d.name / "prompts.jsonl",
+                           b"".join(encode_json(p) + b"\n" for p in prompts))
+        names.append(d.name)
+    if names:
+        pilot_cfg = msgspec.structs.replace(cfg, run_dir=str(pilot_dir.resolve()), progress="off")
+        if cfg.budget.max_spend_usd is not None:
+            # The pilot's own governor sees only the pilot's spend; leave it what the run has not spent.
+            spent_run = sum(scan_responses(cfg.run_path / "raw" / d.name / "raw_responses.jsonl").spend_usd
+                            for d in cfg.datasets)
+            spent_pilot = sum(scan_responses(pilot_dir / "raw" / d.name / "raw_responses.jsonl").spend_usd
+                              for d in cfg.datasets)
+            left = max(0.0, cfg.budget.max_spend_usd - max(0.0, spent_run - spent_pilot))
+            pilot_cfg = msgspec.structs.replace(
+                pilot_cfg, budget=msgspec.structs.replace(cfg.budget, max_spend_usd=left))
+        echo(f"pilot: {n} prompts per dataset ({', '.join(names)})")
+        rep = run_generate(pilot_cfg, GenerateOptions(datasets=names, argv=["draftgen", "plan", "--pilot", str(n)]),
+                           echo=lambda line: echo(f"  pilot: {line}"))
+        if rep.exit_code:
+            stopped = rep.message or f"exit code {rep.exit_code}"
+            echo(f"  pilot: stopped early ({stopped}); planning with what came back")
+    # Adopt also what an interrupted earlier pilot left behind.
+    return _adopt(pilot_dir, cfg.run_path, [d.name for d in cfg.datasets]), stopped
+
+
+# -- estimate --------------------------------------------------------------------------------------------
+
+
+async def _account(cfg: RunConfig, base_urls: list[str] | None) -> tuple[list[EndpointInfo] | None, float | None]:
+    """The model's endpoints and the money the key may still spend (key limit or credits, if known).
+    A rejected key raises AuthError: planning a run the key cannot make is pointless."""
+    remaining: list[float] = []
+    async with open_backend(cfg, api_key_for(cfg), base_urls=base_urls, connections=2) as backend:
+        get_key = getattr(backend, "get_key_info", None)
+        info = await get_key() if get_key is not None else None
+        if info is not None and info.limit_remaining is not None:
+            remaining.append(info.limit_remaining)
+        mgmt = os.environ.get(cfg.endpoint.management_key_env or "", "") or None
+        get_credits = getattr(backend, "get_credits", None)
+        if mgmt and get_credits is not None:
+            credits = await get_credits(mgmt)
+            if credits is not None:
+                remaining.append(credits.remaining)
+        get_eps = getattr(backend, "get_model_endpoints", None)
+        eps: list[EndpointInfo] | None = await get_eps(cfg.model.id) if get_eps is not None else None
+    return eps, (min(remaining) if remaining else None)
+
+
+def _lengths(cfg: RunConfig, name: str) -> list[int]:
+    out: list[int] = []
+    seen: set[str] = set()
+    for _, row in iter_jsonl(cfg.run_path / "raw" / name / "raw_responses.jsonl", _LenRow):
+        if row.sample_id in seen or row.usage is None:
+            continue
+        seen.add(row.sample_id)
+        out.append(row.usage.prompt_tokens + row.usage.completion_tokens)
+    return out
+
+
+def _line(cfg: RunConfig, name: str, obs: DatasetMetrics, prices: PriceEstimate | None, notes: list[str]) -> DatasetPlanLine:
+    ds = cfg.dataset(name)
+    stats = read_json(cfg.run_path / "prepared" / name / "stats.json", DatasetStats)
+    line = DatasetPlanLine(dataset=name, prompts=stats.samples, short=stats.short, long=stats.long, done=obs.done)
+    line.remaining = max(0, stats.samples - obs.done)
+    line.avg_prompt_tokens = stats.prompt_tokens / stats.samples if stats.samples else 0.0
+    parts = cfg.partitions
+    if obs.done and obs.mean_completion_tokens is not None:
+        line.avg_output_tokens = obs.mean_completion_tokens
+        line.output_basis = f"observed ({obs.done})"
+    elif cfg.plan.avg_output_tokens is not None:
+        line.avg_output_tokens = float(cfg.plan.avg_output_tokens)
+        line.output_basis = "plan.avg_output_tokens"
+    else:
+        share_long = stats.long / stats.samples if stats.samples else 0.0
+        line.avg_output_tokens = (1 - share_long) * parts.short.max_tokens + share_long * parts.long.max_tokens
+        line.output_basis = "max_tokens"
+    expected = line.remaining * line.avg_output_tokens
+    budget = ds.token_budget if ds.token_budget is not None else cfg.budget.token_budget
+    if budget is not None:
+        expected = min(expected, max(0, budget - obs.completion_tokens))
+    line.expected_output_tokens = round(expected)
+    new_samples = expected / line.avg_output_tokens if line.avg_output_tokens else float(line.remaining)
+    if obs.done and obs.cost_usd > 0:
+        line.cost_usd = obs.cost_usd / obs.done * new_samples
+        line.cost_basis = "observed"
+    elif prices is not None:
+        per = line.avg_prompt_tokens * prices.prompt + line.avg_output_tokens * prices.completion + prices.request
+        line.cost_usd = per * new_samples
+        line.cost_basis = "prices"
+    elif cfg.endpoint.kind in ("vllm", "sglang"):
+        line.cost_usd = 0.0
+        line.cost_basis = "local server"
+    if obs.done and obs.mean_latency_s is not None:
+        line.latency_s = obs.mean_latency_s
+    elif cfg.plan.avg_latency_s is not None:
+        line.latency_s = cfg.plan.avg_latency_s
+    else:
+        line.latency_s = 1.0 + line.avg_output_tokens / ASSUMED_TOKENS_PER_S
+    frac = new_samples / line.remaining if line.remaining else 0.0
+    long_left = min(stats.long, line.remaining)
+    short_left = line.remaining - long_left
+    line.time_s = frac * line.latency_s * (short_left / parts.short.concurrency + long_left / parts.long.concurrency)
+    return line
+
+
+def _fit_budget(rep: PlanReport, lines: list[DatasetPlanLine], done_tokens: dict[str, int]) -> None:
+    if rep.budget_usd is None or rep.expected_cost_usd is None:
+        return
+    rep.budget_ok = rep.spent_usd + rep.expected_cost_usd <= rep.budget_usd + 1e-12
+    if rep.budget_ok or rep.expected_cost_usd <= 0:
+        return
+    f = max(0.0, rep.budget_usd - rep.spent_usd) / rep.expected_cost_usd
+    for ln in lines:
+        if ln.remaining and ln.cost_usd:
+            ln.cap_samples = ln.done + math.floor(ln.remaining * f)
+            ln.cap_tokens = done_tokens.get(ln.dataset, 0) + math.floor(ln.expected_output_tokens * f)
+
+
+def _hidden(cfg: RunConfig, lines: list[DatasetPlanLine], rep: PlanReport) -> None:
+    hs = cfg.hidden_states
+    if hs.hidden_size is None:
+        rep.notes.append("set hidden_states.hidden_size (e.g. 4096 for Qwen3-8B, 7168 for Kimi-K2.5) "
+                         "for the hidden-state disk estimate")
+        return
+    cap = cfg.merge.max_seq_len
+    items: list[DatasetTokens] = []
+    for ln in lines:
+        ds = cfg.dataset(ln.dataset)
+        samples = ln.done + (ln.cap_samples - ln.done if ln.cap_samples is not None else ln.remaining)
+        samples = round(samples * ds.weight)
+        if ds.cap is not None:
+            samples = min(samples, ds.cap)
+        lens = _lengths(cfg, ln.dataset)
+        if lens:
+            per_capped = sum(min(n, cap) for n in lens) / len(lens)
+            per = sum(lens) / len(lens)
+        else:
+            per = ln.avg_prompt_tokens + ln.avg_output_tokens
+            per_capped = min(per, cap)
+        items.append(DatasetTokens(dataset=ln.dataset, tokens=round(samples * per_capped),
+                                   tokens_uncapped=round(samples * per), samples=samples))
+    rep.hidden = hidden_states_report(items, hidden_size=hs.hidden_size, slots=hs.slots, dtype=hs.dtype,
+                                      max_seq_len=cap)
+    if hs.extraction_tokens_per_s:
+        rep.extraction_s = rep.hidden.tokens / hs.extraction_tokens_per_s
+    else:
+        rep.notes.append("set hidden_states.extraction_tokens_per_s for the extraction time")
+
+
+def _print(rep: PlanReport, cfg: RunConfig, echo: Echo) -> None:
+    from rich.table import Table
+
+    from .report.status import render_text
+
+    if rep.prices is not None:
+        p = rep.prices
+        echo(f"prices: ${p.prompt * 1e6:.4f}/M prompt, ${p.completion * 1e6:.4f}/M completion ({p.basis}; "
+             f"completion ${p.min_completion * 1e6:.2f}–${p.max_completion * 1e6:.2f}/M over "
+             f"{len(rep.eligible_endpoints)} allowed endpoints: {', '.join(rep.eligible_endpoints)})")
+    table = Table(show_edge=False, header_style="bold", pad_edge=False)
+    for col in ("dataset", "prompts", "done", "avg out", "expected out", "cost", "time", "basis"):
+        table.add_column(col, justify="left" if col in ("dataset", "basis") else "right")
+    for ln in rep.datasets:
+        table.add_row(ln.dataset, fmt_int(ln.prompts), fmt_int(ln.done), f"{ln.avg_output_tokens:,.0f}",
+                      fmt_int(ln.expected_output_tokens), fmt_usd(ln.cost_usd), fmt_duration(ln.time_s),
+                      f"{ln.output_basis} · {ln.cost_basis or 'no prices'}")
+    table.add_section()
+    table.add_row("all", fmt_int(sum(x.prompts for x in rep.datasets)), fmt_int(sum(x.done for x in rep.datasets)), "",
+                  fmt_int(sum(x.expected_output_tokens for x in rep.datasets)), fmt_usd(rep.expected_cost_usd),
+                  fmt_duration(rep.time_s), "", style="bold")
+    echo(render_text(table))
+    echo("basis: output tokens from observed responses (count), plan.avg_output_tokens, or max_tokens (upper "
+         "bound) · cost from observed $/sample or endpoint prices; total time: partitions run in parallel")
+    if rep.budget_usd is None:
+        echo(f"budget: none set; spent so far {fmt_usd(rep.spent_usd)}")
+    elif rep.budget_ok:
+        echo(f"budget: {fmt_usd(rep.budget_usd)} suffices (spent {fmt_usd(rep.spent_usd)} + expected "
+             f"{fmt_usd(rep.expected_cost_usd)})")
+    elif rep.budget_ok is False:
+        echo(f"budget: {fmt_usd(rep.budget_usd)} does NOT suffice (spent {fmt_usd(rep.spent_usd)} + expected "
+             f"{fmt_usd(rep.expected_cost_usd)}); to fit, cap:")
+        for ln in rep.datasets:
+            if ln.cap_samples is not None:
+                echo(f"  {ln.dataset}: about {ln.cap_samples:,} of {ln.prompts:,} samples "
+                     f"→ datasets[{[d.name for d in cfg.datasets].index(ln.dataset)}].token_budget: {ln.cap_tokens}")
+    if rep.hidden is not None:
+        for text in format_hidden_report(rep.hidden):
+            echo(text)
+        if rep.extraction_s is not None:
+            echo(f"  extraction: {fmt_duration(rep.extraction_s)} at "
+                 f"{cfg.hidden_states.extraction_tokens_per_s:,.0f} tokens/s ({format_bytes(rep.hidden.bytes)} written)")
+    if rep.account_ok is False:
+        echo(f"account: the key can spend {fmt_usd(rep.account_remaining_usd)} more, less than the expected "
+             f"{fmt_usd(rep.expected_cost_usd)}; add credits or raise the key's limit")
+    elif rep.account_ok:
+        echo(f"account: {fmt_usd(rep.account_remaining_usd)} available to the key")
+    for note in rep.notes:
+        echo(f"note: {note}")
+
+
+def run_plan(cfg: RunConfig, *, echo: Echo = print) -> PlanReport:
+    """Estimate what the run will cost and take (see the module docstring)."""
+    names = [d.name for d in cfg.datasets]
+    if any(not (cfg.run_path / "prepared" / n / "stats.json").is_file() for n in names):
+        from .prepare import run_prepare
+
+        run_prepare(cfg, echo=echo)
+    notes: list[str] = []
+    pilot_added, stopped = run_pilot(cfg, cfg.plan.pilot, echo=echo) if cfg.plan.pilot > 0 else (0, None)
+    if stopped:
+        notes.append(f"the pilot stopped early: {stopped}")
+    eps: list[EndpointInfo] | None = None
+    account: float | None = None
+    try:
+        with embedded_endpoint(cfg) as urls:
+            eps, account = asyncio.run(_account(cfg, urls))
+    except AuthError:
+        raise
+    except APIError as exc:
+        notes.append(f"prices not available ({exc}); costs use observed responses only")
+    prices: PriceEstimate | None = None
+    eligible: list[EndpointInfo] = []
+    if eps is not None:
+        eligible = eligible_endpoints(eps, cfg.routing)
+        prices = estimate_price(eligible, cfg.routing)
+        if prices is None:
+            notes.append("the routing config (ignore/only/quantizations/max_price) excludes every endpoint")
+    m = compute_metrics(cfg.run_path, names)
+    by = {d.name: d for d in m.datasets}
+    lines = [_line(cfg, n, by[n], prices, notes) for n in names]
+    costs = [ln.cost_usd for ln in lines]
+    rep = PlanReport(
+        datasets=lines, prices=prices, eligible_endpoints=[e.tag or e.provider_name for e in eligible],
+        spent_usd=m.total.cost_usd, expected_cost_usd=None if any(c is None for c in costs) else sum(c or 0.0 for c in costs),
+        budget_usd=cfg.budget.max_spend_usd, pilot_responses=pilot_added, notes=notes,
+        account_remaining_usd=account,
+    )
+    if account is not None and rep.expected_cost_usd is not None:
+        rep.account_ok = rep.expected_cost_usd <= account
+    parts = cfg.partitions
+    short_t = sum(ln.latency_s * ln.remaining * (1 - ln.long / ln.prompts if ln.prompts else 1) for ln in lines)
+    long_t = sum(ln.latency_s * min(ln.long, ln.remaining) for ln in lines)
+    rep.time_s = max(short_t / parts.short.concurrency, long_t / parts.long.concurrency)
+    if any(ln.output_basis == "max_tokens" for ln in lines):
+        notes.append("output tokens are upper bounds (max_tokens); set plan.pilot (or --pilot N) for real figures")
+    notes.append("time assumes no rate limiting at the configured concurrency")
+    _fit_budget(rep, lines, {d.name: d.completion_tokens for d in m.datasets})
+    _hidden(cfg, lines, rep)
+    _print(rep, cfg, echo)
+    return rep

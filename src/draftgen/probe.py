@@ -1,0 +1,350 @@
+"""``draftgen probe CONFIG``: one real request that proves the setup before money is spent.
+
+It checks, in order: the key (``GET /key``: valid, limit remaining), the account's credits
+(``GET /credits``, only with a management key), the model's endpoints (``GET /models/{model}/endpoints``),
+then sends ``probe.prompt`` with ``probe.max_tokens`` and reports which provider and quantization served
+it, which field carried the reasoning, the content, the cost and implied $/M output tokens, the
+reasoning-token share, and whether the target profile rebuilds as many token ids as were billed.
+
+Failures (``ok`` false, the CLI exits 1): the key is rejected, no credits or limit left, the model is
+unknown, the request fails, the served provider is one the routing excludes (``ignore``, ``only``,
+``quantizations``). Warnings (``ok`` stays true): missing reasoning on a thinking model, truncation, a
+rebuilt count that differs from the billed one, an ambiguous quantization.
+
+With ``endpoint: emulator`` and no ``base_url`` the embedded emulator is started for the probe. Reads
+and writes no run-directory files. The API key is never printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import msgspec
+
+from .backends import (
+    Completion,
+    CompletionRequest,
+    Credits,
+    EndpointInfo,
+    KeyInfo,
+    endpoint_urls,
+    open_backend,
+)
+from .config import RunConfig, resolve_api_key
+from .errors import APIError, AuthError, DraftgenError, PaymentRequired
+from .pricing import eligible_endpoints, endpoint_matches, matching_endpoints
+from .records import Message
+
+__all__ = ["EMULATOR_KEY", "ProbeReport", "api_key_for", "embedded_endpoint", "run_probe"]
+
+Echo = Callable[[str], object]
+
+#: Key sent to the embedded emulator when none is configured (it accepts any ``sk-or-`` key).
+EMULATOR_KEY = "sk-or-v1-draftgen-emulator"
+
+
+class ProbeReport(msgspec.Struct, kw_only=True):
+    ok: bool = False
+    base_url: str | None = None
+    model: str = ""
+    key_valid: bool | None = None
+    key_limit: float | None = None
+    key_limit_remaining: float | None = None
+    key_usage: float | None = None
+    credits_remaining: float | None = None
+    endpoints: int | None = None
+    eligible_endpoints: int | None = None
+    provider: str | None = None
+    endpoint_tag: str | None = None
+    quantization: str | None = None
+    listed_usd_per_m_output: float | None = None
+    reasoning_field: str | None = None
+    reasoning: str | None = None
+    content: str | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cost_usd: float | None = None
+    usd_per_m_output: float | None = None
+    reasoning_share: float | None = None
+    rebuilt_tokens: int | None = None
+    rebuilt_reasoning_tokens: int | None = None
+    recon_flags: list[str] = msgspec.field(default_factory=list)
+    latency_s: float | None = None
+    warnings: list[str] = msgspec.field(default_factory=list)
+    errors: list[str] = msgspec.field(default_factory=list)
+
+
+@contextmanager
+def embedded_endpoint(cfg: RunConfig, *, ground_truth: bool = False) -> Iterator[list[str] | None]:
+    """Base URLs to use: the configured ones, or (``endpoint: emulator`` without a base_url) those of an
+    embedded emulator started for the duration of the block. Yields None when the config's URLs apply."""
+    ep = cfg.endpoint
+    if ep.kind != "emulator" or ep.base_url or ep.base_urls:
+        yield None
+        return
+    from .emulator.server import EmulatorOptions, start_in_thread
+
+    em = ep.emulator
+    scenario = em.scenario
+    if scenario not in ("fast", "realistic", "chaos"):
+        scenario = str(cfg.path(scenario))
+    tokenizer = cfg.model.tokenizer
+    if not tokenizer.startswith(("bundled:", "hf:")):
+        tokenizer = str(cfg.path(tokenizer))
+    gt = None
+    if ground_truth and em.ground_truth:
+        gt_path = cfg.run_path / "emulator" / "ground_truth.jsonl"
+        gt_path.parent.mkdir(parents=True, exist_ok=True)
+        gt = str(gt_path)
+    opts = EmulatorOptions(host="127.0.0.1", port=0, scenario=scenario, seed=em.seed, ground_truth=gt,
+                           credits=em.credits, profile=cfg.model.profile, tokenizer=tokenizer,
+                           thinking=cfg.model.thinking)
+    with start_in_thread(opts) as emu:
+        yield [emu.base_url]
+
+
+def api_key_for(cfg: RunConfig) -> str | None:
+    """The configured key; the embedded emulator accepts a placeholder when none is set."""
+    if cfg.endpoint.kind in ("openrouter",):
+        return resolve_api_key(cfg, required=True)
+    key = resolve_api_key(cfg, required=False)
+    if key is None and cfg.endpoint.kind == "emulator":
+        return EMULATOR_KEY
+    return key
+
+
+def _management_key(cfg: RunConfig) -> str | None:
+    env = cfg.endpoint.management_key_env
+    return (os.environ.get(env) or None) if env else None
+
+
+def _usd(x: float | None) -> str:
+    if x is None:
+        return "–"
+    return f"${x:.6f}" if abs(x) < 0.01 else f"${x:,.4f}"
+
+
+class _Probe:
+    def __init__(self, cfg: RunConfig, echo: Echo) -> None:
+        self.cfg = cfg
+        self.echo = echo
+        self.rep = ProbeReport(model=cfg.model.id)
+
+    def fail(self, msg: str) -> None:
+        self.rep.errors.append(msg)
+        self.echo(f"  ✗ {msg}")
+
+    def warn(self, msg: str) -> None:
+        self.rep.warnings.append(msg)
+
+    def line(self, label: str, text: str) -> None:
+        self.echo(f"  {label:<12} {text}")
+
+    async def account(self, backend: object) -> bool:
+        """Key and credits. False when nothing more can be checked (the key is rejected)."""
+        rep = self.rep
+        get_key = getattr(backend, "get_key_info", None)
+        info: KeyInfo | None = None
+        if get_key is not None:
+            try:
+                info = await get_key()
+            except AuthError as exc:
+                rep.key_valid = False
+                self.fail(f"the API key was rejected ({exc}); check {self.cfg.endpoint.api_key_env} "
+                          "or --api-key-file")
+                return False
+            except APIError as exc:
+                self.fail(f"GET /key failed: {exc}")
+                return False
+        if info is not None:
+            rep.key_valid = True
+            rep.key_limit, rep.key_limit_remaining, rep.key_usage = info.limit, info.limit_remaining, info.usage
+            limit = ("no limit" if info.limit is None
+                     else f"limit {_usd(info.limit)}, {_usd(info.limit_remaining)} remaining")
+            self.line("key", f"valid ({limit}; used {_usd(info.usage)})")
+            if info.limit_remaining is not None and info.limit_remaining <= 0:
+                self.fail("the key's limit is used up; raise it on openrouter.ai/settings/keys")
+        elif get_key is not None and rep.key_valid is None and not rep.errors:
+            self.line("key", "not checked (this endpoint has no /key)")
+        mgmt = _management_key(self.cfg)
+        get_credits = getattr(backend, "get_credits", None)
+        if mgmt and get_credits is not None:
+            try:
+                credits: Credits | None = await get_credits(mgmt)
+            except APIError as exc:
+                self.warn(f"GET /credits failed ({exc}); is {self.cfg.endpoint.management_key_env} a management key?")
+                credits = None
+            if credits is not None:
+                rep.credits_remaining = credits.remaining
+                self.line("credits", f"{_usd(credits.remaining)} remaining of {_usd(credits.total_credits)}")
+                if credits.remaining <= 0:
+                    self.fail("no credits left; add credits on openrouter.ai/settings/credits")
+        return True
+
+    async def endpoints(self, backend: object) -> list[EndpointInfo] | None:
+        get_eps = getattr(backend, "get_model_endpoints", None)
+        if get_eps is None:
+            return None
+        try:
+            eps: list[EndpointInfo] | None = await get_eps(self.cfg.model.id)
+        except APIError as exc:
+            self.fail(f"model {self.cfg.model.id!r}: cannot list its endpoints ({exc}); check model.id")
+            return None
+        if eps is None:
+            return None
+        ok = eligible_endpoints(eps, self.cfg.routing)
+        self.rep.endpoints, self.rep.eligible_endpoints = len(eps), len(ok)
+        self.line("endpoints", f"{len(eps)} listed, {len(ok)} allowed by the routing config")
+        if eps and not ok:
+            self.fail("the routing config (ignore/only/quantizations/max_price) excludes every endpoint")
+        return eps
+
+    def served_by(self, comp: Completion, eps: list[EndpointInfo] | None) -> None:
+        rep, routing = self.rep, self.cfg.routing
+        rep.provider = comp.provider
+        if not comp.provider:
+            self.warn("the response names no provider")
+            return
+        cands = matching_endpoints(comp.provider, eps or [])
+        allowed = eligible_endpoints(cands, routing)
+        chosen = allowed or cands
+        quants = sorted({ep.quantization or "unknown" for ep in chosen})
+        if len(chosen) == 1:
+            rep.endpoint_tag, rep.quantization = chosen[0].tag or None, chosen[0].quantization
+            rep.listed_usd_per_m_output = chosen[0].pricing.completion * 1e6
+        elif len(quants) == 1:
+            rep.quantization = quants[0]
+        elif chosen:
+            self.warn(f"{comp.provider} serves several quantizations ({', '.join(quants)}); which one ran is unknown")
+        where = comp.provider
+        if rep.endpoint_tag:
+            where += f" · tag {rep.endpoint_tag}"
+        where += f" · quantization {rep.quantization or '?'}"
+        if rep.listed_usd_per_m_output is not None:
+            where += f" · listed ${rep.listed_usd_per_m_output:.2f}/M output"
+        self.line("provider", where)
+        if eps is None:
+            return
+        # A provider with several endpoints (variants) violates a rule only if all of them do.
+        named = cands or [EndpointInfo(provider_name=comp.provider)]
+        if routing.ignore and all(any(endpoint_matches(p, ep) for p in routing.ignore) for ep in named):
+            self.fail(f"provider {comp.provider} is on routing.ignore but served the request")
+        if routing.only is not None and not any(endpoint_matches(p, ep) for p in routing.only for ep in named):
+            self.fail(f"provider {comp.provider} is not in routing.only but served the request")
+        if routing.quantizations is not None and rep.quantization is not None and \
+                rep.quantization.lower() not in {q.lower() for q in routing.quantizations}:
+            self.fail(f"quantization {rep.quantization} is not in routing.quantizations "
+                      f"({', '.join(routing.quantizations)})")
+
+    def response(self, comp: Completion, latency: float) -> None:
+        rep = self.rep
+        rep.latency_s = latency
+        rep.reasoning_field, rep.reasoning, rep.content = comp.reasoning_field, comp.reasoning, comp.content
+        rep.finish_reason = comp.finish_reason
+        if comp.reasoning:
+            self.line("reasoning", f"came back in `{comp.reasoning_field}` ({len(comp.reasoning):,} characters)")
+        else:
+            self.line("reasoning", "none returned")
+            if self.cfg.model.thinking:
+                self.warn("no reasoning text came back although model.thinking is on "
+                          "(hidden reasoning or reasoning switched off); the data would lack reasoning")
+        content = comp.content or ""
+        shown = content if len(content) <= 400 else content[:400] + f"… (+{len(content) - 400:,} characters)"
+        self.line("content", repr(shown))
+        self.line("finish", f"{comp.finish_reason} (native {comp.native_finish_reason}) in {latency:.2f}s")
+        if comp.finish_reason == "length":
+            self.warn(f"the response was truncated at probe.max_tokens={self.cfg.probe.max_tokens}; "
+                      "raise it, or expect truncated samples at the partitions' max_tokens")
+        u = comp.usage
+        if u is None:
+            self.warn("the response carried no usage (no token counts or cost)")
+            return
+        rep.prompt_tokens, rep.completion_tokens, rep.reasoning_tokens = u.prompt_tokens, u.completion_tokens, u.reasoning_tokens
+        cost = u.cost + (u.upstream_cost or 0.0 if u.is_byok else 0.0)
+        rep.cost_usd = cost
+        if u.completion_tokens:
+            rep.usd_per_m_output = cost / u.completion_tokens * 1e6
+            rep.reasoning_share = u.reasoning_tokens / u.completion_tokens
+        self.line("cost", f"{_usd(cost)} for {u.completion_tokens:,} completion + {u.prompt_tokens:,} prompt tokens"
+                  + (f" → ${rep.usd_per_m_output:.2f}/M output tokens" if rep.usd_per_m_output is not None else ""))
+        if rep.reasoning_share is not None:
+            self.line("share", f"{u.reasoning_tokens:,} of {u.completion_tokens:,} completion tokens are reasoning "
+                      f"({rep.reasoning_share:.1%})")
+
+    def rebuild(self, comp: Completion) -> None:
+        from .prepare import load_target_profile
+
+        rep = self.rep
+        profile = load_target_profile(self.cfg)
+        billed = comp.usage.completion_tokens if comp.usage else None
+        if comp.output_ids is not None:
+            rep.rebuilt_tokens = len(comp.output_ids)
+            how = "exact ids from the server"
+        else:
+            rec = profile.build_output(comp.reasoning, comp.content, comp.finish_reason,
+                                       reasoning_tokens=comp.usage.reasoning_tokens if comp.usage else 0)
+            rep.rebuilt_tokens, rep.rebuilt_reasoning_tokens, rep.recon_flags = len(rec.ids), rec.reasoning_token_count, rec.flags
+            how = f"rebuilt with profile {self.cfg.model.profile}"
+        flags = f" (flags: {', '.join(rep.recon_flags)})" if rep.recon_flags else ""
+        if billed is None:
+            self.line("rebuild", f"{rep.rebuilt_tokens:,} ids {how}; nothing billed to compare{flags}")
+            return
+        diff = rep.rebuilt_tokens - billed
+        mark = "= billed ✓" if diff == 0 else f"vs {billed:,} billed ({diff:+d})"
+        self.line("rebuild", f"{rep.rebuilt_tokens:,} ids {how} {mark}{flags}")
+        if diff:
+            self.warn(f"rebuilt {rep.rebuilt_tokens} ids but {billed} completion tokens were billed; "
+                      "check model.profile/tokenizer (a difference of 1-2 can be a provider's end token)")
+
+    async def run(self, base_urls: list[str] | None) -> None:
+        cfg = self.cfg
+        key = api_key_for(cfg)
+        self.rep.base_url = (base_urls or endpoint_urls(cfg))[0]
+        self.echo(f"probe {cfg.model.id} at {self.rep.base_url}")
+        async with open_backend(cfg, key, base_urls=base_urls, connections=4) as backend:
+            if not await self.account(backend):
+                return
+            eps = await self.endpoints(backend)
+            if self.rep.errors:
+                return
+            req = CompletionRequest(sample_id="probe", messages=[Message(role="user", content=cfg.probe.prompt)],
+                                    max_tokens=cfg.probe.max_tokens)
+            t0 = time.monotonic()
+            try:
+                comp = await backend.complete(req)
+            except AuthError as exc:
+                self.rep.key_valid = False
+                self.fail(f"the API key was rejected ({exc})")
+                return
+            except PaymentRequired as exc:
+                self.fail(f"payment required ({exc}); add credits or raise the key's limit")
+                return
+            except APIError as exc:
+                self.fail(f"the request failed: {exc}")
+                return
+            latency = time.monotonic() - t0
+        self.served_by(comp, eps)
+        self.response(comp, latency)
+        self.rebuild(comp)
+
+
+def run_probe(cfg: RunConfig, *, echo: Echo = print) -> ProbeReport:
+    """Send one request and report what came back; ``ok`` is false on any failure."""
+    probe = _Probe(cfg, echo)
+    try:
+        with embedded_endpoint(cfg) as urls:
+            asyncio.run(probe.run(urls))
+    except DraftgenError as exc:
+        probe.fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    rep = probe.rep
+    for w in rep.warnings:
+        echo(f"  ! warning: {w}")
+    rep.ok = not rep.errors
+    echo("probe OK" if rep.ok else f"probe FAILED ({len(rep.errors)} problem{'s' if len(rep.errors) > 1 else ''})")
+    return rep

@@ -1,0 +1,2 @@
+"""The run's dashboards: ``metrics`` (every figure, from the run directory), ``status`` (terminal) and
+``html`` (the self-contained ``report.html``). Imports are per module so ``draftgen status`` stays light."""

@@ -1,0 +1,54 @@
+"""Number formatting shared by the terminal status and the HTML report (so both print the same)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+__all__ = ["fmt_duration", "fmt_float", "fmt_int", "fmt_pct", "fmt_time", "fmt_usd"]
+
+
+def fmt_int(n: int | None) -> str:
+    return "–" if n is None else f"{n:,}"
+
+
+def fmt_pct(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None else f"{x * 100:.{digits}f}%"
+
+
+def fmt_float(x: float | None, digits: int = 2) -> str:
+    return "–" if x is None else f"{x:,.{digits}f}"
+
+
+def fmt_usd(x: float | None) -> str:
+    if x is None:
+        return "–"
+    if x == 0:
+        return "$0"
+    if abs(x) < 0.01:
+        return f"${x:.6f}"
+    if abs(x) < 100:
+        return f"${x:,.4f}"
+    return f"${x:,.2f}"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    s = round(seconds)
+    if s < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m {s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 48:
+        return f"{h}h {m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d {h:02d}h"
+
+
+def fmt_time(epoch: float | None) -> str:
+    """UTC, so the page reads the same wherever it is opened."""
+    if epoch is None:
+        return "–"
+    return _dt.datetime.fromtimestamp(epoch, tz=_dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -1,0 +1,416 @@
+"""Every figure the report and ``status`` show, computed from the files of one run directory.
+
+Reads (all optional; a partial run directory is fine, and an unterminated last line is skipped):
+
+    run.json                              RunManifest      model, endpoint, config hash
+    prepared/<dataset>/stats.json         DatasetStats     prepared samples and prompt tokens
+    prepared/<dataset>/prompts.jsonl      PromptRecord     counted when stats.json is not written yet
+    raw/<dataset>/raw_responses.jsonl     ResponseRecord   done samples, tokens, cost, providers, times
+    raw/<dataset>/failures.jsonl          FailureRecord    failures by kind (latest per sample id)
+    audit/audit.json                      AuditReport      the audit's figures
+    merged/stats.json                     MergeStats       the merged split, drops, hidden-state estimate
+    merged/manifest.json                  MergeManifest    the merged files (written last: merge finished)
+    report.html                           (marker)         a report was written
+
+``compute_metrics(run_dir)`` returns a ``RunMetrics``; the HTML page embeds it as JSON, and a test
+recomputes it from the files and compares. Nothing here depends on the clock or on the config, so the
+same directory always gives the same numbers. Raw logs are decoded through a narrow struct that skips
+the text and token-id arrays, so a log of millions of records is read at I/O speed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+
+import msgspec
+
+from ..records import (
+    AuditReport,
+    DatasetStats,
+    FailureRecord,
+    MergedFile,
+    MergeManifest,
+    MergeStats,
+    RunManifest,
+)
+from ..store import iter_jsonl, read_json
+
+__all__ = [
+    "DatasetMetrics",
+    "Histogram",
+    "RunMetrics",
+    "Timeline",
+    "compute_metrics",
+    "dataset_names",
+]
+
+HIST_BINS = 30
+TIMELINE_BUCKETS = 60
+
+
+class DatasetMetrics(msgspec.Struct, kw_only=True):
+    """Counts for one dataset (or for all of them, ``name == "all"``)."""
+
+    name: str
+    prepared: int | None = None
+    """Samples in prepared/<dataset> (None: not prepared yet)."""
+    prepared_prompt_tokens: int = 0
+    done: int = 0
+    """Distinct sample ids in raw_responses.jsonl."""
+    duplicates: int = 0
+    failed: int = 0
+    """Samples whose latest failure is not followed by a response (retried on the next run)."""
+    failures_by_kind: dict[str, int] = msgspec.field(default_factory=dict)
+    failure_events: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    content_tokens: int = 0
+    cost_usd: float = 0.0
+    truncated: int = 0
+    """Responses cut by max_tokens (finish_reason length)."""
+    no_reasoning: int = 0
+    """Responses with zero reasoning tokens."""
+    providers: dict[str, int] = msgspec.field(default_factory=dict)
+    reasoning_fields: dict[str, int] = msgspec.field(default_factory=dict)
+    finish_reasons: dict[str, int] = msgspec.field(default_factory=dict)
+    ids_source: dict[str, int] = msgspec.field(default_factory=dict)
+    recon_flags: dict[str, int] = msgspec.field(default_factory=dict)
+    first_at: float | None = None
+    last_at: float | None = None
+    mean_latency_s: float | None = None
+    # Derived from the counts above (kept in the record so the page and the JSON agree).
+    progress: float | None = None
+    reasoning_share: float | None = None
+    usd_per_m_output: float | None = None
+    mean_completion_tokens: float | None = None
+
+
+class Histogram(msgspec.Struct, kw_only=True):
+    """Per-sample token counts of reasoning and of content, binned on shared edges."""
+
+    edges: list[float]
+    reasoning: list[int]
+    content: list[int]
+
+
+class Timeline(msgspec.Struct, kw_only=True):
+    """Responses bucketed by ``created_at``: per bucket, and cumulative cost at each bucket's end."""
+
+    start: list[float] = msgspec.field(default_factory=list)
+    bucket_s: float = 0.0
+    responses: list[int] = msgspec.field(default_factory=list)
+    completion_tokens: list[int] = msgspec.field(default_factory=list)
+    tokens_per_s: list[float] = msgspec.field(default_factory=list)
+    cost_usd: list[float] = msgspec.field(default_factory=list)
+    cumulative_cost_usd: list[float] = msgspec.field(default_factory=list)
+
+
+class RunMetrics(msgspec.Struct, kw_only=True):
+    run_dir: str
+    model: str | None = None
+    endpoint: str | None = None
+    config_hash: str | None = None
+    phases: dict[str, bool] = msgspec.field(default_factory=dict)
+    datasets: list[DatasetMetrics] = msgspec.field(default_factory=list)
+    total: DatasetMetrics
+    histogram: Histogram
+    timeline: Timeline
+    audit: AuditReport | None = None
+    merged: MergeStats | None = None
+    merged_files: list[MergedFile] = msgspec.field(default_factory=list)
+    latest_activity: float | None = None
+    elapsed_s: float | None = None
+    tokens_per_s: float | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost: float = 0.0
+    is_byok: bool = False
+    upstream_cost: float | None = None
+
+
+class _Row(msgspec.Struct):
+    """The fields of a ResponseRecord the metrics need; text and id arrays are skipped."""
+
+    sample_id: str
+    reasoning_field: str | None = None
+    finish_reason: str | None = None
+    provider: str | None = None
+    usage: _Usage | None = None
+    output_ids: msgspec.Raw = msgspec.Raw(b"")
+    ids_source: str = "exact"
+    recon_flags: list[str] = msgspec.field(default_factory=list)
+    latency_s: float | None = None
+    created_at: float = 0.0
+
+
+def _raw_len(raw: msgspec.Raw) -> int:
+    data = bytes(raw).strip()
+    if data in (b"[]", b"null", b""):
+        return 0
+    return data.count(b",") + 1
+
+
+def row_cost(usage: _Usage | None) -> float:
+    """Dollars a response cost: ``cost``, plus the upstream cost on BYOK responses (where cost is 0)."""
+    if usage is None:
+        return 0.0
+    cost = usage.cost
+    if usage.is_byok and usage.upstream_cost:
+        cost += usage.upstream_cost
+    return cost
+
+
+def dataset_names(run_dir: Path, configured: list[str] | None = None) -> list[str]:
+    """Configured datasets first (in order), then any other dataset folder found under prepared/ or raw/."""
+    names = list(configured or [])
+    found: set[str] = set()
+    for sub in ("prepared", "raw"):
+        d = run_dir / sub
+        if d.is_dir():
+            found.update(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
+    names.extend(sorted(found - set(names)))
+    return names
+
+
+def _prepared(run_dir: Path, name: str) -> tuple[int | None, int]:
+    d = run_dir / "prepared" / name
+    stats = d / "stats.json"
+    if stats.is_file():
+        s = read_json(stats, DatasetStats)
+        return s.samples, s.prompt_tokens
+    prompts = d / "prompts.jsonl"
+    if prompts.is_file():
+        n = 0
+        with open(prompts, "rb") as fh:
+            for line in fh:
+                if line.endswith(b"\n") and line.strip():
+                    n += 1
+        return n, 0
+    return None, 0
+
+
+def _count(counter: Counter[str]) -> dict[str, int]:
+    return dict(sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+class _Acc:
+    """Accumulates one dataset's rows; also feeds the run-wide lists."""
+
+    def __init__(self, name: str) -> None:
+        self.m = DatasetMetrics(name=name)
+        self.providers: Counter[str] = Counter()
+        self.fields: Counter[str] = Counter()
+        self.finish: Counter[str] = Counter()
+        self.sources: Counter[str] = Counter()
+        self.flags: Counter[str] = Counter()
+        self.failure_kinds: Counter[str] = Counter()
+        self.latency_sum = 0.0
+        self.latency_n = 0
+
+    def add(self, row: _Row, completion: int, reasoning: int) -> None:
+        m = self.m
+        m.done += 1
+        u = row.usage
+        m.prompt_tokens += u.prompt_tokens if u else 0
+        m.completion_tokens += completion
+        m.reasoning_tokens += reasoning
+        m.content_tokens += max(0, completion - reasoning)
+        m.cost_usd += row_cost(u)
+        if row.finish_reason == "length":
+            m.truncated += 1
+        if reasoning == 0:
+            m.no_reasoning += 1
+        self.providers[row.provider or "unknown"] += 1
+        self.fields[row.reasoning_field or "none"] += 1
+        self.finish[row.finish_reason or "none"] += 1
+        self.sources[row.ids_source] += 1
+        self.flags.update(row.recon_flags)
+        if row.latency_s is not None:
+            self.latency_sum += row.latency_s
+            self.latency_n += 1
+        if row.created_at:
+            m.first_at = row.created_at if m.first_at is None else min(m.first_at, row.created_at)
+            m.last_at = row.created_at if m.last_at is None else max(m.last_at, row.created_at)
+
+    def merge(self, other: _Acc) -> None:
+        m, o = self.m, other.m
+        for f in ("prepared_prompt_tokens", "done", "duplicates", "failed", "failure_events", "prompt_tokens", "completion_tokens",
+                  "reasoning_tokens", "content_tokens", "truncated", "no_reasoning"):
+            setattr(m, f, getattr(m, f) + getattr(o, f))
+        m.cost_usd += o.cost_usd
+        if o.prepared is not None:
+            m.prepared = (m.prepared or 0) + o.prepared
+        for mine, theirs in ((self.providers, other.providers), (self.fields, other.fields),
+                             (self.finish, other.finish), (self.sources, other.sources),
+                             (self.flags, other.flags), (self.failure_kinds, other.failure_kinds)):
+            mine.update(theirs)
+        self.latency_sum += other.latency_sum
+        self.latency_n += other.latency_n
+        for t in (o.first_at, o.last_at):
+            if t is not None:
+                m.first_at = t if m.first_at is None else min(m.first_at, t)
+                m.last_at = t if m.last_at is None else max(m.last_at, t)
+
+    def finish_up(self) -> DatasetMetrics:
+        m = self.m
+        m.providers = _count(self.providers)
+        m.reasoning_fields = _count(self.fields)
+        m.finish_reasons = _count(self.finish)
+        m.ids_source = _count(self.sources)
+        m.recon_flags = _count(self.flags)
+        m.failures_by_kind = _count(self.failure_kinds)
+        m.mean_latency_s = self.latency_sum / self.latency_n if self.latency_n else None
+        m.progress = m.done / m.prepared if m.prepared else None
+        m.reasoning_share = m.reasoning_tokens / m.completion_tokens if m.completion_tokens else None
+        m.usd_per_m_output = m.cost_usd / m.completion_tokens * 1e6 if m.completion_tokens else None
+        m.mean_completion_tokens = m.completion_tokens / m.done if m.done else None
+        return m
+
+
+def _nice_step(span: float, bins: int) -> float:
+    raw = max(span / bins, 1.0)
+    mag = 10 ** math.floor(math.log10(raw))
+    for mult in (1, 2, 2.5, 5, 10):
+        if raw <= mult * mag:
+            return float(mult * mag)
+    return float(10 * mag)
+
+
+def _histogram(reasoning: list[int], content: list[int]) -> Histogram:
+    top = max([*reasoning, *content, 0])
+    step = _nice_step(float(top + 1), HIST_BINS)
+    n = max(1, math.ceil((top + 1) / step))
+    edges = [i * step for i in range(n + 1)]
+    r = [0] * n
+    c = [0] * n
+    for values, counts in ((reasoning, r), (content, c)):
+        for v in values:
+            counts[min(n - 1, int(v // step))] += 1
+    return Histogram(edges=edges, reasoning=r, content=c)
+
+
+def _timeline(events: list[tuple[float, int, float]]) -> Timeline:
+    """events: (created_at, completion tokens, cost) of every response with a timestamp."""
+    if not events:
+        return Timeline()
+    events.sort()
+    t0, t1 = events[0][0], events[-1][0]
+    span = max(t1 - t0, 1.0)
+    bucket = _nice_step(span, TIMELINE_BUCKETS) if span > TIMELINE_BUCKETS else 1.0
+    n = int((t1 - t0) // bucket) + 1
+    tl = Timeline(
+        start=[t0 + i * bucket for i in range(n)],
+        bucket_s=bucket,
+        responses=[0] * n,
+        completion_tokens=[0] * n,
+        cost_usd=[0.0] * n,
+    )
+    for t, tokens, cost in events:
+        i = int((t - t0) // bucket)
+        tl.responses[i] += 1
+        tl.completion_tokens[i] += tokens
+        tl.cost_usd[i] += cost
+    total = 0.0
+    for c in tl.cost_usd:
+        total += c
+        tl.cumulative_cost_usd.append(total)
+    tl.tokens_per_s = [tok / bucket for tok in tl.completion_tokens]
+    return tl
+
+
+def compute_metrics(run_dir: Path, configured: list[str] | None = None) -> RunMetrics:
+    """Read a run directory (complete or not) and compute every figure of the report and status."""
+    run_dir = Path(run_dir)
+    manifest = read_json(run_dir / "run.json", RunManifest) if (run_dir / "run.json").is_file() else None
+    total = _Acc("all")
+    per: list[DatasetMetrics] = []
+    reasoning_lens: list[int] = []
+    content_lens: list[int] = []
+    events: list[tuple[float, int, float]] = []
+    latest: float | None = None
+
+    for name in dataset_names(run_dir, configured):
+        acc = _Acc(name)
+        acc.m.prepared, prepared_prompt_tokens = _prepared(run_dir, name)
+        raw = run_dir / "raw" / name
+        done: set[str] = set()
+        for _, row in iter_jsonl(raw / "raw_responses.jsonl", _Row):
+            if row.sample_id in done:
+                acc.m.duplicates += 1
+                continue
+            done.add(row.sample_id)
+            u = row.usage
+            completion = u.completion_tokens if u is not None and u.completion_tokens else _raw_len(row.output_ids)
+            reasoning = min(u.reasoning_tokens, completion) if u is not None else 0
+            acc.add(row, completion, reasoning)
+            reasoning_lens.append(reasoning)
+            content_lens.append(max(0, completion - reasoning))
+            if row.created_at:
+                events.append((row.created_at, completion, row_cost(u)))
+        latest_failure: dict[str, FailureRecord] = {}
+        for _, fail in iter_jsonl(raw / "failures.jsonl", FailureRecord):
+            acc.m.failure_events += 1
+            latest_failure[fail.sample_id] = fail
+            if fail.created_at:
+                latest = fail.created_at if latest is None else max(latest, fail.created_at)
+        for sid, fail in latest_failure.items():
+            if sid not in done:
+                acc.m.failed += 1
+                acc.failure_kinds[fail.kind] += 1
+        acc.m.prepared_prompt_tokens = prepared_prompt_tokens
+        total.merge(acc)
+        per.append(acc.finish_up())
+
+    total_m = total.finish_up()
+    if total_m.last_at is not None:
+        latest = total_m.last_at if latest is None else max(latest, total_m.last_at)
+    audit_path = run_dir / "audit" / "audit.json"
+    audit = read_json(audit_path, AuditReport) if audit_path.is_file() else None
+    merged_dir = run_dir / "merged"
+    manifest_m = read_json(merged_dir / "manifest.json", MergeManifest) if (merged_dir / "manifest.json").is_file() else None
+    merged = read_json(merged_dir / "stats.json", MergeStats) if manifest_m and (merged_dir / "stats.json").is_file() else None
+    phases = {
+        "prepared": bool(per) and all(d.prepared is not None for d in per),
+        "generated": total_m.done > 0,
+        "audited": audit is not None,
+        "merged": manifest_m is not None,
+        "reported": (run_dir / "report.html").is_file(),
+    }
+    elapsed = (total_m.last_at - total_m.first_at) if total_m.first_at is not None and total_m.last_at is not None else None
+    return RunMetrics(
+        run_dir=str(run_dir),
+        model=_manifest_str(manifest, "model", "id"),
+        endpoint=_manifest_str(manifest, "endpoint", "kind"),
+        config_hash=manifest.config_hash if manifest else None,
+        phases=phases,
+        datasets=per,
+        total=total_m,
+        histogram=_histogram(reasoning_lens, content_lens),
+        timeline=_timeline(events),
+        audit=audit,
+        merged=merged,
+        merged_files=manifest_m.files if manifest_m else [],
+        latest_activity=latest,
+        elapsed_s=elapsed,
+        tokens_per_s=(total_m.completion_tokens / elapsed) if elapsed else None,
+    )
+
+
+def _manifest_str(manifest: RunManifest | None, section: str, key: str) -> str | None:
+    """A string setting recorded in run.json's config snapshot (``endpoint`` may be a bare string)."""
+    if manifest is None:
+        return None
+    value = manifest.config.get(section)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        inner = value.get(key)
+        return inner if isinstance(inner, str) else None
+    return None

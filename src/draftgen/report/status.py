@@ -1,0 +1,146 @@
+"""``draftgen status [CONFIG | RUN_DIR]``: a terminal summary of a run directory, during a run or after it.
+
+Reads only the run directory (through ``metrics.compute_metrics``), so it is safe to run while
+``generate`` is writing: an unterminated last line of a raw log is skipped, and missing phases
+(no audit or merge yet) are shown as not done. Writes nothing. Rendering uses rich tables; colour is
+used only when stdout is a terminal.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from ..errors import RunDirError
+from .format import fmt_duration, fmt_int, fmt_pct, fmt_time, fmt_usd
+from .metrics import DatasetMetrics, RunMetrics, compute_metrics
+
+__all__ = ["StatusReport", "render_status", "render_text", "resolve_target", "run_status"]
+
+PHASES = ("prepared", "generated", "audited", "merged", "reported")
+
+
+class StatusReport(msgspec.Struct, kw_only=True):
+    run_dir: str
+    metrics: RunMetrics
+
+
+def resolve_target(target: str) -> tuple[Path, list[str] | None]:
+    """A run directory, or a config file whose ``run_dir`` is read. Returns (run dir, dataset names)."""
+    p = Path(target)
+    if p.is_dir():
+        return p, None
+    if p.is_file():
+        from ..config import load_config
+
+        cfg = load_config(p)
+        return cfg.run_path, [d.name for d in cfg.datasets]
+    raise RunDirError(f"{target}: no such run directory or config file; give a run directory or a YAML config")
+
+
+def _ago(now: float, t: float | None) -> str:
+    if t is None:
+        return "no activity yet"
+    return f"{fmt_time(t)} ({fmt_duration(max(0.0, now - t))} ago)"
+
+
+def _row(table: Table, d: DatasetMetrics, *, style: str | None = None) -> None:
+    prepared = "?" if d.prepared is None else fmt_int(d.prepared)
+    table.add_row(
+        d.name,
+        f"{fmt_int(d.done)} / {prepared}",
+        fmt_pct(d.progress),
+        fmt_int(d.completion_tokens),
+        fmt_pct(d.reasoning_share),
+        fmt_usd(d.cost_usd),
+        fmt_int(d.failed) if d.failed else "0",
+        fmt_int(d.truncated),
+        style=style,
+    )
+
+
+def render_status(m: RunMetrics, *, now: float) -> RenderableType:
+    head = Text()
+    head.append("draftgen status ", style="bold")
+    head.append(m.run_dir, style="cyan")
+    meta = Text()
+    if m.model:
+        meta.append(f"model {m.model}  ")
+    if m.endpoint:
+        meta.append(f"endpoint {m.endpoint}  ")
+    meta.append("phases: ")
+    for ph in PHASES:
+        done = m.phases.get(ph, False)
+        meta.append(("✓ " if done else "· ") + ph + "  ", style="green" if done else "dim")
+    activity = Text(f"latest activity: {_ago(now, m.latest_activity)}")
+
+    table = Table(show_edge=False, header_style="bold", pad_edge=False)
+    for col, justify in (("dataset", "left"), ("done / prepared", "right"), ("progress", "right"),
+                         ("completion tok", "right"), ("reasoning", "right"), ("cost", "right"),
+                         ("failed", "right"), ("truncated", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for d in m.datasets:
+        _row(table, d)
+    if len(m.datasets) > 1 or not m.datasets:
+        table.add_section()
+        _row(table, m.total, style="bold")
+
+    t = m.total
+    lines: list[RenderableType] = [head, meta, activity, Text(""), table]
+    speed = Text(
+        f"prompt tokens {fmt_int(t.prompt_tokens)} · completion tokens {fmt_int(t.completion_tokens)}"
+        f" · {fmt_usd(t.usd_per_m_output)}/M output · elapsed {fmt_duration(m.elapsed_s)}"
+        + (f" · {m.tokens_per_s:,.0f} tok/s" if m.tokens_per_s else "")
+    )
+    lines.append(speed)
+    if t.failures_by_kind:
+        kinds = ", ".join(f"{k} {v}" for k, v in t.failures_by_kind.items())
+        lines.append(Text(f"failures by kind (not done yet, retried next run): {kinds}", style="yellow"))
+    if t.providers and t.done:
+        mix = ", ".join(f"{k} {v / t.done:.0%}" for k, v in list(t.providers.items())[:6])
+        lines.append(Text(f"providers: {mix}"))
+    if m.audit is not None:
+        o = m.audit.overall
+        billed = o.billed_completion_tokens
+        disagreement = abs(o.rebuilt_completion_tokens - billed) / billed if billed else None
+        audit = Text(
+            f"audit: {fmt_int(o.records)} records, structural failures {sum(o.structural_failures.values())}, "
+            f"billing disagreement {fmt_pct(disagreement, 3)}"
+            + (f", BPE exact {o.exact_match}/{o.reference_compared}" if o.reference_compared else "")
+        )
+        lines.append(audit)
+        if m.audit.thresholds_broken:
+            lines.append(Text("thresholds broken: " + "; ".join(m.audit.thresholds_broken), style="bold red"))
+    return Group(*lines)
+
+
+def render_text(renderable: RenderableType) -> str:
+    """Render to a string at the terminal's width; colour only when stdout is a terminal."""
+    buf = io.StringIO()
+    console = Console(
+        file=buf,
+        width=max(80, shutil.get_terminal_size((110, 24)).columns),
+        force_terminal=sys.stdout.isatty(),
+        highlight=False,
+    )
+    console.print(renderable)
+    return buf.getvalue().rstrip("\n")
+
+
+def run_status(target: str, *, echo: Callable[[str], object] = print, now: float | None = None) -> StatusReport:
+    """Summarise the run directory ``target`` (or a config's run directory) and echo it."""
+    run_dir, names = resolve_target(target)
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir}: the run directory does not exist yet; run `draftgen run CONFIG` first")
+    metrics = compute_metrics(run_dir, names)
+    echo(render_text(render_status(metrics, now=time.time() if now is None else now)))
+    return StatusReport(run_dir=str(run_dir), metrics=metrics)

@@ -1,0 +1,215 @@
+"""The Jinja2 template of report.html (autoescaped; charts and metrics arrive as pre-encoded JSON)."""
+
+from __future__ import annotations
+
+__all__ = ["PAGE"]
+
+PAGE = r"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{{ title }}</title>
+<style>
+:root {
+  --bg: #f5f6fa; --card: #ffffff; --ink: #212529; --muted: #6c757d; --line: #e6e8ee;
+  --accent: #6d5dfc; --ok: #2b8a3e; --warn: #e8590c; --bad: #e03131;
+}
+* { box-sizing: border-box; }
+body { margin: 0; background: var(--bg); color: var(--ink);
+  font: 14px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", sans-serif; }
+header { background: linear-gradient(120deg, #2b2d42 0%, #433d8b 100%); color: #fff; padding: 28px 40px 24px; }
+header h1 { margin: 0 0 6px; font-size: 24px; font-weight: 650; letter-spacing: -0.01em; }
+header .sub { opacity: .8; font-size: 13px; }
+header dl { display: flex; flex-wrap: wrap; gap: 6px 28px; margin: 14px 0 0; font-size: 13px; }
+header dt { opacity: .65; text-transform: uppercase; font-size: 11px; letter-spacing: .06em; }
+header dd { margin: 0; font-family: ui-monospace, SFMono-Regular, Menlo, monospace; }
+main { max-width: 1280px; margin: 0 auto; padding: 24px 32px 48px; }
+h2 { font-size: 17px; margin: 34px 0 12px; font-weight: 650; }
+.phases { display: flex; gap: 8px; flex-wrap: wrap; margin-bottom: 18px; }
+.pill { border-radius: 999px; padding: 3px 12px; font-size: 12px; border: 1px solid var(--line); background: var(--card); color: var(--muted); }
+.pill.done { background: #ebfbee; border-color: #b2f2bb; color: var(--ok); }
+.kpis { display: grid; grid-template-columns: repeat(auto-fill, minmax(190px, 1fr)); gap: 14px; }
+.kpi { background: var(--card); border: 1px solid var(--line); border-radius: 12px; padding: 14px 16px; }
+.kpi .label { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .05em; }
+.kpi .value { font-size: 24px; font-weight: 650; margin: 2px 0; font-variant-numeric: tabular-nums; }
+.kpi .note { color: var(--muted); font-size: 12px; }
+.card { background: var(--card); border: 1px solid var(--line); border-radius: 12px; padding: 6px 8px; overflow-x: auto; }
+table { border-collapse: collapse; width: 100%; font-variant-numeric: tabular-nums; }
+th, td { padding: 7px 10px; text-align: right; white-space: nowrap; border-bottom: 1px solid var(--line); }
+th { white-space: normal; vertical-align: bottom; font-size: 11.5px; color: var(--muted); font-weight: 600; text-transform: uppercase; letter-spacing: .04em; }
+th:first-child, td:first-child { text-align: left; }
+tbody tr:hover { background: #f8f9fc; }
+tr.total td { font-weight: 650; border-top: 2px solid var(--line); border-bottom: none; }
+.bar { display: inline-block; width: 80px; height: 6px; border-radius: 3px; background: #eceff3; vertical-align: middle; margin-right: 8px; overflow: hidden; }
+.bar i { display: block; height: 100%; background: var(--accent); }
+.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 16px; }
+figure { margin: 0; background: var(--card); border: 1px solid var(--line); border-radius: 12px; padding: 8px 10px 10px; }
+figcaption { color: var(--muted); font-size: 12px; padding: 0 8px; }
+.bad { color: var(--bad); } .ok { color: var(--ok); } .muted { color: var(--muted); }
+.alert { border-radius: 10px; padding: 10px 14px; margin: 12px 0; background: #fff5f5; border: 1px solid #ffc9c9; color: var(--bad); }
+code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12.5px; }
+.ex td, .ex th { text-align: left; white-space: normal; }
+.tok { display: inline-block; border: 1px solid #d0d4dc; background: #f8f9fc; border-radius: 4px; padding: 0 4px; margin: 1px 2px 1px 0; }
+footer { color: var(--muted); font-size: 12px; margin-top: 40px; }
+</style>
+<script>{{ plotly_js | safe }}</script>
+</head>
+<body>
+<header>
+  <h1>{{ title }}</h1>
+  <div class="sub">generated {{ generated }} · latest activity {{ m.latest_activity | time }}</div>
+  <dl>
+  {% for k, v in settings.items() %}<div><dt>{{ k }}</dt><dd>{{ v }}</dd></div>{% endfor %}
+  </dl>
+</header>
+<main>
+<div class="phases">
+{% for ph, done in m.phases.items() %}<span class="pill{{ ' done' if done else '' }}">{{ '✓' if done else '○' }} {{ ph }}</span>{% endfor %}
+</div>
+{% if m.audit and m.audit.thresholds_broken %}
+<div class="alert"><b>Audit thresholds broken:</b> {{ m.audit.thresholds_broken | join('; ') }}</div>
+{% endif %}
+
+<section class="kpis" id="kpis">
+{% for label, value, note in kpis %}
+  <div class="kpi"><div class="label">{{ label }}</div><div class="value">{{ value }}</div><div class="note">{{ note }}</div></div>
+{% endfor %}
+</section>
+
+<h2>Datasets</h2>
+<div class="card">
+<table id="datasets">
+<thead><tr><th>dataset</th><th>done / prepared</th><th>progress</th><th>prompt tokens</th><th>completion tokens</th>
+<th>reasoning share</th><th>cost</th><th>$/M output</th><th>truncated</th><th>failed</th><th>mean latency</th></tr></thead>
+<tbody>
+{% for d in m.datasets + [t] %}
+<tr{% if loop.last %} class="total"{% endif %} data-dataset="{{ d.name }}">
+<td>{{ d.name }}</td>
+<td>{{ d.done | int }} / {{ d.prepared | int }}</td>
+<td><span class="bar"><i style="width: {{ '%.1f' % ((d.progress or 0) * 100) }}%"></i></span>{{ d.progress | pct }}</td>
+<td>{{ d.prompt_tokens | int }}</td>
+<td>{{ d.completion_tokens | int }}</td>
+<td>{{ d.reasoning_share | pct }}</td>
+<td>{{ d.cost_usd | usd }}</td>
+<td>{{ d.usd_per_m_output | usd }}</td>
+<td>{{ d.truncated | int }}</td>
+<td{% if d.failed %} class="bad"{% endif %}>{{ d.failed | int }}</td>
+<td>{{ d.mean_latency_s | dur }}</td>
+</tr>
+{% endfor %}
+</tbody>
+</table>
+</div>
+
+<h2>Charts</h2>
+<div class="grid">
+{% for div, caption, fig in figures %}
+<figure><div id="{{ div }}" class="chart" style="height:320px"></div><figcaption>{{ caption }}</figcaption></figure>
+{% endfor %}
+</div>
+
+<h2>Responses</h2>
+<div class="grid">
+<div class="card"><table>
+<thead><tr><th>reasoning came back in</th><th>responses</th></tr></thead>
+<tbody>{% for k, v in t.reasoning_fields.items() %}<tr><td class="mono">{{ k }}</td><td>{{ v | int }}</td></tr>{% endfor %}</tbody>
+<thead><tr><th>finish reason</th><th>responses</th></tr></thead>
+<tbody>{% for k, v in t.finish_reasons.items() %}<tr><td class="mono">{{ k }}</td><td>{{ v | int }}</td></tr>{% endfor %}</tbody>
+</table></div>
+<div class="card"><table>
+<thead><tr><th>token ids obtained</th><th>responses</th></tr></thead>
+<tbody>{% for k, v in t.ids_source.items() %}<tr><td class="mono">{{ k }}</td><td>{{ v | int }}</td></tr>{% endfor %}</tbody>
+<thead><tr><th>reconstruction flag</th><th>responses</th></tr></thead>
+<tbody>{% for k, v in t.recon_flags.items() %}<tr><td class="mono">{{ k }}</td><td>{{ v | int }}</td></tr>{% else %}<tr><td class="muted">none</td><td></td></tr>{% endfor %}</tbody>
+</table></div>
+</div>
+
+<h2>Audit</h2>
+{% if audit %}
+<div class="card">
+<table id="audit">
+<thead><tr><th>dataset</th><th>records</th><th>structural failures</th><th>billed tokens</th><th>rebuilt tokens</th>
+<th>billing disagreement</th><th>mismatched samples</th><th>BPE compared</th><th>exact</th><th>tokenization</th><th>semantic</th></tr></thead>
+<tbody>
+{% for a in audit %}
+<tr{% if loop.last %} class="total"{% endif %}>
+<td>{{ a.dataset }}</td><td>{{ a.records | int }}</td>
+<td{% if a.structural_failures %} class="bad"{% endif %}>{{ a.structural_failures | int }}</td>
+<td>{{ a.billed | int }}</td><td>{{ a.rebuilt | int }}</td><td>{{ a.billing_disagreement | pct(3) }}</td>
+<td>{{ a.billing_mismatched_samples | int }}</td><td>{{ a.reference_compared | int }}</td><td>{{ a.exact_match | int }}</td>
+<td>{{ a.tokenization_mismatch | int }}</td><td{% if a.semantic_mismatch %} class="bad"{% endif %}>{{ a.semantic_mismatch | int }}</td>
+</tr>
+{% endfor %}
+</tbody>
+</table>
+</div>
+{% if m.audit.overall.examples %}
+<h2>BPE mismatch examples</h2>
+<div class="card"><table class="ex">
+<thead><tr><th>sample</th><th>kind</th><th>position</th><th>ours</th><th>reference</th></tr></thead>
+<tbody>{% for e in m.audit.overall.examples[:10] %}
+<tr><td class="mono">{{ e.sample_id }}</td><td>{{ e.kind }}</td><td>{{ e.position }}</td>
+<td class="mono">{% for x in e.ours %}<span class="tok">{{ x | tok }}</span>{% endfor %}</td>
+<td class="mono">{% for x in e.reference %}<span class="tok">{{ x | tok }}</span>{% endfor %}</td></tr>
+{% endfor %}</tbody></table></div>
+{% endif %}
+{% else %}
+<p class="muted">No audit yet: run <code>draftgen audit CONFIG</code> (or <code>draftgen run CONFIG</code>).</p>
+{% endif %}
+
+<h2>Merged training data</h2>
+{% if m.merged %}
+<div class="card">
+<table id="merged">
+<thead><tr><th>dataset</th><th>records</th><th>rows</th><th>train</th><th>validation</th><th>completion tokens</th>
+<th>reasoning share</th><th>supervised tokens</th><th>capped</th><th>dropped</th></tr></thead>
+<tbody>
+{% for d in m.merged.datasets + [m.merged.total] %}
+<tr{% if loop.last %} class="total"{% endif %}>
+<td>{{ d.dataset }}</td><td>{{ d.records | int }}</td><td>{{ d.samples | int }}</td><td>{{ d.train | int }}</td>
+<td>{{ d.validation | int }}</td><td>{{ d.completion_tokens | int }}</td><td>{{ d.reasoning_share | pct }}</td>
+<td>{{ d.supervised_tokens | int }}</td><td>{{ d.capped | int }}</td>
+<td class="mono">{% for k, v in d.dropped.items() %}{{ k }} {{ v }}{% if not loop.last %}, {% endif %}{% else %}–{% endfor %}</td>
+</tr>
+{% endfor %}
+</tbody>
+</table>
+</div>
+{% if m.merged.hidden_states %}{% set h = m.merged.hidden_states %}
+<p>Hidden states for EAGLE-3 training ({{ h.slots }} slots × hidden {{ h.hidden_size | int }} × {{ h.dtype }}):
+<b>{{ h.bytes | bytes }}</b> for {{ h.tokens | int }} tokens (fp8 {{ h.by_dtype['fp8'] | bytes }},
+bf16 {{ h.by_dtype['bf16'] | bytes }}){% if h.cap_saved %}; the length cap of {{ h.max_seq_len | int }} tokens saves {{ h.cap_saved | bytes }}{% endif %}.</p>
+{% endif %}
+<div class="card"><table>
+<thead><tr><th>file</th><th>split</th><th>kind</th><th>rows</th><th>size</th></tr></thead>
+<tbody>{% for f in m.merged_files %}<tr><td class="mono">merged/{{ f.path }}</td><td>{{ f.split }}</td><td>{{ f.kind }}</td>
+<td>{{ f.rows | int }}</td><td>{{ f.bytes | bytes }}</td></tr>{% endfor %}</tbody>
+</table></div>
+{% for n in m.merged.notes %}<p class="muted">note: {{ n }}</p>{% endfor %}
+{% else %}
+<p class="muted">Not merged yet: run <code>draftgen merge CONFIG</code> (or <code>draftgen run CONFIG</code>).</p>
+{% endif %}
+
+<footer>
+Every number on this page is computed from the files of <code>{{ m.run_dir }}</code> and embedded below as JSON
+(<code>#draftgen-metrics</code>); <code>draftgen status {{ m.run_dir }}</code> shows the same figures in a terminal.
+</footer>
+</main>
+<script type="application/json" id="draftgen-metrics">{{ metrics_json | safe }}</script>
+{% for div, caption, fig in figures %}
+<script type="application/json" id="{{ div }}-data">{{ fig | safe }}</script>
+{% endfor %}
+<script>
+(function () {
+  var charts = document.querySelectorAll(".chart");
+  for (var i = 0; i < charts.length; i++) {
+    var el = charts[i];
+    var fig = JSON.parse(document.getElementById(el.id + "-data").textContent);
+    Plotly.newPlot(el, fig.data, fig.layout, {displaylogo: false, responsive: true});
+  }
+})();
+</script>
+</body>
+</html>
+"""

@@ -1,0 +1,90 @@
+"""Build small run directories for the prepare/merge/export tests: a config, prompt files, prepared prompts
+and raw responses whose ids are rebuilt with the bundled Qwen3 profile (as generate would write them)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from draftgen.config import RunConfig, load_config
+from draftgen.prepare import load_target_profile, prepared_prompts_path, run_prepare
+from draftgen.records import PromptRecord, ResponseRecord, Usage
+from draftgen.store import JsonlWriter, iter_jsonl
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        for r in rows:
+            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return path
+
+
+def make_config(tmp: Path, datasets: list[dict[str, Any]], **sections: Any) -> RunConfig:
+    data: dict[str, Any] = {"run_dir": "run", "endpoint": "emulator", "datasets": datasets,
+                            "model": {"profile": "qwen3", "tokenizer": "bundled:qwen3"}}
+    data.update(sections)
+    path = tmp / "cfg.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    return load_config(path)
+
+
+def chat_rows(prefix: str, n: int) -> list[dict[str, Any]]:
+    return [{"messages": [{"role": "user", "content": f"{prefix} question number {i}: why is {i} interesting?"}]}
+            for i in range(n)]
+
+
+def fake_generate(cfg: RunConfig, *, seed: int = 0, truncate_every: int = 0, with_prompt_ids: bool = True,
+                  legacy: bool = False, long_every: int = 0) -> dict[str, list[ResponseRecord]]:
+    """Write raw/<dataset>/raw_responses.jsonl for every prepared prompt; returns the records written."""
+    prof = load_target_profile(cfg)
+    rng = random.Random(seed)
+    written: dict[str, list[ResponseRecord]] = {}
+    for ds in cfg.datasets:
+        out = cfg.run_path / "raw" / ds.name / "raw_responses.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.unlink(missing_ok=True)
+        recs: list[ResponseRecord] = []
+        for i, (_, p) in enumerate(iter_jsonl(prepared_prompts_path(cfg.run_path, ds.name), PromptRecord)):
+            words = rng.randint(3, 40) * (50 if long_every and i % long_every == 0 else 1)
+            reasoning = f"\nThe user asks about item {i}; think it through.\n"
+            content = "\n\nAnswer: " + " ".join(rng.choice(["red", "green", "blue", "sky"]) for _ in range(words))
+            finish = "length" if truncate_every and i % truncate_every == 0 else "stop"
+            if finish == "length":
+                content = content[:20]
+            rec = prof.build_output(reasoning, content, finish)
+            if legacy:
+                r = ResponseRecord(sample_id=p.sample_id, output_ids=rec.ids)
+            else:
+                r = ResponseRecord(
+                    sample_id=p.sample_id, dataset=ds.name, reasoning=reasoning, content=content,
+                    finish_reason=finish, provider="Emu", output_ids=rec.ids,
+                    prompt_ids=prof.prompt_ids(p.messages, p.tools) if with_prompt_ids else None,
+                    ids_source="reconstructed", recon_flags=rec.flags,
+                    usage=Usage(completion_tokens=len(rec.ids), reasoning_tokens=rec.reasoning_token_count),
+                )
+            recs.append(r)
+        with JsonlWriter(out, fsync=False) as w:
+            w.write_many(recs)
+        written[ds.name] = recs
+    return written
+
+
+def prepared_run(tmp: Path, datasets: dict[str, list[Any]], *, merge: dict[str, Any] | None = None,
+                 extra: dict[str, Any] | None = None, **gen: Any) -> RunConfig:
+    """Prompt files → prepare → fake generate. ``datasets`` maps names to JSONL rows."""
+    specs = []
+    for name, rows in datasets.items():
+        write_jsonl(tmp / "data" / f"{name}.jsonl", rows)
+        specs.append({"name": name, "path": f"data/{name}.jsonl"})
+    sections: dict[str, Any] = dict(extra or {})
+    if merge is not None:
+        sections["merge"] = merge
+    cfg = make_config(tmp, specs, **sections)
+    run_prepare(cfg, echo=lambda s: None)
+    fake_generate(cfg, **gen)
+    return cfg

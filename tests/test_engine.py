@@ -1,0 +1,187 @@
+"""Engine parts in isolation: AIMD limiter, retry policy, budgets, writer, prompt cursors."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import pytest
+
+from _generate_helpers import write_prompts
+from draftgen.config import RetryConfig
+from draftgen.engine import (
+    AdaptiveLimiter,
+    Admission,
+    BudgetGovernor,
+    Prices,
+    PromptCursor,
+    RecordSink,
+    RetryPolicy,
+    TokenBudget,
+    count_pending,
+    usage_cost,
+)
+from draftgen.errors import PermanentAPIError, RateLimited, RetryableAPIError
+from draftgen.records import ResponseRecord, Usage
+from draftgen.store import iter_jsonl
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_limiter_shrinks_once_per_storm_and_recovers_gradually() -> None:
+    clock = Clock()
+    lim = AdaptiveLimiter(1000, clock=clock, cooldown_s=2.0)
+    for _ in range(200):  # a healthy run: no change
+        lim.on_success()
+    assert lim.current == 1000
+    # a burst of 429s at one instant shrinks the limit once
+    for _ in range(100):
+        lim.on_rate_limited()
+    assert lim.current == 700 and lim.decreases == 1
+    clock.t += 2.5
+    for _ in range(20):
+        lim.on_rate_limited()
+    assert lim.current == 490 and lim.decreases == 2
+    # recovery: about 2 % of the ceiling per round of `limit` successes, never above the ceiling
+    before = lim.limit
+    for _ in range(int(lim.limit)):
+        lim.on_success()
+    assert 15 <= lim.limit - before <= 25
+    for _ in range(100_000):
+        lim.on_success()
+    assert lim.current == 1000
+
+
+def test_limiter_ignores_sparse_429s_and_respects_floor() -> None:
+    clock = Clock()
+    lim = AdaptiveLimiter(100, clock=clock)
+    for i in range(2000):  # 1 % 429s: not a storm
+        if i % 100 == 0:
+            lim.on_rate_limited()
+        else:
+            lim.on_success()
+    assert lim.current == 100
+    for _ in range(200):
+        clock.t += 10
+        lim.on_rate_limited()
+    assert lim.current == lim.floor == 5
+    off = AdaptiveLimiter(100, adaptive=False)
+    for _ in range(100):
+        off.on_rate_limited()
+    assert off.current == 100
+
+
+def test_limiter_slots() -> None:
+    async def go() -> None:
+        lim = AdaptiveLimiter(2)
+        await lim.acquire()
+        await lim.acquire()
+        waiter = asyncio.ensure_future(lim.acquire())
+        await asyncio.sleep(0)
+        assert not waiter.done() and lim.in_use == 2
+        lim.release()
+        await asyncio.sleep(0)
+        assert waiter.done() and lim.in_use == 2
+        cancelled = asyncio.ensure_future(lim.acquire())
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        await asyncio.sleep(0)
+        lim.release()
+        lim.release()
+        assert lim.in_use == 0
+
+    asyncio.run(go())
+
+
+def test_retry_policy_full_jitter_and_retry_after() -> None:
+    pol = RetryPolicy(RetryConfig(max_attempts=4, base_delay_s=0.5, multiplier=2.0, max_delay_s=3.0),
+                      rng=random.Random(1))
+    delays = [pol.delay(3) for _ in range(500)]
+    assert 0 <= min(delays) < 0.3 and 1.7 < max(delays) <= 2.0  # uniform(0, 0.5·2²)
+    assert max(pol.delay(10) for _ in range(200)) <= 3.0  # capped
+    assert all(10.0 <= pol.delay(1, retry_after=10.0) <= 11.0 for _ in range(50))  # Retry-After is a floor
+    assert pol.should_retry(RateLimited("x"), 3)
+    assert not pol.should_retry(RetryableAPIError("x"), 4)
+    assert not pol.should_retry(PermanentAPIError("x"), 1)
+
+
+def test_token_budget_admission() -> None:
+    tb = TokenBudget(budget=10_000, done=2_000)
+    assert tb.check(4_000) is Admission.OK
+    tb.reserved = 8_000
+    assert tb.check(4_000) is Admission.WAIT  # may fit when in-flight requests come back short
+    tb.reserved = 0
+    tb.done = 7_000
+    assert tb.check(4_000) is Admission.NEVER
+    assert TokenBudget(None).check(10**9) is Admission.OK
+
+
+def test_dollar_governor_reserves_and_settles() -> None:
+    async def go() -> None:
+        gov = BudgetGovernor(prices=Prices(prompt=1e-6, completion=2e-6), max_spend=1.0, prior=0.5)
+        worst = gov.prices.worst_case(1000, 100_000)
+        assert worst == pytest.approx(0.201)
+        assert gov.check_dollars(worst) is Admission.OK
+        gov.reserve("d", 100_000, worst)
+        gov.reserve("d", 100_000, worst)
+        assert gov.check_dollars(worst) is Admission.WAIT
+        waiter = asyncio.ensure_future(gov.changed())
+        await asyncio.sleep(0)
+        cost = gov.settle("d", 100_000, worst, Usage(completion_tokens=500, cost=0.01, is_byok=True, upstream_cost=0.02))
+        await asyncio.sleep(0)
+        assert waiter.done() and cost == pytest.approx(0.03)
+        assert gov.token_budget("d").done == 500 and gov.token_budget("d").reserved == 100_000
+        gov.release("d", 100_000, worst)
+        assert gov.reserved == pytest.approx(0.0) and gov.spent == pytest.approx(0.53)
+        assert gov.check_dollars(0.5) is Admission.NEVER
+        capped = BudgetGovernor(prices=Prices(completion=1e-6), session_cap=0.05)
+        assert capped.check_dollars(0.06) is Admission.NEVER and capped.remaining == pytest.approx(0.05)
+
+    asyncio.run(go())
+
+
+def test_usage_cost_counts_upstream_only_for_byok() -> None:
+    assert usage_cost(Usage(cost=0.2, upstream_cost=0.2)) == pytest.approx(0.2)
+    assert usage_cost(Usage(cost=0.0, is_byok=True, upstream_cost=0.3)) == pytest.approx(0.3)
+    assert usage_cost(None) == 0.0
+
+
+def test_record_sink_group_commits_and_drains(tmp_path: Path) -> None:
+    path = tmp_path / "raw.jsonl"
+    written: list[int] = []
+
+    async def go() -> RecordSink[ResponseRecord]:
+        sink: RecordSink[ResponseRecord] = RecordSink(path, on_written=lambda b: written.append(len(b)))
+        sink.start()
+        for i in range(500):
+            sink.put(ResponseRecord(sample_id=f"s{i}", output_ids=[i]))
+        await sink.close()
+        return sink
+
+    sink = asyncio.run(go())
+    rows = [r.sample_id for _, r in iter_jsonl(path, ResponseRecord)]
+    assert rows == [f"s{i}" for i in range(500)]
+    assert sum(written) == 500 and sink.batches < 50  # batched, not one fsync per record
+
+
+def test_prompt_cursor_streams_pending_prompts_once(tmp_path: Path) -> None:
+    ids = write_prompts(tmp_path, "d", 30, long_every=3)
+    path = tmp_path / "prepared" / "d" / "prompts.jsonl"
+    # a duplicated line: taken once
+    path.write_bytes(path.read_bytes() + path.read_bytes().splitlines(keepends=True)[1])
+    done = {ids[1], ids[2]}
+    assert count_pending(path, done) == {"long": 10, "short": 18}
+    taken: set[str] = set()
+    cur = PromptCursor("d", path, "short", done, taken)
+    got = []
+    while cur.peek() is not None:
+        got.append(cur.take().sample_id)
+    assert len(got) == 18 and len(set(got)) == 18 and not (set(got) & done)
+    assert cur.exhausted

@@ -1,0 +1,249 @@
+"""run_generate end to end against the emulator: ids, provenance, resume, budgets, stops, routing, chaos."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from _generate_helpers import (
+    SECRET_KEY,
+    emulator,
+    failures,
+    fast,
+    make_config,
+    responses,
+    write_prompts,
+)
+from draftgen.config import load_config
+from draftgen.emulator import builtin_scenario
+from draftgen.errors import AuthError, RunDirError
+from draftgen.generate import GenerateOptions, run_generate, scrub_argv
+from draftgen.records import GroundTruthRecord, ResponseRecord, RunManifest, Usage
+from draftgen.store import JsonlWriter, iter_jsonl, read_json
+
+quiet = {"echo": lambda s: None}
+
+
+def _truth(path: Path) -> dict[str, GroundTruthRecord]:
+    return {r.generation_id: r for _, r in iter_jsonl(path, GroundTruthRecord)}
+
+
+def _all_text(run_dir: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in run_dir.rglob("*") if p.is_file())
+
+
+def test_generate_embedded_emulator_ids_provenance_and_resume(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    ids_a = write_prompts(run_dir, "a", 40, long_every=5, tools_every=7)
+    ids_b = write_prompts(run_dir, "b", 15)
+    key_file = tmp_path / "key.txt"
+    key_file.write_text(SECRET_KEY + "\n")
+    cfg = make_config(tmp_path, ["a", "b"], endpoint={"api_key_file": str(key_file), "emulator": {"ground_truth": True}})
+    argv = ["draftgen", "generate", "cfg.yaml", "--api-key", SECRET_KEY, f"--api-key-file={key_file}"]
+    rep = run_generate(cfg, GenerateOptions(argv=argv), **quiet)
+    assert rep.exit_code == 0 and rep.message is None
+    assert rep.done == 55 and rep.failed == 0
+    truth = _truth(run_dir / "emulator" / "ground_truth.jsonl")
+    recs = responses(run_dir, "a") + responses(run_dir, "b")
+    assert sorted(r.sample_id for r in recs) == sorted(ids_a + ids_b)
+    parts = Counter(r.partition for r in recs)
+    assert parts == {"short": 47, "long": 8}
+    exact = 0
+    for r in recs:
+        t = truth[r.generation_id or ""]
+        assert r.prompt_ids == t.prompt_ids
+        assert r.ids_source == "reconstructed" and r.usage is not None and r.provider
+        assert r.max_tokens == (4096 if r.partition == "long" else 2048)
+        if not t.non_canonical:
+            assert r.output_ids == t.output_ids
+            exact += 1
+    assert exact >= 45
+    man = read_json(run_dir / "run.json", RunManifest)
+    assert man.argv[3:] == ["--api-key", "***", "--api-key-file=***"]
+    assert man.versions["draftgen"] and man.config["model"]["profile"] == "qwen3"
+    log = (run_dir / "logs" / "generate.log").read_text()
+    assert "done 55/55" in log and "reconcile" in log
+    assert SECRET_KEY.encode() not in _all_text(run_dir)
+    assert b"SECRETSECRET" not in _all_text(run_dir)
+
+    # Resume: nothing left, nothing appended.
+    rep2 = run_generate(cfg, GenerateOptions(), **quiet)
+    assert rep2.done == 0 and rep2.requests == 0
+    assert len(responses(run_dir, "a")) == 40
+
+    # Another config in the same run dir is refused.
+    other = make_config(tmp_path, ["a", "b"], sampling={"temperature": 0.3})
+    with pytest.raises(RunDirError, match="another config"):
+        run_generate(other, GenerateOptions(), **quiet)
+
+
+def test_scrub_argv() -> None:
+    assert scrub_argv(["x", "--api-key", "sk-or-v1-abcdefghijkl", "--management-key=zz", "--token", "t", "--run-dir", "r"]) == \
+        ["x", "--api-key", "***", "--management-key=***", "--token", "***", "--run-dir", "r"]
+    assert "abcdefghijklmnop" not in " ".join(scrub_argv(["x", "sk-or-v1-abcdefghijklmnop"]))
+
+
+def test_chaos_every_sample_done_once_or_failed_with_reason(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    ids = write_prompts(run_dir, "c", 80, long_every=6)
+    sc = builtin_scenario("chaos").replace(hang_s=1.0)
+    with emulator(sc, seed=3) as emu:
+        cfg = make_config(tmp_path, ["c"], base_url=emu.base_url,
+                          endpoint={"idle_timeout_s": 0.4}, retry={"max_attempts": 4})
+        rep = run_generate(cfg, GenerateOptions(), **quiet)
+        assert sum(emu.state.by_fault.values()) > 20  # chaos really happened
+    done = [r.sample_id for r in responses(run_dir, "c")]
+    assert len(done) == len(set(done))
+    fails = {f.sample_id: f for f in failures(run_dir, "c")}
+    assert set(done) | set(fails) == set(ids)
+    assert not set(done) & set(fails)
+    for f in fails.values():
+        assert f.reason and f.kind and f.attempts >= 1
+    assert rep.done == len(done) and rep.failed == len(fails)
+    assert len(done) >= 60
+    log = (run_dir / "logs" / "generate.log").read_text()
+    assert "retry c/" in log
+
+    # The failures are retried by the next run (with a patient retry budget every sample finishes).
+    with emulator(sc, seed=4) as emu:
+        cfg = make_config(tmp_path, ["c"], base_url=emu.base_url, endpoint={"idle_timeout_s": 0.4},
+                          retry={"max_attempts": 10})
+        run_generate(cfg, GenerateOptions(), **quiet)
+    done2 = [r.sample_id for r in responses(run_dir, "c")]
+    assert len(done2) == len(set(done2)) and set(done2) == set(ids)
+
+
+def test_dollar_budget_stops_within_reservation(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    write_prompts(run_dir, "a", 200)
+    with emulator() as emu:
+        cfg = make_config(tmp_path, ["a"], base_url=emu.base_url, budget={"max_spend_usd": 0.08},
+                          partitions={"short": {"concurrency": 8, "max_tokens": 2048}})
+        rep = run_generate(cfg, GenerateOptions(), **quiet)
+        spent = emu.state.spend_usd
+    assert rep.exit_code != 0 and rep.message is not None and "dollar budget" in rep.message
+    recs = responses(run_dir, "a")
+    cost = sum(r.usage.cost for r in recs if r.usage)
+    assert 10 <= len(recs) < 200
+    assert cost <= 0.08 + 1e-9 and spent <= 0.08 + 1e-9
+    assert cost == pytest.approx(spent)
+    # Resume counts the prior spend: nothing more can be sent.
+    with emulator() as emu:
+        cfg = make_config(tmp_path, ["a"], base_url=emu.base_url, budget={"max_spend_usd": 0.08})
+        rep2 = run_generate(cfg, GenerateOptions(), **quiet)
+        assert emu.state.requests == 0
+    assert rep2.exit_code != 0 and rep2.done == 0
+
+
+def test_402_stops_scheduling_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A plain OpenAI-compatible client sees no /key caps, so the server's 402 is what stops it.
+    monkeypatch.setenv("DRAFTGEN_TEST_KEY", "sk-or-test")
+    run_dir = tmp_path / "run"
+    write_prompts(run_dir, "a", 300)
+    with emulator(credits=0.05) as emu:
+        cfg = make_config(tmp_path, ["a"], kind="openai", base_url=emu.base_url,
+                          endpoint={"api_key_env": "DRAFTGEN_TEST_KEY"})
+        rep = run_generate(cfg, GenerateOptions(), **quiet)
+        requests = emu.state.requests
+    assert rep.exit_code == 1
+    assert rep.message is not None and "out of credits" in rep.message and "\n" not in rep.message
+    recs = responses(run_dir, "a")
+    fails = failures(run_dir, "a")
+    assert recs and fails and all(f.kind == "payment_required" and not f.permanent for f in fails)
+    assert requests < 300 and len(recs) + len(fails) <= requests
+
+
+def test_token_budgets(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    ids_a = write_prompts(run_dir, "a", 10)
+    write_prompts(run_dir, "b", 60)
+    # dataset a already used its budget in an earlier run
+    with JsonlWriter(run_dir / "raw" / "a" / "raw_responses.jsonl") as w:
+        w.write_many([ResponseRecord(sample_id=ids_a[0], dataset="a", usage=Usage(completion_tokens=6000))])
+    lines: list[str] = []
+    with emulator() as emu:
+        cfg = make_config(tmp_path, ["a", "b"], base_url=emu.base_url, budget={"token_budget": 5000},
+                          partitions={"short": {"concurrency": 4, "max_tokens": 1000}})
+        rep = run_generate(cfg, GenerateOptions(), echo=lines.append)
+    by = {d.name: d for d in rep.datasets}
+    assert by["a"].done == 0 and by["a"].skipped and "token budget" in by["a"].skipped
+    assert any("a: skipped" in ln for ln in lines)
+    assert len(responses(run_dir, "a")) == 1
+    b = responses(run_dir, "b")
+    used = sum(r.usage.completion_tokens for r in b if r.usage)
+    assert 0 < len(b) < 60 and used <= 5000
+    assert by["b"].skipped and "token budget reached" in by["b"].skipped
+    assert rep.exit_code == 0
+
+
+def test_ignored_provider_never_used(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    write_prompts(run_dir, "a", 40)
+    with emulator() as emu:
+        cfg = make_config(tmp_path, ["a"], base_url=emu.base_url, routing={"ignore": ["chutes"]},
+                          endpoint={"stream": False})
+        rep = run_generate(cfg, GenerateOptions(), **quiet)
+        assert "Chutes" not in emu.state.by_provider
+    provs = Counter(r.provider for r in responses(run_dir, "a"))
+    assert rep.done == 40 and "Chutes" not in provs and len(provs) == 2
+
+
+def test_legacy_sglang_rows_count_as_done(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    ids = write_prompts(run_dir, "a", 20)
+    raw = run_dir / "raw" / "a" / "raw_responses.jsonl"
+    raw.parent.mkdir(parents=True)
+    legacy = b"".join(msgspec.json.encode({"sample_id": i, "output_ids": [1, 2, 3]}) + b"\n" for i in ids[:8])
+    raw.write_bytes(legacy + b'{"sample_id": "a-000')  # plus a line cut by a crash
+    with emulator() as emu:
+        cfg = make_config(tmp_path, ["a"], base_url=emu.base_url)
+        rep = run_generate(cfg, GenerateOptions(), **quiet)
+        assert emu.state.requests == 12
+    recs = responses(run_dir, "a")
+    assert rep.done == 12 and len(recs) == 20 and len({r.sample_id for r in recs}) == 20
+    assert raw.read_bytes().startswith(legacy)
+
+
+def test_bad_key_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_dir = tmp_path / "run"
+    write_prompts(run_dir, "a", 50)
+    monkeypatch.setenv("DRAFTGEN_TEST_KEY", "sk-or-the-wrong-one")
+    with emulator(api_key="sk-or-the-right-one") as emu:
+        cfg = make_config(tmp_path, ["a"], base_url=emu.base_url, endpoint={"api_key_env": "DRAFTGEN_TEST_KEY"})
+        with pytest.raises(AuthError, match="API key was rejected"):
+            run_generate(cfg, GenerateOptions(), **quiet)
+        assert emu.state.requests == 0  # caught by GET /key before any completion
+        # without the /key check (a plain OpenAI-compatible server), the first 401 stops the run
+        cfg = make_config(tmp_path, ["a"], kind="openai", base_url=emu.base_url,
+                          endpoint={"api_key_env": "DRAFTGEN_TEST_KEY"})
+        rep = run_generate(cfg, GenerateOptions(), **quiet)
+        assert rep.exit_code == 1 and rep.message is not None and "API key was rejected" in rep.message
+        assert emu.state.requests <= cfg.partitions.short.concurrency
+    assert not (run_dir / "raw" / "a" / "failures.jsonl").exists()
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_exact_id_backends_through_generate(tmp_path: Path, kind: str) -> None:
+    run_dir = tmp_path / "run"
+    write_prompts(run_dir, "a", 12)
+    gt = tmp_path / "gt.jsonl"
+    with emulator(ground_truth=str(gt)) as emu:
+        url = emu.root_url + "/v1" if kind == "vllm" else emu.root_url
+        cfg = make_config(tmp_path, ["a"], kind=kind, base_url=url)
+        rep = run_generate(cfg, GenerateOptions(), **quiet)
+    truth = {k.replace("gen-", ""): v for k, v in _truth(gt).items()}
+    recs = responses(run_dir, "a")
+    assert rep.done == 12 and len(recs) == 12
+    for r in recs:
+        t = truth[r.generation_id or ""]
+        assert r.ids_source == "exact" and r.output_ids == t.output_ids and r.prompt_ids == t.prompt_ids
+        assert r.reasoning and r.backend == kind
+
+
+def test_quickstart_example_config_loads() -> None:
+    cfg = load_config(Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml")
+    assert cfg.endpoint.kind == "emulator" and cfg.model.profile == "qwen3"
+    assert [d.path for d in cfg.datasets] == ["bundled:chat", "bundled:code", "bundled:tools"]

@@ -1,0 +1,126 @@
+"""draftgen run: every phase in order, resume after a hard kill, skip what is up to date, audit gates."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+from click.testing import CliRunner
+
+from draftgen.cli import cli
+from draftgen.config import load_config
+from draftgen.pipeline import run_pipeline
+from draftgen.records import PromptRecord, ResponseRecord
+from draftgen.store import iter_jsonl
+
+SLOW_SCENARIO = """\
+base: fast
+providers:
+  - {name: DeepInfra, tag: deepinfra/fp4, quantization: fp4, price_prompt: 0.45, price_completion: 2.25,
+     ttft_s: [0.15, 0.25]}
+"""
+
+
+def write_config(tmp: Path, *, n: int = 12, scenario: str = "fast", extra: str = "", concurrency: int = 8) -> Path:
+    rows = [msgspec.json.encode({"messages": [{"role": "user", "content": f"Explain idea number {i} briefly."}]})
+            for i in range(n)]
+    (tmp / "prompts.jsonl").write_bytes(b"\n".join(rows) + b"\n")
+    if scenario == "slow":
+        (tmp / "slow.yaml").write_text(SLOW_SCENARIO, encoding="utf-8")
+        scenario = "slow.yaml"
+    cfg = tmp / "cfg.yaml"
+    cfg.write_text(
+        "run_dir: run\n"
+        f"endpoint: {{kind: emulator, emulator: {{scenario: {scenario}}}}}\n"
+        f"partitions: {{short: {{concurrency: {concurrency}, max_tokens: 256}}, long: {{concurrency: 2, max_tokens: 256}}}}\n"
+        "progress: \"off\"\n"
+        + extra
+        + "datasets:\n  - {name: ideas, path: prompts.jsonl}\n",
+        encoding="utf-8",
+    )
+    return cfg
+
+
+def _ids(run: Path) -> list[str]:
+    return [r.sample_id for _, r in iter_jsonl(run / "raw" / "ideas" / "raw_responses.jsonl", ResponseRecord)]
+
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml"
+
+
+def test_quickstart_runs_every_phase_then_skips_what_is_up_to_date(tmp_path: Path) -> None:
+    run = tmp_path / "qs"
+    cfg = load_config(QUICKSTART, {"run_dir": str(run), "progress": "off"})
+    lines: list[str] = []
+    rep = run_pipeline(cfg, argv=["draftgen", "run", str(QUICKSTART)], echo=lines.append)
+    assert rep.exit_code == 0, lines
+    assert rep.phases_run == ["prepare", "generate", "audit", "merge", "report"]
+    assert rep.report_path == str(run / "report.html")
+    assert lines[-1] == f"report: {run / 'report.html'}"
+    for d in cfg.datasets:
+        prepared = sum(1 for _ in iter_jsonl(run / "prepared" / d.name / "prompts.jsonl", PromptRecord))
+        ids = [r.sample_id for _, r in iter_jsonl(run / "raw" / d.name / "raw_responses.jsonl", ResponseRecord)]
+        assert len(ids) == len(set(ids)) == prepared > 0
+    assert (run / "audit" / "audit.json").is_file() and (run / "merged" / "manifest.json").is_file()
+    page = (run / "report.html").read_text(encoding="utf-8")
+    assert "Merged training data" in page and "merged/train-" in page
+    # The CLI, run again, finds nothing to do and ends by saying where the report is.
+    res = CliRunner().invoke(cli, ["run", str(QUICKSTART), "--run-dir", str(run)])
+    assert res.exit_code == 0, res.output
+    assert "audit: up to date" in res.output and "merge: up to date" in res.output
+    assert res.output.rstrip().splitlines()[-1] == f"report: {run / 'report.html'}"
+
+
+def test_broken_audit_threshold_still_writes_the_report(tmp_path: Path) -> None:
+    cfg_path = write_config(tmp_path, n=4, extra="audit: {max_structural_failure_rate: -1.0}\n")
+    res = CliRunner().invoke(cli, ["run", str(cfg_path)])
+    run = tmp_path / "run"
+    assert res.exit_code == 3, res.output
+    assert "audit thresholds broken" in res.output
+    assert (run / "report.html").is_file() and not (run / "merged" / "manifest.json").exists()
+    assert f"report: {run / 'report.html'}" in res.output
+    assert "Audit thresholds broken" in (run / "report.html").read_text(encoding="utf-8")
+
+
+def test_run_resumes_after_a_hard_kill(tmp_path: Path) -> None:
+    cfg_path = write_config(tmp_path, n=40, scenario="slow", concurrency=2)
+    raw = tmp_path / "run" / "raw" / "ideas" / "raw_responses.jsonl"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "draftgen.cli", "run", str(cfg_path)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if raw.is_file() and raw.read_bytes().count(b"\n") >= 4:
+                break
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else b""
+            time.sleep(0.05)
+        else:
+            raise AssertionError("generate never wrote 4 records")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        if proc.stderr:
+            proc.stderr.close()
+    killed_at = len(_ids(tmp_path / "run"))
+    assert 4 <= killed_at < 40
+    assert not (tmp_path / "run" / "report.html").exists()
+    # Simulate a write cut mid-line by the kill, too.
+    with open(raw, "ab") as fh:
+        fh.write(b'{"sample_id":"ideas-partial","dat')
+    lines: list[str] = []
+    rep = run_pipeline(load_config(cfg_path), argv=["draftgen", "run"], echo=lines.append)
+    assert rep.exit_code == 0, lines
+    ids = _ids(tmp_path / "run")
+    assert len(ids) == len(set(ids)) == 40
+    assert "ideas-partial" not in ids
+    assert any(f"{40 - killed_at} done now, {killed_at} before" in line for line in lines), lines
+    assert (tmp_path / "run" / "report.html").is_file()

@@ -1,0 +1,175 @@
+"""draftgen prepare: stable ids, dedupe, multi-turn cuts, sampling, partitions, bad input."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from _merge_helpers import chat_rows, make_config, write_jsonl
+from draftgen.cli import cli
+from draftgen.errors import InputError
+from draftgen.prepare import prepared_prompts_path, prepared_stats_path, run_prepare
+from draftgen.records import DatasetStats, PromptRecord
+from draftgen.store import iter_jsonl, read_json
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def _prompts(cfg: Any, name: str) -> list[PromptRecord]:
+    return [r for _, r in iter_jsonl(prepared_prompts_path(cfg.run_path, name), PromptRecord)]
+
+
+def test_prepare_writes_prompts_then_stats_with_stable_ids(tmp_path: Path, qwen3_profile: Any) -> None:
+    rows = [*chat_rows("a", 5), chat_rows("a", 1)[0], {"instruction": "Sort a list.", "input": "[3, 1]"}]
+    for sub in ("one", "two"):
+        (tmp_path / sub).mkdir()
+        write_jsonl(tmp_path / sub / "p.jsonl", rows)
+    cfg1 = make_config(tmp_path / "one", [{"name": "mix", "path": "p.jsonl"}])
+    cfg2 = make_config(tmp_path / "two", [{"name": "mix", "path": "p.jsonl"}], prepare={"seed": 9})
+    rep = run_prepare(cfg1, echo=_quiet)
+    run_prepare(cfg2, echo=_quiet)
+    p1, p2 = _prompts(cfg1, "mix"), _prompts(cfg2, "mix")
+    # Same prompts, other folder and seed: same ids (dataset + content hash), duplicates removed.
+    assert [p.sample_id for p in p1] == [p.sample_id for p in p2]
+    assert len(p1) == 6 and len({p.sample_id for p in p1}) == 6
+    assert all(p.sample_id == f"mix-{p.content_hash[:16]}" for p in p1)
+    assert [p.source for p in p1][:2] == [f"{tmp_path / 'one' / 'p.jsonl'}:1", f"{tmp_path / 'one' / 'p.jsonl'}:2"]
+    for p in p1:
+        assert p.prompt_tokens == len(qwen3_profile.prompt_ids(p.messages, p.tools))
+    stats = read_json(prepared_stats_path(cfg1.run_path, "mix"), DatasetStats)
+    assert (stats.samples, stats.duplicates_removed, stats.rows_read) == (6, 1, 7)
+    assert stats.prompt_tokens == sum(p.prompt_tokens or 0 for p in p1)
+    assert rep.datasets[0] == stats and rep.samples == 6
+
+
+def test_rerun_is_a_noop_and_a_changed_source_rewrites_identical_bytes(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "p.jsonl", chat_rows("x", 4))
+    cfg = make_config(tmp_path, [{"name": "d", "path": "p.jsonl"}])
+    run_prepare(cfg, echo=_quiet)
+    out = prepared_prompts_path(cfg.run_path, "d")
+    before, mtime = out.read_bytes(), out.stat().st_mtime_ns
+    rep = run_prepare(cfg, echo=_quiet)
+    assert rep.unchanged == ["d"] and out.stat().st_mtime_ns == mtime
+    os.utime(src, ns=(mtime + 10**9, mtime + 10**9))  # touched: the fingerprint changes, the content not
+    rep = run_prepare(cfg, echo=_quiet)
+    assert rep.unchanged == [] and out.read_bytes() == before
+    # A new row keeps every existing id.
+    old_ids = [p.sample_id for p in _prompts(cfg, "d")]
+    write_jsonl(src, [*chat_rows("x", 4), "one more"])
+    run_prepare(cfg, echo=_quiet)
+    ids = [p.sample_id for p in _prompts(cfg, "d")]
+    assert len(ids) == 5 and ids[:4] == old_ids
+
+
+def test_dedupe_off_keeps_repeats_with_distinct_stable_ids(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "p.jsonl", ["same", "same", "other"])
+    cfg = make_config(tmp_path, [{"name": "d", "path": "p.jsonl"}], prepare={"dedupe": False})
+    run_prepare(cfg, echo=_quiet)
+    ids = [p.sample_id for p in _prompts(cfg, "d")]
+    assert len(ids) == 3 and len(set(ids)) == 3
+    assert ids[1] == ids[0] + "-1"
+
+
+def test_multi_turn_last_is_default_and_all_makes_one_sample_per_turn(tmp_path: Path) -> None:
+    conv = {"messages": [
+        {"role": "system", "content": "S"}, {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "ORIGINAL a1"}, {"role": "user", "content": "u2"},
+        {"role": "assistant", "content": "ORIGINAL a2"},
+    ]}
+    write_jsonl(tmp_path / "c.jsonl", [conv])
+    cfg = make_config(tmp_path, [{"name": "last", "path": "c.jsonl"},
+                                 {"name": "all", "path": "c.jsonl", "multi_turn": "all"}])
+    run_prepare(cfg, echo=_quiet)
+    (last,) = _prompts(cfg, "last")
+    assert [m.content for m in last.messages] == ["S", "u1", "ORIGINAL a1", "u2"] and last.turn_index is None
+    both = _prompts(cfg, "all")
+    assert [p.turn_index for p in both] == [0, 1]
+    assert [m.content for m in both[0].messages] == ["S", "u1"]
+    assert both[1].content_hash == last.content_hash  # the same prompt in both datasets
+    assert read_json(prepared_stats_path(cfg.run_path, "all"), DatasetStats).multi_turn == "all"
+
+
+def test_max_samples_is_a_seeded_stable_draw(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "p.jsonl", chat_rows("q", 40))
+    cfg = make_config(tmp_path, [{"name": "d", "path": "p.jsonl", "max_samples": 10}])
+    run_prepare(cfg, echo=_quiet)
+    first = [p.sample_id for p in _prompts(cfg, "d")]
+    assert len(first) == 10
+    st = read_json(prepared_stats_path(cfg.run_path, "d"), DatasetStats)
+    assert st.not_selected == 30
+    # source order is kept
+    order = [int(p.source.rsplit(":", 1)[1]) for p in _prompts(cfg, "d") if p.source]
+    assert order == sorted(order)
+    cfg_seed = make_config(tmp_path, [{"name": "d", "path": "p.jsonl", "max_samples": 10}], prepare={"seed": 1})
+    run_prepare(cfg_seed, echo=_quiet)
+    assert [p.sample_id for p in _prompts(cfg_seed, "d")] != first
+    # Bottom-k: after the source grows, every old row still drawn was drawn before, and only new rows
+    # (with smaller keys) displace old ones.
+    write_jsonl(tmp_path / "p.jsonl", chat_rows("q", 40) + chat_rows("z", 40))
+    run_prepare(cfg, echo=_quiet)
+    grown = _prompts(cfg, "d")
+    assert len(grown) == 10
+    for p in grown:
+        from_old_rows = int(p.source.rsplit(":", 1)[1]) <= 40 if p.source else False
+        assert (p.sample_id in first) == from_old_rows
+
+
+def test_partitions_by_prompt_length_or_dataset_rule(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "p.jsonl", ["short one", "long " * 300])
+    cfg = make_config(tmp_path, [{"name": "auto", "path": "p.jsonl"},
+                                 {"name": "forced", "path": "p.jsonl", "partition": "long"}],
+                      prepare={"long_prompt_tokens": 200})
+    run_prepare(cfg, echo=_quiet)
+    auto = _prompts(cfg, "auto")
+    assert [p.partition for p in auto] == ["short", "long"]
+    assert (auto[1].prompt_tokens or 0) >= 200 > (auto[0].prompt_tokens or 0)
+    assert [p.partition for p in _prompts(cfg, "forced")] == ["long", "long"]
+    st = read_json(prepared_stats_path(cfg.run_path, "auto"), DatasetStats)
+    assert (st.short, st.long) == (1, 1)
+
+
+def test_bad_line_stops_with_file_line_or_is_skipped_and_counted(tmp_path: Path) -> None:
+    p = tmp_path / "p.jsonl"
+    p.write_text('"fine"\n{"broken json\n{"messages": [{"role": "assistant", "content": "no user"}]}\n"ok"\n',
+                 encoding="utf-8")
+    cfg = make_config(tmp_path, [{"name": "d", "path": "p.jsonl"}])
+    with pytest.raises(InputError) as err:
+        run_prepare(cfg, echo=_quiet)
+    msg = str(err.value)
+    assert msg.startswith(f"{p}:2: not valid JSON") and msg.endswith("; fix or pass --skip-bad")
+    assert not prepared_stats_path(cfg.run_path, "d").exists()
+    cfg_skip = make_config(tmp_path, [{"name": "d", "path": "p.jsonl"}], prepare={"skip_bad": True})
+    notes: list[str] = []
+    run_prepare(cfg_skip, echo=notes.append)
+    st = read_json(prepared_stats_path(cfg.run_path, "d"), DatasetStats)
+    assert (st.samples, st.bad_lines_skipped, st.rows_read) == (2, 2, 4)
+    assert any(f"{p}:3: the conversation has no user message" in n for n in notes)
+
+
+def test_cli_prepare_reports_one_line_error_and_skip_bad(tmp_path: Path) -> None:
+    (tmp_path / "p.jsonl").write_text('"fine"\n{"role": 1}\n', encoding="utf-8")
+    make_config(tmp_path, [{"name": "d", "path": "p.jsonl"}])
+    runner = CliRunner()
+    res = runner.invoke(cli, ["prepare", str(tmp_path / "cfg.yaml")])
+    assert res.exit_code == 1
+    assert "p.jsonl:2: cannot tell the format" in res.output and "Traceback" not in res.output
+    res = runner.invoke(cli, ["prepare", str(tmp_path / "cfg.yaml"), "--skip-bad"])
+    assert res.exit_code == 0, res.output
+    assert "1 bad rows skipped" in res.output
+
+
+def test_bundled_sets_prepare(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, [{"name": n, "path": f"bundled:{n}"} for n in ("chat", "code", "tools")])
+    rep = run_prepare(cfg, echo=_quiet)
+    by = {s.dataset: s for s in rep.datasets}
+    assert by["chat"].samples >= 110 and by["code"].samples >= 90 and by["tools"].samples >= 55
+    assert all(s.bad_lines_skipped == 0 and s.duplicates_removed == 0 for s in rep.datasets)
+    tools = _prompts(cfg, "tools")
+    assert all(p.tools for p in tools)
+    assert any(p.messages[-1].role == "user" and any(m.role == "tool" for m in p.messages) for p in tools)
