@@ -4,7 +4,8 @@ Run as a subprocess (its CPU time and peak RSS are its own)::
 
     python bench/_gen_draftgen.py SPEC.json
 
-SPEC: {"base_url", "prompts", "run_dir", "concurrency", "max_tokens", "stream", "timeline": bool}.
+SPEC: {"base_url", "prompts", "run_dir", "concurrency", "max_tokens", "stream", "timeline": bool,
+"stop_when_scheduled": seconds or null (stop this long after the last prompt was sent: steady state only)}.
 Prints one JSON line with: n, failed, cpu_s (the engine's run, process CPU), wall_s, recon_cpu_s
 (``build_output`` in the CPU pool, thread CPU), prompt_ids_cpu_s, raw_encode_cpu_s (the tokenizer's own
 encode of the reasoning and the content of every record, afterwards), mean_latency_s, occupancy (busy HTTP
@@ -13,6 +14,7 @@ attempts ÷ concurrency, averaged over the steady state), peak_rss_mb.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import resource
 import sys
@@ -72,7 +74,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     cfg = config_from_mapping({
         "run_dir": str(run_dir),
         "endpoint": {"kind": "emulator", "base_url": spec["base_url"], "stream": spec["stream"],
-                     "idle_timeout_s": 300},
+                     "idle_timeout_s": spec.get("idle_timeout_s", 60)},
         "model": {"id": "qwen/qwen3-8b", "profile": "qwen3", "tokenizer": "bundled:qwen3"},
         "partitions": {"short": {"concurrency": spec["concurrency"], "max_tokens": spec["max_tokens"]},
                        "long": {"concurrency": 1, "max_tokens": 16}},
@@ -125,9 +127,22 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
 
     async def run(self: Any) -> Any:
         c0, w0 = _cpu(), time.perf_counter()
+        watcher = None
+        if spec.get("stop_when_scheduled") is not None:
+            # Steady-state figures only: once every prompt has been sent, stop without waiting for the
+            # slowest responses (and the fault tail) to come back.
+            async def watch() -> None:
+                while not self._producers or not all(p.done() for p in self._producers):
+                    await asyncio.sleep(0.1)
+                await asyncio.sleep(spec["stop_when_scheduled"])
+                self.request_stop("bench: steady state measured", exit_code=0, hard=True)
+
+            watcher = asyncio.get_running_loop().create_task(watch())
         try:
             return await orig_run(self)
         finally:
+            if watcher is not None:
+                watcher.cancel()
             engine_cpu["cpu"] = _cpu() - c0
             engine_cpu["wall"] = time.perf_counter() - w0
 

@@ -303,7 +303,7 @@ def main() -> None:
         print(json.dumps(WORKERS[sys.argv[2]](json.loads(sys.argv[3]))), flush=True)
         return
     quick = quick_mode()
-    n, levels = (1000, (200, 500)) if quick else (8000, (2000, 5000))
+    n, levels = (1000, (200, 500)) if quick else (6000, (2000, 5000))
     # bench_generate measures the openai SDK baseline at 2,000 in flight; here it runs at the top level only.
     clients = {level: ["draftgen", "curator", "openai"] if level == levels[-1] else ["draftgen", "curator"]
                for level in levels}

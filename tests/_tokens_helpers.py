@@ -16,7 +16,7 @@ import yaml
 from draftgen.config import RunConfig, load_config
 from draftgen.records import GroundTruthRecord, Message, PromptRecord, ResponseRecord, Usage
 from draftgen.store import JsonlWriter
-from draftgen.tokens import Profile, load_profile
+from draftgen.tokens import LoadedTokenizer, Profile, load_tokenizer, profile_class
 from draftgen.tokens.kimi_tiktoken import write_synthetic_kimi_folder
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -50,11 +50,26 @@ def synthetic_kimi_dir() -> Path:
 
 
 @functools.cache
-def profile(name: str, thinking: bool = True) -> Profile:
+def _loaded(name: str) -> LoadedTokenizer:
     need_shared()
     folder, template = PROFILE_SOURCES[name]
     spec = str(synthetic_kimi_dir()) if folder == "kimi:synthetic" else str(ASSETS / folder)
-    return load_profile(name, spec, thinking=thinking, chat_template=str(ASSETS / template) if template else None)
+    cls = profile_class(name)
+    loaded = load_tokenizer(spec, template_names=cls.template_names, config_names=cls.config_names)
+    if template:
+        loaded.chat_template = (ASSETS / template).read_text(encoding="utf-8")
+    return loaded
+
+
+def profile_with(name: str, **kwargs: Any) -> Profile:
+    """A profile over the cached tokenizer (one load per tokenizer per test process)."""
+    loaded = _loaded(name)
+    return profile_class(name)(loaded.tokenizer, loaded.chat_template, config=loaded.config, **kwargs)
+
+
+@functools.cache
+def profile(name: str, thinking: bool = True) -> Profile:
+    return profile_with(name, thinking=thinking)
 
 
 # -- text -----------------------------------------------------------------------------------------
@@ -203,7 +218,7 @@ def write_synthetic_run(
                 ret_r = (canon.reasoning or "").strip("\n") if canon.reasoning is not None else None
                 ret_c = canon.content.strip("\n")
             if kind == "junction":
-                sample = Sample(sid, "semantic", cause="junction_restored", billing="text_mismatch")
+                sample = Sample(sid, "semantic", cause="junction_restored", billing="junction_restored")
             true_ids = list(truth.ids)
             reasoning_tokens = truth.reasoning_token_count
             if kind == "noncanonical":
@@ -224,7 +239,7 @@ def write_synthetic_run(
             if kind == "corrupt" and rebuilt.ended:
                 ids = ids[:-1]
                 sample = Sample(sid, "semantic", cause="end_of_turn", structural="end_of_turn_missing",
-                                billing="text_mismatch")
+                                billing="end_of_turn")
             rw.write(ResponseRecord(
                 sample_id=sid, dataset=ds.name, reasoning=ret_r, content=ret_c, finish_reason=finish,
                 generation_id=gen_id, output_ids=ids, prompt_ids=prompt_ids, ids_source="reconstructed",

@@ -22,23 +22,23 @@ QUIET = {"echo": lambda s: None}
 
 @pytest.mark.parametrize("name", ["qwen3", "kimi-k2.5", "deepseek-r1", "deepseek-v3.1", "glm-4.5", "gpt-oss"])
 def test_canonical_run_matches_ground_truth_exactly(tmp_path: Path, name: str) -> None:
-    run = write_synthetic_run(tmp_path, name, 25, seed=3)
-    report = run_audit(run.cfg, **QUIET)
+    run = write_synthetic_run(tmp_path, name, 15, seed=3)
+    report = run_audit(run.cfg, profile=profile(name), **QUIET)
     o = report.overall
-    assert o.records == 50 and o.reference_compared == 50
-    assert o.exact_match == 50, (o.examples, o.structural_examples)
+    assert o.records == 30 and o.reference_compared == 30
+    assert o.exact_match == 30, (o.examples, o.structural_examples)
     assert o.structural_failures == {} and o.failed_sample_ids == []
     assert o.billed_completion_tokens == o.rebuilt_completion_tokens and o.billing_mismatched_samples == 0
-    assert o.prompt_checked == 50 and o.prompt_reference_mismatch == 0
+    assert o.prompt_checked == 30 and o.prompt_reference_mismatch == 0
     saved = read_json(run.cfg.run_path / "audit" / "audit.json", AuditReport)
-    assert saved.overall.exact_match == 50 and [d.dataset for d in saved.datasets] == ["alpha", "beta"]
+    assert saved.overall.exact_match == 30 and [d.dataset for d in saved.datasets] == ["alpha", "beta"]
 
 
 @pytest.mark.parametrize("name", ["qwen3", "kimi-k2.5", "glm-4.5", "gpt-oss"])
 def test_every_mismatch_is_labelled(tmp_path: Path, name: str) -> None:
     run = write_synthetic_run(tmp_path, name, 40, seed=7, noncanonical_rate=0.25, trim_rate=0.2, junction_rate=0.1,
                               drop_rate=0.1, corrupt_rate=0.05)
-    report = run_audit(run.cfg, **QUIET)
+    report = run_audit(run.cfg, profile=profile(name), **QUIET)
     o = report.overall
     tok_ids, sem_ids = set(o.tokenization_mismatch_ids), set(o.semantic_mismatch_ids)
     for sid, s in run.samples.items():
@@ -110,7 +110,7 @@ def test_structural_faults_are_found(tmp_path: Path) -> None:
         return msgspec.structs.replace(r, output_ids=ids)
 
     _rewrite(raw, edit)
-    report = run_audit(run.cfg, **QUIET)
+    report = run_audit(run.cfg, profile=profile("qwen3"), **QUIET)
     alpha = report.datasets[0]
     kinds = {(e.sample_id, e.kind) for e in alpha.structural_examples}
     assert ("alpha-0000", "stray_special") in kinds
@@ -128,7 +128,7 @@ def test_thresholds_and_cli_exit_code(tmp_path: Path) -> None:
                               audit={"max_tokenization_mismatch_rate": 0.05, "max_semantic_mismatch_rate": 0.0})
     lines: list[str] = []
     with pytest.raises(ThresholdBroken, match="tokenization mismatch rate"):
-        run_audit(run.cfg, echo=lines.append)
+        run_audit(run.cfg, echo=lines.append, profile=profile("qwen3"))
     assert (run.cfg.run_path / "audit" / "audit.json").is_file()
     assert any(line.startswith("THRESHOLD BROKEN: alpha: tokenization mismatch rate") for line in lines)
     assert any("non_canonical_segmentation" in line for line in lines)
@@ -140,7 +140,7 @@ def test_reference_by_sample_id_and_default_reference(tmp_path: Path) -> None:
     run = write_synthetic_run(tmp_path, "kimi-k2.5", 10, seed=4)
     gt = run.cfg.run_path / "emulator" / "ground_truth.jsonl"
     gt.unlink()
-    report = run_audit(run.cfg, **QUIET)
+    report = run_audit(run.cfg, profile=profile("kimi-k2.5"), **QUIET)
     assert report.reference is None and report.overall.reference_compared == 0
     # Exact-id records (as a vLLM/SGLang run writes them) keyed by sample_id.
     ref = tmp_path / "exact.jsonl"
@@ -171,3 +171,13 @@ def test_truncation_boundary_is_told_apart() -> None:
     assert kind == "tokenization" and ex is not None and ex.cause == "truncation_boundary"
     kind, ex = compare_reference(p, "s", ours, ref, [])
     assert ex is not None and ex.cause == "non_canonical_segmentation"
+
+
+def test_trimmed_model_whitespace_is_named() -> None:
+    from draftgen.audit import compare_reference
+
+    p = profile("kimi-k2.5")
+    truth = p.build_output(" The user asks.", " The answer.", "stop").ids
+    ours = p.build_output(" The user asks.", "The answer.", "stop").ids  # a provider trimmed the content edge
+    kind, ex = compare_reference(p, "s", ours, truth, [])
+    assert kind == "semantic" and ex is not None and ex.cause == "whitespace_trimmed"

@@ -73,11 +73,12 @@ def test_orchestrator_isolates_a_failing_script_and_writes_results(tmp_path: Pat
         "'figures': {'max_sustained_tokens_per_s': 500000}}))\n")
     (bench_dir / "bench_bad.py").write_text("raise SystemExit('boom')\n")
     (bench_dir / "bench_slow.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
-    (bench_dir / "bench_plain.py").write_text("print('no machine-readable line')\n")
+    (bench_dir / "bench_plain.py").write_text("print('no machine-readable line; rate (3581/s)')\n")
     monkeypatch.setattr(orchestrator, "BENCH_DIR", bench_dir)
     monkeypatch.setattr(orchestrator, "TARGETS", [
         orchestrator.Target("rate", ("bench_good",), ("max_sustained_tokens_per_s",), ">=", 460_000, "issue 7"),
         orchestrator.Target("absent", ("bench_nope",), ("x",), "<=", 1, "issue 3"),
+        orchestrator.Target("printed", ("bench_plain",), ("x",), ">=", 4000, "issue 2", pattern=r"rate \((\d+)/s\)"),
     ])
     out = tmp_path / "RESULTS.md"
     rc = orchestrator.main(["--timeout", "3", "--output", str(out)])
@@ -90,6 +91,7 @@ def test_orchestrator_isolates_a_failing_script_and_writes_results(tmp_path: Pat
     assert "no machine-readable line" in text and "boom" in text
     assert "| rate | issue 7 | >= 460,000 | met | bench_good: max_sustained_tokens_per_s = 500,000 |" in text
     assert "| absent | issue 3 | <= 1 | not measured | bench_nope: script absent |" in text
+    assert "| printed | issue 2 | >= 4,000 | NOT met | bench_plain: 3,581 (read from its printed output) |" in text
     only = tmp_path / "only.md"
     assert orchestrator.main(["--only", "good", "--output", str(only)]) == 0
     assert "bench_bad" not in only.read_text()

@@ -185,3 +185,65 @@ def test_prompt_cursor_streams_pending_prompts_once(tmp_path: Path) -> None:
         got.append(cur.take().sample_id)
     assert len(got) == 18 and len(set(got)) == 18 and not (set(got) & done)
     assert cur.exhausted
+
+
+def test_tokenizer_is_safe_to_share_across_cpu_pool_threads(qwen3_profile) -> None:  # type: ignore[no-untyped-def]
+    # The engine builds records in a thread pool: encode() of a rendered prompt must not see the
+    # special-token setting of a concurrent encode_ordinary() of tool markup.
+    import threading
+
+    tok = qwen3_profile.tokenizer
+    prompt = "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n" * 10
+    want = tok.encode(prompt)
+    markup = "text <tool_call> markup <|im_end|> more " * 20
+    want_ord = tok.encode_ordinary(markup)
+    stop = threading.Event()
+    bad: list[int] = []
+
+    def other() -> None:
+        while not stop.is_set():
+            if tok.encode_ordinary(markup) != want_ord:
+                bad.append(1)
+
+    t = threading.Thread(target=other)
+    t.start()
+    try:
+        mismatches = sum(tok.encode(prompt) != want for _ in range(3000))
+    finally:
+        stop.set()
+        t.join()
+    assert mismatches == 0 and not bad
+
+
+def test_display_lines_and_rich_panel(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from draftgen.engine import RunLog, RunStats, make_display, status_line, summary_lines
+
+    clock = Clock()
+    stats = RunStats(clock=clock, started=0.0)
+    d = stats.dataset("chat")
+    d.to_do, d.done, d.failed, d.completion_tokens, d.cost = 100, 40, 2, 50_000, 0.25
+    stats.in_flight, stats.limit = {"short": 12, "long": 3}, {"short": 16, "long": 4}
+    stats.retries["rate_limited"] += 5
+    stats.providers["Chutes"] += 30
+    stats.spend_session, stats.remaining = 0.25, 4.75
+    stats.sample()
+    clock.t = 10.0
+    stats.sample()
+    line = status_line(stats)
+    for part in ("done 40/100 (40%)", "failed 2", "short 12/16", "long 3/4", "$0.25 spent, $4.75 left",
+                 "retries: rate_limited 5", "providers: Chutes 30", "tok/s", "ETA"):
+        assert part in line, part
+    assert any("chat: 40 done now" in s for s in summary_lines(stats))
+    log = RunLog(tmp_path / "logs" / "generate.log")
+    disp = make_display("rich", stats, log)
+    buf = io.StringIO()
+    Console(file=buf, width=160).print(disp._render())  # type: ignore[attr-defined]
+    out = buf.getvalue()
+    assert "chat" in out and "in flight" in out and "Chutes" in out
+    log.write(line)
+    log.close()
+    assert "done 40/100" in (tmp_path / "logs" / "generate.log").read_text()

@@ -247,3 +247,61 @@ def test_quickstart_example_config_loads() -> None:
     cfg = load_config(Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml")
     assert cfg.endpoint.kind == "emulator" and cfg.model.profile == "qwen3"
     assert [d.path for d in cfg.datasets] == ["bundled:chat", "bundled:code", "bundled:tools"]
+
+
+def test_logprobs_path_gives_the_true_ids(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    write_prompts(run_dir, "a", 40)
+    gt = tmp_path / "gt.jsonl"
+    with emulator(fast(non_canonical_rate=0.5), ground_truth=str(gt)) as emu:
+        cfg = make_config(tmp_path, ["a"], base_url=emu.base_url, routing={"only": ["deepinfra"]},
+                          sampling={"logprobs": True})
+        rep = run_generate(cfg, GenerateOptions(), **quiet)
+    truth = _truth(gt)
+    recs = responses(run_dir, "a")
+    assert rep.done == 40
+    by_source = Counter(r.ids_source for r in recs)
+    assert by_source["logprobs"] >= 30
+    for r in recs:
+        t = truth[r.generation_id or ""]
+        if r.ids_source == "logprobs" and not t.non_canonical:
+            assert r.output_ids == t.output_ids
+
+
+def test_routed_prices_take_the_worst_case_of_allowed_endpoints(tmp_path: Path) -> None:
+    from draftgen.backends import EndpointInfo
+    from draftgen.backends.base import EndpointPricing
+    from draftgen.generate import routed_prices
+
+    eps = [
+        EndpointInfo(provider_name="DeepInfra", tag="deepinfra/fp4", quantization="fp4",
+                     pricing=EndpointPricing(prompt=0.45e-6, completion=2.25e-6)),
+        EndpointInfo(provider_name="Baseten", tag="baseten/fp4", quantization="fp4",
+                     pricing=EndpointPricing(prompt=0.6e-6, completion=3.0e-6)),
+        EndpointInfo(provider_name="Chutes", tag="chutes/int4", quantization="int4",
+                     pricing=EndpointPricing(prompt=0.44e-6, completion=2.0e-6)),
+    ]
+    every, _ = routed_prices(make_config(tmp_path, ["a"]), eps)
+    assert every.completion == pytest.approx(3.0e-6) and every.prompt == pytest.approx(0.6e-6)
+    ignored, used = routed_prices(make_config(tmp_path, ["a"], routing={"ignore": ["baseten"]}), eps)
+    assert ignored.completion == pytest.approx(2.25e-6) and "baseten/fp4" not in used
+    only, _ = routed_prices(make_config(tmp_path, ["a"], routing={"only": ["chutes/int4"]}), eps)
+    assert only.completion == pytest.approx(2.0e-6)
+    quant, _ = routed_prices(make_config(tmp_path, ["a"], routing={"quantizations": ["int4"]}), eps)
+    assert quant.completion == pytest.approx(2.0e-6)
+    capped, _ = routed_prices(make_config(tmp_path, ["a"], routing={"max_price": {"completion": 2.5}}), eps)
+    assert capped.completion == pytest.approx(2.25e-6)
+
+
+def test_unreachable_server_stops_instead_of_failing_every_sample(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_dir = tmp_path / "run"
+    write_prompts(run_dir, "a", 500)
+    cfg = make_config(tmp_path, ["a"], base_url=f"http://127.0.0.1:{port}/api/v1")
+    rep = run_generate(cfg, GenerateOptions(), **quiet)
+    assert rep.exit_code == 1 and rep.message is not None and "cannot reach the server" in rep.message
+    assert rep.done == 0 and rep.failed < 100

@@ -75,7 +75,7 @@ def test_kill9_at_several_points_then_resume(tmp_path: Path) -> None:
                 with raw.open("ab") as fh:
                     fh.write(b'{"sample_id": "a-00069", "dataset": "a", "output_ids": [1, 2')
         proc = _start(cfg)
-        out, err = proc.communicate(timeout=120)
+        _out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err.decode()
     assert raw.read_bytes().endswith(b"\n")
     recs = [r for _, r in iter_jsonl(raw, ResponseRecord, skip_partial_tail=False)]  # every line is whole

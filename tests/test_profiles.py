@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from _tokens_helpers import ASSETS, need_shared, profile
+from _tokens_helpers import profile, profile_with
 from draftgen.records import FunctionCall, Message, ToolCall
-from draftgen.tokens import load_profile
 
 HI = [Message(role="user", content="Hi")]
 
@@ -93,8 +92,7 @@ def test_glm45_assumed_end_token() -> None:
 
 
 def test_gpt_oss_harmony() -> None:
-    need_shared()
-    p = load_profile("gpt-oss", str(ASSETS / "gpt-oss"), template_kwargs={"current_date": "2025-06-28", "reasoning_effort": "high"})
+    p = profile_with("gpt-oss", template_kwargs={"current_date": "2025-06-28", "reasoning_effort": "high"})
     prompt = p.render_prompt(HI)
     assert "Current date: 2025-06-28\n\nReasoning: high\n\n" in prompt and prompt.endswith("<|start|>assistant")
     tok = p.tokenizer
@@ -190,3 +188,12 @@ def test_parse_accepts_a_non_canonical_literal() -> None:
     assert len(tok.encode_ordinary("analysis")) == 1 and split != rec.ids
     parsed = p.parse_output(split)
     assert (parsed.reasoning, parsed.content, parsed.ended) == ("Think.", "Answer.", True)
+
+
+def test_gpt_oss_harmony_leak_is_split_back() -> None:
+    p = profile("gpt-oss")
+    leaked = p.build_output(None, "analysisThe user greets.assistantfinalHello!", "stop")
+    assert "harmony_leak_repaired" in leaked.flags
+    assert leaked.ids == p.build_output("The user greets.", "Hello!", "stop").ids
+    plain = p.build_output(None, "analysis of the data shows growth", "stop")
+    assert "harmony_leak_repaired" not in plain.flags

@@ -8,12 +8,13 @@ import hashlib
 import json
 import shutil
 import sys
+import types
 from pathlib import Path
 
 import pytest
 import yaml
 
-from _tokens_helpers import ASSETS, need_shared, synthetic_kimi_dir
+from _tokens_helpers import ASSETS, need_shared, profile, synthetic_kimi_dir
 from draftgen.config import load_config
 from draftgen.errors import ConfigError, TokenizerError
 from draftgen.records import Message
@@ -114,15 +115,15 @@ def test_gzip_roundtrip_of_a_local_copy(tmp_path: Path) -> None:
 
 def test_hub_spec_through_snapshot_download(monkeypatch: pytest.MonkeyPatch) -> None:
     need_shared()
-    import huggingface_hub
-
+    hub = types.ModuleType("huggingface_hub")  # stands in for the optional dependency: no network
+    monkeypatch.setitem(sys.modules, "huggingface_hub", hub)
     calls: list[dict[str, object]] = []
 
     def fake(**kw: object) -> str:
         calls.append(kw)
         return str(ASSETS / "deepseek-v3.1")
 
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    monkeypatch.setattr(hub, "snapshot_download", fake, raising=False)
     prof = load_profile("deepseek-v3.1", "hf:deepseek-ai/DeepSeek-V3.1@abc123")
     assert calls[0]["repo_id"] == "deepseek-ai/DeepSeek-V3.1" and calls[0]["revision"] == "abc123"
     assert "tiktoken.model" in calls[0]["allow_patterns"]  # type: ignore[operator]
@@ -131,7 +132,7 @@ def test_hub_spec_through_snapshot_download(monkeypatch: pytest.MonkeyPatch) -> 
     def failing(**kw: object) -> str:
         raise OSError("offline")
 
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", failing)
+    monkeypatch.setattr(hub, "snapshot_download", failing)
     with pytest.raises(TokenizerError, match=r"hf:org/name: download failed \(OSError\)"):
         load_tokenizer("hf:org/name")
     with pytest.raises(TokenizerError, match="expected hf:org/name"):
@@ -194,7 +195,7 @@ def test_profile_from_config_generic_options(tmp_path: Path) -> None:
     }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
     prof = profile_from_config(load_config(tmp_path / "c.yaml"))
-    qwen = load_profile("qwen3", str(ASSETS / "qwen3"))
+    qwen = profile("qwen3")
     for args in (("r", "c", "stop"), ("\nr\n", "\n\nc", "stop"), ("cut", "", "length")):
         assert prof.build_output(*args).ids == qwen.build_output(*args).ids
     data["model"]["profile_options"] = {"think_end": 5}  # type: ignore[index]
@@ -205,3 +206,9 @@ def test_profile_from_config_generic_options(tmp_path: Path) -> None:
         load_profile("generic", "bundled:qwen3", options={"bogus": 1})
     with pytest.raises(TokenizerError, match="takes no profile_options"):
         load_profile("qwen3", "bundled:qwen3", options={"think_end": "</think>"})
+
+
+def test_unknown_vocab_file_type_is_refused() -> None:
+    need_shared()
+    with pytest.raises(TokenizerError, match="unknown tokenizer file type"):
+        load_tokenizer(str(ASSETS / "gpt-oss" / "o200k_base.tiktoken"))

@@ -88,6 +88,7 @@ class EmulatorConfig(_C):
     scenario: str = "fast"
     """fast | realistic | chaos, or a path to a scenario YAML file."""
     seed: int = 0
+    """Seed of the emulated model and its faults; a fixed seed reproduces a run."""
     credits: float = 100.0
     """Starting credits of the emulated account, in USD."""
     ground_truth: bool = True
@@ -98,16 +99,21 @@ class EndpointConfig(_C):
     """Where requests go."""
 
     kind: Literal["emulator", "openrouter", "openai", "vllm", "sglang"] = "openrouter"
+    """Backend protocol: ``emulator`` (embedded, offline), ``openrouter``, ``openai`` (any compatible server), ``vllm`` (exact ids via return_token_ids), ``sglang`` (native /generate, exact output_ids)."""
     base_url: str | None = None
     """API root. OpenRouter: https://openrouter.ai/api/v1 (the default for kind openrouter)."""
     base_urls: list[str] = msgspec.field(default_factory=list)
     """Several API roots to load-balance across (local servers)."""
     api_key_env: str = "OPENROUTER_API_KEY"
+    """Environment variable holding the API key."""
     api_key_file: str | None = None
+    """File holding only the API key (overrides the environment variable)."""
     management_key_env: str | None = None
     """Environment variable holding a management key, to reconcile spend with /credits."""
     stream: bool = True
+    """Stream responses (SSE); long reasoning streams are then bounded by the idle timeout only."""
     connect_timeout_s: float = 30.0
+    """Seconds to establish a connection."""
     idle_timeout_s: float = 180.0
     """A request with no bytes for this long is a retryable timeout (no total timeout)."""
     emulator: EmulatorConfig = msgspec.field(default_factory=EmulatorConfig)
@@ -117,35 +123,60 @@ class RoutingConfig(_C):
     """OpenRouter's ``provider`` object, sent as is (omitted fields are not sent)."""
 
     order: list[str] | None = None
+    """Providers to try first, in this order (routing slugs such as ``siliconflow/int4``)."""
     only: list[str] | None = None
+    """Allow-list of providers; a base slug (``deepinfra``) also matches its variants."""
     ignore: list[str] | None = None
+    """Providers never to use (the reference run ignored the NVFP4/FP4 ones)."""
     sort: str | None = None
+    """``price``, ``throughput`` or ``latency``."""
     allow_fallbacks: bool | None = None
+    """Whether OpenRouter may fall back to other providers (default true upstream)."""
     quantizations: list[str] | None = None
+    """Allowed quantizations, e.g. ``[int4, fp8]``."""
     require_parameters: bool | None = None
+    """Route only to providers supporting every parameter sent (e.g. logprobs)."""
     data_collection: str | None = None
+    """``allow`` or ``deny``."""
     max_price: dict[str, float] | None = None
+    """Price ceilings in USD per million tokens: ``{prompt: 0.6, completion: 2.5}``."""
 
 
 class ReasoningConfig(_C):
+    """OpenRouter's ``reasoning`` object, sent as is (omitted fields are not sent)."""
+
     effort: str | None = None
+    """``max``, ``xhigh``, ``high``, ``medium``, ``low``, ``minimal`` or ``none``."""
     max_tokens: int | None = None
+    """Thinking budget in tokens (use either this or ``effort``)."""
     exclude: bool | None = None
+    """True: the model reasons but the text is not returned (ids cannot then be rebuilt)."""
     enabled: bool | None = None
+    """Switch reasoning on or off where the model allows it."""
 
 
 class SamplingConfig(_C):
+    """Sampling parameters sent with every request (omitted fields are not sent)."""
+
     temperature: float | None = None
+    """Sampling temperature in [0, 2]."""
     top_p: float | None = None
+    """Nucleus sampling mass in (0, 1]."""
     seed: int | None = None
+    """Request seed (determinism is best-effort upstream)."""
     stop: list[str] | None = None
+    """Up to 4 stop strings."""
     logprobs: bool | None = None
+    """Ask for per-token logprobs: where a provider returns them, content ids are recovered exactly."""
     top_logprobs: int | None = None
+    """Alternatives per position (0–20)."""
 
 
 class PartitionConfig(_C):
     concurrency: int
+    """Requests in flight for this partition (default short 2,000, long 500)."""
     max_tokens: int
+    """max_tokens sent for this partition (default short 10,240, long 16,384)."""
 
 
 _PARTITION_DEFAULTS: dict[str, dict[str, int]] = {
@@ -165,20 +196,27 @@ class DatasetConfig(_C):
     """One prompt source."""
 
     name: str
+    """Unique dataset name (letters, digits, ``_ - .``); used in sample ids and paths."""
     path: str | None = None
     """Local JSONL/JSON/Parquet file or folder, or ``bundled:<name>`` for a prompt set shipped with draftgen."""
     hf: str | None = None
     """Hugging Face dataset name (needs ``datasets``)."""
     hf_subset: str | None = None
+    """Hugging Face dataset configuration (subset) name."""
     split: str = "train"
+    """Split to read (HF datasets and split-named files in a folder)."""
     format: Literal["auto", "messages", "sharegpt", "alpaca", "prompt", "glaive"] = "auto"
+    """Row format; ``auto`` detects messages, ShareGPT, Alpaca, plain prompts and glaive rows."""
     field: str | None = None
     """Column holding the conversation or prompt, when not the format's usual one."""
     partition: Literal["auto", "short", "long"] = "auto"
+    """``short``/``long`` for the whole dataset, or ``auto`` by prompt length (prepare.long_prompt_tokens)."""
     max_samples: int | None = None
+    """At most this many samples, drawn with prepare.seed."""
     token_budget: int | None = None
     """Completion-token budget for this dataset (done + in flight)."""
     multi_turn: Literal["last", "all"] | None = None
+    """Overrides prepare.multi_turn for this dataset."""
     weight: float = 1.0
     """Merge weight: the share of this dataset's samples kept is weight (<= 1) or it is repeated (> 1)."""
     cap: int | None = None
@@ -189,34 +227,52 @@ class PrepareConfig(_C):
     long_prompt_tokens: int = 4096
     """Prompts at least this long go to the long partition (when a dataset's partition is auto)."""
     multi_turn: Literal["last", "all"] = "last"
+    """``last``: regenerate the last assistant turn; ``all``: one sample per assistant turn."""
     skip_bad: bool = False
+    """Skip and count malformed input lines instead of stopping (``--skip-bad``)."""
     dedupe: bool = True
+    """Drop prompts whose content hash was already seen in the dataset."""
     seed: int = 0
+    """Seed for drawing max_samples."""
 
 
 class BudgetConfig(_C):
     max_spend_usd: float | None = None
+    """Dollar budget for the run directory; each request reserves max_tokens × price before it is sent."""
     token_budget: int | None = None
     """Default per-dataset completion-token budget."""
 
 
 class RetryConfig(_C):
+    """Retries, backoff and shutdown."""
+
     max_attempts: int = 6
+    """Attempts per sample in one run before it is recorded as a failure (retried on the next run)."""
     base_delay_s: float = 0.5
+    """First backoff delay; full jitter is applied; ``Retry-After`` wins when given."""
     multiplier: float = 2.0
+    """Backoff growth per attempt."""
     max_delay_s: float = 60.0
+    """Longest single backoff wait."""
     adaptive_concurrency: bool = True
+    """Shrink the requests in flight during 429 storms and grow back after."""
     shutdown_grace_s: float = 30.0
+    """On SIGINT/SIGTERM, how long in-flight requests may finish before the run stops."""
 
 
 class AuditConfig(_C):
+    """The audit's reference ids and the thresholds that make ``draftgen audit`` exit non-zero."""
+
     reference: str | None = None
     """Reference ids (emulator ground truth or exact-id records) for the BPE audit."""
     max_structural_failure_rate: float | None = None
+    """Largest share of records allowed to fail a structural check."""
     max_billing_disagreement: float | None = None
     """Aggregate |rebuilt - billed| / billed completion tokens allowed (the reference run: 0.0004)."""
     max_semantic_mismatch_rate: float | None = None
+    """Largest share of compared records whose decoded text differs from the reference."""
     max_tokenization_mismatch_rate: float | None = None
+    """Largest share of compared records with the same text but other ids (BPE drift)."""
 
 
 class MergeConfig(_C):
@@ -245,32 +301,44 @@ class MergeConfig(_C):
     mask_reasoning: bool = False
     """loss_mask 0 over the reasoning tokens (through the end-of-think marker) as well as the prompt."""
     exports: list[Literal["speculators", "specforge"]] = msgspec.field(default_factory=lambda: ["speculators", "specforge"])
+    """Peer formats written beside the Parquet: speculators rows and SpecForge conversations."""
 
 
 class HiddenStatesConfig(_C):
     hidden_size: int | None = None
+    """Target model hidden size (Kimi-K2.5: 7,168) for the disk estimate."""
     slots: int = 4
     """Captured hidden states per token (EAGLE-3: 3 auxiliary layers + the final one)."""
     dtype: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
+    """Storage dtype of captured hidden states."""
     extraction_tokens_per_s: float | None = None
+    """Extraction speed assumed for the time estimate."""
 
 
 class PlanConfig(_C):
+    """What ``draftgen plan`` bases its estimates on."""
+
     pilot: int = 0
     """Prompts per dataset to send as a pilot; their responses are kept and reused by the run."""
     avg_output_tokens: int | None = None
     """Used when there is no pilot."""
     avg_latency_s: float | None = None
+    """Mean request latency assumed for the time estimate when there is no pilot."""
 
 
 class ProbeConfig(_C):
+    """The one request ``draftgen probe`` sends."""
+
     prompt: str = "In one short paragraph, why is the sky blue?"
+    """The probe's user prompt."""
     max_tokens: int = 512
+    """The probe's max_tokens."""
 
 
 class RunConfig(_C):
     datasets: list[DatasetConfig]
     run_dir: str = "runs/default"
+    """Where every phase reads and writes (relative to the config file)."""
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
     endpoint: EndpointConfig = msgspec.field(default_factory=EndpointConfig)
     routing: RoutingConfig = msgspec.field(default_factory=RoutingConfig)
@@ -286,6 +354,7 @@ class RunConfig(_C):
     plan: PlanConfig = msgspec.field(default_factory=PlanConfig)
     probe: ProbeConfig = msgspec.field(default_factory=ProbeConfig)
     progress: Literal["auto", "rich", "plain", "off"] = "auto"
+    """Live display: ``auto`` (rich on a TTY, plain lines otherwise), ``rich``, ``plain`` or ``off``."""
     #: folder of the config file; relative paths resolve from here (not part of the file)
     base_dir: str = ""
 

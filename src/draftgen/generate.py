@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import resource
 import signal
@@ -53,8 +54,17 @@ from .records import RunManifest
 from .store import atomic_write_json, read_json, scan_responses
 from .tokens import Profile
 
-__all__ = ["DatasetSummary", "GenerateOptions", "GenerateReport", "routed_prices", "run_generate", "scrub_argv",
-           "target_profile", "write_manifest"]
+__all__ = [
+    "DatasetSummary",
+    "GenerateOptions",
+    "GenerateReport",
+    "routed_prices",
+    "run_dir_lock",
+    "run_generate",
+    "scrub_argv",
+    "target_profile",
+    "write_manifest",
+]
 
 EMULATOR_KEY = "sk-or-emulator-local"
 
@@ -256,36 +266,21 @@ def _prepared(cfg: RunConfig, names: list[str], echo: Echo) -> None:
                          "run `draftgen prepare CONFIG` and check its messages")
 
 
-def _matches(ep: EndpointInfo, names: list[str]) -> bool:
-    slugs = {ep.tag.lower(), ep.tag.split("/", 1)[0].lower(), ep.provider_name.lower(),
-             ep.provider_name.lower().replace(" ", "-"), ep.provider_name.lower().replace(" ", "")}
-    return any(n.lower() in slugs for n in names)
-
-
 def routed_prices(cfg: RunConfig, endpoints: list[EndpointInfo]) -> tuple[Prices, list[str]]:
-    """The worst-case prices over the endpoints routing may choose (``only``/``ignore``/``order`` without
-    fallbacks/``quantizations``/``max_price``); all endpoints when the filters leave none."""
+    """The worst-case prices over the endpoints routing may choose (``pricing.eligible_endpoints``, and
+    only the ``order`` ones when fallbacks are off); all endpoints when the filters leave none."""
+    from .pricing import eligible_endpoints, endpoint_matches
+
     r = cfg.routing
-    eps = list(endpoints)
-    if r.only:
-        eps = [e for e in eps if _matches(e, r.only)]
-    if r.ignore:
-        eps = [e for e in eps if not _matches(e, r.ignore)]
+    eps = eligible_endpoints(list(endpoints), r)
     if r.order and r.allow_fallbacks is False:
-        eps = [e for e in eps if _matches(e, r.order)]
-    if r.quantizations:
-        qs = {q.lower() for q in r.quantizations}
-        eps = [e for e in eps if (e.quantization or "unknown").lower() in qs]
-    if r.max_price:
-        mp = r.max_price
-        eps = [e for e in eps if e.pricing.prompt * 1e6 <= mp.get("prompt", float("inf")) + 1e-9
-               and e.pricing.completion * 1e6 <= mp.get("completion", float("inf")) + 1e-9]
+        eps = [e for e in eps if any(endpoint_matches(o, e) for o in r.order)]
     chosen = eps or list(endpoints)
     if not chosen:
         return Prices(), []
     prices = Prices(
         prompt=max(e.pricing.prompt for e in chosen),
-        completion=max(e.pricing.completion + max(0.0, e.pricing.internal_reasoning - e.pricing.completion) for e in chosen),
+        completion=max(max(e.pricing.completion, e.pricing.internal_reasoning) for e in chosen),
         request=max(e.pricing.request for e in chosen),
     )
     return prices, [e.tag or e.provider_name for e in chosen]
@@ -294,16 +289,37 @@ def routed_prices(cfg: RunConfig, endpoints: list[EndpointInfo]) -> tuple[Prices
 # -- the run ---------------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def run_dir_lock(run_dir: Path) -> Iterator[None]:
+    """One generate per run directory at a time (two would append the same ids twice). The lock is an
+    advisory ``flock`` on ``run_dir/.generate.lock``: it goes away with the process, even on kill -9."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fh = open(run_dir / ".generate.lock", "a+b")  # noqa: SIM115 (closed below)
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        raise RunDirError(f"{run_dir}: another `draftgen generate` is writing to this run directory; "
+                          "wait for it to finish or use another --run-dir") from None
+    try:
+        yield
+    finally:
+        fh.close()
+
+
 def run_generate(cfg: RunConfig, opts: GenerateOptions, *, echo: Echo | None = None) -> GenerateReport:
     """Generate every pending sample of the selected datasets and partitions (see module docstring)."""
-    out: Echo = echo if echo is not None else (lambda line: print(line, flush=True))
     names = opts.datasets or [d.name for d in cfg.datasets]
     for n in names:
         cfg.dataset(n)  # ConfigError naming the known datasets
     if opts.partition not in ("short", "long", "all"):
         raise ConfigError(f"--partition {opts.partition!r}: use short, long or all")
+    with run_dir_lock(cfg.run_path):
+        return _run_generate(cfg, opts, names, echo if echo is not None else (lambda line: print(line, flush=True)))
+
+
+def _run_generate(cfg: RunConfig, opts: GenerateOptions, names: list[str], out: Echo) -> GenerateReport:
     run_dir = cfg.run_path
-    run_dir.mkdir(parents=True, exist_ok=True)
     write_manifest(cfg, opts.argv)
     _prepared(cfg, names, out)
     api_key, mgmt = _api_keys(cfg)

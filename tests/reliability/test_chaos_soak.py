@@ -6,7 +6,7 @@ short idle timeout so the emulator's hanging connections are given up and retrie
 ends either done exactly once in ``raw_responses.jsonl`` or in ``failures.jsonl`` with its kind and
 reason. A second run retries the failures and still never duplicates a sample.
 
-CI: 2,000 prompts (about 3,000 requests); ``DRAFTGEN_RELIABILITY_SCALE=large``: 13,000 prompts, at
+CI: 2,000 prompts (about 3,000 requests); ``DRAFTGEN_RELIABILITY_SCALE=large``: 16,000 prompts, at
 least 20,000 requests.
 """
 
@@ -49,7 +49,7 @@ def _generate(cfg_path: Path, timeout: float) -> subprocess.CompletedProcess[str
 
 
 def test_chaos_soak_every_sample_ends_done_or_recorded(tmp_path: Path) -> None:
-    n = scaled(2000, 13000)
+    n = scaled(2000, 16000)
     prompts = write_prompts(tmp_path / "prompts.jsonl", n, seed=21)
     run = tmp_path / "run"
     opts = EmulatorOptions(scenario="chaos", seed=7, api_key=FAKE_KEY, credits=1e6,

@@ -276,13 +276,15 @@ def summary_lines(report: AuditReport) -> list[str]:
     return lines
 
 
-def run_audit(cfg: RunConfig, *, echo: Callable[[str], object] = print) -> AuditReport:
-    """Audit the run directory of ``cfg`` (see the module docstring)."""
+def run_audit(cfg: RunConfig, *, echo: Callable[[str], object] = print, profile: Profile | None = None) -> AuditReport:
+    """Audit the run directory of ``cfg`` (see the module docstring). ``profile``: an already loaded
+    profile for ``cfg.model`` (default: load it)."""
     run = cfg.run_path
     raws = {d.name: run / "raw" / d.name / "raw_responses.jsonl" for d in cfg.datasets}
     if not any(p.is_file() for p in raws.values()):
         raise RunDirError(f"{run}: no raw/<dataset>/raw_responses.jsonl to audit; run `draftgen generate` first")
-    profile = profile_from_config(cfg)
+    if profile is None:
+        profile = profile_from_config(cfg)
     ref_path: Path | None = cfg.path(cfg.audit.reference) if cfg.audit.reference else None
     if ref_path is None and (run / "emulator" / "ground_truth.jsonl").is_file():
         ref_path = run / "emulator" / "ground_truth.jsonl"

@@ -178,14 +178,9 @@ def _spelled(profile: Profile, ids: Sequence[int]) -> bytes:
     return bytes(out)
 
 
-_SEMANTIC_CAUSES = (
-    "replacement_char",
-    "reasoning_dropped",
-    "junction_restored",
-    "tool_calls_rendered",
-    "tool_call_id_assumed",
-    "truncated_in_reasoning",
-)
+_SEMANTIC_CAUSES = ("replacement_char", "reasoning_dropped", "junction_restored")
+_LATE_CAUSES = ("tool_calls_rendered", "tool_call_id_assumed")
+_WS = re.compile(r"\s+")
 
 
 def compare_reference(
@@ -210,8 +205,12 @@ def compare_reference(
         both = bool(ours) and bool(ref) and ours[-1] in eot and ref[-1] in eot
         cause = "assumed_end_token" if both and profile.end_token_assumed else "end_of_turn"
     else:
-        specials = [f for f in flags if f.startswith("special_in_text:")]
-        cause = next((c for c in _SEMANTIC_CAUSES if c in flags), specials[0] if specials else "text_differs")
+        cause = next((c for c in _SEMANTIC_CAUSES if c in flags), "")
+        if not cause and _WS.sub("", tok.decode(ours)) == _WS.sub("", tok.decode(ref)):
+            cause = "whitespace_trimmed"  # only whitespace differs: a provider trimmed the model's own edges
+        if not cause:
+            specials = [f for f in flags if f.startswith("special_in_text:")]
+            cause = next((c for c in _LATE_CAUSES if c in flags), specials[0] if specials else "text_differs")
     return kind, MismatchExample(sample_id=sample_id, kind=kind, position=pos, ours=a, reference=b, cause=cause)
 
 
@@ -224,7 +223,7 @@ def billing_cause(
     if reference_kind == "tokenization":
         return reference_cause or "non_canonical_segmentation"
     if reference_kind == "semantic":
-        return "text_mismatch"
+        return reference_cause or "text_mismatch"
     if ended and diff == 1:
         return "end_token_not_billed"
     if any(f.startswith("special_in_text:") for f in flags):

@@ -25,6 +25,7 @@ import msgspec
 
 from ..config import RunConfig
 from ..errors import ConfigError
+from ..tokens import profile_class
 from .base import Backend, Completion, CompletionRequest, Credits, EndpointInfo, KeyInfo, LogprobToken
 from .http import HttpBackend, check_base_url, make_session
 from .openrouter import OpenAIChatBackend
@@ -114,13 +115,18 @@ def _build(cfg: RunConfig, url: str, api_key: str | None, connections: int) -> H
     )
     sampling = msgspec.to_builtins(cfg.sampling)
     reasoning = msgspec.to_builtins(cfg.reasoning)
+    if not cfg.model.thinking and not reasoning:
+        # The target profile says the model does not reason: ask the server for that prompt variant.
+        reasoning = {"enabled": False}
     if ep.kind in ("openrouter", "emulator", "openai"):
         return OpenAIChatBackend(
             session, url, model=cfg.model.id, stream=ep.stream, openrouter=ep.kind != "openai",
             routing=msgspec.to_builtins(cfg.routing), reasoning=reasoning, sampling=sampling,
         )
     if ep.kind == "vllm":
-        return VLLMBackend(session, url, model=cfg.model.id, stream=ep.stream, reasoning=reasoning, sampling=sampling)
+        kwarg = profile_class(cfg.model.profile).thinking_kwarg
+        extra = {"chat_template_kwargs": {kwarg: cfg.model.thinking}} if kwarg else None
+        return VLLMBackend(session, url, model=cfg.model.id, stream=ep.stream, sampling=sampling, extra=extra)
     return SGLangBackend(session, url, stream=ep.stream, sampling=sampling)
 
 

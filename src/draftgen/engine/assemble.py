@@ -4,8 +4,9 @@
 
 1. ``exact``: the server returned them (vLLM ``return_token_ids``, SGLang ``output_ids``). For SGLang,
    whose ``/generate`` returns raw text, reasoning and content are split from the ids by the profile.
-2. ``logprobs``: the provider returned per-token logprobs covering the whole output, and
-   ``draftgen.tokens.logprobs`` maps them back to ids (used only where that module exists and maps them).
+2. ``logprobs``: the provider returned content logprobs and ``tokens.logprobs.output_ids_from_logprobs``
+   maps them back to exact content ids (the rest rebuilt by the profile); when its conditions do not
+   hold it declines and the ids are reconstructed.
 3. ``reconstructed``: ``profile.build_output(reasoning, content, finish_reason, reasoning_tokens=…)``;
    its flags go to ``recon_flags``. Model text is never edited.
 
@@ -16,17 +17,14 @@ This runs in a small thread pool: ``tokenizers`` releases the GIL while encoding
 from __future__ import annotations
 
 import hashlib
-import importlib
-import inspect
 import time
-from collections.abc import Callable
-from typing import Any
 
 import msgspec
 
 from ..backends.base import Completion
 from ..records import PromptRecord, ResponseRecord
 from ..tokens import Profile
+from ..tokens.logprobs import output_ids_from_logprobs
 
 __all__ = ["Assembler", "request_hash"]
 
@@ -43,35 +41,12 @@ def request_hash(prompt: PromptRecord, max_tokens: int) -> str:
     return h.hexdigest()
 
 
-def _logprob_mapper(profile: Profile) -> Callable[[Completion], tuple[list[int], list[str]] | None] | None:
-    """The tokens engineer's logprob → ids mapper, adapted, if the module exists."""
-    try:
-        lp_mod = importlib.import_module("draftgen.tokens.logprobs")
-    except ImportError:
-        return None
-    fn: Any = getattr(lp_mod, "output_ids_from_logprobs", None)
-    if fn is None:
-        return None
-
-    def mapper(comp: Completion) -> tuple[list[int], list[str]] | None:
-        result = fn(profile, comp.logprobs, reasoning=comp.reasoning, finish_reason=comp.finish_reason)
-        if result is None:
-            return None
-        ids = getattr(result, "ids", result)
-        flags = list(getattr(result, "flags", []))
-        return list(ids), flags
-
-    return mapper
-
-
 class Assembler:
     """Builds records for one run: one profile, one backend kind."""
 
     def __init__(self, profile: Profile, *, use_logprobs: bool = True) -> None:
         self.profile = profile
-        self._logprobs = _logprob_mapper(profile) if use_logprobs else None
-        params = inspect.signature(profile.build_output).parameters
-        self._tool_kw = "tool_calls" in params
+        self.use_logprobs = use_logprobs
 
     def prompt_ids(self, prompt: PromptRecord) -> list[int]:
         return self.profile.prompt_ids(prompt.messages, prompt.tools)
@@ -137,20 +112,20 @@ class Assembler:
         )
 
     def _map_logprobs(self, comp: Completion) -> tuple[list[int], list[str]] | None:
-        if self._logprobs is None:
+        if not self.use_logprobs:
             return None
-        return self._logprobs(comp)
+        u = comp.usage
+        rec = output_ids_from_logprobs(
+            self.profile, comp.logprobs, reasoning=comp.reasoning, finish_reason=comp.finish_reason,
+            content=comp.content, reasoning_tokens=u.reasoning_tokens if u is not None else 0,
+            tool_calls=comp.tool_calls,
+        )
+        return None if rec is None else (rec.ids, list(rec.flags))
 
     def _reconstruct(self, comp: Completion) -> tuple[list[int], list[str]]:
-        reasoning_tokens = comp.usage.reasoning_tokens if comp.usage is not None else 0
-        if self._tool_kw:
-            rec = self.profile.build_output(  # type: ignore[call-arg]
-                comp.reasoning, comp.content, comp.finish_reason, reasoning_tokens=reasoning_tokens,
-                tool_calls=comp.tool_calls,
-            )
-            return rec.ids, list(rec.flags)
-        rec = self.profile.build_output(comp.reasoning, comp.content, comp.finish_reason, reasoning_tokens=reasoning_tokens)
-        flags = list(rec.flags)
-        if comp.tool_calls:
-            flags.append("tool_calls_not_in_ids")
-        return rec.ids, flags
+        u = comp.usage
+        rec = self.profile.build_output(
+            comp.reasoning, comp.content, comp.finish_reason,
+            reasoning_tokens=u.reasoning_tokens if u is not None else 0, tool_calls=comp.tool_calls,
+        )
+        return rec.ids, list(rec.flags)

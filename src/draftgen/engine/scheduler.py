@@ -5,11 +5,14 @@ Flow, per partition (``short``, ``long``), each with its own ``AdaptiveLimiter``
 
     producer: take a slot → pick the next admissible prompt (file order, dataset order; a dataset
               blocked by its token budget lets the next one go) → reserve tokens and dollars → spawn
-    task:     [prompt ids for SGLang] → attempts with backoff → build the record in the CPU pool →
-              settle the budget → queue the record on the dataset's raw sink → release the slot
+    task:     [prompt ids for SGLang] → attempts with backoff → release the slot → build the record in
+              the CPU pool → settle the budget → queue the record on the dataset's raw sink
 
 Invariants:
-- Tasks alive ≤ slots ≤ concurrency: prompts are streamed from disk, never one task per prompt.
+- Requests on the wire ≤ slots ≤ concurrency; a slot is freed as soon as its response is in, before
+  the record is built, so reconstruction never keeps a slot from the wire. Tasks alive ≤ 2 × concurrency
+  (the producer waits when responses pile up before the CPU pool): prompts are streamed from disk, never
+  one task per prompt.
 - A sample is done iff its ResponseRecord is in ``raw_responses.jsonl``; each id is scheduled at most once
   per run and never if already done, so no id is appended twice.
 - Every reservation is released exactly once (settled on success, released on failure or cancel).
@@ -33,7 +36,7 @@ from ..backends.base import Backend, Completion, CompletionRequest
 from ..errors import APIError, AuthError, DraftgenError, PaymentRequired, RateLimited, RetryableAPIError
 from ..records import FailureRecord, PromptRecord, ResponseRecord
 from .assemble import Assembler
-from .budget import Admission, BudgetGovernor, Prices
+from .budget import Admission, BudgetGovernor
 from .limiter import AdaptiveLimiter
 from .progress import Display, RunLog
 from .prompts import PromptCursor, estimate_prompt_tokens
@@ -102,7 +105,6 @@ class Engine:
         self.datasets = list(datasets)
         self.partitions = list(partitions)
         self.governor = governor
-        self.prices: Prices = governor.prices
         self.policy = policy
         self.stats = stats
         self.log = log
@@ -300,7 +302,7 @@ class Engine:
                 prompt = cur.peek()
                 if prompt is None:
                     continue
-                worst = self.prices.worst_case(estimate_prompt_tokens(prompt), mt)
+                worst = gov.prices.worst_case(estimate_prompt_tokens(prompt), mt)
                 dadm = gov.check_dollars(worst)
                 if dadm is Admission.OK:
                     cur.take()

@@ -7,6 +7,10 @@ A tool call replaces the final message: ``<|start|>assistant<|channel|>commentar
 <|constrain|>json<|message|>{args}<|call|>`` (harmony allows one call per turn; a content preamble goes in a
 ``commentary`` message before it). Ids: ``<|return|>`` 200002, ``<|call|>`` 200012, ``<|end|>`` 200007.
 
+A provider whose harmony parser broke returns ``content: "analysis…assistantfinal…"`` with no reasoning
+(the detokenizer dropped the control tokens); that is split back into the two messages, flagged
+``harmony_leak_repaired``.
+
 Prompt pitfall: the system block prints the *current date* and the reasoning effort. Both are template
 kwargs: ``reasoning_effort`` (default "medium") and ``current_date`` ("YYYY-MM-DD"); without
 ``current_date`` the date of ``when`` (the request time) or today is used. History assistant turns are
@@ -102,6 +106,15 @@ class GptOssProfile(Profile):
             Lit(args),
         )
         return (*analysis, *preamble, *call)
+
+    def repair_fields(self, reasoning: str | None, content: str | None, flags: list[str]) -> tuple[str | None, str | None]:
+        # A provider whose harmony parser broke returns "analysis{r}assistantfinal{c}" as the content
+        # (control tokens dropped by the detokenizer, reasoning null): split it back, flagged.
+        if not reasoning and content and content.startswith("analysis") and "assistantfinal" in content:
+            r, _, c = content[len("analysis"):].partition("assistantfinal")
+            flags.append("harmony_leak_repaired")
+            return r, c
+        return reasoning, content
 
     def render_tool_calls(self, tool_calls: Sequence[ToolCall], content: str, flags: list[str]) -> str:
         # The call is part of the layout (suffix_for), not text after the content.

@@ -134,11 +134,11 @@ def _load_vocab(path: Path, cfg: dict[str, Any], name: str) -> tuple[Tokenizer, 
         return _hf_from_bytes(data, where, name), data
     if path.name.endswith(".json"):
         return _hf_from_bytes(raw, where, name), raw
-    if path.name.endswith(".model") or path.name.endswith(".tiktoken"):
+    if path.name == "tiktoken.model":  # Kimi's layout (pattern and specials are Kimi's, not generic tiktoken)
         from .kimi_tiktoken import load_kimi_tiktoken
 
         return load_kimi_tiktoken(raw, cfg, where=where, name=name), raw
-    raise TokenizerError(f"{where}: unknown tokenizer file type; use tokenizer.json[.gz] or tiktoken.model")
+    raise TokenizerError(f"{where}: unknown tokenizer file type; use tokenizer.json, tokenizer.json.gz or Kimi's tiktoken.model")
 
 
 def _folder(

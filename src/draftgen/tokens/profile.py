@@ -49,6 +49,7 @@ import msgspec
 
 from ..errors import TokenizerError
 from ..records import Message, Tool, ToolCall
+from .template import render_template
 from .tokenizer import Tokenizer
 
 __all__ = [
@@ -107,44 +108,6 @@ class ParsedOutput:
     ended: bool  # the end-of-turn token was generated
     in_reasoning: bool  # the output stopped before the end-of-think marker
     reasoning_token_count: int = 0
-
-
-def _tojson(value: Any, indent: int | None = None, separators: tuple[str, str] | None = None,
-            ensure_ascii: bool = False, sort_keys: bool = False) -> str:
-    if separators is not None:
-        separators = (separators[0], separators[1])
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _raise(message: str) -> None:
-    raise TokenizerError(f"chat template raised: {message}")
-
-
-_ENV: Any = None
-_TEMPLATES: dict[str, Any] = {}
-
-
-def render_template(template: str, **context: Any) -> str:
-    """Render a chat template the way transformers does (sandboxed, trim_blocks, lstrip_blocks)."""
-    global _ENV
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    if _ENV is None:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise
-        _ENV = env
-    try:
-        tmpl = _TEMPLATES.get(template)
-        if tmpl is None:
-            tmpl = _TEMPLATES[template] = _ENV.from_string(template)
-        out: str = tmpl.render(**context)
-    except jinja2.TemplateError as exc:
-        raise TokenizerError(f"chat template failed to render: {exc}") from None
-    except (TypeError, AttributeError, KeyError, ValueError) as exc:
-        raise TokenizerError(f"chat template failed to render: {type(exc).__name__}: {exc}") from None
-    return out
 
 
 def restore_lead(text: str, lead: str) -> tuple[str, bool]:
@@ -349,6 +312,11 @@ class Profile:
         """Hook: the suffix used for one output (harmony picks channels by what came back)."""
         return self.suffix
 
+    def repair_fields(self, reasoning: str | None, content: str | None, flags: list[str]) -> tuple[str | None, str | None]:
+        """Hook: undo a known provider parsing failure that moved markup into the text (flagged).
+        Never edits the model's own text."""
+        return reasoning, content
+
     def end_token(self, content: str, finish_reason: str | None, tool_calls: Sequence[ToolCall] | None = None) -> str | None:
         """The control token that ends this turn, or None. Hook for formats with several (GLM, harmony)."""
         return self.end_of_turn[0] if self.end_of_turn else None
@@ -386,6 +354,7 @@ class Profile:
         Only valid where the content run is bounded by control tokens (see ``logprobs``).
         """
         flags: list[str] = []
+        reasoning, content = self.repair_fields(reasoning, content, flags)
         content = content or ""
         reasoning = reasoning or ""
         tok = self.tokenizer

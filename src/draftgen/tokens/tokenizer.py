@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 import unicodedata
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -123,6 +124,9 @@ class Tokenizer:
         return out
 
 
+_ORDINARY_LOCK = threading.Lock()
+
+
 class HFTokenizer(Tokenizer):
     """A ``tokenizers.Tokenizer`` (tokenizer.json). Byte-level BPE vocabularies only for token_bytes."""
 
@@ -156,12 +160,24 @@ class HFTokenizer(Tokenizer):
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
+    def _ordinary(self) -> Any:
+        # ``encode_special_tokens`` is a setting of the tokenizer object: flipping it on the shared one
+        # races with encode() in other threads (the generate engine encodes in a thread pool), so
+        # ordinary encoding uses its own copy with the setting fixed on.
+        t = self.__dict__.get("_tok_ordinary")
+        if t is None:
+            with _ORDINARY_LOCK:
+                t = self.__dict__.get("_tok_ordinary")
+                if t is None:
+                    t = type(self._tok).from_str(self._tok.to_str())
+                    t.encode_special_tokens = True
+                    self.__dict__["_tok_ordinary"] = t
+        return t
+
     def encode_ordinary(self, text: str) -> list[int]:
-        self._tok.encode_special_tokens = True
-        try:
-            ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
-        finally:
-            self._tok.encode_special_tokens = False
+        if self.special_pattern.search(text) is None:
+            return self.encode(text)  # nothing to treat differently (and no copy of the tokenizer needed)
+        ids: list[int] = self._ordinary().encode(text, add_special_tokens=False).ids
         if self._soft_ids.isdisjoint(ids):
             return ids
         # Added tokens without the HF special flag (<think>, <tool_call>) are matched even with
