@@ -202,9 +202,11 @@ def _fmt(v: Any) -> str:
     if isinstance(v, bool) or v is None:
         return str(v)
     if isinstance(v, float):
-        if v == 0 or 0.01 <= abs(v) < 1e6:
-            return f"{v:,.3f}".rstrip("0").rstrip(".")
-        return f"{v:.3g}"
+        if v == 0 or 0.001 <= abs(v) < 10:
+            return f"{v:.4f}".rstrip("0").rstrip(".")
+        if 10 <= abs(v) < 1e9:
+            return f"{v:,.2f}".rstrip("0").rstrip(".")
+        return f"{v:.4g}"
     if isinstance(v, int):
         return f"{v:,}"
     return str(v).replace("|", "\\|").replace("\n", " ")

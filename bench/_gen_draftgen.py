@@ -150,9 +150,9 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     report = run_generate(cfg, GenerateOptions(partition="short"), echo=lambda s: None)
 
     # The tokenizer's own encode of the same text, for the reconstruction ratio.
-    from draftgen.prepare import load_target_profile
+    from draftgen.tokens import profile_from_config
 
-    tok = load_target_profile(cfg).tokenizer
+    tok = profile_from_config(cfg).tokenizer
     texts = []
     lat = []
     for _, rec in iter_jsonl(run_dir / "raw" / "bench" / "raw_responses.jsonl", ResponseRecord):

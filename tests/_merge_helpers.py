@@ -11,9 +11,10 @@ from typing import Any
 import yaml
 
 from draftgen.config import RunConfig, load_config
-from draftgen.prepare import load_target_profile, prepared_prompts_path, run_prepare
+from draftgen.prepare import prepared_prompts_path, run_prepare
 from draftgen.records import PromptRecord, ResponseRecord, Usage
 from draftgen.store import JsonlWriter, iter_jsonl
+from draftgen.tokens import profile_from_config
 
 
 def write_jsonl(path: Path, rows: list[Any]) -> Path:
@@ -41,7 +42,7 @@ def chat_rows(prefix: str, n: int) -> list[dict[str, Any]]:
 def fake_generate(cfg: RunConfig, *, seed: int = 0, truncate_every: int = 0, with_prompt_ids: bool = True,
                   legacy: bool = False, long_every: int = 0) -> dict[str, list[ResponseRecord]]:
     """Write raw/<dataset>/raw_responses.jsonl for every prepared prompt; returns the records written."""
-    prof = load_target_profile(cfg)
+    prof = profile_from_config(cfg)
     rng = random.Random(seed)
     written: dict[str, list[ResponseRecord]] = {}
     for ds in cfg.datasets:

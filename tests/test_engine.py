@@ -59,6 +59,21 @@ def test_limiter_shrinks_once_per_storm_and_recovers_gradually() -> None:
     assert lim.current == 1000
 
 
+def test_limiter_recovers_with_time_when_no_response_comes_back() -> None:
+    clock = Clock()
+    lim = AdaptiveLimiter(100, clock=clock, recover_after_s=5.0)
+    for _ in range(100):
+        lim.on_rate_limited()
+    assert lim.current == 70
+    clock.t += 4.0
+    lim.tick()
+    assert lim.current == 70  # a 429 was seen less than 5 s ago
+    for _ in range(20):
+        clock.t += 5.0
+        lim.tick()
+    assert lim.current == 100
+
+
 def test_limiter_ignores_sparse_429s_and_respects_floor() -> None:
     clock = Clock()
     lim = AdaptiveLimiter(100, clock=clock)

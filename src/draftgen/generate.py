@@ -34,6 +34,7 @@ import msgspec
 from .backends import Backend, EndpointInfo, open_backend
 from .backends.wire import redact
 from .config import RunConfig, config_hash, resolve_api_key
+from .emulator.embedded import embedded_emulator
 from .engine import (
     Assembler,
     BudgetGovernor,
@@ -52,7 +53,7 @@ from .engine import (
 from .errors import APIError, ConfigError, DraftgenError, InputError, RunDirError
 from .records import RunManifest
 from .store import atomic_write_json, read_json, scan_responses
-from .tokens import Profile
+from .tokens import profile_from_config
 
 __all__ = [
     "DatasetSummary",
@@ -62,7 +63,6 @@ __all__ = [
     "run_dir_lock",
     "run_generate",
     "scrub_argv",
-    "target_profile",
     "write_manifest",
 ]
 
@@ -185,27 +185,6 @@ def write_manifest(cfg: RunConfig, argv: list[str]) -> RunManifest:
 
 # -- set-up ----------------------------------------------------------------------------------------------
 
-_PROFILES: dict[tuple[Any, ...], Profile] = {}
-
-
-def target_profile(cfg: RunConfig) -> Profile:
-    """The target's profile, loaded once per process per (profile, tokenizer, template file state)."""
-    m = cfg.model
-    tmpl = cfg.path(m.chat_template) if m.chat_template else None
-    stamp = None
-    if tmpl is not None:
-        with contextlib.suppress(OSError):
-            stamp = tmpl.stat().st_mtime_ns
-    key = (m.profile, m.tokenizer, m.tokenizer_sha256, m.thinking, str(tmpl), stamp, cfg.base_dir)
-    prof = _PROFILES.get(key)
-    if prof is None:
-        from .prepare import load_target_profile
-
-        prof = _PROFILES[key] = load_target_profile(cfg)
-    return prof
-
-
-
 def _raise_fd_limit(needed: int) -> None:
     """Thousands of sockets need thousands of descriptors; raise the soft limit toward the hard one."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -224,32 +203,6 @@ def _api_keys(cfg: RunConfig) -> tuple[str | None, str | None]:
     if cfg.endpoint.management_key_env:
         mgmt = os.environ.get(cfg.endpoint.management_key_env, "").strip() or None
     return key, mgmt
-
-
-@contextlib.contextmanager
-def _maybe_emulator(cfg: RunConfig, api_key: str | None, mgmt: str | None) -> Iterator[str | None]:
-    """Start the embedded emulator when ``endpoint: emulator`` has no base URL; yields its API root."""
-    ep = cfg.endpoint
-    if ep.kind != "emulator" or ep.base_url or ep.base_urls:
-        yield None
-        return
-    from .emulator.server import EmulatorOptions, start_in_thread
-
-    em = ep.emulator
-    scenario = em.scenario if em.scenario in ("fast", "realistic", "chaos") else str(cfg.path(em.scenario))
-    tok = cfg.model.tokenizer
-    if not tok.startswith(("bundled:", "hf:")):
-        tok = str(cfg.path(tok))
-    gt = None
-    if em.ground_truth:
-        gt_path = cfg.run_path / "emulator" / "ground_truth.jsonl"
-        gt_path.parent.mkdir(parents=True, exist_ok=True)
-        gt = str(gt_path)
-    opts = EmulatorOptions(host="127.0.0.1", port=0, scenario=scenario, seed=em.seed, ground_truth=gt,
-                           api_key=api_key, management_key=mgmt, credits=em.credits, profile=cfg.model.profile,
-                           tokenizer=tok, thinking=cfg.model.thinking)
-    with start_in_thread(opts) as emu:
-        yield emu.base_url
 
 
 def _prepared(cfg: RunConfig, names: list[str], echo: Echo) -> None:
@@ -323,7 +276,7 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, names: list[str], out: 
     write_manifest(cfg, opts.argv)
     _prepared(cfg, names, out)
     api_key, mgmt = _api_keys(cfg)
-    profile = target_profile(cfg)
+    profile = profile_from_config(cfg)
     parts = [p for p in ("short", "long") if opts.partition in (p, "all")]
     partitions = [PartitionPlan(p, getattr(cfg.partitions, p).concurrency, getattr(cfg.partitions, p).max_tokens)
                   for p in parts]
@@ -358,7 +311,7 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, names: list[str], out: 
             plans.append(DatasetPlan(d.name, run_dir / "prepared" / d.name / "prompts.jsonl", raw_dir,
                                      done=idx.done, pending=pending))
         stats.spend_prior = governor.prior
-        with _maybe_emulator(cfg, api_key, mgmt) as emu_url:
+        with embedded_emulator(cfg, api_key=api_key, management_key=mgmt) as emu_url:
             base_urls = [emu_url] if emu_url else None
             result_code, message = asyncio.run(_main(cfg, api_key, mgmt, base_urls, profile, plans, partitions,
                                                      governor, stats, log))

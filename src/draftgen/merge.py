@@ -43,7 +43,7 @@ from .config import RunConfig
 from .errors import InputError
 from .export import MergedRow, RowSource, write_split
 from .hidden import DatasetTokens, format_hidden_report, hidden_states_report, tokens_under_cap
-from .prepare import load_target_profile, prepared_prompts_path
+from .prepare import prepared_prompts_path
 from .records import (
     AuditReport,
     MergedDatasetStats,
@@ -53,7 +53,7 @@ from .records import (
     PromptRecord,
 )
 from .store import JsonlReader, atomic_write_json, iter_jsonl_offsets, read_json
-from .tokens import Profile
+from .tokens import Profile, profile_from_config
 
 __all__ = ["MergeReport", "merged_dir", "raw_responses_path", "reasoning_length", "run_merge"]
 
@@ -352,7 +352,7 @@ def run_merge(cfg: RunConfig, *, echo: Echo = print) -> MergeReport:
     run_dir = cfg.run_path
     if not any(raw_responses_path(run_dir, ds.name).is_file() for ds in cfg.datasets):
         raise InputError(f"{run_dir / 'raw'}: no raw_responses.jsonl for any dataset; run `draftgen generate` first")
-    profile = load_target_profile(cfg)
+    profile = profile_from_config(cfg)
     scanner = _Scanner(cfg, profile, echo)
     scanner.load_audit()
     for ds in cfg.datasets:

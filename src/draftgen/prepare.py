@@ -43,12 +43,12 @@ from .datasets import (
     source_label,
     to_conversation,
 )
-from .errors import ConfigError, DraftgenError, InputError, TokenizerError
+from .errors import DraftgenError, InputError, TokenizerError
 from .records import DatasetStats, PromptRecord
 from .store import JsonlWriter, atomic_write_json, read_json
-from .tokens import Profile, load_profile
+from .tokens import Profile, profile_from_config
 
-__all__ = ["PrepareReport", "load_target_profile", "prepare_dataset", "prepared_prompts_path",
+__all__ = ["PrepareReport", "prepare_dataset", "prepared_prompts_path",
            "prepared_stats_path", "run_prepare"]
 
 Echo = Callable[[str], object]
@@ -74,27 +74,6 @@ def prepared_stats_path(run_dir: Path, dataset: str) -> Path:
     return run_dir / "prepared" / dataset / "stats.json"
 
 
-def load_target_profile(cfg: RunConfig) -> Profile:
-    """The target model's token profile, as every phase loads it (the last one is kept for reuse)."""
-    m = cfg.model
-    template: str | None = None
-    if m.chat_template:
-        path = cfg.path(m.chat_template)
-        try:
-            template = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"model.chat_template: cannot read {path} ({exc}); fix the path") from None
-    key = (m.profile, m.tokenizer, m.tokenizer_sha256, m.thinking, cfg.base_dir, template)
-    prof = _PROFILES.get(key)
-    if prof is None:
-        prof = load_profile(m.profile, m.tokenizer, sha256=m.tokenizer_sha256, thinking=m.thinking,
-                            base_dir=Path(cfg.base_dir or "."), chat_template=template)
-        _PROFILES.clear()  # keep one: a run uses one target model
-        _PROFILES[key] = prof
-    return prof
-
-
-_PROFILES: dict[tuple[object, ...], Profile] = {}
 
 
 def _fingerprint(cfg: RunConfig, ds: DatasetConfig) -> str:
@@ -256,7 +235,7 @@ def run_prepare(cfg: RunConfig, *, echo: Echo = print) -> PrepareReport:
             echo(f"{ds.name}: already prepared ({current.samples} prompts); unchanged")
             continue
         if profile is None:
-            profile = load_target_profile(cfg)
+            profile = profile_from_config(cfg)
         st = prepare_dataset(cfg, ds, profile, echo=echo)
         report.datasets.append(st)
         extra = [f"{st.duplicates_removed} duplicates removed"]

@@ -35,6 +35,7 @@ from .backends import (
     open_backend,
 )
 from .config import RunConfig, resolve_api_key
+from .emulator.embedded import embedded_emulator
 from .errors import APIError, AuthError, DraftgenError, PaymentRequired
 from .pricing import eligible_endpoints, endpoint_matches, matching_endpoints
 from .records import Message
@@ -82,31 +83,9 @@ class ProbeReport(msgspec.Struct, kw_only=True):
 
 @contextmanager
 def embedded_endpoint(cfg: RunConfig, *, ground_truth: bool = False) -> Iterator[list[str] | None]:
-    """Base URLs to use: the configured ones, or (``endpoint: emulator`` without a base_url) those of an
-    embedded emulator started for the duration of the block. Yields None when the config's URLs apply."""
-    ep = cfg.endpoint
-    if ep.kind != "emulator" or ep.base_url or ep.base_urls:
-        yield None
-        return
-    from .emulator.server import EmulatorOptions, start_in_thread
-
-    em = ep.emulator
-    scenario = em.scenario
-    if scenario not in ("fast", "realistic", "chaos"):
-        scenario = str(cfg.path(scenario))
-    tokenizer = cfg.model.tokenizer
-    if not tokenizer.startswith(("bundled:", "hf:")):
-        tokenizer = str(cfg.path(tokenizer))
-    gt = None
-    if ground_truth and em.ground_truth:
-        gt_path = cfg.run_path / "emulator" / "ground_truth.jsonl"
-        gt_path.parent.mkdir(parents=True, exist_ok=True)
-        gt = str(gt_path)
-    opts = EmulatorOptions(host="127.0.0.1", port=0, scenario=scenario, seed=em.seed, ground_truth=gt,
-                           credits=em.credits, profile=cfg.model.profile, tokenizer=tokenizer,
-                           thinking=cfg.model.thinking)
-    with start_in_thread(opts) as emu:
-        yield [emu.base_url]
+    """Base URLs to use: the configured ones (None), or those of the embedded emulator for the block."""
+    with embedded_emulator(cfg, ground_truth=ground_truth) as url:
+        yield [url] if url else None
 
 
 def api_key_for(cfg: RunConfig) -> str | None:
@@ -278,10 +257,10 @@ class _Probe:
                       f"({rep.reasoning_share:.1%})")
 
     def rebuild(self, comp: Completion) -> None:
-        from .prepare import load_target_profile
+        from .tokens import profile_from_config
 
         rep = self.rep
-        profile = load_target_profile(self.cfg)
+        profile = profile_from_config(self.cfg)
         billed = comp.usage.completion_tokens if comp.usage else None
         if comp.output_ids is not None:
             rep.rebuilt_tokens = len(comp.output_ids)

@@ -208,19 +208,31 @@ def read_failures(path: Path) -> list[FailureRecord]:
     return [dec.decode(line) for line in data[:cut].splitlines() if line.strip()]
 
 
+def _holds(path: Path, needles: list[bytes]) -> bytes | None:
+    """The first needle found in the file, read in 4 MiB chunks (overlapping, so none is split)."""
+    overlap = max(len(n) for n in needles) - 1
+    tail = b""
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            window = tail + chunk
+            for needle in needles:
+                if needle in window:
+                    return needle
+            tail = window[-overlap:]
+    return None
+
+
 def files_holding(root: Path, secrets: Sequence[str] = SECRETS) -> list[str]:
-    """Every file under ``root`` whose bytes contain one of ``secrets`` (also UTF-16 and base64-free)."""
+    """Every file under ``root`` whose bytes contain one of ``secrets``."""
     needles = [s.encode() for s in secrets]
     hits = []
     for p in root.rglob("*"):
         if not p.is_file() or p.is_symlink():
             continue
         try:
-            data = p.read_bytes()
+            found = _holds(p, needles)
         except OSError:
             continue
-        for needle in needles:
-            if needle in data:
-                hits.append(f"{p} holds {needle[:12].decode()}…")
-                break
+        if found is not None:
+            hits.append(f"{p} holds {found[:12].decode()}…")
     return hits

@@ -9,6 +9,8 @@ Invariant: at most ``current`` (``int(limit)``) slots are taken by new acquisiti
 - Every success adds ``recover / limit`` to the limit (``recover`` = 2 % of the ceiling, at least 1), i.e.
   about 2 % of the ceiling per round of ``limit`` completions: recovery is gradual but takes tens of
   rounds, not thousands.
+- ``tick`` (called periodically by the engine) also adds ``recover`` every ``recover_after_s`` without a
+  429, so a limit shrunk while its slots hang in slow requests still comes back.
 - With ``adaptive=False`` the limit stays at the ceiling.
 
 Slots are taken by one producer per partition and released by the sample tasks; waiting is FIFO.
@@ -34,6 +36,7 @@ class AdaptiveLimiter:
         decrease: float = 0.7,
         storm_rate: float = 0.05,
         cooldown_s: float = 2.0,
+        recover_after_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if ceiling < 1:
@@ -51,6 +54,9 @@ class AdaptiveLimiter:
         self.rate_429 = 0.0  # EWMA of "this response was rate-limited"
         self.decreases = 0
         self._last_decrease = -1e18
+        self.recover_after_s = recover_after_s
+        self._last_limited = -1e18
+        self._last_raise = -1e18
         self._waiters: deque[asyncio.Future[None]] = deque()
 
     @property
@@ -99,9 +105,20 @@ class AdaptiveLimiter:
     def on_other_error(self) -> None:
         self._observe(False)
 
+    def tick(self) -> None:
+        """Time-based recovery: no 429 for ``recover_after_s`` → one more step up."""
+        if not self.adaptive or self.limit >= self.ceiling:
+            return
+        now = self.clock()
+        if now - max(self._last_limited, self._last_raise) >= self.recover_after_s:
+            self._last_raise = now
+            self.limit = min(float(self.ceiling), self.limit + self.recover)
+            self._wake()
+
     def on_rate_limited(self) -> bool:
         """Record a rate-limited response; returns True when the limit was decreased."""
         self._observe(True)
+        self._last_limited = self.clock()
         if not self.adaptive or self.rate_429 < self.storm_rate:
             return False
         now = self.clock()

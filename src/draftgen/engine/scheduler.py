@@ -182,6 +182,9 @@ class Engine:
                     break
                 if all(p.done() for p in self._producers) and not self._tasks:
                     break
+                for part_name, lim in self.limiters.items():
+                    lim.tick()
+                    self.stats.limit[part_name] = lim.current
                 await asyncio.sleep(0.05)
         finally:
             await self._shutdown()

@@ -10,9 +10,12 @@ gpt-oss, generic.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from ..errors import TokenizerError
 from .loader import LoadedTokenizer, load_tokenizer
@@ -126,18 +129,37 @@ def load_profile(
 
 
 def profile_from_config(cfg: RunConfig) -> Profile:
-    """The profile described by ``cfg.model`` (gpt-oss also takes ``reasoning.effort`` as its effort)."""
+    """The profile described by ``cfg.model`` (gpt-oss also takes ``reasoning.effort`` as its effort).
+
+    Every phase loads the target's profile through here. The last one is kept for reuse (a run has one
+    target), keyed by everything that shapes it, including the template file's modification time.
+    """
     m = cfg.model
     kwargs = dict(m.template_kwargs)
     if m.profile == "gpt-oss" and cfg.reasoning.effort and "reasoning_effort" not in kwargs:
         kwargs["reasoning_effort"] = cfg.reasoning.effort
-    return load_profile(
+    base_dir = Path(cfg.base_dir) if cfg.base_dir else None
+    stamp: int | None = None
+    if m.chat_template:
+        with contextlib.suppress(OSError):
+            stamp = cfg.path(m.chat_template).stat().st_mtime_ns
+    key = msgspec.json.encode([msgspec.to_builtins(m), kwargs, str(base_dir), stamp], order="sorted")
+    cached = _LAST_PROFILE.get(key)
+    if cached is not None:
+        return cached
+    prof = load_profile(
         m.profile,
         m.tokenizer,
         sha256=m.tokenizer_sha256,
         thinking=m.thinking,
-        base_dir=Path(cfg.base_dir) if cfg.base_dir else None,
+        base_dir=base_dir,
         chat_template=m.chat_template,
         template_kwargs=kwargs,
         options=m.profile_options,
     )
+    _LAST_PROFILE.clear()
+    _LAST_PROFILE[key] = prof
+    return prof
+
+
+_LAST_PROFILE: dict[bytes, Profile] = {}
