@@ -173,7 +173,7 @@ def test_chat_template_text_or_path(tmp_path: Path) -> None:
     msgs = [Message(role="user", content="hi")]
     assert by_path.render_prompt(msgs) == "[hi]"
     assert by_text.render_prompt(msgs) == "hi!"
-    with pytest.raises(TokenizerError, match="chat template file not found"):
+    with pytest.raises(TokenizerError, match=r"chat_template .*file not found.*fix model\.chat_template"):
         load_profile("qwen3", "bundled:qwen3", chat_template="missing.jinja", base_dir=tmp_path)
 
 

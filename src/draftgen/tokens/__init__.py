@@ -96,7 +96,10 @@ def _template_text(chat_template: str, base_dir: Path | None, folder: Path | Non
                 return c.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 raise TokenizerError(f"{c}: cannot read the chat template ({exc})") from None
-    raise TokenizerError(f"{chat_template}: chat template file not found (looked in {', '.join(map(str, candidates))})")
+    raise TokenizerError(
+        f"chat_template {chat_template!r}: file not found (looked in {', '.join(map(str, candidates))}); "
+        "fix model.chat_template"
+    )
 
 
 def load_profile(
