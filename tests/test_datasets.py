@@ -308,3 +308,20 @@ def test_hf_without_datasets_package_says_how_to_install(tmp_path: Path, monkeyp
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(ConfigError, match=r"pip install 'draftgen\[hub\]'"):
         _rows(_ds(hf="org/some-dataset"), tmp_path)
+
+
+def test_hf_hub_name_is_loaded_by_name_subset_and_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The hub itself is out of reach offline; stand in for datasets.load_dataset and check what it is asked for.
+    import datasets
+
+    calls: list[tuple[Any, ...]] = []
+
+    def fake_load_dataset(name: str, subset: str | None, *, split: str) -> Any:
+        calls.append((name, subset, split))
+        return datasets.Dataset.from_list([{"conversations": [{"from": "human", "value": "hi"}]}])
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    rows = _rows(_ds(hf="org/sharegpt-like", hf_subset="en", split="test"), tmp_path)
+    assert calls == [("org/sharegpt-like", "en", "test")]
+    assert rows[0][0] == "hf:org/sharegpt-like/en[test]#0"
+    assert rows[0][1]["conversations"][0]["value"] == "hi"
