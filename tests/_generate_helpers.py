@@ -12,7 +12,7 @@ from draftgen.emulator import EmulatorOptions, RunningEmulator, Scenario, builti
 from draftgen.records import FailureRecord, Message, PromptRecord, ResponseRecord, Tool, ToolFunction
 from draftgen.store import JsonlWriter, iter_jsonl
 
-SECRET_KEY = "sk-or-v1-SECRETSECRETSECRET0123456789abcdef"
+SECRET_KEY = "sk-or-v1-" + "SECRET" * 3 + "0123456789abcdef"  # fake, recognisable in a scan
 
 TOOLS = [Tool(function=ToolFunction(name="lookup_order", description="Find an order by id",
                                     parameters={"type": "object", "properties": {"id": {"type": "string"}}}))]

@@ -42,6 +42,7 @@ __all__ = [
     "ToolCall",
     "ToolFunction",
     "Usage",
+    "spend_usd",
 ]
 
 SCHEMA_VERSION = 1
@@ -105,6 +106,12 @@ class PromptRecord(msgspec.Struct, omit_defaults=True):
     source: str | None = None  # "file:line" or "hf:name[split]#row"
     turn_index: int | None = None
     schema_version: int = SCHEMA_VERSION
+
+
+def spend_usd(cost: float, is_byok: bool, upstream_cost: float | None) -> float:
+    """What one response cost the account: ``cost``, plus the upstream cost only on BYOK responses
+    (where ``cost`` is 0; on other responses ``upstream_inference_cost`` repeats ``cost``)."""
+    return cost + (upstream_cost or 0.0) if is_byok else cost
 
 
 class Usage(msgspec.Struct, omit_defaults=True):

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from .errors import InputError, StorageError
-from .records import FailureRecord, ResponseRecord
+from .records import FailureRecord, ResponseRecord, spend_usd
 
 __all__ = [
     "JsonlWriter",
@@ -224,7 +224,8 @@ class _ResponseScan(msgspec.Struct):
     output_ids: msgspec.Raw = msgspec.Raw(b"")
 
 
-def _raw_len(raw: msgspec.Raw) -> int:
+def raw_ids_len(raw: msgspec.Raw) -> int:
+    """Length of a JSON int array left undecoded (``msgspec.Raw``), counted without parsing it."""
     data = bytes(raw)
     if data.strip() in (b"[]", b"null", b""):
         return 0
@@ -255,11 +256,9 @@ def scan_responses(path: Path) -> ResumeIndex:
         if row.usage is not None and row.usage.completion_tokens:
             idx.completion_tokens += row.usage.completion_tokens
         else:
-            idx.completion_tokens += _raw_len(row.output_ids)
+            idx.completion_tokens += raw_ids_len(row.output_ids)
         if row.usage is not None:
-            idx.spend_usd += row.usage.cost
-            if row.usage.is_byok and row.usage.upstream_cost:
-                idx.spend_usd += row.usage.upstream_cost
+            idx.spend_usd += spend_usd(row.usage.cost, row.usage.is_byok, row.usage.upstream_cost)
     return idx
 
 
@@ -276,7 +275,7 @@ def iter_responses(path: Path) -> Iterator[ResponseRecord]:
         yield rec
 
 
-__all__ += ["iter_responses"]
+__all__ += ["iter_responses", "raw_ids_len"]
 
 
 def iter_jsonl_offsets(path: Path, type: type[T]) -> Iterator[tuple[int, int, T]]:

@@ -18,7 +18,7 @@ import asyncio
 from dataclasses import dataclass, field
 from enum import Enum
 
-from ..records import Usage
+from ..records import Usage, spend_usd
 
 __all__ = ["Admission", "BudgetGovernor", "Prices", "TokenBudget", "usage_cost"]
 
@@ -37,12 +37,7 @@ class Prices:
 
 def usage_cost(u: Usage | None) -> float:
     """What a response cost the account: ``cost``, plus the upstream cost only on BYOK responses."""
-    if u is None:
-        return 0.0
-    cost = u.cost
-    if u.is_byok and u.upstream_cost:
-        cost += u.upstream_cost
-    return cost
+    return 0.0 if u is None else spend_usd(u.cost, u.is_byok, u.upstream_cost)
 
 
 class Admission(Enum):

@@ -34,8 +34,9 @@ from ..records import (
     MergeManifest,
     MergeStats,
     RunManifest,
+    spend_usd,
 )
-from ..store import iter_jsonl, read_json
+from ..store import iter_jsonl, raw_ids_len, read_json
 
 __all__ = [
     "DatasetMetrics",
@@ -150,21 +151,9 @@ class _Row(msgspec.Struct):
     created_at: float = 0.0
 
 
-def _raw_len(raw: msgspec.Raw) -> int:
-    data = bytes(raw).strip()
-    if data in (b"[]", b"null", b""):
-        return 0
-    return data.count(b",") + 1
-
-
 def row_cost(usage: _Usage | None) -> float:
     """Dollars a response cost: ``cost``, plus the upstream cost on BYOK responses (where cost is 0)."""
-    if usage is None:
-        return 0.0
-    cost = usage.cost
-    if usage.is_byok and usage.upstream_cost:
-        cost += usage.upstream_cost
-    return cost
+    return 0.0 if usage is None else spend_usd(usage.cost, usage.is_byok, usage.upstream_cost)
 
 
 def dataset_names(run_dir: Path, configured: list[str] | None = None) -> list[str]:
@@ -347,7 +336,7 @@ def compute_metrics(run_dir: Path, configured: list[str] | None = None) -> RunMe
                 continue
             done.add(row.sample_id)
             u = row.usage
-            completion = u.completion_tokens if u is not None and u.completion_tokens else _raw_len(row.output_ids)
+            completion = u.completion_tokens if u is not None and u.completion_tokens else raw_ids_len(row.output_ids)
             reasoning = min(u.reasoning_tokens, completion) if u is not None else 0
             acc.add(row, completion, reasoning)
             reasoning_lens.append(reasoning)
