@@ -45,6 +45,7 @@ __all__ = [
     "peak_rss_mb",
     "pinned_cpu",
     "quick_mode",
+    "stop_process",
 ]
 
 RESULT_PREFIX = "RESULT-JSON: "
@@ -148,6 +149,16 @@ def pinned_cpu(cpu: int = 0) -> Iterator[None]:
     finally:
         os.sched_setaffinity(0, before)
 
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
+    """Terminate a child process, then kill it if it has not exited within ``timeout`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def free_port() -> int:

@@ -34,9 +34,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 try:
-    from bench._common import emit_result, free_port, machine_info, quick_mode
+    from bench._common import emit_result, free_port, machine_info, quick_mode, stop_process
 except ImportError:  # pragma: no cover - run as a plain script
-    from _common import emit_result, free_port, machine_info, quick_mode  # type: ignore[no-redef]
+    from _common import emit_result, free_port, machine_info, quick_mode, stop_process  # type: ignore[no-redef]
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -98,11 +98,7 @@ class Emulator:
             return 0.0
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)
         self.log.close()
 
 

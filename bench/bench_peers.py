@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from bench._common import REPO_ROOT, emit_result, free_port, peak_rss_mb, quick_mode
+    from bench._common import REPO_ROOT, emit_result, free_port, peak_rss_mb, quick_mode, stop_process
 except ModuleNotFoundError:  # run as `python bench/bench_peers.py`
-    from _common import REPO_ROOT, emit_result, free_port, peak_rss_mb, quick_mode  # type: ignore[no-redef,import-not-found]
+    from _common import REPO_ROOT, emit_result, free_port, peak_rss_mb, quick_mode, stop_process  # type: ignore[no-redef,import-not-found]
 
 KEY = "sk-or-v1-" + "B3NCH" * 8
 MODEL = "qwen/qwen3-8b"
@@ -336,11 +336,7 @@ def main() -> None:
                 print(f"{kind:>9} @ {level}: {shown}  ({time.perf_counter() - t0:.0f} s)", flush=True)
     finally:
         if emu is not None:
-            emu.terminate()
-            try:
-                emu.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                emu.kill()
+            stop_process(emu)
         shutil.rmtree(work, ignore_errors=True)
 
     print(f"\n{'client':<10}{'in flight':>10}{'ok':>7}{'cpu s/1k':>10}{'(req. path)':>12}{'wall s':>9}"

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from bench._common import REPO_ROOT, emit_result, free_port, peak_rss_mb, quick_mode
+    from bench._common import REPO_ROOT, emit_result, free_port, peak_rss_mb, quick_mode, stop_process
 except ModuleNotFoundError:  # run as `python bench/bench_scale.py`
-    from _common import REPO_ROOT, emit_result, free_port, peak_rss_mb, quick_mode  # type: ignore[no-redef,import-not-found]
+    from _common import REPO_ROOT, emit_result, free_port, peak_rss_mb, quick_mode, stop_process  # type: ignore[no-redef,import-not-found]
 
 KEY = "sk-or-v1-" + "SC4L3" * 8
 REFERENCE_TOKENS_PER_S = 90.9e6 / (33 * 60)  # 45.9k
@@ -161,11 +161,7 @@ def main() -> None:
         steady = _steady(work / "run" / "raw" / "scale" / "raw_responses.jsonl", got["start"])
     finally:
         if emu is not None:
-            emu.terminate()
-            try:
-                emu.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                emu.kill()
+            stop_process(emu)
         if os.environ.get("DRAFTGEN_BENCH_KEEP"):
             print(f"kept {work}")
         else:
