@@ -30,6 +30,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import msgspec
+
+from draftgen.config import load_config
+from draftgen.rundir import expected_provenance, writer
+from draftgen.tokens import profile_from_config
+
 REF_SAMPLES = 40_114
 REF_TOKENS = 138_400_000
 LONG_SAMPLES = 2_800
@@ -115,6 +121,18 @@ def build_run(root: Path, scale: float, exports: bool) -> tuple[Path, int, int]:
     short_avg = (REF_TOKENS - LONG_TOKENS) / (REF_SAMPLES - LONG_SAMPLES)
     long_avg = LONG_TOKENS / LONG_SAMPLES
     sets = [(f"short{i}", short_n, short_avg, 0.35) for i in range(SHORT_SETS)] + [("long", long_n, long_avg, 0.85)]
+    cfg = {
+        "run_dir": "run", "endpoint": "emulator",
+        "model": {"profile": "qwen3", "tokenizer": "bundled:qwen3"},
+        "datasets": [{"name": name, "path": f"{name}.jsonl"} for name, *_ in sets],
+        "merge": {"val_fraction": 0.01, "exports": ["speculators", "specforge"] if exports else []},
+        "hidden_states": {"hidden_size": 7168},
+    }
+    (root / "cfg.yaml").write_text(json.dumps(cfg), encoding="utf-8")
+    loaded = load_config(root / "cfg.yaml")
+    with writer(loaded, "bench"):  # claims the run directory (run.json) the way every command does
+        pass
+    provenance = msgspec.json.encode(expected_provenance(loaded, profile_from_config(loaded).tokenizer_sha256))
     samples = tokens = 0
     for name, n, avg, prompt_share in sets:
         raw = root / "run" / "raw" / name / "raw_responses.jsonl"
@@ -133,22 +151,15 @@ def build_run(root: Path, scale: float, exports: bool) -> tuple[Path, int, int]:
                 reasoning = text[: min(len(text), 4 * r)].decode()
                 content = text[: min(len(text), 4 * (c - r))].decode()
                 fr.write(b'{"sample_id":"%s","dataset":"%s","reasoning":%s,"content":%s,"finish_reason":"stop",'
-                         b'"provider":"Bench","output_ids":[%s],"prompt_ids":[%s],"ids_source":"exact"}\n' % (
+                         b'"provider":"Bench","output_ids":[%s],"prompt_ids":[%s],"ids_source":"exact",'
+                         b'"provenance":%s}\n' % (
                              sid.encode(), name.encode(), json.dumps(reasoning).encode(),
-                             json.dumps(content).encode(), out, _ids(pool, p, rng)))
+                             json.dumps(content).encode(), out, _ids(pool, p, rng), provenance))
                 fp.write(json.dumps({"sample_id": sid, "dataset": name, "content_hash": sid,
                                      "messages": [{"role": "user", "content": f"prompt {i} of {name}"}]}).encode()
                          + b"\n")
                 samples += 1
                 tokens += p + c
-    cfg = {
-        "run_dir": "run", "endpoint": "emulator",
-        "model": {"profile": "qwen3", "tokenizer": "bundled:qwen3"},
-        "datasets": [{"name": name, "path": f"{name}.jsonl"} for name, *_ in sets],
-        "merge": {"val_fraction": 0.01, "exports": ["speculators", "specforge"] if exports else []},
-        "hidden_states": {"hidden_size": 7168},
-    }
-    (root / "cfg.yaml").write_text(json.dumps(cfg), encoding="utf-8")
     return root / "cfg.yaml", samples, tokens
 
 

@@ -7,10 +7,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from draftgen import rundir
 from draftgen.config import RunConfig, config_from_mapping
 from draftgen.emulator import EmulatorOptions, RunningEmulator, Scenario, builtin_scenario, start_in_thread
-from draftgen.records import FailureRecord, Message, PromptRecord, ResponseRecord, Tool, ToolFunction
+from draftgen.records import (
+    FailureRecord,
+    Message,
+    PromptRecord,
+    Provenance,
+    ResponseRecord,
+    Tool,
+    ToolFunction,
+)
 from draftgen.store import JsonlWriter, iter_jsonl
+from draftgen.tokens import profile_from_config
 
 SECRET_KEY = "sk-or-v1-" + "SECRET" * 3 + "0123456789abcdef"  # fake, recognisable in a scan
 
@@ -24,6 +34,21 @@ def prompt(dataset: str, i: int, partition: str = "short", tools: bool = False) 
         messages=[Message(role="user", content=f"Question {i} of {dataset}: explain something interesting.")],
         tools=TOOLS if tools else None, prompt_tokens=30,
     )
+
+
+def claim(cfg: RunConfig) -> Path:
+    """Claim ``cfg``'s run directory the way every writing phase does (``rundir.writer`` writes run.json)
+    and return it, so prompts written into it by hand land in a folder that is draftgen's.
+
+    generate refuses a run made by another config: claim with one whose model, reasoning, sampling and
+    datasets are the ones the test then runs (endpoint, routing, budgets and the like may differ)."""
+    with rundir.writer(cfg, "test") as rd:
+        return rd.root
+
+
+def provenance(cfg: RunConfig) -> Provenance:
+    """The provenance generate stamps on (and expects of) the records of ``cfg``."""
+    return rundir.expected_provenance(cfg, profile_from_config(cfg).tokenizer_sha256)
 
 
 def write_prompts(run_dir: Path, dataset: str, n: int, *, long_every: int = 0, tools_every: int = 0) -> list[str]:

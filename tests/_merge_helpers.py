@@ -1,5 +1,6 @@
 """Build small run directories for the prepare/merge/export tests: a config, prompt files, prepared prompts
-and raw responses whose ids are rebuilt with the bundled Qwen3 profile (as generate would write them)."""
+and raw responses whose ids are rebuilt with the bundled Qwen3 profile (as generate would write them,
+provenance included)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from typing import Any
 
 import yaml
 
+from draftgen import rundir
 from draftgen.config import RunConfig, load_config
+from draftgen.importer import run_import
 from draftgen.prepare import prepared_prompts_path, run_prepare
 from draftgen.records import PromptRecord, ResponseRecord, Usage
 from draftgen.store import JsonlWriter, iter_jsonl
@@ -41,12 +44,24 @@ def chat_rows(prefix: str, n: int) -> list[dict[str, Any]]:
 
 def fake_generate(cfg: RunConfig, *, seed: int = 0, truncate_every: int = 0, with_prompt_ids: bool = True,
                   legacy: bool = False, long_every: int = 0) -> dict[str, list[ResponseRecord]]:
-    """Write raw/<dataset>/raw_responses.jsonl for every prepared prompt; returns the records written."""
+    """Write raw/<dataset>/raw_responses.jsonl for every prepared prompt (under the run directory's writer,
+    stamped with the config's provenance); returns the records written.
+
+    ``legacy``: local-SGLang rows (``sample_id`` and ``output_ids`` only), brought in the one way they come
+    in, ``draftgen import`` (which stamps them); the records returned are the imported ones."""
+    with rundir.writer(cfg, "test"):
+        return _fake_generate(cfg, seed=seed, truncate_every=truncate_every, with_prompt_ids=with_prompt_ids,
+                              legacy=legacy, long_every=long_every)
+
+
+def _fake_generate(cfg: RunConfig, *, seed: int, truncate_every: int, with_prompt_ids: bool, legacy: bool,
+                   long_every: int) -> dict[str, list[ResponseRecord]]:
     prof = profile_from_config(cfg)
+    provenance = rundir.expected_provenance(cfg, prof.tokenizer_sha256)
     rng = random.Random(seed)
     written: dict[str, list[ResponseRecord]] = {}
     for ds in cfg.datasets:
-        out = cfg.run_path / "raw" / ds.name / "raw_responses.jsonl"
+        out = rundir.RunDir(cfg.run_path).raw(ds.name)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.unlink(missing_ok=True)
         recs: list[ResponseRecord] = []
@@ -67,10 +82,20 @@ def fake_generate(cfg: RunConfig, *, seed: int = 0, truncate_every: int = 0, wit
                     prompt_ids=prof.prompt_ids(p.messages, p.tools) if with_prompt_ids else None,
                     ids_source="reconstructed", recon_flags=rec.flags,
                     usage=Usage(completion_tokens=len(rec.ids), reasoning_tokens=rec.reasoning_token_count),
+                    provenance=provenance,
                 )
             recs.append(r)
-        with JsonlWriter(out, fsync=False) as w:
-            w.write_many(recs)
+        if legacy:
+            source = cfg.run_path.parent / "sglang" / f"{ds.name}.jsonl"
+            source.parent.mkdir(parents=True, exist_ok=True)
+            source.unlink(missing_ok=True)
+            with JsonlWriter(source, fsync=False) as w:
+                w.write_many(recs)
+            run_import(cfg, ds.name, source, echo=lambda s: None)
+            recs = [r for _, r in iter_jsonl(out, ResponseRecord)]
+        else:
+            with JsonlWriter(out, fsync=False) as w:
+                w.write_many(recs)
         written[ds.name] = recs
     return written
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 from pathlib import Path
 
+from draftgen import rundir
+from draftgen.config import RunConfig, config_from_mapping
 from draftgen.records import (
     AuditReport,
     DatasetAudit,
@@ -14,10 +17,10 @@ from draftgen.records import (
     MismatchExample,
     PromptRecord,
     ResponseRecord,
-    RunManifest,
     Usage,
 )
 from draftgen.store import JsonlWriter, atomic_write_json
+from draftgen.tokens import profile_from_config
 
 T0 = 1_760_000_000.0
 
@@ -31,6 +34,13 @@ def make_config(tmp: Path, run_dir: Path, datasets: tuple[str, ...] = ("chat", "
     return path
 
 
+def run_config(run_dir: Path, datasets: tuple[str, ...] = ("chat", "code")) -> RunConfig:
+    """The config ``make_config`` writes, as a RunConfig (the default model: qwen/qwen3-8b, qwen3)."""
+    return config_from_mapping({"run_dir": str(run_dir), "endpoint": "emulator",
+                                "datasets": [{"name": n, "path": f"{n}.jsonl"} for n in datasets]},
+                               where="test", base_dir=run_dir.parent)
+
+
 def write_run_dir(
     run_dir: Path,
     *,
@@ -41,9 +51,24 @@ def write_run_dir(
     failures: bool = True,
     manifest: bool = True,
 ) -> dict[str, list[ResponseRecord]]:
-    """prepared/, raw/ (responses + failures), audit/audit.json, run.json. Returns the responses written."""
-    rng = random.Random(seed)
+    """prepared/, raw/ (responses + failures), audit/audit.json. Returns the responses written.
+
+    ``manifest``: claim the folder first, as draftgen does (``rundir.writer`` writes run.json), and write
+    under its lock; without it the folder has no run.json (one that only readers such as status accept).
+    Responses carry the provenance of ``run_config``.
+    """
     datasets = datasets or {"chat": 40, "code": 25}
+    cfg = run_config(run_dir, tuple(datasets))
+    with rundir.writer(cfg, "test") if manifest else contextlib.nullcontext():
+        return _write_run_dir(cfg, datasets, done_fraction=done_fraction, seed=seed, audit=audit,
+                              failures=failures)
+
+
+def _write_run_dir(cfg: RunConfig, datasets: dict[str, int], *, done_fraction: float, seed: int, audit: bool,
+                   failures: bool) -> dict[str, list[ResponseRecord]]:
+    run_dir = cfg.run_path
+    provenance = rundir.expected_provenance(cfg, profile_from_config(cfg).tokenizer_sha256)
+    rng = random.Random(seed)
     providers = ["SiliconFlow", "DeepInfra", "Chutes"]
     written: dict[str, list[ResponseRecord]] = {}
     audits: list[DatasetAudit] = []
@@ -74,7 +99,7 @@ def write_run_dir(
                             reasoning_tokens=reasoning, cost=completion * 2.25e-6),
                 output_ids=list(range(completion)), ids_source="reconstructed",
                 recon_flags=["junction_restored"] if i % 7 == 0 else [],
-                latency_s=rng.uniform(1, 20), created_at=t,
+                latency_s=rng.uniform(1, 20), created_at=t, provenance=provenance,
             ))
         with JsonlWriter(run_dir / "raw" / name / "raw_responses.jsonl", fsync=False) as w:
             w.write_many(rows)
@@ -109,8 +134,4 @@ def write_run_dir(
                                examples=[e for a in audits for e in a.examples])
         atomic_write_json(run_dir / "audit" / "audit.json",
                           AuditReport(profile="qwen3", datasets=audits, overall=overall, created_at=t))
-    if manifest:
-        atomic_write_json(run_dir / "run.json", RunManifest(
-            config_hash="abc123", config={"model": {"id": "qwen/qwen3-8b"}, "endpoint": {"kind": "emulator"}},
-            argv=["draftgen", "run"], versions={"draftgen": "0.1.0"}, created_at=T0))
     return written

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from draftgen import rundir
 from draftgen.config import RunConfig, load_config
 from draftgen.records import GroundTruthRecord, Message, PromptRecord, ResponseRecord, Usage
 from draftgen.store import JsonlWriter
@@ -62,9 +63,12 @@ def _loaded(name: str) -> LoadedTokenizer:
 
 
 def profile_with(name: str, **kwargs: Any) -> Profile:
-    """A profile over the cached tokenizer (one load per tokenizer per test process)."""
+    """A profile over the cached tokenizer (one load per tokenizer per test process), with the
+    ``tokenizer_sha256`` that ``tokens.load_profile`` sets (phases check record provenance against it)."""
     loaded = _loaded(name)
-    return profile_class(name)(loaded.tokenizer, loaded.chat_template, config=loaded.config, **kwargs)
+    prof = profile_class(name)(loaded.tokenizer, loaded.chat_template, config=loaded.config, **kwargs)
+    prof.tokenizer_sha256 = loaded.sha256
+    return prof
 
 
 @functools.cache
@@ -155,8 +159,9 @@ def write_synthetic_run(
     corrupt_rate: float = 0.0,
     audit: dict[str, Any] | None = None,
 ) -> SyntheticRun:
-    """A run directory whose raw records are what generate writes (ids rebuilt from the returned text)
-    and whose ground truth is what the model 'sampled'. Deliberate deviations, each with its label:
+    """A run directory whose raw records are what generate writes (ids rebuilt from the returned text,
+    stamped with the config's provenance) and whose ground truth is what the model 'sampled'. The folder
+    is claimed (run.json) and written under ``rundir.writer``. Deliberate deviations, each with its label:
 
     - noncanonical: the true ids split one token in two (same text)      → tokenization mismatch
     - trim: the provider trimmed junction whitespace (canonical truth)   → exact, flagged junction_restored
@@ -181,8 +186,18 @@ def write_synthetic_run(
         data["audit"] = audit
     (tmp / "cfg.yaml").write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
     cfg = load_config(tmp / "cfg.yaml")
+    with rundir.writer(cfg, "test"):
+        return _write_synthetic_run(cfg, prof, rng, n, noncanonical_rate=noncanonical_rate,
+                                    trim_rate=trim_rate, drop_rate=drop_rate, junction_rate=junction_rate,
+                                    corrupt_rate=corrupt_rate)
+
+
+def _write_synthetic_run(cfg: RunConfig, prof: Profile, rng: random.Random, n: int, *,
+                         noncanonical_rate: float, trim_rate: float, drop_rate: float, junction_rate: float,
+                         corrupt_rate: float) -> SyntheticRun:
     run = cfg.run_path
     out = SyntheticRun(cfg=cfg)
+    provenance = rundir.expected_provenance(cfg, prof.tokenizer_sha256)
     reasoning_field = next((p for p in prof.thinking_suffix if getattr(p, "name", "") == "reasoning"), None)
     content_field = next((p for p in prof.suffix if getattr(p, "name", "") == "content"), None)
     lead = getattr(content_field, "lead", "") or getattr(reasoning_field, "trail", "") or ""
@@ -245,6 +260,7 @@ def write_synthetic_run(
                 generation_id=gen_id, output_ids=ids, prompt_ids=prompt_ids, ids_source="reconstructed",
                 recon_flags=rebuilt.flags, usage=Usage(prompt_tokens=len(prompt_ids), completion_tokens=len(true_ids),
                                                        reasoning_tokens=reasoning_tokens),
+                provenance=provenance,
             ))
             out.samples[sid] = sample
         pw.close()

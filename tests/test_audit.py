@@ -3,6 +3,7 @@ must be labelled correctly, structural faults found, billing disagreements expla
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import msgspec
@@ -13,7 +14,8 @@ from _tokens_helpers import profile, write_synthetic_run
 from draftgen.audit import first_diff_span, run_audit
 from draftgen.cli import cli
 from draftgen.config import load_config
-from draftgen.errors import RunDirError, ThresholdBroken
+from draftgen.errors import InputError, RunDirError, ThresholdBroken
+from draftgen.importer import run_import
 from draftgen.records import AuditReport, ResponseRecord
 from draftgen.store import JsonlWriter, iter_jsonl, read_json
 
@@ -78,19 +80,22 @@ def test_first_differing_span() -> None:
 
 
 def _rewrite(path: Path, edit) -> None:  # type: ignore[no-untyped-def]
+    """Rewrite a raw log through ``edit``; a record it maps to None is left out."""
     rows = [r for _, r in iter_jsonl(path, ResponseRecord)]
     path.unlink()
     with JsonlWriter(path, fsync=False) as w:
         for r in rows:
-            w.write(edit(r))
+            if (new := edit(r)) is not None:
+                w.write(new)
 
 
 def test_structural_faults_are_found(tmp_path: Path) -> None:
     run = write_synthetic_run(tmp_path, "qwen3", 12, seed=1)
     raw = run.cfg.run_path / "raw" / "alpha" / "raw_responses.jsonl"
     tok = profile("qwen3").tokenizer
+    legacy = tmp_path / "sglang.jsonl"
 
-    def edit(r: ResponseRecord) -> ResponseRecord:
+    def edit(r: ResponseRecord) -> ResponseRecord | None:
         i = int(r.sample_id.rsplit("-", 1)[1])
         ids = list(r.output_ids or [])
         if i == 0:
@@ -98,29 +103,38 @@ def test_structural_faults_are_found(tmp_path: Path) -> None:
         elif i == 1:
             ids.insert(2, 151668)  # a second end-of-think
         elif i == 2:
-            ids.append(10**7)  # outside the vocabulary
+            ids.append(10**7)  # outside the vocabulary: refused below, naming the line
         elif i == 3:
             r = msgspec.structs.replace(r, prompt_ids=[*(r.prompt_ids or []), 42])
         elif i == 4:
             r = msgspec.structs.replace(r, content=(r.content or "") + " edited after the fact")
-        elif i == 5:
-            return ResponseRecord(sample_id=r.sample_id, output_ids=ids)  # legacy SGLang row
+        elif i == 5:  # a legacy SGLang row: it comes back below through `draftgen import`
+            legacy.write_bytes(msgspec.json.encode({"sample_id": r.sample_id, "output_ids": ids}) + b"\n")
+            return None
         elif i == 6 and r.finish_reason == "stop":
             ids = [*ids, 151645]
         return msgspec.structs.replace(r, output_ids=ids)
 
     _rewrite(raw, edit)
+    assert run_import(run.cfg, "alpha", legacy, **QUIET).imported == 1
+    bare = [r for _, r in iter_jsonl(raw, ResponseRecord) if r.sample_id == "alpha-0005"]
+    assert len(bare) == 1 and bare[0].content is None and bare[0].prompt_ids is None
+    # An id outside the vocabulary is a corrupt record: the audit stops on it, naming file:line.
+    with pytest.raises(InputError, match=re.escape(
+            f"{raw}:3: output_ids holds id {10**7}, outside the tokenizer's vocabulary [0, {tok.vocab_size})")):
+        run_audit(run.cfg, profile=profile("qwen3"), **QUIET)
+    assert not (run.cfg.run_path / "audit" / "audit.json").exists()
+    _rewrite(raw, lambda r: None if r.sample_id == "alpha-0002" else r)
     report = run_audit(run.cfg, profile=profile("qwen3"), **QUIET)
     alpha = report.datasets[0]
     kinds = {(e.sample_id, e.kind) for e in alpha.structural_examples}
     assert ("alpha-0000", "stray_special") in kinds
     assert ("alpha-0001", "end_of_think_multiple") in kinds
-    assert ("alpha-0002", "unknown_token") in kinds
     assert ("alpha-0003", "prompt_mismatch") in kinds
     assert ("alpha-0004", "decode_mismatch") in kinds
     assert not any(sid == "alpha-0005" for sid, _ in kinds)  # a bare ids row is structurally fine
     assert report.datasets[1].structural_failures == {}
-    assert {"alpha-0000", "alpha-0001", "alpha-0002", "alpha-0003", "alpha-0004"} <= set(alpha.failed_sample_ids)
+    assert {"alpha-0000", "alpha-0001", "alpha-0003", "alpha-0004"} <= set(alpha.failed_sample_ids)
 
 
 def test_thresholds_and_cli_exit_code(tmp_path: Path) -> None:

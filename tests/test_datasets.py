@@ -325,3 +325,113 @@ def test_hf_hub_name_is_loaded_by_name_subset_and_split(tmp_path: Path, monkeypa
     assert calls == [("org/sharegpt-like", "en", "test")]
     assert rows[0][0] == "hf:org/sharegpt-like/en[test]#0"
     assert rows[0][1]["conversations"][0]["value"] == "hi"
+
+
+# -- bounds: no row is held beyond max_line_bytes --------------------------------------------------------
+
+
+def test_line_byte_limit_and_context_length_of_the_tokenizer_config() -> None:
+    from draftgen.datasets import line_byte_limit
+    from draftgen.tokens import context_length_of
+
+    assert line_byte_limit(131_072) == 8 << 20 and line_byte_limit(1_000_000) == 32_000_000
+    assert context_length_of({"model_max_length": 32768}) == 32768
+    assert context_length_of({"model_max_length": 4096.0}) == 4096
+    for absurd in (int(1e30), 1e30, 0, -5, True, "131072", None):
+        assert context_length_of({"model_max_length": absurd}) is None
+    assert context_length_of({}) is None
+
+
+def test_jsonl_and_text_lines_over_the_limit_are_error_rows_and_reading_goes_on(tmp_path: Path) -> None:
+    ok, long_ = '"' + "a" * 98 + '"', '"' + "b" * 500 + '"'  # 100 bytes (at the limit), 502 bytes
+    body = f"{ok}\n{long_}\n{'1' * 101}\n{ok}\n{long_}"  # the last one has no newline
+    (tmp_path / "a.jsonl").write_text(body, encoding="utf-8")
+    with gzip.open(tmp_path / "a.jsonl.gz", "wt", encoding="utf-8") as fh:
+        fh.write(body)
+    for name in ("a.jsonl", "a.jsonl.gz"):
+        rows = list(iter_rows(_ds(path=name), tmp_path, max_line_bytes=100))
+        assert [r.where.rsplit(":", 1)[1] for r in rows] == ["1", "2", "3", "4", "5"]
+        assert [r.data for r in rows] == ["a" * 98, None, None, "a" * 98, None]
+        assert [r.error for r in rows[1:3]] == [
+            "the line is 502 bytes, over the limit of 100 bytes for one row",
+            "the line is 101 bytes, over the limit of 100 bytes for one row"]
+        assert rows[1].fix is not None and "model.context_length" in rows[1].fix and "--skip-bad" in rows[1].fix
+    (tmp_path / "t.txt").write_text("short\n" + "x" * 300 + "\nlast\n", encoding="utf-8")
+    rows = list(iter_rows(_ds(path="t.txt"), tmp_path, max_line_bytes=100))
+    assert [(r.data, r.error is not None) for r in rows] == [("short", False), (None, True), ("last", False)]
+
+
+def test_json_array_is_streamed_across_chunk_boundaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import random
+
+    from draftgen.datasets import sources
+
+    rng = random.Random(7)
+
+    def value(depth: int = 0) -> Any:
+        k = rng.random()
+        if depth > 2 or k < 0.4:
+            return rng.choice([12345678901, -0.5e-7, 3, True, None, "é漢😀 \\\" \n" * rng.randint(0, 3), ""])
+        if k < 0.7:
+            return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+        return {f"k{i}": value(depth + 1) for i in range(rng.randint(0, 3))}
+
+    for case in range(40):
+        rows = [value() for _ in range(rng.randint(0, 8))]
+        text, lines = ("\ufeff" if case % 2 else "") + "[\n", []
+        for j, row in enumerate(rows):
+            text += rng.choice(["", " ", "\n", "\n\n  "])
+            lines.append(text.count("\n") + 1)
+            text += json.dumps(row, ensure_ascii=case % 3 == 0, indent=1 if case % 4 == 0 else None)
+            text += ("," + rng.choice(["", "\n"])) if j < len(rows) - 1 else ""
+        text += "\n]\n"
+        (tmp_path / "a.json").write_bytes(text.encode())
+        for chunk in (1, 2, 5, 64):
+            monkeypatch.setattr(sources, "_CHUNK", chunk)
+            got = list(iter_rows(_ds(path="a.json"), tmp_path))
+            assert [r.data for r in got] == rows, (chunk, text)
+            assert [int(r.where.rsplit(":", 1)[1]) for r in got] == lines, (chunk, text)
+
+
+def test_json_array_element_over_the_limit_and_other_json_errors_name_the_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from draftgen.datasets import sources
+
+    monkeypatch.setattr(sources, "_CHUNK", 16)
+    (tmp_path / "a.json").write_text('[\n"ok",\n"' + "x" * 500 + '",\n"never read"\n]', encoding="utf-8")
+    rows = iter_rows(_ds(path="a.json"), tmp_path, max_line_bytes=100)
+    assert next(rows).data == "ok"
+    with pytest.raises(InputError, match=r"a\.json:3: this array element is over the limit of 100 bytes"):
+        next(rows)
+    (tmp_path / "b.json").write_bytes(b'[\n"a",\n"caf\xe9"\n]')
+    with pytest.raises(InputError, match=r"b\.json:3: not UTF-8 text"):
+        _rows(_ds(path="b.json"), tmp_path)
+    (tmp_path / "c.json").write_text("[\n1,\n" + "[" * 50_000 + "]" * 50_000 + "]", encoding="utf-8")
+    with pytest.raises(InputError, match=r"c\.json:3: .*nested too deeply"):
+        _rows(_ds(path="c.json"), tmp_path)
+    (tmp_path / "d.jsonl").write_text('"a"\n' + "[" * 50_000 + "]" * 50_000 + "\n", encoding="utf-8")
+    assert _rows(_ds(path="d.jsonl"), tmp_path)[1] == (f"{tmp_path / 'd.jsonl'}:2", None,
+                                                       "the JSON is nested too deeply to read")
+
+
+def test_parquet_rows_over_the_limit_are_error_rows(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"prompt": ["small one", "y" * 5000, "small two"]})
+    pq.write_table(table, tmp_path / "s.parquet")
+    rows = _rows(_ds(path="s.parquet"), tmp_path)
+    assert [d["prompt"] for _, d, _ in rows] == ["small one", "y" * 5000, "small two"]
+    rows = list(iter_rows(_ds(path="s.parquet"), tmp_path, max_line_bytes=1000))
+    assert [(r.where.rsplit("#", 1)[1], r.data) for r in rows] == [("0", {"prompt": "small one"}), ("1", None),
+                                                                  ("2", {"prompt": "small two"})]
+    assert rows[1].error is not None and "over the limit of 1,000 bytes" in rows[1].error
+
+
+def test_corrupt_gzip_names_the_file(tmp_path: Path) -> None:
+    data = bytearray(gzip.compress("".join(f'"prompt {i} {i * 7919 % 104729}"\n' for i in range(20000)).encode()))
+    for k in range(2000, 2100):
+        data[k] ^= 0x55
+    (tmp_path / "z.jsonl.gz").write_bytes(bytes(data))
+    with pytest.raises(InputError, match=r"z\.jsonl\.gz: cannot read"):
+        _rows(_ds(path="z.jsonl.gz"), tmp_path)

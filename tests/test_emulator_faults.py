@@ -6,6 +6,7 @@ import hashlib
 import http.client
 import json
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 from _emulator_helpers import Reply, chat, chat_body, parse_sse
 from draftgen.emulator import EmulatorOptions, Provider, builtin_scenario, start_in_thread
 from draftgen.emulator.core import shared_profile
-from draftgen.emulator.scenarios import FAULT_KINDS
+from draftgen.emulator.scenarios import BOUND_FAULT_KINDS, FAULT_KINDS
 from draftgen.emulator.server import RunningEmulator
 
 BROKEN_CONNECTION = (ConnectionError, http.client.HTTPException, TimeoutError)
@@ -200,3 +201,90 @@ def test_chaos_is_reproducible_with_a_fixed_seed_and_hits_many_kinds() -> None:
     c, _ = run(6)
     assert a == b and a != c
     assert len(faults) >= 5 and sum(1 for f in a if f[0] == 200) >= 8
+
+
+# -- faults that test a client's bounds (never drawn by the built-ins) ------------------------------------
+
+
+def _read_for(e: RunningEmulator, stream: bool, seconds: float) -> tuple[int, bytes]:
+    """Status and whatever body arrives within ``seconds`` (these responses never end on their own)."""
+    conn = http.client.HTTPConnection("127.0.0.1", e.port, timeout=seconds)
+    got = b""
+    try:
+        conn.request("POST", "/api/v1/chat/completions", body=json.dumps(chat_body("bounds", stream=stream)),
+                     headers={"Authorization": "Bearer sk-or-x", "Content-Type": "application/json"})
+        r = conn.getresponse()
+        end = time.monotonic() + seconds
+        try:
+            while time.monotonic() < end and (part := r.read1(65536)):
+                got += part
+        except TimeoutError:
+            pass
+        return r.status, got
+    finally:
+        conn.close()
+
+
+def _bound_server(**provider: Any) -> RunningEmulator:
+    p = Provider("Faulty", "faulty/int4", "int4", 0.5, 2.0, **provider)
+    sc = builtin_scenario("fast").replace(providers=[p], keepalive_s=0.02, hang_s=30.0)
+    return start_in_thread(EmulatorOptions(scenario_obj=sc))
+
+
+def test_bound_faults_are_valid_but_not_in_chaos() -> None:
+    assert set(BOUND_FAULT_KINDS).isdisjoint(FAULT_KINDS)
+    assert {k for p in builtin_scenario("chaos").providers for k in p.faults}.isdisjoint(BOUND_FAULT_KINDS)
+    for kind in BOUND_FAULT_KINDS:
+        builtin_scenario("fast").replace(providers=[_faulty(kind)]).validate()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_keepalive_only_and_trickle_never_finish(stream: bool) -> None:
+    with _bound_server(faults={"keepalive_only": 1.0}) as e:
+        status, body = _read_for(e, stream, 0.5)
+    assert status == 200
+    if stream:
+        s = parse_sse(body)
+        assert len(s.comments) >= 5 and not s.events and not s.done  # keep-alives only, no data
+    else:
+        assert body and not body.strip()  # blank-line padding only
+    with _bound_server(faults={"trickle": 1.0}) as e:
+        status, body = _read_for(e, stream, 0.5)
+    assert status == 200
+    if stream:
+        s = parse_sse(body)
+        assert len(s.events) >= 5 and not s.done and s.text("content") == "" and not s.finish_reasons
+    else:
+        assert body and not body.strip()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("ids", [True, False])
+def test_huge_body_carries_far_more_than_max_tokens_billed_5(stream: bool, ids: bool) -> None:
+    with _bound_server(faults={"huge_body": 1.0}, huge_body_bytes=2_000_000, huge_body_ids=ids) as e:
+        r = chat(e.base_url, chat_body("huge", stream=stream, max_tokens=256))
+        spent = e.state.spend_usd
+    assert r.status == 200 and len(r.body) >= 2_000_000
+    if stream:
+        s = parse_sse(r.body)
+        assert s.done and s.usage is not None and s.usage["completion_tokens"] == 5
+        n_ids = sum(len(ch.get("token_ids") or ()) for ev in s.events for ch in ev.get("choices") or [])
+        text = s.text("content")
+    else:
+        b = r.json()
+        assert b["usage"]["completion_tokens"] == 5
+        n_ids = len(b["choices"][0].get("token_ids") or ())
+        text = b["choices"][0]["message"]["content"]
+    assert (n_ids > 200_000) if ids else (n_ids == 0 and len(text) > 1_900_000)
+    assert spent == 0.0  # a fault is not billed
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_omit_cost_sends_usage_without_cost(stream: bool) -> None:
+    with _bound_server(omit_cost=True) as e:
+        r = chat(e.base_url, chat_body("no cost", stream=stream, max_tokens=64))
+        billed = e.state.spend_usd
+    usage = parse_sse(r.body).usage if stream else r.json()["usage"]
+    assert usage is not None and usage["completion_tokens"] > 0
+    assert "cost" not in usage and "cost_details" not in usage
+    assert billed > 0  # the emulator still bills it

@@ -121,7 +121,11 @@ def test_retry_policy_full_jitter_and_retry_after() -> None:
     delays = [pol.delay(3) for _ in range(500)]
     assert 0 <= min(delays) < 0.3 and 1.7 < max(delays) <= 2.0  # uniform(0, 0.5·2²)
     assert max(pol.delay(10) for _ in range(200)) <= 3.0  # capped
-    assert all(10.0 <= pol.delay(1, retry_after=10.0) <= 11.0 for _ in range(50))  # Retry-After is a floor
+    assert all(2.0 <= pol.delay(1, retry_after=2.0) <= 2.2 for _ in range(50))  # Retry-After is a floor
+    # ... under retry.max_delay_s: a longer Retry-After (header or body) is capped, still jittered
+    capped = [pol.delay(1, retry_after=10.0) for _ in range(50)]
+    assert all(2.7 <= d <= 3.0 for d in capped) and len(set(capped)) > 1
+    assert all(2.7 <= pol.delay(2, retry_after=86400.0) <= 3.0 for _ in range(50))
     assert pol.should_retry(RateLimited("x"), 3)
     assert not pol.should_retry(RetryableAPIError("x"), 4)
     assert not pol.should_retry(PermanentAPIError("x"), 1)
@@ -262,3 +266,97 @@ def test_display_lines_and_rich_panel(tmp_path: Path) -> None:
     log.write(line)
     log.close()
     assert "done 40/100" in (tmp_path / "logs" / "generate.log").read_text()
+
+
+# -- bounds: token counts, prices for a missing usage.cost --------------------------------------------------
+
+
+def test_check_tokens_refuses_more_ids_or_billed_tokens_than_max_tokens() -> None:
+    from draftgen.backends.base import Completion
+    from draftgen.engine.assemble import check_tokens
+
+    check_tokens(Completion(backend="vllm", output_ids=[1] * 272, usage=Usage(completion_tokens=272)), 256)
+    for comp in (Completion(backend="vllm", output_ids=[1] * 273),  # 6.5M ids, as seen, is just more of this
+                 Completion(backend="openrouter", content="x", usage=Usage(completion_tokens=5000))):
+        with pytest.raises(RetryableAPIError) as ei:
+            check_tokens(comp, 256)
+        assert ei.value.kind == "too_many_tokens" and "max_tokens 256" in str(ei.value)
+
+
+def test_governor_prices_a_missing_cost() -> None:
+    gov = BudgetGovernor(prices=Prices(prompt=1e-6, completion=2e-6, request=1e-3), priced=True, max_spend=0.01)
+    u = gov.priced_usage(Usage(prompt_tokens=100, completion_tokens=50), prompt_tokens=7, completion_tokens=9)
+    assert u is not None and u.cost_computed and u.cost == pytest.approx(100e-6 + 100e-6 + 1e-3)
+    alone = gov.priced_usage(None, prompt_tokens=10, completion_tokens=20)  # no usage at all: from the ids
+    assert alone is not None and alone.cost_computed and alone.cost == pytest.approx(10e-6 + 40e-6 + 1e-3)
+    assert alone.completion_tokens == 0  # nothing billed to compare with
+    assert gov.settle("d", 64, 0.002, u) == pytest.approx(0.0012) and gov.spent == pytest.approx(0.0012)
+    unpriced = BudgetGovernor()
+    raw = Usage(prompt_tokens=1, completion_tokens=1)
+    assert unpriced.priced_usage(raw, prompt_tokens=1, completion_tokens=1) is raw
+
+
+class _ScriptedBackend:
+    """Per sample: a reply rebuilt to far more ids than max_tokens (billed $0.001), then more exact ids
+    than max_tokens (no usage), then a good reply without usage.cost."""
+
+    name = "openai"
+    reports_cost = False
+
+    def __init__(self) -> None:
+        from collections import Counter
+
+        self.calls: Counter[str] = Counter()
+
+    async def complete(self, req):  # type: ignore[no-untyped-def]
+        from draftgen.backends.base import Completion
+
+        n = self.calls[req.sample_id]
+        self.calls[req.sample_id] += 1
+        if n == 0:
+            return Completion(backend=self.name, content="many words " * 500, finish_reason="stop",
+                              usage=Usage(prompt_tokens=10, completion_tokens=5, cost=0.001))
+        if n == 1:
+            return Completion(backend=self.name, content="x", finish_reason="stop", output_ids=[42] * 100)
+        return Completion(backend=self.name, reasoning="Let me see.", content="Hello there.", finish_reason="stop",
+                          usage=Usage(prompt_tokens=10, completion_tokens=8), cost_missing=True)
+
+    async def get_key_info(self) -> None:
+        return None
+
+    async def get_credits(self, management_key: str | None = None) -> None:
+        return None
+
+    async def get_model_endpoints(self, model: str) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_engine_retries_oversized_responses_and_prices_missing_costs(tmp_path: Path, qwen3_profile) -> None:  # type: ignore[no-untyped-def]
+    from draftgen.engine import Assembler, DatasetPlan, Engine, PartitionPlan, RunLog, RunStats, make_display
+
+    ids = write_prompts(tmp_path, "d", 6)
+    stats, log = RunStats(), RunLog(None)
+    gov = BudgetGovernor(prices=Prices(prompt=1e-6, completion=2e-6), priced=True)
+    backend = _ScriptedBackend()
+    engine = Engine(
+        backend=backend, assembler=Assembler(qwen3_profile),  # type: ignore[arg-type]
+        datasets=[DatasetPlan("d", tmp_path / "prepared" / "d" / "prompts.jsonl", tmp_path / "raw" / "d",
+                              pending={"short": 6})],
+        partitions=[PartitionPlan("short", 2, 64)], governor=gov,
+        policy=RetryPolicy(RetryConfig(max_attempts=3, base_delay_s=0.001, max_delay_s=0.01)), stats=stats,
+        log=log, display=make_display("off", stats, log), fsync=False, ramp_s=0.0,
+    )
+    result = asyncio.run(engine.run())
+    assert result.exit_code == 0
+    recs = [r for _, r in iter_jsonl(tmp_path / "raw" / "d" / "raw_responses.jsonl", ResponseRecord)]
+    assert sorted(r.sample_id for r in recs) == sorted(ids) and all(backend.calls[i] == 3 for i in ids)
+    assert all(r.output_ids and len(r.output_ids) <= 64 + 16 and r.attempts == 3 for r in recs)
+    assert stats.retries["too_many_tokens"] == 12
+    for r in recs:
+        assert r.usage is not None and r.usage.cost_computed and r.usage.cost == pytest.approx(10e-6 + 16e-6)
+    # spend: the computed costs of the records, plus what each rejected-but-billed reply cost
+    assert gov.session == pytest.approx(6 * (0.001 + 26e-6)) and gov.reserved == pytest.approx(0.0)
+    assert engine.limiters["short"].in_use == 0 and gov.token_budget("d").reserved == 0

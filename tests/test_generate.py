@@ -10,18 +10,22 @@ import pytest
 
 from _generate_helpers import (
     SECRET_KEY,
+    claim,
     emulator,
     failures,
     fast,
     make_config,
+    provenance,
     responses,
     write_prompts,
 )
 from draftgen.config import load_config
 from draftgen.emulator import builtin_scenario
-from draftgen.errors import AuthError, RunDirError
-from draftgen.generate import GenerateOptions, run_generate, scrub_argv
+from draftgen.errors import EXIT_FAILURES, AuthError, RunDirError
+from draftgen.generate import GenerateOptions, run_generate
+from draftgen.importer import run_import
 from draftgen.records import GroundTruthRecord, ResponseRecord, RunManifest, Usage
+from draftgen.rundir import scrub_argv
 from draftgen.store import JsonlWriter, iter_jsonl, read_json
 
 quiet = {"echo": lambda s: None}
@@ -36,12 +40,12 @@ def _all_text(run_dir: Path) -> bytes:
 
 
 def test_generate_embedded_emulator_ids_provenance_and_resume(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    ids_a = write_prompts(run_dir, "a", 40, long_every=5, tools_every=7)
-    ids_b = write_prompts(run_dir, "b", 15)
     key_file = tmp_path / "key.txt"
     key_file.write_text(SECRET_KEY + "\n")
     cfg = make_config(tmp_path, ["a", "b"], endpoint={"api_key_file": str(key_file), "emulator": {"ground_truth": True}})
+    run_dir = claim(cfg)
+    ids_a = write_prompts(run_dir, "a", 40, long_every=5, tools_every=7)
+    ids_b = write_prompts(run_dir, "b", 15)
     argv = ["draftgen", "generate", "cfg.yaml", "--api-key", SECRET_KEY, f"--api-key-file={key_file}"]
     rep = run_generate(cfg, GenerateOptions(argv=argv), **quiet)
     assert rep.exit_code == 0 and rep.message is None
@@ -54,6 +58,7 @@ def test_generate_embedded_emulator_ids_provenance_and_resume(tmp_path: Path) ->
     exact = 0
     for r in recs:
         t = truth[r.generation_id or ""]
+        assert r.provenance == provenance(cfg)
         assert r.prompt_ids == t.prompt_ids
         assert r.ids_source == "reconstructed" and r.usage is not None and r.provider
         assert r.max_tokens == (4096 if r.partition == "long" else 2048)
@@ -87,7 +92,7 @@ def test_scrub_argv() -> None:
 
 
 def test_chaos_every_sample_done_once_or_failed_with_reason(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+    run_dir = claim(make_config(tmp_path, ["c"]))
     ids = write_prompts(run_dir, "c", 80, long_every=6)
     sc = builtin_scenario("chaos").replace(hang_s=1.0)
     with emulator(sc, seed=3) as emu:
@@ -103,6 +108,7 @@ def test_chaos_every_sample_done_once_or_failed_with_reason(tmp_path: Path) -> N
     for f in fails.values():
         assert f.reason and f.kind and f.attempts >= 1
     assert rep.done == len(done) and rep.failed == len(fails)
+    assert rep.exit_code == (EXIT_FAILURES if fails else 0)  # a session that left failures exits 4
     assert len(done) >= 60
     log = (run_dir / "logs" / "generate.log").read_text()
     assert "retry c/" in log
@@ -117,7 +123,7 @@ def test_chaos_every_sample_done_once_or_failed_with_reason(tmp_path: Path) -> N
 
 
 def test_dollar_budget_stops_within_reservation(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+    run_dir = claim(make_config(tmp_path, ["a"]))
     write_prompts(run_dir, "a", 200)
     with emulator() as emu:
         cfg = make_config(tmp_path, ["a"], base_url=emu.base_url, budget={"max_spend_usd": 0.08},
@@ -141,7 +147,7 @@ def test_dollar_budget_stops_within_reservation(tmp_path: Path) -> None:
 def test_402_stops_scheduling_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A plain OpenAI-compatible client sees no /key caps, so the server's 402 is what stops it.
     monkeypatch.setenv("DRAFTGEN_TEST_KEY", "sk-or-test")
-    run_dir = tmp_path / "run"
+    run_dir = claim(make_config(tmp_path, ["a"]))
     write_prompts(run_dir, "a", 300)
     with emulator(credits=0.05) as emu:
         cfg = make_config(tmp_path, ["a"], kind="openai", base_url=emu.base_url,
@@ -157,12 +163,14 @@ def test_402_stops_scheduling_cleanly(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_token_budgets(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+    claimed = make_config(tmp_path, ["a", "b"])
+    run_dir = claim(claimed)
     ids_a = write_prompts(run_dir, "a", 10)
     write_prompts(run_dir, "b", 60)
     # dataset a already used its budget in an earlier run
     with JsonlWriter(run_dir / "raw" / "a" / "raw_responses.jsonl") as w:
-        w.write_many([ResponseRecord(sample_id=ids_a[0], dataset="a", usage=Usage(completion_tokens=6000))])
+        w.write_many([ResponseRecord(sample_id=ids_a[0], dataset="a", usage=Usage(completion_tokens=6000),
+                                     provenance=provenance(claimed))])
     lines: list[str] = []
     with emulator() as emu:
         cfg = make_config(tmp_path, ["a", "b"], base_url=emu.base_url, budget={"token_budget": 5000},
@@ -180,7 +188,7 @@ def test_token_budgets(tmp_path: Path) -> None:
 
 
 def test_ignored_provider_never_used(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+    run_dir = claim(make_config(tmp_path, ["a"]))
     write_prompts(run_dir, "a", 40)
     with emulator() as emu:
         cfg = make_config(tmp_path, ["a"], base_url=emu.base_url, routing={"ignore": ["chutes"]},
@@ -192,12 +200,22 @@ def test_ignored_provider_never_used(tmp_path: Path) -> None:
 
 
 def test_legacy_sglang_rows_count_as_done(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+    claimed = make_config(tmp_path, ["a"])
+    run_dir = claim(claimed)
     ids = write_prompts(run_dir, "a", 20)
+    # Local-SGLang rows ({sample_id, output_ids}) come in through `draftgen import`, which stamps them.
+    source = tmp_path / "sglang.jsonl"
+    source.write_bytes(b"".join(msgspec.json.encode({"sample_id": i, "output_ids": [1, 2, 3]}) + b"\n"
+                                for i in ids[:8]))
+    imp = run_import(claimed, "a", source, **quiet)
+    assert (imp.imported, imp.duplicates, imp.not_prepared) == (8, 0, 0)
+    stamp = msgspec.structs.replace(provenance(claimed), imported_from=str(source.resolve()))
+    assert [(r.sample_id, r.dataset, r.output_ids, r.usage, r.provenance) for r in responses(run_dir, "a")] == \
+        [(i, "a", [1, 2, 3], None, stamp) for i in ids[:8]]
     raw = run_dir / "raw" / "a" / "raw_responses.jsonl"
-    raw.parent.mkdir(parents=True)
-    legacy = b"".join(msgspec.json.encode({"sample_id": i, "output_ids": [1, 2, 3]}) + b"\n" for i in ids[:8])
-    raw.write_bytes(legacy + b'{"sample_id": "a-000')  # plus a line cut by a crash
+    legacy = raw.read_bytes()
+    with raw.open("ab") as fh:
+        fh.write(b'{"sample_id": "a-000')  # plus a line cut by a crash
     with emulator() as emu:
         cfg = make_config(tmp_path, ["a"], base_url=emu.base_url)
         rep = run_generate(cfg, GenerateOptions(), **quiet)
@@ -208,7 +226,7 @@ def test_legacy_sglang_rows_count_as_done(tmp_path: Path) -> None:
 
 
 def test_bad_key_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run_dir = tmp_path / "run"
+    run_dir = claim(make_config(tmp_path, ["a"]))
     write_prompts(run_dir, "a", 50)
     monkeypatch.setenv("DRAFTGEN_TEST_KEY", "sk-or-the-wrong-one")
     with emulator(api_key="sk-or-the-right-one") as emu:
@@ -227,7 +245,7 @@ def test_bad_key_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 @pytest.mark.parametrize("kind", ["vllm", "sglang"])
 def test_exact_id_backends_through_generate(tmp_path: Path, kind: str) -> None:
-    run_dir = tmp_path / "run"
+    run_dir = claim(make_config(tmp_path, ["a"]))
     write_prompts(run_dir, "a", 12)
     gt = tmp_path / "gt.jsonl"
     with emulator(ground_truth=str(gt)) as emu:
@@ -250,7 +268,7 @@ def test_quickstart_example_config_loads() -> None:
 
 
 def test_logprobs_path_gives_the_true_ids(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+    run_dir = claim(make_config(tmp_path, ["a"], sampling={"logprobs": True}))
     write_prompts(run_dir, "a", 40)
     gt = tmp_path / "gt.jsonl"
     with emulator(fast(non_canonical_rate=0.5), ground_truth=str(gt)) as emu:
@@ -299,7 +317,7 @@ def test_unreachable_server_stops_instead_of_failing_every_sample(tmp_path: Path
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    run_dir = tmp_path / "run"
+    run_dir = claim(make_config(tmp_path, ["a"]))
     write_prompts(run_dir, "a", 500)
     cfg = make_config(tmp_path, ["a"], base_url=f"http://127.0.0.1:{port}/api/v1")
     rep = run_generate(cfg, GenerateOptions(), **quiet)

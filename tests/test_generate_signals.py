@@ -11,7 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from _generate_helpers import emulator, fast, responses, write_prompts
+from _generate_helpers import claim, emulator, fast, responses, write_prompts
+from draftgen.config import load_config
 from draftgen.emulator import Scenario
 from draftgen.records import ResponseRecord
 from draftgen.store import iter_jsonl
@@ -62,10 +63,10 @@ def _wait_lines(path: Path, n: int, proc: subprocess.Popen[bytes], timeout: floa
 
 
 def test_kill9_at_several_points_then_resume(tmp_path: Path) -> None:
-    ids = write_prompts(tmp_path / "run", "a", 70, long_every=9)
     raw = tmp_path / "run" / "raw" / "a" / "raw_responses.jsonl"
     with emulator(_slow()) as emu:
         cfg = _config(tmp_path, emu.base_url)
+        ids = write_prompts(claim(load_config(cfg)), "a", 70, long_every=9)
         for i, at in enumerate((5, 25, 45)):
             proc = _start(cfg)
             _wait_lines(raw, at, proc)
@@ -85,10 +86,10 @@ def test_kill9_at_several_points_then_resume(tmp_path: Path) -> None:
 
 
 def test_sigint_finishes_in_flight_and_second_sigint_exits_now(tmp_path: Path) -> None:
-    write_prompts(tmp_path / "run", "a", 200)
     raw = tmp_path / "run" / "raw" / "a" / "raw_responses.jsonl"
     with emulator(_slow((0.2, 0.6))) as emu:
         cfg = _config(tmp_path, emu.base_url)
+        write_prompts(claim(load_config(cfg)), "a", 200)
         proc = _start(cfg)
         _wait_lines(raw, 6, proc)
         proc.send_signal(signal.SIGINT)

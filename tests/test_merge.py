@@ -190,8 +190,8 @@ def test_cross_dataset_dedupe_weights_caps_and_split(tmp_path: Path) -> None:
     assert sum(r["dataset"] == "b" for r in _rows(cfg) + _rows(cfg, "validation")) == 30
 
 
-def test_legacy_rows_rebuild_prompt_ids_and_missing_prompts_are_dropped(tmp_path: Path, qwen3_profile: Any) -> None:
-    cfg = prepared_run(tmp_path, {"a": chat_rows("a", 5)}, legacy=True)
+def test_legacy_rows_rebuild_prompt_ids_and_missing_prompts_are_orphans(tmp_path: Path, qwen3_profile: Any) -> None:
+    cfg = prepared_run(tmp_path, {"a": chat_rows("a", 5)}, legacy=True)  # imported {sample_id, output_ids} rows
     prompts = {p.sample_id: p for _, p in iter_jsonl(prepared_prompts_path(cfg.run_path, "a"), PromptRecord)}
     run_merge(cfg, echo=_quiet)
     rows = _rows(cfg)
@@ -201,10 +201,15 @@ def test_legacy_rows_rebuild_prompt_ids_and_missing_prompts_are_dropped(tmp_path
         n = len(qwen3_profile.prompt_ids(p.messages, p.tools))
         assert row["prompt_len"] == n and row["loss_mask"].index(1) == n
         assert row["finish_reason"] is None and row["ids_source"] == "exact"
+    # Without the prepared prompts no record is in the prepared set: all orphans, none merged.
     prepared_prompts_path(cfg.run_path, "a").unlink()
-    run_merge(cfg, echo=_quiet)
+    notes: list[str] = []
+    run_merge(cfg, echo=notes.append)
     stats = read_json(cfg.run_path / "merged" / "stats.json", MergeStats)
-    assert stats.datasets[0].dropped == {"no_prompt": 5} and _rows(cfg) == []
+    a = stats.datasets[0]
+    assert (a.records, a.orphans, a.samples, a.dropped) == (0, 5, 0, {}) and _rows(cfg) == []
+    assert stats.total.orphans == 5
+    assert "note: 5 records are not in the current prepared set (orphans) and were not merged" in notes
 
 
 def test_merged_parquet_loads_with_datasets_and_manifest_is_last(tmp_path: Path) -> None:

@@ -173,3 +173,104 @@ def test_bundled_sets_prepare(tmp_path: Path) -> None:
     tools = _prompts(cfg, "tools")
     assert all(p.tools for p in tools)
     assert any(p.messages[-1].role == "user" and any(m.role == "tool" for m in p.messages) for p in tools)
+
+
+# -- bounds, empty datasets, temp files -------------------------------------------------------------------
+
+
+def test_context_length_comes_from_the_config_then_the_tokenizer_config_then_the_default(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from draftgen.errors import ConfigError
+    from draftgen.prepare import context_length
+
+    cfg = make_config(tmp_path, [{"name": "d", "path": "p.jsonl"}])
+    prof: Any = SimpleNamespace(config={"model_max_length": 32768})
+    assert context_length(cfg, prof) == (32768, "the tokenizer config's model_max_length")
+    prof.config = {"model_max_length": int(1e30)}  # HF's "unset"
+    assert context_length(cfg, prof) == (131_072, "the default")
+    cfg = make_config(tmp_path, [{"name": "d", "path": "p.jsonl"}], model={
+        "profile": "qwen3", "tokenizer": "bundled:qwen3", "context_length": 4000})
+    assert context_length(cfg, prof) == (4000, "model.context_length")
+    cfg.model.context_length = -1
+    with pytest.raises(ConfigError, match=r"model\.context_length"):
+        context_length(cfg, prof)
+
+
+def test_prompts_over_the_context_length_stop_or_are_skipped(tmp_path: Path) -> None:
+    p = write_jsonl(tmp_path / "p.jsonl", ["short", " ".join(f"w{i}" for i in range(400)), "short too"])
+    model = {"profile": "qwen3", "tokenizer": "bundled:qwen3", "context_length": 300}
+    cfg = make_config(tmp_path, [{"name": "d", "path": "p.jsonl"}], model=model)
+    with pytest.raises(InputError) as err:
+        run_prepare(cfg, echo=_quiet)
+    msg = str(err.value)
+    assert msg.startswith(f"{p}:2: the prompt has ") and "over the context length of 300 (model.context_length)" in msg
+    assert msg.endswith("; raise model.context_length or pass --skip-bad to skip such prompts")
+    assert not list((cfg.run_path / "prepared" / "d").iterdir())  # neither a temp file nor a half file is left
+    cfg = make_config(tmp_path, [{"name": "d", "path": "p.jsonl"}], model=model, prepare={"skip_bad": True})
+    rep = run_prepare(cfg, echo=_quiet)
+    assert [r.source for r in _prompts(cfg, "d")] == [f"{p}:1", f"{p}:3"]
+    assert rep.datasets[0].bad_lines_skipped == 1 and rep.datasets[0].max_prompt_tokens <= 300
+
+
+def test_a_prompt_far_over_the_context_is_refused_on_a_prefix(tmp_path: Path) -> None:
+    # 400k characters against a 1,000-token context: counted on a few thousand characters, not tokenized whole.
+    p = write_jsonl(tmp_path / "p.jsonl", ["fine", "hello " * 70_000])
+    model = {"profile": "qwen3", "tokenizer": "bundled:qwen3", "context_length": 1000}
+    cfg = make_config(tmp_path, [{"name": "d", "path": "p.jsonl"}], model=model)
+    with pytest.raises(InputError, match=rf"^{p}:2: the prompt has at least 1,\d{{3}} tokens in its first 8,000 "
+                                         r"characters, over the context length of 1,000 \(model.context_length\)"):
+        run_prepare(cfg, echo=_quiet)
+
+
+def test_an_empty_dataset_is_an_input_error_at_once(tmp_path: Path) -> None:
+    (tmp_path / "p.jsonl").write_text("\n", encoding="utf-8")
+    write_jsonl(tmp_path / "ok.jsonl", ["fine"])
+    cfg = make_config(tmp_path, [{"name": "good", "path": "ok.jsonl"}, {"name": "d", "path": "p.jsonl"}])
+    with pytest.raises(InputError) as err:
+        run_prepare(cfg, echo=_quiet)
+    assert str(err.value) == (
+        f"dataset d: no prompts from {tmp_path / 'p.jsonl'} (no rows); check its path, format (auto) and field "
+        "(the format default), or remove the dataset from the config")
+    (tmp_path / "p.jsonl").write_text('{"text": 1}\n{"text": 2}\n', encoding="utf-8")
+    cfg = make_config(tmp_path, [{"name": "d", "path": "p.jsonl", "format": "alpaca"}], prepare={"skip_bad": True})
+    with pytest.raises(InputError, match=r"dataset d: no prompts from .*p\.jsonl \(2 rows read, 2 bad rows skipped, "
+                                         r"0 duplicates removed\); check its path, format \(alpaca\)"):
+        run_prepare(cfg, echo=_quiet)
+    folder = tmp_path / "set"
+    write_jsonl(folder / "train-0.jsonl", [])
+    cfg = make_config(tmp_path, [{"name": "d", "path": "set"}])
+    with pytest.raises(InputError, match=r"\(no rows\); check its path, format \(auto\), field \(the format default\) "
+                                         r"and split \(train\)"):
+        run_prepare(cfg, echo=_quiet)
+
+
+def test_the_temp_file_is_unique_and_gone_after_the_rename(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import draftgen.prepare as prepare_mod
+
+    write_jsonl(tmp_path / "p.jsonl", chat_rows("t", 3))
+    cfg = make_config(tmp_path, [{"name": "d", "path": "p.jsonl"}])
+    run_prepare(cfg, echo=_quiet)
+    folder = cfg.run_path / "prepared" / "d"
+    (folder / ".prompts.jsonl.tmp").write_text("another writer's temp file\n", encoding="utf-8")
+    write_jsonl(tmp_path / "p.jsonl", chat_rows("t", 4))  # a changed source: prepared again
+    seen: list[str] = []
+    real_replace = os.replace
+
+    def spy(src: Any, dst: Any) -> None:
+        seen.append(Path(src).name)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(prepare_mod.os, "replace", spy)
+    run_prepare(cfg, echo=_quiet)
+    assert seen and seen[0] != ".prompts.jsonl.tmp" and seen[0].startswith(".prompts.jsonl.")
+    # The other writer's file is untouched; this writer's is renamed, with the usual permissions.
+    assert (folder / ".prompts.jsonl.tmp").read_text(encoding="utf-8") == "another writer's temp file\n"
+    assert sorted(f.name for f in folder.iterdir()) == [".prompts.jsonl.tmp", "prompts.jsonl", "stats.json"]
+    assert (folder / "prompts.jsonl").stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -9,9 +9,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from _report_helpers import make_config, write_run_dir
+from _report_helpers import make_config, run_config, write_run_dir
 from draftgen.config import load_config
-from draftgen.records import ResponseRecord
+from draftgen.importer import run_import
 from draftgen.report.format import fmt_int, fmt_usd
 from draftgen.report.html import run_report
 from draftgen.report.metrics import RunMetrics, compute_metrics
@@ -55,18 +55,24 @@ def test_metrics_count_what_the_files_hold(tmp_path: Path) -> None:
 
 def test_duplicates_count_once_and_legacy_rows_use_output_ids(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    written = write_run_dir(run, datasets={"chat": 10}, audit=False, failures=False, manifest=False)
+    written = write_run_dir(run, datasets={"chat": 10}, audit=False, failures=False)
     from draftgen.store import JsonlWriter
 
+    gone = msgspec.structs.replace(written["chat"][1], sample_id="chat-gone")
     with JsonlWriter(run / "raw" / "chat" / "raw_responses.jsonl", fsync=False) as w:
         w.write(written["chat"][0])  # duplicate id
-        w.write(ResponseRecord(sample_id="legacy-1", output_ids=[1, 2, 3, 4, 5]))
+        w.write(gone)  # an orphan: its sample is not in the prepared set
+    # A legacy local-SGLang row (ids only, no usage) of a prepared sample, brought in by `draftgen import`.
+    source = tmp_path / "sglang.jsonl"
+    source.write_bytes(msgspec.json.encode({"sample_id": "chat-0008", "output_ids": [1, 2, 3, 4, 5]}) + b"\n")
+    assert run_import(run_config(run, ("chat",)), "chat", source, echo=lambda s: None).imported == 1
     m = compute_metrics(run)
     d = m.datasets[0]
     assert d.duplicates == 1
+    assert d.orphans == 1 and gone.usage is not None and d.orphan_cost_usd == pytest.approx(gone.usage.cost)
     assert d.done == len(written["chat"]) + 1
     assert d.completion_tokens == sum(r.usage.completion_tokens for r in written["chat"] if r.usage) + 5
-    assert m.audit is None and m.model is None
+    assert m.audit is None and m.model == "qwen/qwen3-8b"
 
 
 def test_report_embeds_the_recomputable_metrics(tmp_path: Path) -> None:
@@ -101,7 +107,8 @@ def test_report_is_self_contained(tmp_path: Path) -> None:
     from draftgen.store import JsonlWriter
 
     with JsonlWriter(run / "raw" / "chat" / "raw_responses.jsonl", fsync=False) as w:
-        w.write(msgspec.structs.replace(written["chat"][0], sample_id="x", provider="evil</script><b>"))
+        # chat-0002 is prepared but not done yet (an orphan would not count in the providers)
+        w.write(msgspec.structs.replace(written["chat"][0], sample_id="chat-0002", provider="evil</script><b>"))
     cfg = load_config(make_config(tmp_path, run))
     out = run_report(cfg, output=tmp_path / "elsewhere" / "r.html")
     page = out.read_text(encoding="utf-8")

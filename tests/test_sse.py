@@ -150,3 +150,32 @@ def test_vllm_token_ids_per_delta_and_prompt_ids() -> None:
     assert comp.prompt_ids == [1, 2, 3]
     assert comp.output_ids == [10, 11, 12, 13]
     assert comp.reasoning == "hm" and comp.reasoning_field == "reasoning_content"
+
+
+def test_a_long_line_split_in_many_chunks_is_buffered_once_and_measured() -> None:
+    # 300 KB in one data line, fed 1 KB at a time: ``pending`` lets a reader refuse an event that grows
+    # without bound, and the pieces are joined once (not re-copied on every feed).
+    line = b'data: {"choices":[{"index":0,"delta":{"content":"' + b"x" * 300_000 + b'"}}]}'
+    p = SSEParser()
+    for i in range(0, len(line), 1024):
+        assert p.feed(line[i:i + 1024]) == []
+        assert p.pending == min(i + 1024, len(line))
+    assert p.feed(b"\n") == [] and p.pending == len(line) - 5  # the data value, held until the blank line
+    assert p.feed(b": keep-alive\n\n") == [line[6:]] and p.pending == 0
+    assert p.feed(b"data: [DONE]") == [] and p.close() == [b"[DONE]"] and p.pending == 0
+
+
+def test_usage_without_cost_is_flagged_for_pricing() -> None:
+    def stream(usage: dict[str, object]) -> bytes:
+        return (_chunk(choices=[_delta(content="hi")])
+                + _chunk(choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}], usage=usage)
+                + b"data: [DONE]\n\n")
+
+    for usage, missing in (({"prompt_tokens": 5, "completion_tokens": 2}, True),
+                           ({"prompt_tokens": 5, "completion_tokens": 2, "cost": 0.0}, False),
+                           ({"prompt_tokens": 5, "completion_tokens": 2, "cost": 0.002}, False)):
+        acc = ChatStream("openai")
+        for payload in _feed_all(stream(usage), 64):
+            acc.feed(payload)
+        comp = acc.result()
+        assert comp.cost_missing is missing and comp.usage is not None and not comp.usage.cost_computed

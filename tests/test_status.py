@@ -31,6 +31,7 @@ def test_status_on_a_partial_run_dir(tmp_path: Path) -> None:
     assert by["code"].done == 0 and by["code"].prepared == 10
     assert by["code-later"].prepared is None and by["code-later"].done == 5
     assert m.phases["audited"] is False and m.phases["merged"] is False
+    assert m.model is None and m.config_hash is None  # no run.json
     assert "10 / 20" in out and "0 / 10" in out and "5 / ?" in out
     assert "rate_limited" in out and "context_length_exceeded" in out
     assert "latest activity" in out and "ago" in out

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from draftgen.errors import InputError, StorageError
-from draftgen.records import FailureRecord, ResponseRecord, Usage
+from draftgen.errors import InputError, RunDirError, StorageError
+from draftgen.records import FailureRecord, Provenance, ResponseRecord, Usage
+from draftgen.rundir import check_provenance
 from draftgen.store import (
     JsonlWriter,
     atomic_write_json,
@@ -73,8 +74,9 @@ def test_wrong_type_names_field(tmp_path: Path) -> None:
 
 def test_scan_counts_tokens_spend_and_legacy_sglang_rows(tmp_path: Path) -> None:
     p = tmp_path / "raw.jsonl"
+    prov = Provenance(model_id="m", profile="qwen3", tokenizer_sha256="ab" * 32)
     with JsonlWriter(p) as w:
-        w.write_many([_rec(1), _rec(2)])
+        w.write_many([_rec(1, provenance=prov), _rec(2, provenance=prov)])
     with open(p, "ab") as fh:
         fh.write(b'{"sample_id": "legacy", "output_ids": [5, 6, 7, 8]}\n')
         fh.write(b'{"sample_id": "s1", "output_ids": [1]}\n')  # a duplicate written by another tool
@@ -84,6 +86,12 @@ def test_scan_counts_tokens_spend_and_legacy_sglang_rows(tmp_path: Path) -> None
     assert idx.completion_tokens == 3 + 3 + 4 + 2
     assert idx.spend_usd == pytest.approx(1.25)
     assert idx.duplicates == 1
+    # The phases pass a check: it sees every record's provenance and file:line, and refuses by raising.
+    seen: list[tuple[Provenance | None, str]] = []
+    assert scan_responses(p, check=lambda got, where: seen.append((got, where))) == idx
+    assert seen == [(prov, f"{p}:1"), (prov, f"{p}:2"), *((None, f"{p}:{n}") for n in (3, 4, 5))]
+    with pytest.raises(RunDirError, match=r"raw\.jsonl:3: the record has no provenance"):
+        scan_responses(p, check=lambda got, where: check_provenance(got, prov, where, force=False))
 
 
 def test_scan_failures_keeps_latest(tmp_path: Path) -> None:

@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import json
 import time
+from typing import Any
 
 import aiohttp
 import pytest
 
-from draftgen.backends.base import Completion
+from draftgen.backends.base import Completion, CompletionRequest, token_limit
+from draftgen.backends.http import Bounds, make_session
+from draftgen.backends.openrouter import OpenAIChatBackend
 from draftgen.backends.wire import (
     check_completion,
     classify_http,
@@ -18,7 +22,11 @@ from draftgen.backends.wire import (
     redact,
     translate_exception,
 )
+from draftgen.config import RetryConfig
+from draftgen.emulator import EmulatorOptions, Provider, builtin_scenario, start_in_thread
+from draftgen.engine import RetryPolicy
 from draftgen.errors import (
+    APIError,
     AuthError,
     ConfigError,
     PaymentRequired,
@@ -26,7 +34,7 @@ from draftgen.errors import (
     RateLimited,
     RetryableAPIError,
 )
-from draftgen.records import Usage
+from draftgen.records import Message, Usage
 
 
 def _env(code: object, message: str = "m", **meta: object) -> bytes:
@@ -190,3 +198,75 @@ def test_transport_exceptions_all_map() -> None:
     assert isinstance(translate_exception(aiohttp.InvalidURL("nope")), ConfigError)
     with pytest.raises(TypeError):
         translate_exception(ValueError("not transport"))
+
+
+def test_missing_usage_cost_is_flagged_not_guessed() -> None:
+    body = b'{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}'
+    comp = completion_from_body(decode_chat(body), backend="openai")
+    assert comp.cost_missing and comp.usage is not None and comp.usage.cost == 0.0
+    priced = completion_from_body(decode_chat(body.replace(b'"completion_tokens":1', b'"completion_tokens":1,"cost":0.5')),
+                                  backend="openrouter")
+    assert not priced.cost_missing and priced.usage is not None and priced.usage.cost == 0.5
+
+
+def test_bounds_follow_max_tokens_unless_set() -> None:
+    b = Bounds(connect_timeout_s=30.0, idle_timeout_s=180.0, slow_tokens_per_s=5.0)
+    assert b.deadline_s(10_240) == pytest.approx(30 + 180 + 2048)
+    assert b.deadline_s(256) == pytest.approx(30 + 180 + 51.2)
+    assert Bounds(request_timeout_s=12.0).deadline_s(10_240) == 12.0
+    assert b.body_cap(256) == 2 * 1024 * 1024  # 1 MiB + 4 KiB per token
+    assert b.body_cap(16_384) == 1024 * 1024 + 16_384 * 4096
+    assert Bounds(max_body_bytes=1000).body_cap(10**6) == 1000
+    assert token_limit(256) == 272 and token_limit(10_240) == 10_343  # + max(16, 1 %)
+
+
+def _bounded_call(kind: str | None, *, stream: bool, bounds: Bounds, **provider: Any) -> tuple[float, Any]:
+    """One request through the real backend to an emulator whose only provider always has ``kind``."""
+    p = Provider("F", "f/int4", "int4", 0.5, 2.0, faults={kind: 1.0} if kind else {}, **provider)
+    sc = builtin_scenario("fast").replace(providers=[p], keepalive_s=0.02, hang_s=30.0)
+
+    async def go(url: str) -> Any:
+        session = make_session(api_key="sk-or-x", connections=2, connect_timeout_s=bounds.connect_timeout_s,
+                               idle_timeout_s=bounds.idle_timeout_s)
+        be = OpenAIChatBackend(session, url, model="qwen/qwen3-8b", stream=stream, openrouter=True, bounds=bounds)
+        try:
+            return await be.complete(CompletionRequest(sample_id="s", messages=[Message(role="user", content="hi")],
+                                                       max_tokens=256))
+        except APIError as exc:
+            return exc
+        finally:
+            await be.aclose()
+
+    with start_in_thread(EmulatorOptions(scenario_obj=sc)) as emu:
+        t0 = time.monotonic()
+        got = asyncio.run(go(emu.base_url))
+        return time.monotonic() - t0, got
+
+
+def test_keepalive_comments_do_not_reset_the_idle_timeout() -> None:
+    took, exc = _bounded_call("keepalive_only", stream=True, bounds=Bounds(idle_timeout_s=0.4))
+    assert isinstance(exc, RetryableAPIError) and exc.kind == "idle_timeout" and took < 3.0
+    assert "keep-alive comments do not count" in str(exc) and "\n" not in str(exc)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_every_request_has_a_total_deadline(stream: bool) -> None:
+    # Data (or padding) every 20 ms for 30 s: only the deadline ends it.
+    took, exc = _bounded_call("trickle", stream=stream, bounds=Bounds(idle_timeout_s=0.4, request_timeout_s=0.8))
+    assert isinstance(exc, RetryableAPIError) and exc.kind == "request_timeout" and 0.7 < took < 3.0
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_body_over_the_cap_is_refused_as_soon_as_it_passes(stream: bool) -> None:
+    took, exc = _bounded_call("huge_body", stream=stream, bounds=Bounds(), huge_body_bytes=20_000_000)
+    assert isinstance(exc, RetryableAPIError) and exc.kind == "body_too_large" and took < 5.0
+    assert "2,097,152 bytes" in str(exc)
+    if not stream:
+        assert "Content-Length" in str(exc)  # refused before reading it
+
+
+def test_a_day_long_retry_after_reaches_the_policy_which_caps_it() -> None:
+    _, exc = _bounded_call("rate_limit", stream=True, bounds=Bounds(), retry_after_s=86400.0)
+    assert isinstance(exc, RateLimited) and exc.retry_after == 3600.0
+    pol = RetryPolicy(RetryConfig(max_delay_s=60.0))
+    assert 54.0 <= pol.delay(1, exc.retry_after) <= 60.0

@@ -21,7 +21,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _fail(message: str, code: int) -> None:
-    click.echo(f"Error: {message}", err=True)
+    from .secrets import redact
+
+    line = " ".join(redact(message).splitlines())  # one line, and never a key
+    click.echo(f"Error: {line}", err=True)
     sys.exit(code)
 
 
@@ -41,6 +44,20 @@ def friendly(fn: F) -> F:
         except OSError as exc:  # a path the library did not anticipate (a file where a folder must be, ...)
             where = f"{exc.filename}: " if exc.filename else ""
             _fail(f"{where}{exc.strerror or exc}; check that path and its permissions", 1)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:  # a bug: still one line (redacted), the traceback only with -v
+            import logging
+
+            log = logging.getLogger("draftgen")
+            if log.isEnabledFor(logging.DEBUG):
+                import traceback
+
+                from .secrets import redact
+
+                sys.stderr.write(redact(traceback.format_exc()))
+            _fail(f"unexpected {type(exc).__name__}: {exc}; this is a bug in draftgen, please report it "
+                  "(run with -v for the traceback)", 1)
 
     return wrapper  # type: ignore[return-value]
 
@@ -70,6 +87,8 @@ def cli(verbose: bool) -> None:
 
 
 run_dir_option = click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (overrides run_dir).")
+force_option = click.option("--force", is_flag=True,
+                            help="Accept records made by another model, profile or tokenizer (the outputs record it).")
 
 
 def generate_options(fn: F) -> F:
@@ -85,6 +104,7 @@ def generate_options(fn: F) -> F:
         click.option("--api-key-file", type=click.Path(dir_okay=False), help="File holding the API key (else OPENROUTER_API_KEY)."),
         click.option("--base-url", help="API root, e.g. https://openrouter.ai/api/v1 or http://127.0.0.1:PORT/api/v1."),
         run_dir_option,
+        force_option,
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -116,7 +136,8 @@ def generate(config: str, **kw: Any) -> None:
     from .generate import GenerateOptions, run_generate
 
     cfg = _load(config, generate_overrides(kw))
-    opts = GenerateOptions(datasets=list(kw["datasets"]), partition=kw["partition"], argv=sys.argv, base_url_flag=kw.get("base_url"))
+    opts = GenerateOptions(datasets=list(kw["datasets"]), partition=kw["partition"], argv=sys.argv,
+                           base_url_flag=kw.get("base_url"), force=kw["force"])
     report = run_generate(cfg, opts)
     if report.exit_code:
         sys.exit(report.exit_code)
@@ -139,25 +160,42 @@ def prepare(config: str, run_dir: str | None, skip_bad: bool) -> None:
 @click.argument("config", type=click.Path(dir_okay=False))
 @run_dir_option
 @click.option("--reference", type=click.Path(dir_okay=False), help="Reference ids (emulator ground truth or exact-id records).")
+@force_option
 @friendly
-def audit(config: str, run_dir: str | None, reference: str | None) -> None:
+def audit(config: str, run_dir: str | None, reference: str | None, force: bool) -> None:
     """Check reconstructed ids: structure, billing agreement, BPE drift against reference ids."""
     from .audit import run_audit
 
     cfg = _load(config, {"run_dir": run_dir, "audit.reference": str(Path(reference).resolve()) if reference else None})
-    run_audit(cfg, echo=click.echo)
+    run_audit(cfg, echo=click.echo, force=force)
 
 
 @cli.command()
 @click.argument("config", type=click.Path(dir_okay=False))
 @run_dir_option
+@force_option
 @friendly
-def merge(config: str, run_dir: str | None) -> None:
+def merge(config: str, run_dir: str | None, force: bool) -> None:
     """Filter, dedupe, cap, shuffle and split into merged/ Parquet plus exports."""
     from .merge import run_merge
 
     cfg = _load(config, {"run_dir": run_dir})
-    run_merge(cfg, echo=click.echo)
+    run_merge(cfg, echo=click.echo, force=force)
+
+
+@cli.command(name="import")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--dataset", required=True, help="The dataset the records belong to.")
+@run_dir_option
+@force_option
+@friendly
+def import_(config: str, file: str, dataset: str, run_dir: str | None, force: bool) -> None:
+    """Check and add records made elsewhere (local SGLang {sample_id, output_ids} rows, another run's raw log)."""
+    from .importer import run_import
+
+    cfg = _load(config, {"run_dir": run_dir})
+    run_import(cfg, dataset, Path(file), force=force, echo=click.echo)
 
 
 @cli.command()
@@ -210,7 +248,7 @@ def run(config: str, **kw: Any) -> None:
 
     cfg = _load(config, generate_overrides(kw))
     report = run_pipeline(cfg, argv=sys.argv, datasets=list(kw["datasets"]), partition=kw["partition"],
-                          base_url_flag=kw.get("base_url"), echo=click.echo)
+                          base_url_flag=kw.get("base_url"), force=kw["force"], echo=click.echo)
     if report.exit_code:
         sys.exit(report.exit_code)
 
@@ -258,7 +296,43 @@ def emulate(**kw: Any) -> None:
     serve_forever(EmulatorOptions(**kw), echo=click.echo)
 
 
+#: flags that would carry a key on the command line (only ``emulate`` has a real ``--api-key``)
+_KEY_FLAGS = ("--api-key", "--api_key", "--apikey", "--key", "--openrouter-api-key", "--openrouter-key",
+              "--management-key", "--token")
+_NO_KEY_ON_ARGV = ("keys are never passed on the command line; set OPENROUTER_API_KEY (or the variable named "
+                   "by endpoint.api_key_env) to the key, or pass --api-key-file PATH (a file holding only the key)")
+
+
+def _argv_key_problem(args: list[str]) -> str | None:
+    """Why ``args`` must be refused before click parses them (a key on the command line), or None.
+    Never includes the key. ``emulate`` is exempt: its ``--api-key`` names the key it accepts."""
+    from .secrets import contains_key, looks_like_key
+
+    command = next((a for a in args if not a.startswith("-")), None)
+    if command == "emulate":
+        return None
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in _KEY_FLAGS:
+            return f"{flag} is not an option: {_NO_KEY_ON_ARGV}"
+        if flag == "--api-key-file":
+            path = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            parts = [path, *Path(path).parts] if path else []
+            if any(looks_like_key(p) or contains_key(p) for p in parts) and not Path(path).is_file():
+                return ("--api-key-file takes the PATH of a file holding only the key, and its value looks like "
+                        "the key itself; write the key to a file and pass that file's path, or set "
+                        "OPENROUTER_API_KEY to the key")
+        if flag == "--base-url" or (i > 0 and args[i - 1] == "--base-url"):
+            continue  # config validation names what in the URL is a credential
+        if looks_like_key(arg) or contains_key(arg):
+            return f"an argument looks like an API key; {_NO_KEY_ON_ARGV}"
+    return None
+
+
 def main() -> None:
+    problem = _argv_key_problem(sys.argv[1:])
+    if problem:
+        _fail(problem, 2)
     cli(prog_name="draftgen")
 
 

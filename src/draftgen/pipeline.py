@@ -7,9 +7,14 @@ logs. So a rerun after a crash or Ctrl-C simply runs the phases again. To avoid 
 the relevant config section, plus the size and mtime of every raw log): audit and merge are skipped when
 their output exists and the fingerprint is unchanged.
 
-Outcomes: generate stopping early (budget, auth, interrupt) ends the pipeline after writing the report
-(Ctrl-C ends it at once); a broken audit threshold skips merge (the data failed a gate the user set),
-still writes the report, and exits 3. The report's path is printed last.
+The whole run holds the run directory's writer lock (``rundir.writer``); each phase re-enters it.
+
+Outcomes (exit codes in ``errors``): generate stopping early (budget, auth, interrupt) ends the pipeline
+after writing the report (Ctrl-C ends it at once); when the run holds no usable record at all (every
+request failed), audit and merge are skipped too. Some samples failing is not an early stop: audit and
+merge run over what is done, and the run exits 4 (finished with failures). A broken audit threshold skips
+merge (the data failed a gate the user set), still writes the report, and exits 3. The report's path is
+printed last.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from pathlib import Path
 import msgspec
 
 from .config import RunConfig, config_hash
-from .errors import ThresholdBroken
+from .errors import EXIT_FAILURES, EXIT_INTERRUPTED, EXIT_OK, ThresholdBroken
+from .rundir import RunDir, writer
 from .store import atomic_write_json, read_json
 
 __all__ = ["PhaseMark", "PipelineReport", "PipelineState", "run_pipeline"]
@@ -50,24 +56,24 @@ class PipelineReport(msgspec.Struct, kw_only=True):
 
 
 def _fingerprint(cfg: RunConfig, phase: str) -> str:
+    rd = RunDir(cfg.run_path)
     h = hashlib.sha256()
     h.update(config_hash(cfg).encode())
     h.update(msgspec.json.encode(getattr(cfg, phase)))
     h.update(msgspec.json.encode([d.name for d in cfg.datasets]))
     if phase == "merge":
         h.update(msgspec.json.encode([[d.weight, d.cap] for d in cfg.datasets]))
-        audit = cfg.run_path / "audit" / "audit.json"
-        if audit.is_file():
-            h.update(audit.read_bytes())
+        if rd.audit_json.is_file():
+            h.update(rd.audit_json.read_bytes())
     for d in cfg.datasets:
-        raw = cfg.run_path / "raw" / d.name / "raw_responses.jsonl"
-        try:
-            st = raw.stat()
-            h.update(f"{d.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-        except FileNotFoundError:
-            h.update(f"{d.name}:-".encode())
+        for name, path in (("raw", rd.raw(d.name)), ("prepared", rd.prepared(d.name))):
+            try:
+                st = path.stat()
+                h.update(f"{name}:{d.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+            except FileNotFoundError:
+                h.update(f"{name}:{d.name}:-".encode())
     if phase == "audit":
-        ref = cfg.path(cfg.audit.reference) if cfg.audit.reference else cfg.run_path / "emulator" / "ground_truth.jsonl"
+        ref = cfg.path(cfg.audit.reference) if cfg.audit.reference else rd.ground_truth
         if ref.is_file():
             st = ref.stat()
             h.update(f"ref:{st.st_size}:{st.st_mtime_ns}".encode())
@@ -75,8 +81,8 @@ def _fingerprint(cfg: RunConfig, phase: str) -> str:
 
 
 class _State:
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / "pipeline.json"
+    def __init__(self, rd: RunDir) -> None:
+        self.path = rd.pipeline
         self.state = read_json(self.path, PipelineState) if self.path.is_file() else PipelineState()
 
     def current(self, phase: str, fingerprint: str, output: Path) -> bool:
@@ -103,18 +109,23 @@ def run_pipeline(
     datasets: list[str] | None = None,
     partition: str = "all",
     base_url_flag: str | None = None,
+    force: bool = False,
     echo: Echo = print,
 ) -> PipelineReport:
     """Run every phase in order (see the module docstring); returns the exit code and the report's path."""
+    with writer(cfg, "run", argv=argv, force=force) as rd:
+        return _run(cfg, rd, argv, datasets, partition, base_url_flag, force, echo)
+
+
+def _run(cfg: RunConfig, rd: RunDir, argv: list[str], datasets: list[str] | None, partition: str,
+         base_url_flag: str | None, force: bool, echo: Echo) -> PipelineReport:
     from .audit import run_audit
     from .generate import GenerateOptions, run_generate
     from .merge import run_merge
     from .prepare import run_prepare
     from .report.html import run_report
 
-    run_dir = cfg.run_path
-    run_dir.mkdir(parents=True, exist_ok=True)
-    state = _State(run_dir)
+    state = _State(rd)
     rep = PipelineReport()
 
     _banner(echo, "prepare")
@@ -123,16 +134,22 @@ def run_pipeline(
 
     _banner(echo, "generate")
     gen = run_generate(cfg, GenerateOptions(datasets=list(datasets or []), partition=partition, argv=list(argv),
-                                            base_url_flag=base_url_flag), echo=echo)
+                                            base_url_flag=base_url_flag, force=force), echo=echo)
     rep.phases_run.append("generate")
-    if gen.exit_code == 130:
-        rep.exit_code, rep.message = 130, gen.message
+    usable = sum(d.done_before + d.done for d in gen.datasets)
+    if gen.exit_code == EXIT_INTERRUPTED:
+        rep.exit_code, rep.message = EXIT_INTERRUPTED, gen.message
         return rep
-    if gen.exit_code:
-        rep.exit_code, rep.message = gen.exit_code, gen.message
-        echo(f"generate stopped early ({gen.message}); skipping audit and merge, writing the report")
+    if gen.exit_code not in (EXIT_OK, EXIT_FAILURES) or not usable:
+        rep.exit_code = gen.exit_code or EXIT_FAILURES
+        rep.message = gen.message or "generate produced no usable record"
+        echo(f"generate {'stopped early' if gen.exit_code != EXIT_FAILURES else 'finished'} ({rep.message})"
+             + ("" if usable else "; nothing usable to merge") + "; skipping audit and merge, writing the report")
     else:
-        rep.exit_code = _audit_and_merge(cfg, state, rep, echo, run_audit, run_merge)
+        code = _audit_and_merge(cfg, state, rep, echo, run_audit, run_merge, force)
+        rep.exit_code = code or gen.exit_code
+        if not code and gen.exit_code:
+            rep.message = gen.message
 
     _banner(echo, "report")
     path = run_report(cfg)
@@ -145,20 +162,20 @@ def run_pipeline(
 
 
 def _audit_and_merge(cfg: RunConfig, state: _State, rep: PipelineReport, echo: Echo,
-                     run_audit: Callable[..., object], run_merge: Callable[..., object]) -> int:
-    run_dir = cfg.run_path
+                     run_audit: Callable[..., object], run_merge: Callable[..., object], force: bool) -> int:
+    rd = RunDir(cfg.run_path)
     _banner(echo, "audit")
     fp = _fingerprint(cfg, "audit")
     broken: list[str] = []
-    if state.current("audit", fp, run_dir / "audit" / "audit.json"):
+    if state.current("audit", fp, rd.audit_json):
         echo("audit: up to date (no new responses since the last audit)")
         rep.phases_skipped.append("audit")
         from .records import AuditReport
 
-        broken = read_json(run_dir / "audit" / "audit.json", AuditReport).thresholds_broken
+        broken = read_json(rd.audit_json, AuditReport).thresholds_broken
     else:
         try:
-            audit = run_audit(cfg, echo=echo)
+            audit = run_audit(cfg, echo=echo, force=force)
             broken = list(getattr(audit, "thresholds_broken", []) or [])
         except ThresholdBroken as exc:
             broken = [str(exc).splitlines()[0] if str(exc) else "audit threshold broken"]
@@ -172,11 +189,11 @@ def _audit_and_merge(cfg: RunConfig, state: _State, rep: PipelineReport, echo: E
 
     _banner(echo, "merge")
     fp = _fingerprint(cfg, "merge")
-    if state.current("merge", fp, run_dir / "merged" / "manifest.json"):
+    if state.current("merge", fp, rd.merged_manifest):
         echo("merge: up to date")
         rep.phases_skipped.append("merge")
     else:
-        run_merge(cfg, echo=echo)
+        run_merge(cfg, echo=echo, force=force)
         state.mark("merge", fp)
         rep.phases_run.append("merge")
     return 0

@@ -38,6 +38,7 @@ from .probe import api_key_for, embedded_endpoint
 from .records import DatasetStats, GroundTruthRecord, HiddenStatesReport, PromptRecord
 from .report.format import fmt_duration, fmt_int, fmt_usd
 from .report.metrics import DatasetMetrics, compute_metrics
+from .rundir import RunDir, writer
 from .store import (
     JsonlWriter,
     atomic_write_bytes,
@@ -158,20 +159,25 @@ def _adopt(pilot_dir: Path, run_dir: Path, names: list[str]) -> int:
 def run_pilot(cfg: RunConfig, n: int, *, echo: Echo = print) -> tuple[int, str | None]:
     """Generate up to ``n`` responses per dataset through ``run_generate`` and keep them in the run's raw
     logs. Returns the number of records added to the run, and why the pilot stopped early (or None)."""
+    pilot_dir = RunDir(cfg.run_path).pilot
+    pilot_cfg = msgspec.structs.replace(cfg, run_dir=str(pilot_dir.resolve()), progress="off")
+    with writer(pilot_cfg, "plan --pilot"):
+        return _pilot(cfg, pilot_cfg, RunDir(pilot_dir), n, echo)
+
+
+def _pilot(cfg: RunConfig, pilot_cfg: RunConfig, pilot: RunDir, n: int, echo: Echo) -> tuple[int, str | None]:
     from .generate import GenerateOptions, run_generate
 
-    pilot_dir = cfg.run_path / "plan" / "pilot"
+    pilot_dir = pilot.root
     names: list[str] = []
     stopped: str | None = None
     for d in cfg.datasets:
         prompts = _pilot_prompts(cfg, d.name, n)
         if not prompts:
             continue
-        atomic_write_bytes(pilot_dir / "prepared" / d.name / "prompts.jsonl",
-                           b"".join(encode_json(p) + b"\n" for p in prompts))
+        atomic_write_bytes(pilot.prepared(d.name), b"".join(encode_json(p) + b"\n" for p in prompts))
         names.append(d.name)
     if names:
-        pilot_cfg = msgspec.structs.replace(cfg, run_dir=str(pilot_dir.resolve()), progress="off")
         if cfg.budget.max_spend_usd is not None:
             # The pilot's own governor sees only the pilot's spend; leave it what the run has not spent.
             spent_run = sum(scan_responses(cfg.run_path / "raw" / d.name / "raw_responses.jsonl").spend_usd
@@ -186,7 +192,7 @@ def run_pilot(cfg: RunConfig, n: int, *, echo: Echo = print) -> tuple[int, str |
                            echo=lambda line: echo(f"  pilot: {line}"))
         if rep.exit_code:
             stopped = rep.message or f"exit code {rep.exit_code}"
-            echo(f"  pilot: stopped early ({stopped}); planning with what came back")
+            echo("  pilot: planning with what came back")
     # Adopt also what an interrupted earlier pilot left behind.
     return _adopt(pilot_dir, cfg.run_path, [d.name for d in cfg.datasets]), stopped
 
@@ -367,7 +373,13 @@ def _print(rep: PlanReport, cfg: RunConfig, echo: Echo) -> None:
 
 
 def run_plan(cfg: RunConfig, *, echo: Echo = print) -> PlanReport:
-    """Estimate what the run will cost and take (see the module docstring)."""
+    """Estimate what the run will cost and take (see the module docstring). Holds the run directory's
+    writer lock: prepare and the pilot write into it."""
+    with writer(cfg, "plan"):
+        return _plan(cfg, echo)
+
+
+def _plan(cfg: RunConfig, echo: Echo) -> PlanReport:
     names = [d.name for d in cfg.datasets]
     if any(not (cfg.run_path / "prepared" / n / "stats.json").is_file() for n in names):
         from .prepare import run_prepare
@@ -376,7 +388,8 @@ def run_plan(cfg: RunConfig, *, echo: Echo = print) -> PlanReport:
     notes: list[str] = []
     pilot_added, stopped = run_pilot(cfg, cfg.plan.pilot, echo=echo) if cfg.plan.pilot > 0 else (0, None)
     if stopped:
-        notes.append(f"the pilot stopped early: {stopped}")
+        notes.append(f"the pilot stopped early (its reason is above); the estimates use the {pilot_added} "
+                     "responses it added")
     eps: list[EndpointInfo] | None = None
     account: float | None = None
     try:
@@ -399,7 +412,7 @@ def run_plan(cfg: RunConfig, *, echo: Echo = print) -> PlanReport:
     costs = [ln.cost_usd for ln in lines]
     rep = PlanReport(
         datasets=lines, prices=prices, eligible_endpoints=[e.tag or e.provider_name for e in eligible],
-        spent_usd=m.total.cost_usd, expected_cost_usd=None if any(c is None for c in costs) else sum(c or 0.0 for c in costs),
+        spent_usd=m.total.cost_usd + m.total.orphan_cost_usd, expected_cost_usd=None if any(c is None for c in costs) else sum(c or 0.0 for c in costs),
         budget_usd=cfg.budget.max_spend_usd, pilot_responses=pilot_added, notes=notes,
         account_remaining_usd=account,
     )

@@ -11,7 +11,13 @@ Per dataset (in config order):
 5. count prompt tokens with the target tokenizer and chat template, and pick the partition (the dataset's
    ``partition``, else ``long`` when the prompt has at least ``prepare.long_prompt_tokens`` tokens).
 
-Files: ``prompts.jsonl`` (``records.PromptRecord``) is written to a temp file and renamed; ``stats.json``
+Bounds: the context length is ``model.context_length``, else the tokenizer config's ``model_max_length``,
+else 131,072 tokens. A source row over ``datasets.line_byte_limit`` of it (32 bytes per token, at least
+8 MiB) is never held whole, and a prompt over the context length in tokens is a bad row (both name
+``file:line``; ``--skip-bad`` skips them). A dataset that yields no prompt at all is an InputError at once.
+
+Files: ``prompts.jsonl`` (``records.PromptRecord``) is written to a temp file of its own (``mkstemp`` in the
+same folder, so concurrent writers never share one) and renamed over the old file atomically; ``stats.json``
 (``records.DatasetStats``) is written last and marks the dataset complete. Its ``fingerprint`` hashes
 everything that decides the output (source files' size and mtime, dataset and prepare settings, the
 tokenizer); a rerun with an equal fingerprint does nothing, and a rerun after a change rewrites the file
@@ -26,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,15 +45,18 @@ from .datasets import (
     RowError,
     content_hash,
     iter_rows,
+    line_byte_limit,
     prompts_from,
     source_fingerprint,
     source_label,
+    source_where,
     to_conversation,
 )
-from .errors import DraftgenError, InputError, TokenizerError
+from .errors import ConfigError, DraftgenError, InputError, TokenizerError
 from .records import DatasetStats, PromptRecord
-from .store import JsonlWriter, atomic_write_json, read_json
-from .tokens import Profile, profile_from_config
+from .rundir import writer
+from .store import JsonlWriter, atomic_write_json, publish, read_json
+from .tokens import DEFAULT_CONTEXT_LENGTH, Profile, context_length_of, profile_from_config
 
 __all__ = ["PrepareReport", "prepare_dataset", "prepared_prompts_path",
            "prepared_stats_path", "run_prepare"]
@@ -111,12 +121,63 @@ class _Bad:
     def __init__(self, skip: bool, echo: Echo, name: str) -> None:
         self.skip, self.echo, self.name, self.count = skip, echo, name, 0
 
-    def __call__(self, where: str, what: str) -> None:
+    def __call__(self, where: str, what: str, fix: str | None = None) -> None:
         if not self.skip:
-            raise InputError(f"{where}: {what}; fix or pass --skip-bad")
+            raise InputError(f"{where}: {what}; {fix or 'fix or pass --skip-bad'}")
         self.count += 1
         if self.count <= 3:
             self.echo(f"  {self.name}: skipped {where}: {what}")
+
+
+def context_length(cfg: RunConfig, profile: Profile) -> tuple[int, str]:
+    """The longest prompt prepare accepts, in tokens, and where that number comes from."""
+    if cfg.model.context_length is not None:
+        if cfg.model.context_length <= 0:
+            raise ConfigError(f"model.context_length must be a positive number of tokens, not {cfg.model.context_length}")
+        return cfg.model.context_length, "model.context_length"
+    n = context_length_of(profile.config)
+    if n is not None:
+        return n, "the tokenizer config's model_max_length"
+    return DEFAULT_CONTEXT_LENGTH, "the default"
+
+
+def _no_prompts(ds: DatasetConfig, base: Path, detail: str) -> InputError:
+    where = source_where(ds, base)
+    checks = ["path", f"format ({ds.format})", f"field ({ds.field or 'the format default'})"]
+    if ds.hf is not None or Path(where).is_dir():
+        checks.append(f"split ({ds.split})")
+    return InputError(f"dataset {ds.name}: no prompts from {where} ({detail}); check its {', '.join(checks[:-1])} "
+                      f"and {checks[-1]}, or remove the dataset from the config")
+
+
+#: prompts of at most this many characters are always counted whole (at most ~256k tokens)
+_COUNT_WHOLE_CHARS = 1 << 18
+
+
+def _over_context(profile: Profile, cut: CutPrompt, ctx: int) -> tuple[int, int] | None:
+    """For a prompt far over ``ctx`` tokens: a lower bound on its tokens and the characters it was counted
+    on, without tokenizing the whole text (a whole 8 MB prompt takes about 1 GB and 15 s); else None.
+
+    A long text (over 256k characters and 2 characters per token of the context) is counted on prefixes of
+    doubling length from 2 × ``ctx`` characters until one alone is over the context, so refusing it costs
+    about what tokenizing 2 × ``ctx`` tokens costs."""
+    size = 2 * ctx
+    if sum(len(m.content or "") + len(m.reasoning_content or "") for m in cut.messages) <= max(size, _COUNT_WHOLE_CHARS):
+        return None
+    text = profile.render_prompt(cut.messages, cut.tools)
+    while size < len(text):
+        # Cutting the text changes the tokens at the cut only: keep a margin below the prefix's count.
+        at_least = len(profile.tokenizer.encode(text[:size])) - 64 - ctx // 100
+        if at_least > ctx:
+            return at_least, size
+        size *= 2
+    return None
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def prepare_dataset(cfg: RunConfig, ds: DatasetConfig, profile: Profile, *, echo: Echo = print) -> DatasetStats:
@@ -126,14 +187,15 @@ def prepare_dataset(cfg: RunConfig, ds: DatasetConfig, profile: Profile, *, echo
     bad = _Bad(cfg.prepare.skip_bad, echo, ds.name)
     stats = DatasetStats(dataset=ds.name, source=source_label(ds), multi_turn=mode,
                          fingerprint=_fingerprint(cfg, ds))
+    ctx, ctx_from = context_length(cfg, profile)
     seen: dict[str, int] = {}
     heap: list[_Picked] = []  # max-heap on key (neg_key) when max_samples is set; else all prompts
     order = 0
     limit = ds.max_samples
-    for row in iter_rows(ds, base):
+    for row in iter_rows(ds, base, max_line_bytes=line_byte_limit(ctx)):
         stats.rows_read += 1
         if row.error is not None:
-            bad(row.where, row.error)
+            bad(row.where, row.error, row.fix)
             continue
         try:
             cuts = prompts_from(to_conversation(row.data, ds.format, ds.field), mode)
@@ -161,22 +223,38 @@ def prepare_dataset(cfg: RunConfig, ds: DatasetConfig, profile: Profile, *, echo
         stats.not_selected = order - len(heap)
     picked = sorted(heap, key=lambda p: p.order)
     del heap, seen
+    if not picked:
+        got = (f"{stats.rows_read:,} rows read, {bad.count:,} bad rows skipped, "
+               f"{stats.duplicates_removed:,} duplicates removed" if stats.rows_read else "no rows")
+        raise _no_prompts(ds, base, got)
 
     out = prepared_prompts_path(cfg.run_path, ds.name)
     stats_path = prepared_stats_path(cfg.run_path, ds.name)
     out.parent.mkdir(parents=True, exist_ok=True)
     stats_path.unlink(missing_ok=True)  # the dataset is incomplete until the new stats.json exists
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.unlink(missing_ok=True)
+    # A temp file of this writer's own: two runs never write, fsync or rename the same one.
+    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    tmp = Path(tmp_name)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would make prompts.jsonl private
+    finally:
+        os.close(fd)
     long_at = cfg.prepare.long_prompt_tokens
     try:
         with JsonlWriter(tmp, fsync=False) as w:
             batch: list[PromptRecord] = []
             for p in picked:
                 try:
-                    n_tok = len(profile.prompt_ids(p.cut.messages, p.cut.tools))
+                    over = _over_context(profile, p.cut, ctx)
+                    n_tok = len(profile.prompt_ids(p.cut.messages, p.cut.tools)) if over is None else over[0]
                 except TokenizerError as exc:
                     bad(p.where, f"the chat template rejected this prompt ({exc})")
+                    continue
+                if n_tok > ctx:
+                    count = f"{n_tok:,} tokens" if over is None else (
+                        f"at least {n_tok:,} tokens in its first {over[1]:,} characters")
+                    bad(p.where, f"the prompt has {count}, over the context length of {ctx:,} ({ctx_from})",
+                        "raise model.context_length or pass --skip-bad to skip such prompts")
                     continue
                 part = ds.partition if ds.partition != "auto" else ("long" if n_tok >= long_at else "short")
                 batch.append(PromptRecord(
@@ -201,9 +279,10 @@ def prepare_dataset(cfg: RunConfig, ds: DatasetConfig, profile: Profile, *, echo
                     w.write_many(batch)
                     batch = []
             w.write_many(batch)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, out)
+        if not stats.samples:
+            raise _no_prompts(ds, base, f"all {len(picked):,} prompts were skipped: over the context length or "
+                                        "rejected by the chat template")
+        publish(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -224,6 +303,12 @@ def _is_current(cfg: RunConfig, ds: DatasetConfig) -> DatasetStats | None:
 
 
 def run_prepare(cfg: RunConfig, *, echo: Echo = print) -> PrepareReport:
+    """Prepare every dataset of ``cfg`` under the run directory's writer lock (``rundir.writer``)."""
+    with writer(cfg, "prepare"):
+        return _run_prepare(cfg, echo=echo)
+
+
+def _run_prepare(cfg: RunConfig, *, echo: Echo = print) -> PrepareReport:
     """Prepare every dataset of the config whose prepared files are missing or out of date."""
     report = PrepareReport(run_dir=cfg.run_path)
     profile: Profile | None = None

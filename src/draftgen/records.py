@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from .errors import InputError
+
 __all__ = [
     "SCHEMA_VERSION",
     "AuditReport",
@@ -31,9 +33,11 @@ __all__ = [
     "FunctionCall",
     "GroundTruthRecord",
     "IdsSource",
+    "LockHolder",
     "Message",
     "MismatchExample",
     "PromptRecord",
+    "Provenance",
     "ResponseRecord",
     "RunManifest",
     "Sampling",
@@ -42,10 +46,12 @@ __all__ = [
     "ToolCall",
     "ToolFunction",
     "Usage",
+    "check_ids",
     "spend_usd",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""Version 2 added ``ResponseRecord.provenance``. A record of a newer version than this is an error."""
 
 # How a record's output_ids were obtained.
 #   exact          the server returned token ids (vLLM return_token_ids, SGLang output_ids)
@@ -108,6 +114,17 @@ class PromptRecord(msgspec.Struct, omit_defaults=True):
     schema_version: int = SCHEMA_VERSION
 
 
+def check_ids(ids: list[int] | None, vocab_size: int, where: str, name: str) -> None:
+    """Refuse token ids outside ``[0, vocab_size)``; ``where`` is ``file:line``."""
+    if not ids:
+        return
+    lo, hi = min(ids), max(ids)
+    if lo < 0 or hi >= vocab_size:
+        bad = lo if lo < 0 else hi
+        raise InputError(f"{where}: {name} holds id {bad}, outside the tokenizer's vocabulary [0, {vocab_size}); "
+                         "the record is corrupt or from another model: remove that line or regenerate it")
+
+
 def spend_usd(cost: float, is_byok: bool, upstream_cost: float | None) -> float:
     """What one response cost the account: ``cost``, plus the upstream cost only on BYOK responses
     (where ``cost`` is 0; on other responses ``upstream_inference_cost`` repeats ``cost``)."""
@@ -122,6 +139,21 @@ class Usage(msgspec.Struct, omit_defaults=True):
     cost: float = 0.0
     is_byok: bool = False
     upstream_cost: float | None = None
+    #: the upstream gave no ``usage.cost``; ``cost`` was computed from the token counts and the routed prices
+    cost_computed: bool = False
+
+
+class Provenance(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """What produced a record: checked against the config by every phase that reads it.
+
+    ``tokenizer_sha256`` is the sha256 of the tokenizer's vocabulary file (``tokens.loader``).
+    ``imported_from`` is set by ``draftgen import`` (the source file), never by generate.
+    """
+
+    model_id: str
+    profile: str
+    tokenizer_sha256: str
+    imported_from: str | None = None
 
 
 class ResponseRecord(msgspec.Struct, omit_defaults=True):
@@ -153,6 +185,7 @@ class ResponseRecord(msgspec.Struct, omit_defaults=True):
     attempts: int = 1
     latency_s: float | None = None
     created_at: float = 0.0
+    provenance: Provenance | None = None
     schema_version: int = SCHEMA_VERSION
 
 
@@ -262,6 +295,15 @@ class AuditReport(msgspec.Struct, omit_defaults=True):
     schema_version: int = SCHEMA_VERSION
     reference: str | None = None  # the reference-ids file used for the BPE audit
     assumptions: list[str] = msgspec.field(default_factory=list)  # the profile's documented guesses
+    forced: list[str] = msgspec.field(default_factory=list)  # provenance differences accepted with --force
+
+
+class LockHolder(msgspec.Struct, kw_only=True):
+    """The text of a run directory's ``.draftgen.lock`` while a writer holds it."""
+
+    pid: int
+    command: str
+    since: float
 
 
 class RunManifest(msgspec.Struct, omit_defaults=True):
@@ -308,7 +350,8 @@ class MergedDatasetStats(msgspec.Struct, omit_defaults=True):
     """One dataset's share of merged/ (``dataset`` is "all" for the total)."""
 
     dataset: str
-    records: int = 0  # response records read (distinct sample ids)
+    records: int = 0  # response records read (distinct sample ids of the prepared set)
+    orphans: int = 0  # records whose sample id is not in the current prepared set: never merged
     samples: int = 0  # rows written (weight > 1 repeats count)
     unique_samples: int = 0
     train: int = 0
@@ -348,6 +391,7 @@ class MergeManifest(msgspec.Struct, omit_defaults=True):
     merge: dict[str, Any]  # the merge config section used
     datasets: list[str]
     profile: str
+    forced: list[str] = msgspec.field(default_factory=list)  # provenance differences accepted with --force
     schema_version: int = SCHEMA_VERSION
 
 

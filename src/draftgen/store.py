@@ -17,14 +17,14 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
 
 from .errors import InputError, StorageError
-from .records import FailureRecord, ResponseRecord, spend_usd
+from .records import SCHEMA_VERSION, FailureRecord, Provenance, ResponseRecord, spend_usd
 
 __all__ = [
     "JsonlWriter",
@@ -34,10 +34,12 @@ __all__ = [
     "decode_json",
     "encode_json",
     "iter_jsonl",
+    "publish",
     "read_json",
     "repair_partial_tail",
     "scan_failures",
     "scan_responses",
+    "storage_error",
 ]
 
 T = TypeVar("T")
@@ -58,7 +60,8 @@ def decode_json(data: bytes | str, type: type[T], *, where: str = "<input>") -> 
         raise InputError(f"{where}: not valid JSON ({exc})") from None
 
 
-def _storage_error(path: Path, exc: OSError) -> StorageError:
+def storage_error(path: Path, exc: OSError) -> StorageError:
+    """The one-line StorageError for a failed write to ``path`` (ENOSPC named as such)."""
     if exc.errno == errno.ENOSPC:
         return StorageError(f"{path}: no space left on device; free space and rerun (completed work is kept)")
     return StorageError(f"{path}: write failed ({exc.strerror or exc}); completed work is kept")
@@ -81,7 +84,17 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
                 pass
             raise
     except OSError as exc:
-        raise _storage_error(path, exc) from None
+        raise storage_error(path, exc) from None
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Make a fully written temp file durable and give it its final name in one atomic step."""
+    try:
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except OSError as exc:
+        raise storage_error(final, exc) from None
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -126,7 +139,7 @@ def repair_partial_tail(path: Path) -> int:
             fh.flush()
             os.fsync(fh.fileno())
         except OSError as exc:
-            raise _storage_error(path, exc) from None
+            raise storage_error(path, exc) from None
         return size - cut
 
 
@@ -145,7 +158,7 @@ class JsonlWriter:
         try:
             self._fh = open(path, "ab", buffering=0)  # noqa: SIM115 (owned by the writer until close())
         except OSError as exc:
-            raise _storage_error(path, exc) from None
+            raise storage_error(path, exc) from None
 
     def write_many(self, records: Iterable[Any]) -> None:
         buf = bytearray()
@@ -167,7 +180,7 @@ class JsonlWriter:
                 repair_partial_tail(self.path)
             except StorageError:
                 pass
-            raise _storage_error(self.path, exc) from None
+            raise storage_error(self.path, exc) from None
 
     def write(self, record: Any) -> None:
         self.write_many((record,))
@@ -185,10 +198,18 @@ class JsonlWriter:
         self.close()
 
 
+def _check_version(rec: Any, path: Path, lineno: int) -> None:
+    version = getattr(rec, "schema_version", None)
+    if version is not None and (type(version) is not int or version > SCHEMA_VERSION or version < 1):
+        raise InputError(f"{path}:{lineno}: schema_version {version!r} is not one this draftgen reads "
+                         f"(1 to {SCHEMA_VERSION}); upgrade draftgen or regenerate the file")
+
+
 def iter_jsonl(path: Path, type: type[T], *, skip_partial_tail: bool = True) -> Iterator[tuple[int, T]]:
     """Yield (line number, record). A corrupt complete line is an InputError naming file:line.
 
-    An unterminated last line is a crash artefact and is skipped when ``skip_partial_tail``.
+    An unterminated last line is a crash artefact and is skipped when ``skip_partial_tail``. A record
+    whose type has ``schema_version`` and whose line carries an unknown one is an InputError too.
     """
     decoder = msgspec.json.Decoder(type)
     try:
@@ -204,11 +225,13 @@ def iter_jsonl(path: Path, type: type[T], *, skip_partial_tail: bool = True) -> 
             if not raw.strip():
                 continue
             try:
-                yield lineno, decoder.decode(raw)
+                rec = decoder.decode(raw)
             except msgspec.ValidationError as exc:
                 raise InputError(f"{path}:{lineno}: {exc}") from None
             except msgspec.DecodeError as exc:
                 raise InputError(f"{path}:{lineno}: corrupt line ({exc}); remove or fix that line") from None
+            _check_version(rec, path, lineno)
+            yield lineno, rec
 
 
 class _UsageScan(msgspec.Struct):
@@ -222,6 +245,8 @@ class _ResponseScan(msgspec.Struct):
     sample_id: str
     usage: _UsageScan | None = None
     output_ids: msgspec.Raw = msgspec.Raw(b"")
+    provenance: Provenance | None = None
+    schema_version: int = SCHEMA_VERSION
 
 
 def raw_ids_len(raw: msgspec.Raw) -> int:
@@ -241,14 +266,17 @@ class ResumeIndex(msgspec.Struct):
     duplicates: int = 0
 
 
-def scan_responses(path: Path) -> ResumeIndex:
+def scan_responses(path: Path, *, check: Callable[[Provenance | None, str], None] | None = None) -> ResumeIndex:
     """Read the done ids, completion tokens and spend of a raw log (repairing nothing on disk).
 
     Completion tokens use ``usage.completion_tokens`` when present, else ``len(output_ids)`` (legacy
     SGLang rows). A duplicated id (possible only in logs written by other tools) counts once.
+    ``check(provenance, "file:line")`` is called per record and raises to refuse one.
     """
     idx = ResumeIndex(done=set())
-    for _, row in iter_jsonl(path, _ResponseScan):
+    for lineno, row in iter_jsonl(path, _ResponseScan):
+        if check is not None:
+            check(row.provenance, f"{path}:{lineno}")
         if row.sample_id in idx.done:
             idx.duplicates += 1
             continue
@@ -300,11 +328,13 @@ def iter_jsonl_offsets(path: Path, type: type[T]) -> Iterator[tuple[int, int, T]
             if not raw.strip():
                 continue
             try:
-                yield lineno, start, decoder.decode(raw)
+                rec = decoder.decode(raw)
             except msgspec.ValidationError as exc:
                 raise InputError(f"{path}:{lineno}: {exc}") from None
             except msgspec.DecodeError as exc:
                 raise InputError(f"{path}:{lineno}: corrupt line ({exc}); remove or fix that line") from None
+            _check_version(rec, path, lineno)
+            yield lineno, start, rec
 
 
 class JsonlReader:

@@ -7,6 +7,8 @@ rather than stored, so that a 20 MB line and non-UTF-8 bytes need no files in th
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,8 +62,30 @@ def _msg(obj: Any) -> str:
     return json.dumps(obj) + "\n"
 
 
+# A run marker as draftgen writes it (the config snapshot is empty: nothing to compare the config with).
+_RUN_JSON = _msg({"config_hash": "0" * 16, "config": {}, "argv": ["draftgen"], "versions": {}})
+
+
 GOOD = _msg({"messages": [{"role": "user", "content": "hello there"}]})
 HUGE = GOOD + '{"messages": [{"role": "user", "content": "' + "x" * 20_000_000 + "\n" + GOOD
+
+
+def _long_json_array(d: Path) -> None:
+    """A JSON array whose second element (9 MB) is over the 8 MiB row limit, written in pieces."""
+    with open(d / "prompts.json", "w", encoding="utf-8") as fh:
+        fh.write("[" + GOOD.strip() + ',\n{"messages": [{"role": "user", "content": "')
+        for _ in range(9):
+            fh.write("x" * 1_000_000)
+        fh.write('"}]}\n]\n')
+
+
+def _corrupt_gzip(d: Path) -> None:
+    """A gzip file whose deflate stream is damaged mid-way (zlib.error, not OSError, when read)."""
+    lines = "".join(_msg({"prompt": f"p{i} " + hashlib.sha256(str(i).encode()).hexdigest()}) for i in range(5000))
+    data = bytearray(gzip.compress(lines.encode(), mtime=0))
+    for k in range(2000, 2100):
+        data[k] ^= 0x55
+    (d / "prompts.jsonl.gz").write_bytes(bytes(data))
 
 
 def _write_run_json(run: Path, config_hash: str) -> None:
@@ -128,6 +152,27 @@ CASES = [
          files={"prompts.parquet": b"PAR1 this is not parquet"}),
     Case("empty_folder", ("holds no",), patch=_dataset(path="empty_dir"), setup=lambda d: (d / "empty_dir").mkdir()),
     Case("unknown_bundled_prompts", ("bundled:nope",), patch=_dataset(path="bundled:nope")),
+    # -- prepare: bounds, empty datasets, messages that name their file ------------------------------------
+    Case("prompt_over_context_length", ("prompts.jsonl:2", "tokens", "context length of 50", "model.context_length",
+                                        "--skip-bad"),
+         patch=_set("model.context_length", 50), prompts=GOOD + _msg({"messages": [
+             {"role": "user", "content": " ".join(f"word{i}" for i in range(200))}]})),
+    Case("context_length_not_positive", ("model.context_length",), patch=_set("model.context_length", 0)),
+    Case("json_array_element_too_long", ("prompts.json:2", "8,388,608", "model.context_length", "jsonl"),
+         patch=_dataset(path="prompts.json"), setup=_long_json_array),
+    Case("prompts_empty_file", ("dataset rel", "prompts.jsonl", "no prompts", "no rows", "format", "field"), prompts=""),
+    Case("prompts_blank_lines_only", ("dataset rel", "prompts.jsonl", "no prompts", "path"), prompts="\n \n\t\n"),
+    Case("prompts_all_bad_skipped", ("dataset rel", "prompts.jsonl", "no prompts", "2 bad rows skipped", "format"),
+         prompts="{not json\n" + _msg({"id": 1}), args=("--skip-bad",)),
+    Case("json_array_empty", ("dataset rel", "prompts.json", "no prompts"), patch=_dataset(path="prompts.json"),
+         files={"prompts.json": "[\n]\n"}),
+    Case("gzip_corrupt", ("prompts.jsonl.gz", "cannot read"), patch=_dataset(path="prompts.jsonl.gz"),
+         setup=_corrupt_gzip),
+    Case("json_array_nested_too_deep", ("prompts.json:2", "nested"), patch=_dataset(path="prompts.json"),
+         files={"prompts.json": "[" + GOOD.strip() + ",\n" + "[" * 100_000 + "]" * 100_000 + "]"}),
+    Case("jsonl_nested_too_deep", ("prompts.jsonl:2", "nested"), prompts=GOOD + "[" * 100_000 + "]" * 100_000 + "\n"),
+    Case("json_not_utf8", ("prompts.json:3", "utf-8"), patch=_dataset(path="prompts.json"),
+         files={"prompts.json": b'[\n"a",\n"caf\xe9"\n]\n'}),
     # -- generate: keys, flags and run directories -------------------------------------------------------
     Case("no_api_key", ("OPENROUTER_API_KEY",), command="generate", key=None),
     Case("api_key_file_missing", ("no_key.txt",), command="generate", args=("--api-key-file", "no_key.txt")),
@@ -140,10 +185,28 @@ CASES = [
     Case("run_json_corrupt", ("run.json",), command="generate",
          setup=lambda d: (d / "run").mkdir() or (d / "run" / "run.json").write_text("{\"config_hash\": ")),
     Case("run_dir_is_a_file", ("run",), command="generate", setup=lambda d: (d / "run").write_text("x")),
-    Case("raw_log_corrupt_line", ("raw_responses.jsonl:2",), command="generate",
-         files={"run/raw/rel/raw_responses.jsonl":
-                _msg({"sample_id": "rel-a", "output_ids": [1, 2]}) + "{\"sample_id\": \"rel-b\", \"outp\n"
-                + _msg({"sample_id": "rel-c", "output_ids": [3]})}),
+    Case("raw_log_corrupt_line", ("raw_responses.jsonl:1",), command="merge",
+         files={"run/run.json": _RUN_JSON, "run/raw/rel/raw_responses.jsonl":
+                "{\"sample_id\": \"rel-b\", \"outp\n" + _msg({"sample_id": "rel-c", "output_ids": [3]})}),
+    Case("raw_log_unknown_schema_version", ("raw_responses.jsonl:1", "schema_version 99"), command="merge",
+         files={"run/run.json": _RUN_JSON, "run/raw/rel/raw_responses.jsonl":
+                _msg({"sample_id": "rel-a", "output_ids": [1, 2], "schema_version": 99})}),
+    Case("raw_log_dropped_in_by_hand", ("raw_responses.jsonl:1", "no provenance", "draftgen import"), command="merge",
+         files={"run/run.json": _RUN_JSON, "run/raw/rel/raw_responses.jsonl":
+                _msg({"sample_id": "rel-a", "output_ids": [1, 2]})}),
+    Case("run_dir_not_draftgens", ("not made by draftgen", "run.json"), command="generate",
+         files={"run/my_notes.txt": "mine\n"}),
+    Case("import_negative_id", ("legacy.jsonl:2", "-5", "vocabulary"), command="import",
+         args=("legacy.jsonl", "--dataset", "rel"),
+         files={"legacy.jsonl": _msg({"sample_id": "rel-a", "output_ids": [1]})
+                + _msg({"sample_id": "rel-b", "output_ids": [7, -5]})}),
+    Case("import_id_over_int32", ("legacy.jsonl:1", str(2**31), "vocabulary"), command="import",
+         args=("legacy.jsonl", "--dataset", "rel"),
+         files={"legacy.jsonl": _msg({"sample_id": "rel-a", "output_ids": [2**31]})}),
+    Case("import_without_output_ids", ("legacy.jsonl:1", "no output_ids"), command="import",
+         args=("legacy.jsonl", "--dataset", "rel"), files={"legacy.jsonl": _msg({"sample_id": "rel-a"})}),
+    Case("import_unknown_dataset", ("no dataset named", "nope"), command="import",
+         args=("legacy.jsonl", "--dataset", "nope"), files={"legacy.jsonl": _msg({"sample_id": "rel-a"})}),
 ]
 
 

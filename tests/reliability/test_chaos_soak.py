@@ -2,9 +2,10 @@
 
 ``draftgen generate`` runs as a subprocess (the real CLI) against an emulator in this process's thread,
 so the emulator's counters can be read. Passing means: no crash (exit 0), no hang (a hard timeout, and a
-short idle timeout so the emulator's hanging connections are given up and retried), and every prompt
-ends either done exactly once in ``raw_responses.jsonl`` or in ``failures.jsonl`` with its kind and
-reason. A second run retries the failures and still never duplicates a sample.
+short idle timeout so the emulator's hanging connections are given up and retried), an exit code that
+says whether the session left failures (0: none, 4: some, listed in ``failures.jsonl``), and every
+prompt ends either done exactly once in ``raw_responses.jsonl`` or in ``failures.jsonl`` with its kind
+and reason. A second run retries the failures and still never duplicates a sample.
 
 CI: 2,000 prompts (about 3,000 requests); ``DRAFTGEN_RELIABILITY_SCALE=large``: 16,000 prompts, at
 least 20,000 requests.
@@ -18,6 +19,7 @@ from pathlib import Path
 import msgspec
 
 from draftgen.emulator.server import EmulatorOptions, start_in_thread
+from draftgen.errors import EXIT_FAILURES, EXIT_OK
 from draftgen.records import PromptRecord
 
 from ._helpers import (
@@ -62,12 +64,17 @@ def test_chaos_soak_every_sample_ends_done_or_recorded(tmp_path: Path) -> None:
         first = _generate(cfg_path, timeout=scaled(200, 1500))
         requests_first = emu.state.requests
         faults = dict(emu.state.by_fault)
+        failed_first = len(read_failures(run / "raw" / "rel" / "failures.jsonl"))
         second = _generate(cfg_path, timeout=scaled(120, 900))
         requests_total = emu.state.requests
+        failed_second = len(read_failures(run / "raw" / "rel" / "failures.jsonl")) - failed_first
 
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert second.returncode == 0, second.stderr[-3000:]
-    for res in (first, second):
+    # Exit 0 when every sample of the session finished, 4 (EXIT_FAILURES) when some failed (each failed
+    # sample of a session appends one line to failures.jsonl).
+    for res, failed in ((first, failed_first), (second, failed_second)):
+        assert res.returncode == (EXIT_FAILURES if failed else EXIT_OK), (failed, res.stderr[-3000:])
+        if failed:
+            assert f"stopped: {failed:,} samples failed (raw/rel/failures.jsonl says why)" in res.stdout + res.stderr
         assert "Traceback" not in res.stdout + res.stderr
     assert requests_first >= n * 1.2, f"only {requests_first} requests for {n} prompts: chaos was not chaotic"
     if LARGE:

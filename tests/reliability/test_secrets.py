@@ -104,3 +104,126 @@ def test_the_scan_finds_a_planted_key(tmp_path: Path) -> None:
     assert files_holding(tmp_path) != []
     (tmp_path / "deep" / "er" / "log.txt").write_text("clean", encoding="utf-8")
     assert files_holding(tmp_path) == []
+
+
+# -- a key where a path, a variable name or a URL belongs; a key on the command line ---------------------------
+# Each is refused at load time (or before click parses argv) with one line that never echoes the key, and
+# nothing is written: no run directory, no run.json.
+
+
+@pytest.fixture()
+def outside() -> Iterator[Path]:
+    """A folder outside pytest's temp folders, for config files that hold a key on purpose."""
+    folder = Path(tempfile.mkdtemp(prefix="draftgen-keyconfig-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _one_error_line(res: subprocess.CompletedProcess[str], code: int = 2) -> str:
+    assert res.returncode == code, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr
+    lines = error_lines(res.stderr)
+    assert len(lines) == 1 and lines[0].startswith("Error:"), res.stderr[-2000:]
+    _no_secret(res)
+    return lines[0]
+
+
+def _plain_config(folder: Path, run: Path, **endpoint: object) -> Path:
+    prompts = write_prompts(folder / "prompts.jsonl", 3, seed=7)
+    cfg = base_config(prompts, run)
+    cfg["endpoint"].update(endpoint)
+    return write_config(folder, cfg)
+
+
+@pytest.mark.parametrize("command", ["generate", "run", "plan", "probe"])
+@pytest.mark.parametrize("form", ["separate", "equals"])
+def test_a_key_given_as_api_key_file_is_refused(tmp_path: Path, command: str, form: str) -> None:
+    run = tmp_path / "run"
+    cfg = _plain_config(tmp_path, run)
+    flag = ["--api-key-file", FAKE_KEY] if form == "separate" else [f"--api-key-file={FAKE_KEY}"]
+    res = run_cli([command, str(cfg), *flag], env=cli_env(key=None), cwd=tmp_path, timeout=60)
+    line = _one_error_line(res)
+    assert "looks like" in line and "key" in line and "PATH" in line and "OPENROUTER_API_KEY" in line
+    assert not run.exists() and not (tmp_path / FAKE_KEY).exists()
+    assert files_holding(tmp_path) == []
+
+
+def test_a_key_given_as_api_key_file_in_the_config_is_refused(tmp_path: Path, outside: Path) -> None:
+    run = tmp_path / "run"
+    cfg = _plain_config(outside, run, api_key_file=FAKE_KEY)
+    line = _one_error_line(run_cli(["generate", str(cfg)], env=cli_env(key=None), timeout=60))
+    assert "endpoint.api_key_file" in line and "looks like an API key, not a path" in line
+    assert "a file holding only the key" in line and "OPENROUTER_API_KEY" in line
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("field", ["api_key_env", "management_key_env"])
+def test_a_key_given_as_api_key_env_is_refused(tmp_path: Path, outside: Path, field: str) -> None:
+    run = tmp_path / "run"
+    cfg = _plain_config(outside, run, **{field: FAKE_KEY})
+    for command in ("generate", "plan", "probe"):
+        line = _one_error_line(run_cli([command, str(cfg)], timeout=60))
+        assert f"endpoint.{field} looks like an API key" in line and "NAME of an environment variable" in line
+    assert not run.exists()
+    assert files_holding(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"https://user:{FAKE_KEY}@openrouter.ai/api/v1",
+        f"https://{FAKE_KEY}@openrouter.ai/api/v1",
+        f"https://openrouter.ai/api/v1?key={FAKE_KEY}",
+        f"https://openrouter.ai/api/v1?api_key={FAKE_KEY}",
+        f"http://127.0.0.1:9/api/v1?token={FAKE_KEY}",
+        f"https://openrouter.ai/api/v1?x={FAKE_KEY}",
+        f"https://openrouter.ai/api/v1/{FAKE_KEY}",
+    ],
+)
+def test_credentials_in_base_url_are_refused(tmp_path: Path, outside: Path, url: str) -> None:
+    run = tmp_path / "run"
+    cfg = _plain_config(tmp_path, run)
+    for args in (["generate", str(cfg), "--base-url", url], ["run", str(cfg), f"--base-url={url}"],
+                 ["probe", str(cfg), "--base-url", url], ["plan", str(cfg), "--base-url", url]):
+        line = _one_error_line(run_cli(args, timeout=60))
+        assert "endpoint.base_url" in line and "credentials never go in the URL" in line
+    in_file = _plain_config(outside, run, base_url=url)
+    line = _one_error_line(run_cli(["generate", str(in_file)], timeout=60))
+    assert "endpoint.base_url" in line and "credentials never go in the URL" in line
+    many = _plain_config(outside, run, base_urls=["http://127.0.0.1:9/api/v1", url])
+    line = _one_error_line(run_cli(["generate", str(many)], timeout=60))
+    assert "endpoint.base_urls[1]" in line
+    assert not run.exists()
+    assert files_holding(tmp_path) == []
+
+
+def _commands() -> list[str]:
+    from draftgen.cli import cli
+
+    return sorted(set(cli.commands) - {"emulate"})
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_api_key_on_the_command_line_is_refused(tmp_path: Path, command: str) -> None:
+    run = tmp_path / "run"
+    cfg = _plain_config(tmp_path, run)
+    for flag in (["--api-key", FAKE_KEY], [f"--api-key={FAKE_KEY}"], ["--api-key"]):
+        line = _one_error_line(run_cli([command, str(cfg), *flag], timeout=60))
+        assert "never passed on the command line" in line and "OPENROUTER_API_KEY" in line
+        assert "--api-key-file PATH" in line and "holding only the key" in line
+        assert "Did you mean" not in line
+    assert not run.exists()
+
+
+def test_emulate_keeps_its_api_key_option() -> None:
+    res = run_cli(["emulate", "--api-key", FAKE_KEY, "--help"], timeout=60)
+    assert res.returncode == 0 and "--api-key" in res.stdout, res.stderr[-2000:]
+
+
+def test_a_key_as_any_argument_is_refused(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    cfg = _plain_config(tmp_path, run)
+    for args in (["generate", str(cfg), FAKE_KEY], ["status", FAKE_KEY], ["generate", str(cfg), "--run-dir", FAKE_KEY]):
+        line = _one_error_line(run_cli(args, cwd=tmp_path, timeout=60))
+        assert "looks like an API key" in line and "never passed on the command line" in line
+    assert not run.exists() and not (tmp_path / FAKE_KEY).exists()

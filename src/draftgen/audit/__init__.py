@@ -32,9 +32,12 @@ from ..records import (
     BillingExample,
     DatasetAudit,
     PromptRecord,
+    Provenance,
     ResponseRecord,
     StructuralExample,
+    check_ids,
 )
+from ..rundir import RunDir, check_provenance, expected_provenance, writer
 from ..store import atomic_write_json, iter_jsonl
 from ..tokens import Profile, profile_from_config
 from .checks import RecordFindings, audit_record, billing_cause, compare_reference, first_diff_span
@@ -102,15 +105,23 @@ def _add_failure(da: DatasetAudit, sample_id: str, kind: str, detail: str) -> No
 
 
 def audit_dataset(
-    profile: Profile, name: str, raw_path: Path, prompts_path: Path, reference: ReferenceIndex | None
+    profile: Profile, name: str, raw_path: Path, prompts_path: Path, reference: ReferenceIndex | None,
+    *, provenance: Provenance | None = None, force: bool = False, forced: set[str] | None = None,
 ) -> DatasetAudit:
-    """Audit one dataset's raw log (see the module docstring)."""
+    """Audit one dataset's raw log (see the module docstring). With ``provenance``, each record's is
+    checked against it (``rundir.check_provenance``)."""
     da = DatasetAudit(dataset=name)
     prompts = _PromptIndex(prompts_path)
     seen: set[str] = set()
     failed: set[str] = set()
+    vocab = profile.tokenizer.vocab_size
     try:
-        for _, rec in iter_jsonl(raw_path, ResponseRecord):
+        for lineno, rec in iter_jsonl(raw_path, ResponseRecord):
+            where = f"{raw_path}:{lineno}"
+            if provenance is not None:
+                check_provenance(rec.provenance, provenance, where, force=force, forced=forced)
+            check_ids(rec.output_ids, vocab, where, "output_ids")
+            check_ids(rec.prompt_ids, vocab, where, "prompt_ids")
             if rec.sample_id in seen:
                 da.duplicates += 1
                 continue
@@ -276,24 +287,34 @@ def summary_lines(report: AuditReport) -> list[str]:
     return lines
 
 
-def run_audit(cfg: RunConfig, *, echo: Callable[[str], object] = print, profile: Profile | None = None) -> AuditReport:
+def run_audit(cfg: RunConfig, *, echo: Callable[[str], object] = print, profile: Profile | None = None,
+              force: bool = False) -> AuditReport:
     """Audit the run directory of ``cfg`` (see the module docstring). ``profile``: an already loaded
-    profile for ``cfg.model`` (default: load it)."""
-    run = cfg.run_path
-    raws = {d.name: run / "raw" / d.name / "raw_responses.jsonl" for d in cfg.datasets}
+    profile for ``cfg.model`` (default: load it). ``force`` accepts records of another provenance."""
+    with writer(cfg, "audit", force=force) as rd:
+        return _audit(cfg, rd, echo, profile, force)
+
+
+def _audit(cfg: RunConfig, rd: RunDir, echo: Callable[[str], object], profile: Profile | None,
+           force: bool) -> AuditReport:
+    run = rd.root
+    raws = {d.name: rd.raw(d.name) for d in cfg.datasets}
     if not any(p.is_file() for p in raws.values()):
         raise RunDirError(f"{run}: no raw/<dataset>/raw_responses.jsonl to audit; run `draftgen generate` first")
     if profile is None:
         profile = profile_from_config(cfg)
     ref_path: Path | None = cfg.path(cfg.audit.reference) if cfg.audit.reference else None
-    if ref_path is None and (run / "emulator" / "ground_truth.jsonl").is_file():
-        ref_path = run / "emulator" / "ground_truth.jsonl"
+    if ref_path is None and rd.ground_truth.is_file():
+        ref_path = rd.ground_truth
     reference = load_reference(ref_path) if ref_path is not None else None
     datasets: list[DatasetAudit] = []
     overall = DatasetAudit(dataset="overall")
+    provenance = expected_provenance(cfg, profile.tokenizer_sha256)
+    forced: set[str] = set()
     try:
         for d in cfg.datasets:
-            da = audit_dataset(profile, d.name, raws[d.name], run / "prepared" / d.name / "prompts.jsonl", reference)
+            da = audit_dataset(profile, d.name, raws[d.name], rd.prepared(d.name), reference,
+                               provenance=provenance, force=force, forced=forced)
             datasets.append(da)
             _merge_into(overall, da)
     finally:
@@ -306,15 +327,16 @@ def run_audit(cfg: RunConfig, *, echo: Callable[[str], object] = print, profile:
         created_at=round(time.time(), 3),
         reference=str(ref_path) if ref_path is not None else None,
         assumptions=list(profile.assumptions),
+        forced=sorted(forced),
     )
     report.thresholds_broken = _thresholds(cfg, [*datasets, overall])
-    atomic_write_json(run / "audit" / "audit.json", report)
+    atomic_write_json(rd.audit_json, report)
     for line in summary_lines(report):
         echo(line)
     if report.thresholds_broken:
         raise ThresholdBroken(
             f"audit threshold broken: {report.thresholds_broken[0]}"
             + (f" (and {len(report.thresholds_broken) - 1} more)" if len(report.thresholds_broken) > 1 else "")
-            + f"; see {run / 'audit' / 'audit.json'}"
+            + f"; see {rd.audit_json}"
         )
     return report

@@ -12,7 +12,8 @@ Entry point::
 (with routing and reasoning), ``openai`` → the same without OpenRouter-only fields, ``vllm`` →
 ``vllm.VLLMBackend`` (exact ids), ``sglang`` → ``sglang.SGLangBackend`` (exact ids). Each base URL gets
 one aiohttp session (one connection pool); several URLs (``endpoint.base_urls``) are load-balanced by
-fewest requests in flight.
+fewest requests in flight. Every request is bounded by ``http.Bounds`` (``endpoint.request_timeout_s``,
+``idle_timeout_s``, ``max_body_bytes``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..config import RunConfig
 from ..errors import ConfigError
 from ..tokens import profile_class
 from .base import Backend, Completion, CompletionRequest, Credits, EndpointInfo, KeyInfo, LogprobToken
-from .http import HttpBackend, check_base_url, make_session
+from .http import Bounds, HttpBackend, check_base_url, make_session
 from .openrouter import OpenAIChatBackend
 from .sglang import SGLangBackend
 from .vllm import VLLMBackend
@@ -36,6 +37,7 @@ __all__ = [
     "OPENROUTER_URL",
     "Backend",
     "Balanced",
+    "Bounds",
     "Completion",
     "CompletionRequest",
     "Credits",
@@ -69,6 +71,7 @@ class Balanced:
             raise ValueError("Balanced needs at least one backend")
         self.backends = list(backends)
         self.name = self.backends[0].name
+        self.reports_cost = self.backends[0].reports_cost
         self.in_flight = [0] * len(self.backends)
         self._rr = itertools.cycle(range(len(self.backends)))
         self.sent = [0] * len(self.backends)
@@ -113,6 +116,11 @@ def _build(cfg: RunConfig, url: str, api_key: str | None, connections: int) -> H
         api_key=api_key, connections=connections, connect_timeout_s=ep.connect_timeout_s,
         idle_timeout_s=ep.idle_timeout_s, extra_headers=headers,
     )
+    bounds = Bounds(
+        connect_timeout_s=ep.connect_timeout_s, idle_timeout_s=ep.idle_timeout_s,
+        request_timeout_s=ep.request_timeout_s, slow_tokens_per_s=ep.slow_tokens_per_s,
+        max_body_bytes=ep.max_body_bytes,
+    )
     sampling = msgspec.to_builtins(cfg.sampling)
     reasoning = msgspec.to_builtins(cfg.reasoning)
     if not cfg.model.thinking and not reasoning:
@@ -121,13 +129,14 @@ def _build(cfg: RunConfig, url: str, api_key: str | None, connections: int) -> H
     if ep.kind in ("openrouter", "emulator", "openai"):
         return OpenAIChatBackend(
             session, url, model=cfg.model.id, stream=ep.stream, openrouter=ep.kind != "openai",
-            routing=msgspec.to_builtins(cfg.routing), reasoning=reasoning, sampling=sampling,
+            routing=msgspec.to_builtins(cfg.routing), reasoning=reasoning, sampling=sampling, bounds=bounds,
         )
     if ep.kind == "vllm":
         kwarg = profile_class(cfg.model.profile).thinking_kwarg
         extra = {"chat_template_kwargs": {kwarg: cfg.model.thinking}} if kwarg else None
-        return VLLMBackend(session, url, model=cfg.model.id, stream=ep.stream, sampling=sampling, extra=extra)
-    return SGLangBackend(session, url, stream=ep.stream, sampling=sampling)
+        return VLLMBackend(session, url, model=cfg.model.id, stream=ep.stream, sampling=sampling, extra=extra,
+                           bounds=bounds)
+    return SGLangBackend(session, url, stream=ep.stream, sampling=sampling, bounds=bounds)
 
 
 @asynccontextmanager

@@ -25,7 +25,15 @@ __all__ = [
     "EndpointPricing",
     "KeyInfo",
     "LogprobToken",
+    "token_limit",
 ]
+
+
+def token_limit(max_tokens: int) -> int:
+    """The most output tokens a response to a request with ``max_tokens`` may carry: ``max_tokens`` plus a
+    small slack, ``max(16, 1 %)``, for end markers a rebuild adds or a provider counts. More output ids,
+    more billed completion tokens or more rebuilt ids than this make the response invalid (retried)."""
+    return max_tokens + max(16, -(-max_tokens // 100))
 
 
 class CompletionRequest(msgspec.Struct, kw_only=True):
@@ -51,6 +59,8 @@ class Completion(msgspec.Struct, kw_only=True):
     ``reasoning`` is the first non-empty of the ``reasoning``, ``reasoning_content`` and joined
     ``reasoning_details[].text`` fields; ``reasoning_field`` names which one carried it.
     ``output_ids``/``prompt_ids`` are set only when the server returned token ids (vLLM, SGLang).
+    ``cost_missing``: ``usage`` came without a ``cost`` (plain servers, some providers); the engine then
+    computes it from the token counts and the routed prices.
     """
 
     backend: str
@@ -67,6 +77,7 @@ class Completion(msgspec.Struct, kw_only=True):
     output_ids: list[int] | None = None
     prompt_ids: list[int] | None = None
     logprobs: list[LogprobToken] | None = None
+    cost_missing: bool = False
 
 
 class KeyInfo(msgspec.Struct, kw_only=True):
@@ -119,9 +130,12 @@ class Backend(Protocol):
     """A protocol client bound to one or more base URLs, owning one connection pool per URL."""
 
     name: str
+    #: responses carry ``usage.cost`` (OpenRouter); plain servers do not
+    reports_cost: bool
 
     async def complete(self, req: CompletionRequest) -> Completion:
-        """Send one request; return the completion or raise an ``APIError`` subclass."""
+        """Send one request; return the completion or raise an ``APIError`` subclass. Every request is
+        bounded in time (a total deadline, and an idle timeout counting data events only) and in size."""
         ...
 
     async def get_key_info(self) -> KeyInfo | None:

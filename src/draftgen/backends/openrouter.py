@@ -6,7 +6,7 @@ routing object and the ``reasoning`` object. The parts that are the same for eve
 once; a request only encodes its messages.
 
 Responses are read streamed (SSE, ``backends.sse``) or whole (``wire.decode_chat``; leading whitespace
-padding allowed). Account endpoints (OpenRouter only): ``GET /key``, ``GET /credits`` (management key),
+padding allowed), within the bounds of ``http.Bounds`` (total deadline, data idle timeout, body size). Account endpoints (OpenRouter only): ``GET /key``, ``GET /credits`` (management key),
 ``GET /models/{author}/{slug}/endpoints``.
 """
 
@@ -19,7 +19,7 @@ import aiohttp
 import msgspec
 
 from .base import Completion, CompletionRequest, Credits, EndpointInfo, KeyInfo
-from .http import HttpBackend, drop_none
+from .http import Bounds, HttpBackend, drop_none, read_body, read_error_body, read_events
 from .sse import ChatStream, SSEParser
 from .wire import (
     check_completion,
@@ -60,9 +60,11 @@ class OpenAIChatBackend(HttpBackend):
         sampling: Mapping[str, Any] | None = None,
         extra: Mapping[str, Any] | None = None,
         name: str | None = None,
+        bounds: Bounds | None = None,
     ) -> None:
-        super().__init__(session, base_url)
+        super().__init__(session, base_url, bounds=bounds)
         self.name = name or ("openrouter" if openrouter else "openai")
+        self.reports_cost = openrouter
         self.model = model
         self.stream = stream
         self.openrouter = openrouter
@@ -90,23 +92,22 @@ class OpenAIChatBackend(HttpBackend):
         parts.append(b"}")
         return b"".join(parts)
 
-    async def complete(self, req: CompletionRequest) -> Completion:
+    async def send(self, req: CompletionRequest) -> Completion:
         body = self.encode_body(req)
+        bounds = self.bounds
+        cap = bounds.body_cap(req.max_tokens)
         try:
             async with self.session.post(self._url, data=body) as resp:
                 if resp.status != 200:
-                    raise classify_http(resp.status, await resp.read(), headers=resp.headers, where=self._where)
+                    raise classify_http(resp.status, await read_error_body(resp), headers=resp.headers,
+                                        where=self._where)
                 if self.stream and resp.content_type == "text/event-stream":
-                    parser = SSEParser()
                     acc = ChatStream(self.name)
-                    async for chunk in resp.content.iter_any():
-                        for payload in parser.feed(chunk):
-                            acc.feed(payload)
-                    for payload in parser.close():
-                        acc.feed(payload)
+                    await read_events(resp, acc.feed, idle_timeout_s=bounds.idle_timeout_s, max_bytes=cap,
+                                      where=self._where)
                     comp = acc.result()
                 else:
-                    data = await resp.read()
+                    data = await read_body(resp, cap, where=self._where)
                     head = data.lstrip()[:5]
                     if self.stream and (head == b"data:" or head[:1] == b":"):
                         # an SSE body sent with the wrong content type

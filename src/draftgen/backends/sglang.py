@@ -8,7 +8,9 @@ ending in ``data: [DONE]``): ``{"text", "output_ids", "meta_info": {"id", "finis
 ``output_ids`` may be cumulative or incremental depending on the server version; ``meta_info.completion_tokens``
 tells which. ``text`` is kept as content; the engine splits reasoning/content from the ids with the profile.
 
-``root`` is the base URL with a trailing ``/v1`` or ``/api/v1`` removed.
+``root`` is the base URL with a trailing ``/v1`` or ``/api/v1`` removed. A streamed body may resend
+everything in each event, so it is bounded per event (``Bounds.body_cap``), by its id count and by the
+deadline rather than by its total size.
 """
 
 from __future__ import annotations
@@ -21,9 +23,8 @@ import msgspec
 
 from ..errors import ConfigError, RetryableAPIError
 from ..records import Usage
-from .base import Completion, CompletionRequest
-from .http import HttpBackend, drop_none
-from .sse import SSEParser
+from .base import Completion, CompletionRequest, token_limit
+from .http import Bounds, HttpBackend, drop_none, read_body, read_error_body, read_events
 from .wire import WireError, check_completion, classify_http, error_from_wire, translate_exception
 
 __all__ = ["SGLangBackend", "sglang_root"]
@@ -89,15 +90,16 @@ class SGLangBackend(HttpBackend):
         *,
         stream: bool = False,
         sampling: Mapping[str, Any] | None = None,
+        bounds: Bounds | None = None,
     ) -> None:
-        super().__init__(session, sglang_root(base_url))
+        super().__init__(session, sglang_root(base_url), bounds=bounds)
         self.stream = stream
         s = dict(sampling or {})
         self._sampling = drop_none({"temperature": s.get("temperature"), "top_p": s.get("top_p"), "stop": s.get("stop")})
         self._url = self.base_url + "/generate"
         self._where = f"POST {self._url}"
 
-    async def complete(self, req: CompletionRequest) -> Completion:
+    async def send(self, req: CompletionRequest) -> Completion:
         if req.prompt_ids is None:
             raise ConfigError("the sglang backend needs prompt token ids; set model.profile and model.tokenizer")
         body = _enc.encode({
@@ -105,23 +107,27 @@ class SGLangBackend(HttpBackend):
             "sampling_params": {**self._sampling, "max_new_tokens": req.max_tokens},
             "stream": self.stream,
         })
+        cap = self.bounds.body_cap(req.max_tokens)
         try:
             async with self.session.post(self._url, data=body) as resp:
                 if resp.status != 200:
-                    raise classify_http(resp.status, await resp.read(), headers=resp.headers, where=self._where)
+                    raise classify_http(resp.status, await read_error_body(resp), headers=resp.headers,
+                                        where=self._where)
                 if self.stream and resp.content_type == "text/event-stream":
-                    out = await self._read_stream(resp)
+                    out = await self._read_stream(resp, req.max_tokens, cap)
                 else:
-                    out = _decode(await resp.read(), self._where)
+                    out = _decode(await read_body(resp, cap, where=self._where), self._where)
         except _TRANSPORT_ERRORS as exc:
             raise translate_exception(exc, where=self._where) from None
         return check_completion(self._completion(out, req))
 
-    async def _read_stream(self, resp: aiohttp.ClientResponse) -> _GenOut:
-        parser = SSEParser()
+    async def _read_stream(self, resp: aiohttp.ClientResponse, max_tokens: int, cap: int) -> _GenOut:
+        # Events may repeat everything so far (cumulative text and ids), so the body as a whole is not
+        # bounded by ``cap``: each event is, the ids are (``token_limit``), and so is the time.
         ids: list[int] = []
         last: _GenOut | None = None
         done = False
+        limit = token_limit(max_tokens)
 
         def take(payload: bytes) -> None:
             nonlocal ids, last, done
@@ -140,13 +146,13 @@ class SGLangBackend(HttpBackend):
                 ids = list(new)
             else:
                 ids.extend(new)
+            if len(ids) > limit:
+                raise RetryableAPIError(f"too_many_tokens ({len(ids)} output ids for max_new_tokens {max_tokens}, "
+                                        f"{self._where})", kind="too_many_tokens")
             last = out
 
-        async for chunk in resp.content.iter_any():
-            for payload in parser.feed(chunk):
-                take(payload)
-        for payload in parser.close():
-            take(payload)
+        await read_events(resp, take, idle_timeout_s=self.bounds.idle_timeout_s, max_bytes=None,
+                          max_event_bytes=cap, where=self._where)
         if last is None or (not done and (last.meta_info is None or last.meta_info.finish_reason is None)):
             raise RetryableAPIError("stream_truncated (the /generate stream ended early)", kind="stream_truncated")
         return _GenOut(text=last.text, output_ids=ids, meta_info=last.meta_info)
@@ -171,4 +177,5 @@ class SGLangBackend(HttpBackend):
             ),
             output_ids=ids,
             prompt_ids=req.prompt_ids,
+            cost_missing=True,
         )

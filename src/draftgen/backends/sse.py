@@ -28,18 +28,44 @@ __all__ = ["ChatStream", "SSEParser"]
 
 
 class SSEParser:
-    """Incremental SSE framing. ``feed`` returns the payloads of the events completed by ``chunk``."""
+    """Incremental SSE framing. ``feed`` returns the payloads of the events completed by ``chunk``.
 
-    __slots__ = ("_buf", "_data")
+    Linear in the bytes fed, however a long line is split (the pieces of an unfinished line are joined
+    once, when its newline arrives). ``pending`` is the size of what is buffered for the next event, so a
+    caller can refuse an event that grows without bound.
+    """
+
+    __slots__ = ("_data", "_data_size", "_parts", "_parts_size")
 
     def __init__(self) -> None:
-        self._buf = b""
+        self._parts: list[bytes] = []  # an unfinished line, in pieces
+        self._parts_size = 0
         self._data: list[bytes] = []
+        self._data_size = 0
+
+    @property
+    def pending(self) -> int:
+        """Bytes held for the event not yet complete (its data lines and the unfinished line)."""
+        return self._parts_size + self._data_size
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        buf = self._buf + chunk if self._buf else chunk
+        if b"\n" not in chunk:
+            if chunk:
+                self._parts.append(chunk)
+                self._parts_size += len(chunk)
+            return []
+        if self._parts:
+            self._parts.append(chunk)
+            buf = b"".join(self._parts)
+            self._parts.clear()
+            self._parts_size = 0
+        else:
+            buf = chunk
         lines = buf.split(b"\n")
-        self._buf = lines.pop()
+        tail = lines.pop()
+        if tail:
+            self._parts.append(tail)
+            self._parts_size = len(tail)
         out: list[bytes] = []
         data = self._data
         for line in lines:
@@ -49,6 +75,7 @@ class SSEParser:
                 if data:
                     out.append(data[0] if len(data) == 1 else b"\n".join(data))
                     data.clear()
+                    self._data_size = 0
                 continue
             first = line[0]
             if first == 58:  # ":" comment / keep-alive
@@ -58,15 +85,17 @@ class SSEParser:
                 if value[:1] == b" ":
                     value = value[1:]
                 data.append(value)
+                self._data_size += len(value) + 1
             # other fields (event, id, retry) carry nothing draftgen uses
         return out
 
     def close(self) -> list[bytes]:
         """End of body: a last event not followed by a blank line is still delivered."""
-        out = self.feed(b"\n\n") if self._buf else []
+        out = self.feed(b"\n\n") if self._parts else []
         if self._data:
             out.append(b"\n".join(self._data))
             self._data.clear()
+            self._data_size = 0
         return out
 
 
@@ -209,4 +238,5 @@ class ChatStream:
             output_ids=self.output_ids,
             prompt_ids=self.prompt_ids,
             logprobs=self._logprobs,
+            cost_missing=self.usage is not None and self.usage.cost is None,
         )

@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from .http import Bounds
 from .openrouter import OpenAIChatBackend
 
 __all__ = ["VLLMBackend"]
@@ -30,8 +31,9 @@ class VLLMBackend(OpenAIChatBackend):
         reasoning: Mapping[str, Any] | None = None,
         sampling: Mapping[str, Any] | None = None,
         extra: Mapping[str, Any] | None = None,
+        bounds: Bounds | None = None,
     ) -> None:
         super().__init__(
             session, base_url, model=model, stream=stream, openrouter=False, reasoning=reasoning,
-            sampling=sampling, extra={"return_token_ids": True, **(extra or {})}, name="vllm",
+            sampling=sampling, extra={"return_token_ids": True, **(extra or {})}, name="vllm", bounds=bounds,
         )

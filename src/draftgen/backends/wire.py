@@ -18,7 +18,8 @@ Error classification (``classify_http`` / ``error_from_wire``), in order:
 Errors inside a 200 body (bare ``{"error":…}`` or ``choices[0].error``) and mid-stream error chunks use
 ``error.code`` as the status when it is an integer (it may also be a string such as ``"server_error"``).
 ``Retry-After`` comes from the header (seconds or an HTTP date), ``availability.retry_after``, or
-``X-RateLimit-Reset`` (epoch ms). Messages are one line, truncated, and pass through ``redact`` so a key
+``X-RateLimit-Reset`` (epoch ms); it is clamped to an hour here, and every wait, this one included, to
+``retry.max_delay_s`` by ``engine.retry.RetryPolicy``. Messages are one line, truncated, and pass through ``redact`` so a key
 echoed by a server never reaches a log.
 """
 
@@ -43,6 +44,7 @@ from ..errors import (
     RetryableAPIError,
 )
 from ..records import FunctionCall, ToolCall, Usage
+from ..secrets import redact as _redact
 from .base import Completion, Credits, EndpointInfo, KeyInfo, LogprobToken
 
 __all__ = [
@@ -173,12 +175,9 @@ _chat_decoder = msgspec.json.Decoder(WireBody)
 
 # -- helpers -----------------------------------------------------------------------------------------
 
-_KEY_RE = re.compile(r"(sk-[A-Za-z0-9_\-]{6})[A-Za-z0-9_\-]+|(Bearer\s+)\S+")
-
-
 def redact(text: str) -> str:
-    """Remove anything shaped like an API key or bearer token from a message."""
-    return _KEY_RE.sub(lambda m: (m.group(1) + "…") if m.group(1) else (m.group(2) + "…"), text)
+    """Remove anything shaped like an API key or bearer token from a message (see ``draftgen.secrets``)."""
+    return _redact(text)
 
 
 def _one_line(text: Any, limit: int = 240) -> str:
@@ -385,6 +384,8 @@ def decode_chat(body: bytes, *, where: str = "") -> WireBody:
 
 
 def usage_from_wire(u: _Usage | None) -> Usage | None:
+    """The record's usage. A missing ``cost`` becomes 0.0 here; the completion's ``cost_missing`` says so,
+    and the engine fills it from the routed prices (``Usage.cost_computed``)."""
     if u is None:
         return None
     return Usage(
@@ -459,6 +460,7 @@ def completion_from_body(body: WireBody, *, backend: str, status: int = 200, whe
         output_ids=ch.token_ids,
         prompt_ids=body.prompt_token_ids,
         logprobs=logprobs,
+        cost_missing=body.usage is not None and body.usage.cost is None,
     )
 
 

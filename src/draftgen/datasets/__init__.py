@@ -10,7 +10,16 @@ from __future__ import annotations
 from .conversation import Conversation, CutPrompt, RowError, content_hash, prompts_from
 from .formats import FORMATS, detect_format, parse_tools, to_conversation
 from .glaive import parse_glaive
-from .sources import SourceRow, bundled_names, iter_rows, source_files, source_fingerprint, source_label
+from .sources import (
+    SourceRow,
+    bundled_names,
+    iter_rows,
+    line_byte_limit,
+    source_files,
+    source_fingerprint,
+    source_label,
+    source_where,
+)
 
 __all__ = [
     "FORMATS",
@@ -22,11 +31,13 @@ __all__ = [
     "content_hash",
     "detect_format",
     "iter_rows",
+    "line_byte_limit",
     "parse_glaive",
     "parse_tools",
     "prompts_from",
     "source_files",
     "source_fingerprint",
     "source_label",
+    "source_where",
     "to_conversation",
 ]

@@ -35,7 +35,7 @@ from ..tokens.profile import Profile
 from .accounting import EmulatorState
 from .envelopes import ApiError
 from .model import EmulatedModel, Output, stable_hash
-from .scenarios import FAULT_KINDS, Provider, Scenario, load_scenario
+from .scenarios import ALL_FAULT_KINDS, Provider, Scenario, load_scenario
 
 __all__ = ["CORE", "EmulatorCore", "EmulatorOptions", "shared_profile"]
 
@@ -177,7 +177,7 @@ class EmulatorCore:
         if cap is not None and self._faulty[key] >= cap:
             return None
         u = self.uniform("fault", key, attempt, provider.tag)
-        for kind in FAULT_KINDS:
+        for kind in ALL_FAULT_KINDS:
             u -= provider.faults.get(kind, 0.0)
             if u < 0:
                 return kind

@@ -18,6 +18,7 @@ false`` / ``effort: "none"`` switch it off (the profile's non-thinking prompt an
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import struct
 import time
@@ -266,6 +267,78 @@ async def _hang_then_close(request: web.Request, seconds: float) -> None:
     await asyncio.sleep(3600)  # the handler is cancelled when the connection is lost
 
 
+async def _stall(request: web.Request, core: EmulatorCore, req: ChatRequest, p: Provider, fault: str, gen_id: str,
+                 created: int, model: str) -> web.StreamResponse:
+    """keepalive_only / trickle: a 200 that beats every ``keepalive_s`` for ``hang_s`` and never finishes."""
+    sc = core.scenario
+    headers = {"Content-Type": "text/event-stream" if req.stream else "application/json", "X-Generation-Id": gen_id}
+    if req.stream and fault == "trickle":
+        beat = sse(chunk(gen_id, created, p, model, [{"index": 0, "delta": {"content": ""}, "finish_reason": None,
+                                                       "native_finish_reason": None}]))
+    elif req.stream:
+        beat = KEEPALIVE
+    else:
+        beat = b"\n"
+    core.state.by_status[200] += 1
+    resp = web.StreamResponse(status=200, headers=headers)
+    await resp.prepare(request)
+    interval = max(sc.scaled(sc.keepalive_s), 1e-3)
+    end = time.monotonic() + sc.hang_s
+    while time.monotonic() < end:
+        await resp.write(beat)
+        await asyncio.sleep(interval)
+    reset_connection(request)
+    await asyncio.sleep(3600)  # the handler is cancelled when the connection is lost
+    return resp
+
+
+_HUGE_MARK = "\u0000huge\u0000"
+
+
+@functools.lru_cache(maxsize=4)
+def _huge_json(size: int, ids: bool) -> bytes:
+    """A JSON value of about ``size`` bytes: a list of token ids, or a string of words."""
+    if ids:
+        block = b",".join(str(1000 + i * 7919 % 140000).encode() for i in range(4096))
+        reps = max(1, -(-size // (len(block) + 1)))
+        return b"[" + b",".join([block] * reps) + b"]"
+    words = b"lorem ipsum dolor sit amet, consectetur adipiscing elit; "
+    return b'"' + words * max(1, -(-size // len(words))) + b'"'
+
+
+async def _huge(request: web.Request, core: EmulatorCore, req: ChatRequest, p: Provider, gen_id: str, created: int,
+                model: str, n_prompt: int) -> web.StreamResponse:
+    """huge_body: about ``huge_body_bytes`` of ids (or text) whatever ``max_tokens`` was, billed 5 tokens."""
+    usage = usage_obj(n_prompt, 5, 0, p)
+    core.state.by_status[200] += 1
+    headers = {"X-Generation-Id": gen_id}
+    if not req.stream:
+        view = View(None, "ok" if p.huge_body_ids else _HUGE_MARK, [], None, 0)
+        body = completion_body(gen_id, created, p, model, view, "stop", usage)
+        if p.huge_body_ids:
+            body["choices"][0]["token_ids"] = _HUGE_MARK
+        payload = orjson.dumps(body).replace(orjson.dumps(_HUGE_MARK), _huge_json(p.huge_body_bytes, p.huge_body_ids), 1)
+        return web.Response(body=payload, content_type="application/json", headers=headers)
+    resp = web.StreamResponse(status=200, headers={**headers, "Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    piece_size = 64 * 1024
+    if p.huge_body_ids:
+        frag = (b'{"index":0,"delta":{"content":""},"finish_reason":null,"token_ids":'
+                + _huge_json(piece_size, True) + b"}")
+    else:
+        frag = b'{"index":0,"delta":{"content":' + _huge_json(piece_size, False) + b'},"finish_reason":null}'
+    event = chunk_prefix(gen_id, created, p, model) + frag + b"]}\n\n"
+    sent = 0
+    while sent < p.huge_body_bytes:
+        await resp.write(event)
+        sent += len(event)
+    tail = sse(chunk(gen_id, created, p, model, [finish_choice("stop")]))
+    tail += sse(chunk(gen_id, created, p, model, [], usage=usage)) + DONE
+    await resp.write(tail)
+    await resp.write_eof()
+    return resp
+
+
 def _model_echo(core: EmulatorCore, req: ChatRequest, p: Provider) -> str:
     if p.model_permaslug:
         for m in core.scenario.models:
@@ -291,6 +364,10 @@ async def _serve(request: web.Request, core: EmulatorCore, req: ChatRequest, p: 
         await asyncio.sleep(3600)
     if fault == "hang" and not req.stream:
         await _hang_then_close(request, sc.hang_s)
+    if fault in ("keepalive_only", "trickle"):
+        return await _stall(request, core, req, p, fault, gen_id, created, model)
+    if fault == "huge_body":
+        return await _huge(request, core, req, p, gen_id, created, model, len(prompt_ids))
 
     # What the model samples: a function of prompt and sampling, not of max_tokens (which only cuts it).
     # Parameters this provider drops do not change it.

@@ -17,7 +17,8 @@ Streamed: ``data: {chunk}`` events whose deltas carry ``reasoning`` + ``reasonin
 finish chunk again, with usage and non-empty choices); ``data: [DONE]``.
 
 Quirks (``Provider`` fields): ``reasoning_field="reasoning_content"`` (no ``reasoning``/details),
-``drop_reasoning`` (no text, reasoning_tokens still counted), ``trim_whitespace`` (field edges trimmed).
+``drop_reasoning`` (no text, reasoning_tokens still counted), ``trim_whitespace`` (field edges trimmed),
+``omit_cost`` (usage without ``cost``/``cost_details``).
 """
 
 from __future__ import annotations
@@ -132,6 +133,14 @@ def usage_obj(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int,
     pc = prompt_tokens * provider.price_prompt / 1e6
     cc = completion_tokens * provider.price_completion / 1e6
     cost = pc + cc
+    if provider.omit_cost:  # quirk: the client must price the usage itself
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        }
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,

@@ -46,6 +46,20 @@ Fault kinds (``Provider.faults`` keys), and what a plain HTTP client sees:
 
 The first four are provider errors OpenRouter falls back from (``FALLBACK_FAULTS``) when
 ``provider.allow_fallbacks`` is not false and another provider is left.
+
+Faults that test a client's bounds (``BOUND_FAULT_KINDS``; never drawn by the built-ins, ``chaos``
+included, since a client without bounds would wait ``hang_s`` on each):
+
+    keepalive_only        200, then only ": OPENROUTER PROCESSING" comments every keepalive_s for hang_s, then
+                          a reset (non-streamed: blank-line padding instead); no data ever
+    trickle               200, then an empty data chunk every keepalive_s for hang_s, then a reset: data that
+                          never ends (non-streamed: padding, as keepalive_only)
+    huge_body             200 whose body is about the provider's huge_body_bytes (50 MB by default): token_ids
+                          far beyond max_tokens (``huge_body_ids``), or that much content text, with usage
+                          billing 5 completion tokens; not billed
+
+A ``Retry-After`` of a day is ``retry_after_s: 86400`` with ``time_scale: 1`` and a ``rate_limit`` fault;
+a provider that sends no ``usage.cost`` (as plain OpenAI-compatible servers do) is ``omit_cost: true``.
 """
 
 from __future__ import annotations
@@ -61,7 +75,9 @@ import yaml
 from ..errors import ConfigError
 
 __all__ = [
+    "ALL_FAULT_KINDS",
     "ALL_PARAMETERS",
+    "BOUND_FAULT_KINDS",
     "FALLBACK_FAULTS",
     "FAULT_KINDS",
     "ModelInfo",
@@ -87,6 +103,8 @@ FAULT_KINDS: tuple[str, ...] = (
     "reset",
 )
 FALLBACK_FAULTS = frozenset({"rate_limit", "unavailable", "server_error", "legacy_raw"})
+BOUND_FAULT_KINDS: tuple[str, ...] = ("keepalive_only", "trickle", "huge_body")
+ALL_FAULT_KINDS: tuple[str, ...] = FAULT_KINDS + BOUND_FAULT_KINDS
 
 #: request parameters a provider may or may not support (``require_parameters`` checks these)
 ALL_PARAMETERS: tuple[str, ...] = (
@@ -120,6 +138,9 @@ class Provider:
     pad_body: bool = False  # non-streamed body starts with blank-line padding
     repeat_finish_chunk: bool = False  # finish chunk sent again with usage and non-empty choices
     model_permaslug: bool = False  # `model` echoes the canonical slug (moonshotai/kimi-k2.5-0127)
+    omit_cost: bool = False  # usage without `cost` and `cost_details` (the client must price it)
+    huge_body_bytes: int = 50_000_000  # size of this provider's huge_body fault bodies
+    huge_body_ids: bool = True  # huge_body: token_ids (else content text)
 
     @property
     def slug(self) -> str:
@@ -211,13 +232,15 @@ class Scenario:
             raise ConfigError(f"{where}: provider tags must be unique, got {tags}")
         for i, p in enumerate(self.providers):
             for kind, rate in p.faults.items():
-                if kind not in FAULT_KINDS:
+                if kind not in ALL_FAULT_KINDS:
                     raise ConfigError(f"{where}: providers[{i}].faults.{kind}: unknown fault kind; "
-                                      f"known: {', '.join(FAULT_KINDS)}")
+                                      f"known: {', '.join(ALL_FAULT_KINDS)}")
                 if not 0.0 <= rate <= 1.0:
                     raise ConfigError(f"{where}: providers[{i}].faults.{kind}: rate {rate} is not in [0, 1]")
             if p.fault_total > 1.0 + 1e-9:
                 raise ConfigError(f"{where}: providers[{i}].faults: rates add up to {p.fault_total:.3f} > 1")
+            if p.huge_body_bytes < 0:
+                raise ConfigError(f"{where}: providers[{i}].huge_body_bytes must be >= 0")
             if p.reasoning_field not in ("reasoning", "reasoning_content"):
                 raise ConfigError(f"{where}: providers[{i}].reasoning_field must be reasoning or reasoning_content")
         if self.pool_size < 1:

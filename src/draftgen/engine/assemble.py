@@ -12,6 +12,11 @@
 
 ``prompt_ids`` are the server's when it returned them, else ``profile.prompt_ids(messages, tools)``.
 This runs in a small thread pool: ``tokenizers`` releases the GIL while encoding.
+
+Size: a response may not hold more tokens than it was allowed (``backends.base.token_limit``: max_tokens
+plus ``max(16, 1 %)``). ``check_tokens`` looks at the returned ids and the billed completion tokens before
+anything is built; ``check_record_tokens`` at the ids the record ended up with (rebuilt ones included).
+Either raises a retryable ``too_many_tokens``: such a response is never written as a record.
 """
 
 from __future__ import annotations
@@ -21,12 +26,13 @@ import time
 
 import msgspec
 
-from ..backends.base import Completion
-from ..records import PromptRecord, ResponseRecord
+from ..backends.base import Completion, token_limit
+from ..errors import RetryableAPIError
+from ..records import PromptRecord, Provenance, ResponseRecord
 from ..tokens import Profile
 from ..tokens.logprobs import output_ids_from_logprobs
 
-__all__ = ["Assembler", "request_hash"]
+__all__ = ["Assembler", "check_record_tokens", "check_tokens", "request_hash"]
 
 _enc = msgspec.json.Encoder()
 
@@ -41,12 +47,37 @@ def request_hash(prompt: PromptRecord, max_tokens: int) -> str:
     return h.hexdigest()
 
 
+def _too_many(what: str, n: int, max_tokens: int, provider: str | None) -> RetryableAPIError:
+    prov = f", {provider}" if provider else ""
+    return RetryableAPIError(
+        f"too_many_tokens ({n:,} {what} for max_tokens {max_tokens:,}, limit {token_limit(max_tokens):,}{prov}): "
+        "an invalid response", kind="too_many_tokens",
+    )
+
+
+def check_tokens(comp: Completion, max_tokens: int) -> None:
+    """Refuse a response with more output ids or more billed completion tokens than it was allowed."""
+    limit = token_limit(max_tokens)
+    if comp.output_ids is not None and len(comp.output_ids) > limit:
+        raise _too_many("output ids", len(comp.output_ids), max_tokens, comp.provider)
+    if comp.usage is not None and comp.usage.completion_tokens > limit:
+        raise _too_many("billed completion tokens", comp.usage.completion_tokens, max_tokens, comp.provider)
+
+
+def check_record_tokens(rec: ResponseRecord, max_tokens: int) -> None:
+    """Refuse a record whose ids (returned, mapped from logprobs or rebuilt from text) are too many."""
+    n = len(rec.output_ids) if rec.output_ids is not None else 0
+    if n > token_limit(max_tokens):
+        raise _too_many(f"{rec.ids_source} output ids", n, max_tokens, rec.provider)
+
+
 class Assembler:
     """Builds records for one run: one profile, one backend kind."""
 
-    def __init__(self, profile: Profile, *, use_logprobs: bool = True) -> None:
+    def __init__(self, profile: Profile, *, use_logprobs: bool = True, provenance: Provenance | None = None) -> None:
         self.profile = profile
         self.use_logprobs = use_logprobs
+        self.provenance = provenance
 
     def prompt_ids(self, prompt: PromptRecord) -> list[int]:
         return self.profile.prompt_ids(prompt.messages, prompt.tools)
@@ -109,6 +140,7 @@ class Assembler:
             attempts=attempts,
             latency_s=round(latency_s, 4),
             created_at=round(time.time(), 3),
+            provenance=self.provenance,
         )
 
     def _map_logprobs(self, comp: Completion) -> tuple[list[int], list[str]] | None:

@@ -10,6 +10,10 @@ every admitted request, ``max_tokens · completion price + prompt_tokens · prom
 A request is admitted only if that sum plus its own worst case fits under ``max_spend`` and under the
 account caps read at start (key ``limit_remaining``, credits remaining), so spend can never pass the budget
 by more than the prices were wrong. Releasing a reservation wakes producers waiting for room.
+
+A response without ``usage.cost`` (plain servers, some providers) is priced here when the routed prices
+are known (``priced``): ``prompt_tokens · prompt + completion_tokens · completion + request``, stored in
+the record's usage with ``cost_computed`` so a resume scan adds it up like a reported cost.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from enum import Enum
+
+import msgspec
 
 from ..records import Usage, spend_usd
 
@@ -33,6 +39,10 @@ class Prices:
 
     def worst_case(self, prompt_tokens: int, max_tokens: int) -> float:
         return max_tokens * self.completion + prompt_tokens * self.prompt + self.request
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """What a response with these token counts costs at these prices."""
+        return completion_tokens * self.completion + prompt_tokens * self.prompt + self.request
 
 
 def usage_cost(u: Usage | None) -> float:
@@ -61,6 +71,8 @@ class TokenBudget:
 @dataclass
 class BudgetGovernor:
     prices: Prices = field(default_factory=Prices)
+    #: ``prices`` were read from the provider (else a missing ``usage.cost`` cannot be computed)
+    priced: bool = False
     max_spend: float | None = None
     prior: float = 0.0
     #: caps on this session's spend from the account (key limit remaining, credits remaining)
@@ -117,6 +129,23 @@ class BudgetGovernor:
         self.session += cost
         self._notify()
         return cost
+
+    def priced_usage(self, usage: Usage | None, *, prompt_tokens: int, completion_tokens: int) -> Usage | None:
+        """``usage`` with its missing cost computed from the prices (``cost_computed``); unchanged when the
+        prices are unknown. Without any usage, the cost is computed from the id counts given and stored
+        alone (the token counts stay 0: nothing was billed to compare them with)."""
+        if not self.priced:
+            return usage
+        if usage is None:
+            return Usage(cost=self.prices.cost(prompt_tokens, completion_tokens), cost_computed=True)
+        cost = self.prices.cost(usage.prompt_tokens or prompt_tokens, usage.completion_tokens or completion_tokens)
+        return msgspec.structs.replace(usage, cost=cost, cost_computed=True)
+
+    def charge(self, cost: float) -> None:
+        """Book spend that produced no record (a billed response rejected as invalid)."""
+        if cost > 0:
+            self.session += cost
+            self._notify()
 
     def release(self, dataset: str, max_tokens: int, worst_case: float, cost: float = 0.0) -> None:
         """Release a reservation of a request that produced no record (failed or cancelled)."""

@@ -8,19 +8,21 @@
   failure with its reason (written by the scheduler through ``RunLog``).
 
 The log is UTF-8 text, one ``YYYY-MM-DD HH:MM:SS message`` line per event. Lines pass through
-``wire.redact``; nothing that logs here ever holds an API key.
+``secrets.redact``; nothing that logs here ever holds an API key.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from ..backends.wire import redact
+from ..secrets import redact
+from ..store import storage_error
 from .stats import RunStats
 
 __all__ = ["Display", "RunLog", "fmt_duration", "make_display", "status_line", "summary_lines"]
@@ -33,18 +35,38 @@ class RunLog:
         self.path = path
         self._fh: IO[str] | None = None
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed by close())
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._fh = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed by close())
+            except OSError as exc:
+                raise storage_error(path, exc) from None
 
     def write(self, message: str) -> None:
         if self._fh is None:
             return
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        self._fh.write(f"{stamp} {redact(message)}\n")
+        line = " ".join(redact(message).splitlines())  # one line per event, never a key
+        try:
+            self._fh.write(f"{stamp} {line}\n")
+        except OSError as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        """A log that cannot be written stops the run with its path; later writes are no-ops."""
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            with contextlib.suppress(OSError):
+                fh.close()
+        assert self.path is not None
+        raise storage_error(self.path, exc) from None
 
     def close(self) -> None:
         if self._fh is not None:
-            self._fh.close()
+            try:
+                self._fh.close()
+            except OSError as exc:
+                self._fh = None
+                raise storage_error(self.path or Path("?"), exc) from None
             self._fh = None
 
 
@@ -140,12 +162,14 @@ class Display:
                 self.emit(status_line(self.stats))
 
     def emit(self, line: str) -> None:
+        line = redact(line)
         self.log.write(line)
         if self.echo is not None:
             self.echo(line)
 
     def print(self, line: str) -> None:
         """A one-off message for the user (and the log)."""
+        line = redact(line)
         self.log.write(line)
         self._print(line)
 

@@ -16,6 +16,9 @@ Invariants:
 - A sample is done iff its ResponseRecord is in ``raw_responses.jsonl``; each id is scheduled at most once
   per run and never if already done, so no id is appended twice.
 - Every reservation is released exactly once (settled on success, released on failure or cancel).
+- A response with more tokens than it was allowed (``assemble.check_tokens``/``check_record_tokens``) is
+  retried like a retryable error, never written; what it was billed is booked all the same. A response
+  without ``usage.cost`` is priced from the routed prices before it is booked and written.
 - Stop: scheduling stops at once; in-flight requests finish (within ``grace_s`` for an interrupt); tasks
   waiting in backoff are abandoned (not done; the next run picks them up). A hard stop cancels all
   in-flight requests. Records already handed to a sink are always written before ``run`` returns.
@@ -35,8 +38,8 @@ from typing import Any
 from ..backends.base import Backend, Completion, CompletionRequest
 from ..errors import APIError, AuthError, DraftgenError, PaymentRequired, RateLimited, RetryableAPIError
 from ..records import FailureRecord, PromptRecord, ResponseRecord
-from .assemble import Assembler
-from .budget import Admission, BudgetGovernor
+from .assemble import Assembler, check_record_tokens, check_tokens
+from .budget import Admission, BudgetGovernor, usage_cost
 from .limiter import AdaptiveLimiter
 from .progress import Display, RunLog
 from .prompts import PromptCursor, estimate_prompt_tokens
@@ -366,30 +369,51 @@ class Engine:
                 t0 = time.monotonic()
                 try:
                     comp = await self.backend.complete(req)
-                    break
                 except APIError as exc:
                     if not await self._after_error(exc, attempts, part, limiter, dataset, prompt):
                         return
-            latency = time.monotonic() - t0
-            # The response is in: free the slot now, so reconstruction never keeps a slot from the wire.
-            slot = False
-            limiter.on_success()
-            limiter.release()
-            st = self.stats
-            st.in_flight[part.name] = limiter.in_use
-            st.limit[part.name] = limiter.current
-            self._connect_failures = 0
-            self._successes += 1
-            self._last_success = time.monotonic()
-            try:
-                rec = await loop.run_in_executor(self._cpu, partial(
-                    self.assembler.build, prompt, comp, partition=part.name, max_tokens=mt, attempts=attempts,
-                    latency_s=latency, prompt_ids=prompt_ids,
-                ))
-            except DraftgenError as exc:  # a tokenizer/profile problem with this one output
-                self._fail(dataset, prompt, part.name, "reconstruction", str(exc), attempts, permanent=True,
-                           provider=comp.provider)
-                return
+                    continue
+                try:
+                    check_tokens(comp, mt)
+                except RetryableAPIError as exc:  # more ids or billed tokens than asked for
+                    self._charge_rejected(comp, worst)
+                    if not await self._after_error(exc, attempts, part, limiter, dataset, prompt):
+                        return
+                    continue
+                latency = time.monotonic() - t0
+                # The response is in: free the slot now, so reconstruction never keeps a slot from the wire.
+                slot = False
+                limiter.on_success()
+                limiter.release()
+                st = self.stats
+                st.in_flight[part.name] = limiter.in_use
+                st.limit[part.name] = limiter.current
+                self._connect_failures = 0
+                self._successes += 1
+                self._last_success = time.monotonic()
+                try:
+                    rec = await loop.run_in_executor(self._cpu, partial(
+                        self.assembler.build, prompt, comp, partition=part.name, max_tokens=mt, attempts=attempts,
+                        latency_s=latency, prompt_ids=prompt_ids,
+                    ))
+                except DraftgenError as exc:  # a tokenizer/profile problem with this one output
+                    self._fail(dataset, prompt, part.name, "reconstruction", str(exc), attempts, permanent=True,
+                               provider=comp.provider)
+                    return
+                try:
+                    check_record_tokens(rec, mt)
+                except RetryableAPIError as exc:  # the text rebuilt to more ids than were asked for
+                    self._charge_rejected(comp, worst)
+                    if not await self._after_error(exc, attempts, part, limiter, dataset, prompt):
+                        return
+                    await limiter.acquire()  # a slot again for the next attempt
+                    slot = True
+                    self.stats.in_flight[part.name] = limiter.in_use
+                    continue
+                break
+            if comp.usage is None or comp.cost_missing:
+                rec.usage = self.governor.priced_usage(rec.usage, prompt_tokens=len(rec.prompt_ids or ()),
+                                                       completion_tokens=len(rec.output_ids or ()))
             settled = True
             self._book(dataset, comp, rec, mt, worst, latency)
             self._sink(dataset).put(rec)
@@ -402,14 +426,30 @@ class Engine:
                 self.stats.in_flight[part.name] = limiter.in_use
             alive.release()
 
-    def _book(self, dataset: str, comp: Completion, rec: ResponseRecord, mt: int, worst: float, latency: float) -> None:
+    def _charge_rejected(self, comp: Completion, worst: float) -> None:
+        """Book what a response rejected as invalid was billed (no record will carry it): its reported
+        cost, or the cost computed from its usage, at most the request's worst case."""
         u = comp.usage
+        if u is None:
+            return
+        if comp.cost_missing:
+            priced = self.governor.priced_usage(u, prompt_tokens=0, completion_tokens=0)
+            cost = min(usage_cost(priced), worst) if priced is not u else 0.0
+        else:
+            cost = usage_cost(u)
+        if cost > 0:
+            self.governor.charge(cost)
+            self.stats.spend_session = self.governor.session
+            self.stats.remaining = self.governor.remaining
+
+    def _book(self, dataset: str, comp: Completion, rec: ResponseRecord, mt: int, worst: float, latency: float) -> None:
+        u = rec.usage  # the completion's, with a computed cost where it had none
         tokens = u.completion_tokens if u is not None and u.completion_tokens else len(rec.output_ids or ())
         cost = self.governor.settle(dataset, mt, worst, u, completion_tokens=tokens)
         st = self.stats
         counts = st.dataset(dataset)
         counts.completion_tokens += tokens
-        counts.prompt_tokens += u.prompt_tokens if u is not None else len(rec.prompt_ids or ())
+        counts.prompt_tokens += u.prompt_tokens if u is not None and u.prompt_tokens else len(rec.prompt_ids or ())
         counts.cost += cost
         st.spend_session = self.governor.session
         st.reserved = self.governor.reserved

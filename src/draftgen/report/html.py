@@ -17,6 +17,8 @@ import msgspec
 
 from ..config import RunConfig
 from ..records import DatasetAudit
+from ..rundir import writer
+from ..secrets import redact
 from ..store import atomic_write_bytes
 from .format import fmt_duration, fmt_float, fmt_int, fmt_pct, fmt_time, fmt_usd
 from .metrics import RunMetrics, compute_metrics
@@ -191,7 +193,8 @@ def render_html(m: RunMetrics, *, title: str, generated_at: float, settings: dic
         ("tokens / second", _compact(m.tokens_per_s), f"{fmt_int(t.completion_tokens)} tokens over {fmt_duration(m.elapsed_s)}"),
         ("failed", fmt_int(t.failed), f"{fmt_int(t.truncated)} truncated responses"),
     ]
-    return env.from_string(PAGE).render(
+    plotly_js = get_plotlyjs()
+    page = env.from_string(PAGE).render(
         title=title,
         m=m,
         t=t,
@@ -201,12 +204,27 @@ def render_html(m: RunMetrics, *, title: str, generated_at: float, settings: dic
         audit=audit_rows(m),
         figures=[(div, cap, _embed_json(fig)) for div, cap, fig in figs],
         metrics_json=_embed_json(m),
-        plotly_js=get_plotlyjs(),
+        plotly_js=plotly_js,
     )
+    return _redact_page(page, plotly_js)
+
+
+def _redact_page(page: str, verbatim: str) -> str:
+    """The page with every key-shaped string redacted (its text, tables and embedded JSON), except the
+    ``verbatim`` block (plotly's own JavaScript, inlined as it ships)."""
+    i = page.find(verbatim) if verbatim else -1
+    if i < 0:
+        return redact(page)
+    return redact(page[:i]) + verbatim + redact(page[i + len(verbatim):])
 
 
 def run_report(cfg: RunConfig, *, output: Path | None = None, echo: Any = None) -> Path:
-    """Compute the run's metrics and write the page; returns its path."""
+    """Compute the run's metrics and write the page (under the run directory's writer lock); returns its path."""
+    with writer(cfg, "report"):
+        return _report(cfg, output, echo)
+
+
+def _report(cfg: RunConfig, output: Path | None, echo: Any) -> Path:
     run_dir = cfg.run_path
     out = output if output is not None else run_dir / "report.html"
     m = compute_metrics(run_dir, [d.name for d in cfg.datasets])

@@ -59,7 +59,11 @@ class DatasetMetrics(msgspec.Struct, kw_only=True):
     """Samples in prepared/<dataset> (None: not prepared yet)."""
     prepared_prompt_tokens: int = 0
     done: int = 0
-    """Distinct sample ids in raw_responses.jsonl."""
+    """Distinct sample ids in raw_responses.jsonl that are in the current prepared set."""
+    orphans: int = 0
+    """Records whose sample id is no longer in the prepared set (the dataset shrank): never merged."""
+    orphan_cost_usd: float = 0.0
+    """What the orphans cost (spent all the same; ``cost_usd`` covers the done samples only)."""
     duplicates: int = 0
     failed: int = 0
     """Samples whose latest failure is not followed by a response (retried on the next run)."""
@@ -185,6 +189,18 @@ def _prepared(run_dir: Path, name: str) -> tuple[int | None, int]:
     return None, 0
 
 
+class _IdRow(msgspec.Struct):
+    sample_id: str
+
+
+def _prepared_ids(run_dir: Path, name: str) -> set[str] | None:
+    """The sample ids of the current prepared set (None: not prepared)."""
+    path = run_dir / "prepared" / name / "prompts.jsonl"
+    if not path.is_file():
+        return None
+    return {r.sample_id for _, r in iter_jsonl(path, _IdRow)}
+
+
 def _count(counter: Counter[str]) -> dict[str, int]:
     return dict(sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])))
 
@@ -230,7 +246,7 @@ class _Acc:
 
     def merge(self, other: _Acc) -> None:
         m, o = self.m, other.m
-        for f in ("prepared_prompt_tokens", "done", "duplicates", "failed", "failure_events", "prompt_tokens", "completion_tokens",
+        for f in ("prepared_prompt_tokens", "done", "orphans", "orphan_cost_usd", "duplicates", "failed", "failure_events", "prompt_tokens", "completion_tokens",
                   "reasoning_tokens", "content_tokens", "truncated", "no_reasoning"):
             setattr(m, f, getattr(m, f) + getattr(o, f))
         m.cost_usd += o.cost_usd
@@ -329,10 +345,15 @@ def compute_metrics(run_dir: Path, configured: list[str] | None = None) -> RunMe
         acc = _Acc(name)
         acc.m.prepared, prepared_prompt_tokens = _prepared(run_dir, name)
         raw = run_dir / "raw" / name
+        prepared_ids = _prepared_ids(run_dir, name)
         done: set[str] = set()
         for _, row in iter_jsonl(raw / "raw_responses.jsonl", _Row):
             if row.sample_id in done:
                 acc.m.duplicates += 1
+                continue
+            if prepared_ids is not None and row.sample_id not in prepared_ids:
+                acc.m.orphans += 1
+                acc.m.orphan_cost_usd += row_cost(row.usage)
                 continue
             done.add(row.sample_id)
             u = row.usage

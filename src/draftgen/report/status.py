@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import RunDirError
+from ..secrets import redact
 from .format import fmt_duration, fmt_int, fmt_pct, fmt_time, fmt_usd
 from .metrics import DatasetMetrics, RunMetrics, compute_metrics
 
@@ -105,6 +106,9 @@ def render_status(m: RunMetrics, *, now: float) -> RenderableType:
     if t.failures_by_kind:
         kinds = ", ".join(f"{k} {v}" for k, v in t.failures_by_kind.items())
         lines.append(Text(f"failures by kind (not done yet, retried next run): {kinds}", style="yellow"))
+    if t.orphans:
+        lines.append(Text(f"orphans: {fmt_int(t.orphans)} records are no longer in the prepared set "
+                          f"({fmt_usd(t.orphan_cost_usd)} spent on them); they are not merged", style="yellow"))
     if t.providers and t.done:
         mix = ", ".join(f"{k} {v / t.done:.0%}" for k, v in list(t.providers.items())[:6])
         lines.append(Text(f"providers: {mix}"))
@@ -142,5 +146,5 @@ def run_status(target: str, *, echo: Callable[[str], object] = print, now: float
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir}: the run directory does not exist yet; run `draftgen run CONFIG` first")
     metrics = compute_metrics(run_dir, names)
-    echo(render_text(render_status(metrics, now=time.time() if now is None else now)))
+    echo(redact(render_text(render_status(metrics, now=time.time() if now is None else now))))
     return StatusReport(run_dir=str(run_dir), metrics=metrics)

