@@ -45,6 +45,7 @@ __all__ = [
     "PlanConfig",
     "PrepareConfig",
     "ProbeConfig",
+    "QualityConfig",
     "ReasoningConfig",
     "RetryConfig",
     "RoutingConfig",
@@ -146,8 +147,8 @@ class RoutingConfig(_C):
     """Route only to providers supporting every parameter sent (e.g. logprobs)."""
     data_collection: str | None = None
     """``allow`` or ``deny``."""
-    max_price: dict[str, float] | None = None
-    """Price ceilings in USD per million tokens: ``{prompt: 0.6, completion: 2.5}``."""
+    max_price: dict[str, float | str] | None = None
+    """Price ceilings in USD per million tokens: ``{prompt: 0.6, completion: 2.5}`` (numbers or numeric strings, as OpenRouter's spec types them)."""
 
 
 class ReasoningConfig(_C):
@@ -314,6 +315,23 @@ class MergeConfig(_C):
     """Peer formats written beside the Parquet: speculators rows and SpecForge conversations."""
 
 
+class QualityConfig(_C):
+    """What counts as a usable response, and what happens to a provider that keeps failing."""
+
+    keep_unusable: bool = False
+    """Keep responses still unusable after ``retry.max_attempts`` (dropped reasoning, an excluded provider or quantization) as records flagged ``unusable:<reason>``, and merge them; by default they are failures, never merged."""
+    provider_window: int = 20
+    """Outcomes per provider (the most recent) that its health is judged on."""
+    provider_min_outcomes: int = 5
+    """A provider is judged only once it has this many outcomes in the window."""
+    provider_max_failure_rate: float = 0.5
+    """Share of bad outcomes (errors, dropped reasoning, billing far off) that sends a provider to the cool-down."""
+    provider_cooldown_s: float = 300.0
+    """How long a failing provider stays on the run's ignore list."""
+    billing_tolerance: float = 0.05
+    """A response whose rebuilt completion length differs from the billed one by more than this share is billed far off."""
+
+
 class HiddenStatesConfig(_C):
     hidden_size: int | None = None
     """Target model hidden size (Kimi-K2.5: 7,168) for the disk estimate."""
@@ -360,6 +378,7 @@ class RunConfig(_C):
     retry: RetryConfig = msgspec.field(default_factory=RetryConfig)
     audit: AuditConfig = msgspec.field(default_factory=AuditConfig)
     merge: MergeConfig = msgspec.field(default_factory=MergeConfig)
+    quality: QualityConfig = msgspec.field(default_factory=QualityConfig)
     hidden_states: HiddenStatesConfig = msgspec.field(default_factory=HiddenStatesConfig)
     plan: PlanConfig = msgspec.field(default_factory=PlanConfig)
     probe: ProbeConfig = msgspec.field(default_factory=ProbeConfig)
@@ -420,6 +439,13 @@ def _validate(cfg: RunConfig, where: str) -> None:
         raise ConfigError(f"{where}: budget.max_spend_usd must be >= 0")
     if cfg.retry.max_attempts < 1:
         raise ConfigError(f"{where}: retry.max_attempts must be >= 1")
+    for k, v in (cfg.routing.max_price or {}).items():
+        try:
+            price = float(v)
+        except ValueError:
+            raise ConfigError(f"{where}: routing.max_price.{k} {v!r} is not a number (USD per million tokens)") from None
+        if not price >= 0:
+            raise ConfigError(f"{where}: routing.max_price.{k} must be >= 0 (USD per million tokens)")
     if not 0.0 <= cfg.merge.val_fraction < 1.0:
         raise ConfigError(f"{where}: merge.val_fraction must be in [0, 1)")
     _validate_no_key(cfg, where)

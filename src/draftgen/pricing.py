@@ -44,7 +44,7 @@ def eligible_endpoints(endpoints: list[EndpointInfo], routing: RoutingConfig) ->
         allowed = {q.lower() for q in routing.quantizations}
         out = [ep for ep in out if (ep.quantization or "unknown").lower() in allowed]
     if routing.max_price:
-        mp = routing.max_price
+        mp = {k: float(v) for k, v in routing.max_price.items()}  # numeric strings too (validated by config)
         out = [ep for ep in out
                if ep.pricing.prompt * 1e6 <= mp.get("prompt", float("inf"))
                and ep.pricing.completion * 1e6 <= mp.get("completion", float("inf"))]

@@ -25,6 +25,7 @@ from .errors import InputError
 
 __all__ = [
     "SCHEMA_VERSION",
+    "AttemptRecord",
     "AuditReport",
     "BillingExample",
     "DatasetAudit",
@@ -32,6 +33,7 @@ __all__ = [
     "FailureRecord",
     "FunctionCall",
     "GroundTruthRecord",
+    "HealthEvent",
     "IdsSource",
     "LockHolder",
     "Message",
@@ -184,6 +186,8 @@ class ResponseRecord(msgspec.Struct, omit_defaults=True):
     backend: str | None = None
     attempts: int = 1
     latency_s: float | None = None
+    ttft_s: float | None = None  # time to the first byte of the answer (streams only)
+    quantization: str | None = None  # of the provider that served it, when the run knows it (routing metadata)
     created_at: float = 0.0
     provenance: Provenance | None = None
     schema_version: int = SCHEMA_VERSION
@@ -202,6 +206,35 @@ class FailureRecord(msgspec.Struct, omit_defaults=True):
     attempts: int = 0
     provider: str | None = None
     created_at: float = 0.0
+    schema_version: int = SCHEMA_VERSION
+
+
+class AttemptRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One request attempt, in ``logs/attempts.jsonl``: provider health, per-provider figures and the
+    report's timelines (retries and failures by kind, requests in flight) are computed from these."""
+
+    sample_id: str
+    dataset: str
+    attempt: int  # 1 for the first try of the sample in this session
+    started_at: float
+    ended_at: float
+    outcome: str  # "ok", or the failure kind: rate_limited, reasoning_dropped, provider_excluded, idle_timeout, ...
+    provider: str | None = None
+    quantization: str | None = None
+    ttft_s: float | None = None
+    completion_tokens: int = 0
+    cost: float = 0.0
+    schema_version: int = SCHEMA_VERSION
+
+
+class HealthEvent(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """A provider sent to, or back from, the run's cool-down (``logs/health.jsonl``)."""
+
+    at: float
+    provider: str
+    event: Literal["cooldown", "restored"]
+    reason: str = ""  # e.g. "7 of 10 recent outcomes bad: reasoning_dropped 5, server_error 2"
+    until: float | None = None
     schema_version: int = SCHEMA_VERSION
 
 

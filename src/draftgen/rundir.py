@@ -9,6 +9,8 @@ Layout (paths relative to the run directory)::
     raw/<dataset>/raw_responses.jsonl  ResponseRecord     raw/<dataset>/failures.jsonl   FailureRecord
     audit/audit.json                   AuditReport
     merged/                            Parquet + exports; merged/manifest.json (MergeManifest) written last
+    logs/attempts.jsonl                AttemptRecord: every request attempt (provider health, report timelines)
+    logs/health.jsonl                  HealthEvent: providers sent to and back from the cool-down
     report.html, logs/<command>.log, emulator/ground_truth.jsonl, plan/pilot/ (a run directory of its own)
 
 Rules (ARCHITECTURE.md, invariants):
@@ -86,6 +88,14 @@ class RunDir:
 
     def log(self, command: str) -> Path:
         return self.root / "logs" / f"{command}.log"
+
+    @property
+    def attempts(self) -> Path:
+        return self.root / "logs" / "attempts.jsonl"
+
+    @property
+    def health(self) -> Path:
+        return self.root / "logs" / "health.jsonl"
 
     # -- per dataset
     def prepared(self, dataset: str) -> Path:

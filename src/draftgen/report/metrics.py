@@ -424,3 +424,28 @@ def _manifest_str(manifest: RunManifest | None, section: str, key: str) -> str |
         inner = value.get(key)
         return inner if isinstance(inner, str) else None
     return None
+
+
+class ProviderMetrics(msgspec.Struct, kw_only=True):
+    """One provider's figures over a run directory (``provider_metrics``)."""
+
+    provider: str
+    quantization: str | None = None
+    responses: int = 0  # records served by it
+    attempts: int = 0
+    retries: int = 0  # attempts that failed (any kind)
+    failures_by_kind: dict[str, int] = msgspec.field(default_factory=dict)
+    dropped_reasoning: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    usd_per_m_output: float | None = None
+    latency_p50_s: float | None = None
+    latency_p95_s: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p95_s: float | None = None
+    cooldowns: int = 0
+
+
+def provider_metrics(run_dir: Path, configured: list[str] | None = None) -> list[ProviderMetrics]:
+    """Per-provider figures from the raw logs, ``logs/attempts.jsonl`` and ``logs/health.jsonl``."""
+    raise NotImplementedError("provider_metrics: being written (issue 11)")
