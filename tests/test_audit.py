@@ -39,7 +39,7 @@ def test_canonical_run_matches_ground_truth_exactly(tmp_path: Path, name: str) -
 @pytest.mark.parametrize("name", ["qwen3", "kimi-k2.5", "glm-4.5", "gpt-oss"])
 def test_every_mismatch_is_labelled(tmp_path: Path, name: str) -> None:
     run = write_synthetic_run(tmp_path, name, 40, seed=7, noncanonical_rate=0.25, trim_rate=0.2, junction_rate=0.1,
-                              drop_rate=0.1, corrupt_rate=0.05)
+                              drop_rate=0.1, corrupt_rate=0.05, audit={})
     report = run_audit(run.cfg, profile=profile(name), **QUIET)
     o = report.overall
     tok_ids, sem_ids = set(o.tokenization_mismatch_ids), set(o.semantic_mismatch_ids)
@@ -90,7 +90,7 @@ def _rewrite(path: Path, edit) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_structural_faults_are_found(tmp_path: Path) -> None:
-    run = write_synthetic_run(tmp_path, "qwen3", 12, seed=1)
+    run = write_synthetic_run(tmp_path, "qwen3", 12, seed=1, audit={})
     raw = run.cfg.run_path / "raw" / "alpha" / "raw_responses.jsonl"
     tok = profile("qwen3").tokenizer
     legacy = tmp_path / "sglang.jsonl"

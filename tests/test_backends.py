@@ -65,10 +65,11 @@ def test_account_endpoints(tmp_path: Path) -> None:
         asyncio.run(go())
 
 
+@pytest.mark.parametrize("legacy", [False, True], ids=["current", "legacy"])
 @pytest.mark.parametrize("stream", [False, True])
-def test_vllm_exact_ids(tmp_path: Path, stream: bool) -> None:
+def test_vllm_exact_ids(tmp_path: Path, stream: bool, legacy: bool, qwen3_profile) -> None:  # type: ignore[no-untyped-def]
     gt = tmp_path / "gt.jsonl"
-    with emulator(ground_truth=str(gt)) as emu:
+    with emulator(fast(vllm_legacy=legacy), ground_truth=str(gt)) as emu:
         cfg = make_config(tmp_path, ["b"], kind="vllm", base_url=emu.root_url + "/v1", endpoint={"stream": stream})
 
         async def go() -> list:  # type: ignore[type-arg]
@@ -81,12 +82,16 @@ def test_vllm_exact_ids(tmp_path: Path, stream: bool) -> None:
         t = truth[c.generation_id or ""]
         assert c.output_ids == t.output_ids and c.prompt_ids == t.prompt_ids
         assert c.backend == "vllm" and (c.reasoning or c.content)
+        parsed = qwen3_profile.parse_output(t.output_ids)
+        assert (c.reasoning, c.content) == (parsed.reasoning, parsed.content)
+        assert c.reasoning_field == ("reasoning_content" if legacy else "reasoning")
 
 
+@pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
 @pytest.mark.parametrize("stream", [False, True])
-def test_sglang_exact_ids(tmp_path: Path, stream: bool, qwen3_profile) -> None:  # type: ignore[no-untyped-def]
+def test_sglang_exact_ids(tmp_path: Path, stream: bool, incremental: bool, qwen3_profile) -> None:  # type: ignore[no-untyped-def]
     gt = tmp_path / "gt.jsonl"
-    with emulator(ground_truth=str(gt)) as emu:
+    with emulator(fast(sglang_incremental=incremental), ground_truth=str(gt)) as emu:
         cfg = make_config(tmp_path, ["b"], kind="sglang", base_url=emu.base_url, endpoint={"stream": stream})
 
         async def go() -> list:  # type: ignore[type-arg]
@@ -105,6 +110,10 @@ def test_sglang_exact_ids(tmp_path: Path, stream: bool, qwen3_profile) -> None: 
         assert c.finish_reason in ("stop", "length")
         parsed = qwen3_profile.parse_output(c.output_ids)
         assert parsed.reasoning  # the engine splits reasoning/content from exact ids
+        # the whole text, however it was streamed (incremental events carry only their new text)
+        ended = t.output_ids[-1] in qwen3_profile.end_of_turn_ids
+        assert c.content == qwen3_profile.tokenizer.decode(t.output_ids[:-1] if ended else t.output_ids)
+        assert c.usage is not None and c.usage.completion_tokens == len(t.output_ids)
 
 
 def test_sglang_root_strips_api_suffix() -> None:

@@ -72,6 +72,7 @@ def test_sglang_length_batch_stream_and_thinking_off(emu: RunningEmulator, qwen3
 
 
 def test_vllm_return_token_ids(emu: RunningEmulator, qwen3_profile: Profile) -> None:
+    # current vLLM: message.reasoning / delta.reasoning, never reasoning_content
     messages = [{"role": "user", "content": "vLLM please"}]
     body = {"model": "Qwen/Qwen3-8B", "messages": messages, "max_tokens": 4096, "return_token_ids": True}
     r = request(f"{emu.root_url}/v1/chat/completions", "POST", body, key=None)
@@ -80,23 +81,43 @@ def test_vllm_return_token_ids(emu: RunningEmulator, qwen3_profile: Profile) -> 
     assert b["prompt_token_ids"] == qwen3_profile.prompt_ids(msgspec.convert(messages, list[Message]))
     ch = b["choices"][0]
     parsed = qwen3_profile.parse_output(ch["token_ids"])
-    assert ch["message"]["reasoning_content"] == parsed.reasoning and ch["message"]["content"] == parsed.content
+    assert ch["message"]["reasoning"] == parsed.reasoning and ch["message"]["content"] == parsed.content
+    assert "reasoning_content" not in ch["message"]
     assert b["usage"]["completion_tokens"] == len(ch["token_ids"])
     plain = request(f"{emu.root_url}/v1/chat/completions", "POST", {**body, "return_token_ids": False}, key=None).json()
-    assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
+    assert plain["prompt_token_ids"] is None and plain["choices"][0]["token_ids"] is None
     assert plain["choices"][0]["message"] == ch["message"]
 
     s = parse_sse(request(f"{emu.root_url}/v1/chat/completions", "POST",
                           {**body, "stream": True, "stream_options": {"include_usage": True}}, key=None).body)
     assert s.done and s.events[0]["prompt_token_ids"] == b["prompt_token_ids"]
-    assert [t for ev in s.events for c in ev["choices"] for t in c.get("token_ids", [])] == ch["token_ids"]
-    assert s.text("reasoning_content") == parsed.reasoning and s.text("content") == parsed.content
-    assert s.usage == b["usage"]
+    assert [t for ev in s.events for c in ev["choices"] for t in c.get("token_ids") or []] == ch["token_ids"]
+    assert s.text("reasoning") == parsed.reasoning and s.text("content") == parsed.content
+    assert s.text("reasoning_content") == ""
+    assert s.usage == {k: v for k, v in b["usage"].items() if v is not None}
 
     off = request(f"{emu.root_url}/v1/chat/completions", "POST",
                   {**body, "chat_template_kwargs": {"enable_thinking": False}}, key=None).json()
-    assert off["choices"][0]["message"]["reasoning_content"] is None
+    assert off["choices"][0]["message"]["reasoning"] is None
     assert request(f"{emu.root_url}/v1/models", key=None).json()["data"]
+
+
+def test_vllm_legacy_reasoning_content(qwen3_profile: Profile) -> None:
+    # Scenario.vllm_legacy: the shape of vLLM before the rename
+    opts = EmulatorOptions(scenario_obj=builtin_scenario("fast").replace(vllm_legacy=True))
+    body = {"model": "Qwen/Qwen3-8B", "messages": [{"role": "user", "content": "old vLLM"}], "max_tokens": 4096,
+            "return_token_ids": True}
+    with start_in_thread(opts) as e:
+        b = request(f"{e.root_url}/v1/chat/completions", "POST", body, key=None).json()
+        s = parse_sse(request(f"{e.root_url}/v1/chat/completions", "POST", {**body, "stream": True},
+                              key=None).body)
+        plain = request(f"{e.root_url}/v1/chat/completions", "POST", {**body, "return_token_ids": False},
+                        key=None).json()
+    m = b["choices"][0]["message"]
+    parsed = qwen3_profile.parse_output(b["choices"][0]["token_ids"])
+    assert m["reasoning_content"] == parsed.reasoning and "reasoning" not in m
+    assert s.text("reasoning_content") == parsed.reasoning and s.text("reasoning") == ""
+    assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
 
 
 def test_kimi_k25_on_a_synthetic_vocab(tmp_path: Path, shared_dir: Path) -> None:

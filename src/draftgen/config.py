@@ -276,12 +276,12 @@ class AuditConfig(_C):
 
     reference: str | None = None
     """Reference ids (emulator ground truth or exact-id records) for the BPE audit."""
-    max_structural_failure_rate: float | None = None
-    """Largest share of records allowed to fail a structural check."""
-    max_billing_disagreement: float | None = None
-    """Aggregate |rebuilt - billed| / billed completion tokens allowed (the reference run: 0.0004)."""
-    max_semantic_mismatch_rate: float | None = None
-    """Largest share of compared records whose decoded text differs from the reference."""
+    max_structural_failure_rate: float | None = 0.0
+    """Largest share of records allowed to fail a structural check (null: no limit)."""
+    max_billing_disagreement: float | None = 0.005
+    """Aggregate |rebuilt - billed| / billed completion tokens allowed over the rows merge keeps, after the exclusions (the reference run: 0.0004; null: no limit)."""
+    max_semantic_mismatch_rate: float | None = 0.0
+    """Largest share of the compared rows merge keeps whose decoded text differs from the reference (null: no limit)."""
     max_tokenization_mismatch_rate: float | None = None
     """Largest share of compared records with the same text but other ids (BPE drift)."""
 

@@ -1,46 +1,85 @@
-"""Writers of merged/: Parquet shards for training and the peer toolchains' JSONL formats.
+"""Writers of the merge output: Parquet shards + dataset card in merged/, peer formats in exports/.
 
 Reads the selected, shuffled rows that ``merge`` hands over (``MergedRow``: where each sample's ids sit in
 one Arrow list array, its lengths and metadata, and the byte offsets of its raw response and prepared
-prompt lines) and writes, per split (``train``, ``validation``):
+prompt lines) and writes, per split (``train``, ``validation``), at the paths ``rundir.RunDir`` spells:
 
-- ``<split>-NNNNN-of-MMMMM.parquet``: ``input_ids`` list<int32>, ``loss_mask`` list<int8> (0 over the prompt,
-  1 over the completion; 0 over the reasoning too with ``mask_reasoning``), ``sample_id``, ``dataset``,
-  ``finish_reason``, ``provider``, ``ids_source``, ``prompt_len``, ``completion_len``, ``reasoning_len``,
-  ``capped``. zstd, row groups of at most 2,048 rows, shards of at most 256M tokens; loads with
-  ``datasets.load_dataset("parquet", data_files=...)``.
-- ``speculators/<split>.jsonl``: ``records.SpeculatorsRow`` ``{id, input_ids, loss_mask, text, metadata}`` with
-  ``text`` = the exact decode of ``input_ids`` (special tokens kept), as vllm-project/speculators writes it.
-- ``specforge/<split>.jsonl``: ``records.SpecForgeRow`` ``{id, conversations: [{role, content,
-  reasoning_content}]}``: the prepared prompt's messages plus the regenerated assistant turn. A sample cut
-  by ``max_seq_len`` carries the text of its kept ids only.
+- ``merged/<split>-NNNNN-of-MMMMM.parquet``: ``input_ids`` list<int32>, ``loss_mask`` list<int8> (0 over the
+  prompt, 1 over the completion; 0 over the reasoning too with ``mask_reasoning``), ``sample_id``,
+  ``dataset``, ``finish_reason``, ``provider``, ``ids_source``, ``prompt_len``, ``completion_len``,
+  ``reasoning_len``, ``capped``. zstd, row groups of at most 2,048 rows, shards of at most 256M tokens.
+- ``merged/README.md`` (``write_card``): the Hugging Face dataset card; its YAML ``configs`` list the shards
+  of each split, so ``datasets.load_dataset("<run>/merged")`` and ``datasets.load_dataset("parquet",
+  data_dir="<run>/merged")`` both load every row and nothing else (merged/ holds no other data file).
+- one folder per export format in ``merge.exports`` (``EXPORTERS``), ``exports/<format>/train.jsonl`` and
+  ``exports/validation/<format>/validation.jsonl``:
+
+  ``speculators``  ``records.SpeculatorsRow`` ``{id, primary_id, input_ids, loss_mask, text, metadata}``, as
+                   vllm-project/speculators' ``regenerate-responses`` writes it; ``text`` = the exact decode of
+                   ``input_ids`` (special tokens kept). ``speculators prepare-data --data exports/speculators/``
+                   reads the folder (every ``*.json``/``*.jsonl`` in it, hence one folder per split) and keeps
+                   ``input_ids`` and ``loss_mask`` as they are: exact ids.
+  ``specforge``    ``records.SpecForgePromptRow`` ``{id, input_ids, loss_mask}``: the pre-tokenized JSONL that
+                   sgl-project/SpecForge's ``data.prompts_path`` takes (``specforge/data/prompt_builder.py``):
+                   exact ids. SpecForge cuts rows to ``data.max_length`` (default 2048): set it to at least
+                   ``merge.max_seq_len``.
+  ``specforge-conversations``
+                   ``records.SpecForgeConversationRow`` ``{id, conversations, tools, status}`` for SpecForge's
+                   ``data.train_data_path``: the prepared prompt's messages plus the regenerated assistant turn
+                   (a sample cut by ``max_seq_len`` carries the text of its kept ids only). SpecForge renders it
+                   with its own chat template and **re-tokenizes** it, so its ids are not draftgen's exact ids;
+                   use ``specforge`` unless a conversation form is needed. Rows with an empty assistant
+                   ``content`` (SpecForge's validator rejects them) are left out, with a note.
+
+  The pre-tokenized formats leave out rows without a supervised token (both consumers drop them), with a
+  note; every other row is the Parquet row, ids and mask identical, in the same order.
 
 Rows are streamed in chunks (Arrow ``take`` on the shared id array), so memory stays bounded by a chunk.
-Every file is written under a temp name and renamed; the caller writes ``manifest.json`` last.
+Every file is written under a temp name and renamed; the caller writes ``merged/manifest.json`` last.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import StorageError
+import msgspec
+
+from .errors import InputError, StorageError
 from .records import (
     MergedFile,
     PromptRecord,
     ResponseRecord,
+    SpecForgeConversationRow,
     SpecForgeMessage,
-    SpecForgeRow,
+    SpecForgePromptRow,
     SpeculatorsMetadata,
     SpeculatorsRow,
+    ToolCall,
 )
-from .store import JsonlReader, JsonlWriter, publish
+from .rundir import RunDir
+from .store import JsonlReader, JsonlWriter, atomic_write_bytes, publish
 from .tokens import Profile
 
-__all__ = ["CHUNK_ROWS", "SHARD_TOKENS", "MergedRow", "RowSource", "file_digest", "loss_mask_bytes", "write_split"]
+__all__ = [
+    "CHUNK_ROWS",
+    "EXPORTERS",
+    "SHARD_TOKENS",
+    "Exporter",
+    "MergedRow",
+    "RowSource",
+    "check_exports",
+    "export_usage",
+    "file_digest",
+    "file_entry",
+    "loss_mask_bytes",
+    "write_card",
+    "write_split",
+]
 
 CHUNK_ROWS = 2048
 CHUNK_TOKENS = 16 << 20
@@ -165,10 +204,10 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _finish(tmp: Path, final: Path, merged_dir: Path, split: str, kind: str, rows: int) -> MergedFile:
-    publish(tmp, final)
-    return MergedFile(path=str(final.relative_to(merged_dir)), split=split, kind=kind, rows=rows,
-                      bytes=final.stat().st_size, sha256=file_digest(final))
+def file_entry(rd: RunDir, path: Path, split: str, kind: str, rows: int) -> MergedFile:
+    """The manifest entry of a written file (path relative to the run directory, size, sha256)."""
+    return MergedFile(path=path.relative_to(rd.root).as_posix(), split=split, kind=kind, rows=rows,
+                      bytes=path.stat().st_size, sha256=file_digest(path))
 
 
 class _Readers:
@@ -200,29 +239,111 @@ class _Readers:
             r.close()
 
 
-def _specforge_row(row: MergedRow, readers: _Readers, profile: Profile, ids: list[int]) -> SpecForgeRow | None:
-    prompt = readers.prompt(row)
+# -- the export formats ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Context:
+    profile: Profile
+    readers: _Readers
+
+
+# A builder turns one merged row (its ids and loss mask as lists) into the format's record, or returns the
+# reason it is left out of that format.
+Builder = Callable[[_Context, MergedRow, list[int], list[int]], "msgspec.Struct | str"]
+
+
+@dataclass(frozen=True)
+class Exporter:
+    """One peer format: its ``merge.exports`` name (also its folder under exports/) and row builder."""
+
+    name: str
+    build: Builder
+    pretokenized: bool  # rows carry input_ids + loss_mask: rows without a supervised token are left out
+    usage: str  # how the consumer reads it; {dir} and {file} are the train split's folder and file
+
+
+def _speculators(ctx: _Context, row: MergedRow, ids: list[int], mask: list[int]) -> msgspec.Struct | str:
+    meta = SpeculatorsMetadata(
+        sample_id=row.sample_id, dataset=row.dataset, finish_reason=row.finish_reason or "",
+        provider=row.provider or "", ids_source=row.ids_source, prompt_len=row.prompt_len,
+        completion_len=row.completion_len, reasoning_len=row.reasoning_len, capped=row.capped,
+        is_tool_call=row.is_tool_call,
+    )
+    return SpeculatorsRow(id=row.row_id, primary_id=row.sample_id, input_ids=ids, loss_mask=mask,
+                          text=ctx.profile.tokenizer.decode(ids), metadata=meta)
+
+
+def _specforge(ctx: _Context, row: MergedRow, ids: list[int], mask: list[int]) -> msgspec.Struct | str:
+    return SpecForgePromptRow(id=row.row_id, input_ids=ids, loss_mask=mask)
+
+
+def _json_text(value: Any) -> str:
+    return msgspec.json.encode(value).decode()
+
+
+def _message(role: str, content: str | None, reasoning: str | None, tool_calls: list[ToolCall] | None,
+             tool_call_id: str | None) -> SpecForgeMessage:
+    return SpecForgeMessage(role=role, content=content or "", reasoning_content=reasoning or "",
+                            tool_calls=_json_text(tool_calls or []), tool_call_id=tool_call_id or "")
+
+
+def _specforge_conversation(ctx: _Context, row: MergedRow, ids: list[int],
+                            mask: list[int]) -> msgspec.Struct | str:
+    prompt = ctx.readers.prompt(row)
     if prompt is None:
-        return None
-    rec = readers.response(row)
+        return "no prepared prompt to take the messages from"
+    rec = ctx.readers.response(row)
     reasoning, content = rec.reasoning, rec.content
     if row.capped or (content is None and reasoning is None):
-        parsed = profile.parse_output(ids[row.prompt_len:])
+        parsed = ctx.profile.parse_output(ids[row.prompt_len:])
         reasoning, content = parsed.reasoning, parsed.content
-    conv = [
-        SpecForgeMessage(role=m.role, content=m.content, reasoning_content=m.reasoning_content,
-                         tool_calls=m.tool_calls, tool_call_id=m.tool_call_id)
-        for m in prompt.messages
-    ]
-    conv.append(SpecForgeMessage(role="assistant", content=content or "", reasoning_content=reasoning or None,
-                                 tool_calls=None if row.capped else rec.tool_calls))
-    return SpecForgeRow(id=row.row_id, conversations=conv)
+    conv = [_message(m.role, m.content, m.reasoning_content, m.tool_calls, m.tool_call_id) for m in prompt.messages]
+    conv.append(_message("assistant", content, reasoning, None if row.capped else rec.tool_calls, None))
+    if any(m.role == "assistant" and not m.content.strip() for m in conv):
+        return "an assistant turn with empty content, which SpecForge rejects"
+    return SpecForgeConversationRow(id=row.row_id, conversations=conv, tools=_json_text(prompt.tools or []))
+
+
+EXPORTERS: dict[str, Exporter] = {}
+"""The export formats by ``merge.exports`` name. A new format is a builder plus one line here."""
+
+
+def _register(e: Exporter) -> None:
+    EXPORTERS[e.name] = e
+
+
+_register(Exporter("speculators", _speculators, True, "speculators prepare-data --data {dir}/"))
+_register(Exporter("specforge", _specforge, True, "SpecForge data.prompts_path: {file}"))
+_register(Exporter("specforge-conversations", _specforge_conversation, False,
+                   "SpecForge data.train_data_path: {file} (re-tokenized by SpecForge: not the exact ids)"))
+
+
+def check_exports(names: Sequence[str]) -> None:
+    unknown = [n for n in names if n not in EXPORTERS]
+    if unknown:
+        raise InputError(f"merge.exports: unknown format {unknown[0]!r}; formats: {', '.join(EXPORTERS)}")
+
+
+@dataclass
+class _Out:
+    """One open export file of a split."""
+
+    exporter: Exporter
+    tmp: Path
+    final: Path
+    writer: JsonlWriter
+    rows: int = 0
+    left_out: Counter[str] = field(default_factory=Counter)
+
+
+_NO_SUPERVISED = "no supervised token in loss_mask, which the consumer drops"
 
 
 def write_split(
     rows: Sequence[MergedRow],
     split: str,
-    merged_dir: Path,
+    rd: RunDir,
     ids: Any,
     *,
     profile: Profile,
@@ -231,73 +352,127 @@ def write_split(
     mask_reasoning: bool,
     note: Callable[[str], None],
 ) -> list[MergedFile]:
-    """Write one split's Parquet shards and exports; returns the files written."""
+    """Write one split's Parquet shards (merged/) and exports (exports/); returns the files written."""
     import pyarrow.parquet as pq
 
+    check_exports(exports)
     files: list[MergedFile] = []
     shards = _shards(rows)
-    writers: dict[str, JsonlWriter] = {}
-    tmp_paths: dict[str, tuple[Path, Path]] = {}
-    for kind in exports:
-        final = merged_dir / kind / f"{split}.jsonl"
-        tmp = final.with_name(f".{final.name}.tmp")
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        tmp.unlink(missing_ok=True)
-        tmp_paths[kind] = (tmp, final)
-        writers[kind] = JsonlWriter(tmp, fsync=False)
+    outs: list[_Out] = []
+    tmp_paths: list[Path] = []
     readers = _Readers(sources)
-    counts = dict.fromkeys(exports, 0)
-    no_prompt = 0
+    ctx = _Context(profile=profile, readers=readers)
     try:
-        for s, shard in enumerate(shards):
-            final = merged_dir / f"{split}-{s:05d}-of-{len(shards):05d}.parquet"
+        for kind in exports:
+            final = rd.export_file(kind, split)
             tmp = final.with_name(f".{final.name}.tmp")
-            tmp_paths[f"parquet:{s}"] = (tmp, final)
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            tmp.unlink(missing_ok=True)
+            tmp_paths.append(tmp)
+            outs.append(_Out(EXPORTERS[kind], tmp, final, JsonlWriter(tmp, fsync=False)))
+        for s, shard in enumerate(shards):
+            final = rd.merged_shard(split, s, len(shards))
+            tmp = final.with_name(f".{final.name}.tmp")
+            tmp_paths.append(tmp)
             with pq.ParquetWriter(tmp, _schema(), compression="zstd") as pw:
                 for chunk in _chunks(shard):
                     table = _table(chunk, ids, mask_reasoning)
                     pw.write_table(table, row_group_size=max(len(chunk), 1))
-                    if not writers:
-                        continue
-                    id_lists: list[list[int]] = table.column("input_ids").to_pylist()
-                    if "speculators" in writers:
-                        out_s = []
-                        texts = [profile.tokenizer.decode(ids) for ids in id_lists]
-                        for r, row_ids, text in zip(chunk, id_lists, texts, strict=True):
-                            meta = SpeculatorsMetadata(
-                                sample_id=r.sample_id, dataset=r.dataset, finish_reason=r.finish_reason,
-                                provider=r.provider, ids_source=r.ids_source, prompt_len=r.prompt_len,
-                                completion_len=r.completion_len, reasoning_len=r.reasoning_len,
-                                capped=r.capped, is_tool_call=r.is_tool_call,
-                            )
-                            mask = list(loss_mask_bytes(r, mask_reasoning))
-                            out_s.append(SpeculatorsRow(id=r.row_id, input_ids=row_ids, loss_mask=mask,
-                                                        text=text, metadata=meta))
-                        writers["speculators"].write_many(out_s)
-                        counts["speculators"] += len(out_s)
-                    if "specforge" in writers:
-                        out_f = []
-                        for r, row_ids in zip(chunk, id_lists, strict=True):
-                            conv = _specforge_row(r, readers, profile, row_ids)
-                            if conv is None:
-                                no_prompt += 1
-                            else:
-                                out_f.append(conv)
-                        writers["specforge"].write_many(out_f)
-                        counts["specforge"] += len(out_f)
-            files.append(_finish(tmp, final, merged_dir, split, "parquet", len(shard)))
-        for kind, w in writers.items():
-            w.close()
-            tmp, final = tmp_paths[kind]
-            files.append(_finish(tmp, final, merged_dir, split, kind, counts[kind]))
+                    if outs:
+                        _export_chunk(ctx, outs, chunk, table.column("input_ids").to_pylist(), mask_reasoning)
+            publish(tmp, final)
+            files.append(file_entry(rd, final, split, "parquet", len(shard)))
+        for out in outs:
+            out.writer.close()
+            publish(out.tmp, out.final)
+            files.append(file_entry(rd, out.final, split, out.exporter.name, out.rows))
     except OSError as exc:  # pyarrow's IO errors are OSErrors too (disk full while writing Parquet)
-        raise StorageError(f"{merged_dir}: write failed ({exc.strerror or exc}); free space and rerun merge") from None
+        raise StorageError(f"{rd.root}: write failed ({exc.strerror or exc}); free space and rerun merge") from None
     finally:
         readers.close()
-        for w in writers.values():
-            w.close()
-        for tmp, _ in tmp_paths.values():
+        for out in outs:
+            out.writer.close()
+        for tmp in tmp_paths:
             tmp.unlink(missing_ok=True)
-    if no_prompt:
-        note(f"specforge/{split}.jsonl: {no_prompt} samples left out (no prepared prompt to take the messages from)")
+    for out in outs:
+        for reason, n in sorted(out.left_out.items()):
+            note(f"{out.final.relative_to(rd.root).as_posix()}: {n:,} rows left out ({reason})")
     return files
+
+
+def _export_chunk(ctx: _Context, outs: list[_Out], chunk: Sequence[MergedRow], id_lists: list[list[int]],
+                  mask_reasoning: bool) -> None:
+    batches: list[list[msgspec.Struct]] = [[] for _ in outs]
+    for row, row_ids in zip(chunk, id_lists, strict=True):
+        mask = list(loss_mask_bytes(row, mask_reasoning))
+        supervised = 1 in mask
+        for out, batch in zip(outs, batches, strict=True):
+            if out.exporter.pretokenized and not supervised:
+                out.left_out[_NO_SUPERVISED] += 1
+                continue
+            rec = out.exporter.build(ctx, row, row_ids, mask)
+            if isinstance(rec, str):
+                out.left_out[rec] += 1
+            else:
+                batch.append(rec)
+    for out, batch in zip(outs, batches, strict=True):
+        out.writer.write_many(batch)
+        out.rows += len(batch)
+
+
+def export_usage(rd: RunDir, kind: str) -> str:
+    """How the consumer of an export format reads the train split, with this run's paths."""
+    return EXPORTERS[kind].usage.format(dir=rd.export_dir(kind).relative_to(rd.root).as_posix(),
+                                        file=rd.export_file(kind, "train").relative_to(rd.root).as_posix())
+
+
+# -- the dataset card ------------------------------------------------------------------------------------
+
+
+def write_card(rd: RunDir, files: Sequence[MergedFile], *, model: str, profile: str, tokenizer_sha256: str,
+               seed: int, mask_reasoning: bool) -> MergedFile:
+    """Write merged/README.md, the Hugging Face dataset card: YAML front matter whose ``configs`` name
+    each split's shards (so the folder loads with ``datasets.load_dataset``), then what the columns mean."""
+    import yaml
+
+    shards: dict[str, list[str]] = {}
+    rows: Counter[str] = Counter()
+    for f in files:
+        if f.kind == "parquet":
+            shards.setdefault(f.split, []).append(Path(f.path).name)
+            rows[f.split] += f.rows
+    front = {"configs": [{"config_name": "default", "default": True,
+                          "data_files": [{"split": s, "path": names} for s, names in shards.items()]}]}
+    exports = sorted({f.kind for f in files if f.kind in EXPORTERS})
+    lines = [
+        "---",
+        yaml.safe_dump(front, sort_keys=False, allow_unicode=True).rstrip("\n"),
+        "---",
+        "",
+        "# draftgen training data",
+        "",
+        f"Drafter (EAGLE-3) training rows: prompts and `{model}`'s regenerated responses as exact token ids "
+        f"(profile `{profile}`, tokenizer sha256 `{tokenizer_sha256}`), written by `draftgen merge` "
+        f"(seed {seed}).",
+        "",
+        "| split | rows | shards |",
+        "|---|---|---|",
+        *(f"| {s} | {rows[s]:,} | {len(names)} |" for s, names in shards.items()),
+        "",
+        "Columns: `input_ids` (int32, prompt then completion), `loss_mask` (int8, same length: 0 over the "
+        "prompt" + (" and the reasoning" if mask_reasoning else "") + ", 1 over the completion), `sample_id` "
+        "(`#repN` marks a repeat from a dataset weight > 1), `dataset`, `finish_reason`, `provider`, "
+        "`ids_source` (`exact`, `logprobs` or `reconstructed`), `prompt_len`, `completion_len`, "
+        "`reasoning_len`, `capped` (cut to `merge.max_seq_len`).",
+        "",
+        "Load: `datasets.load_dataset(\"path/to/merged\")` or "
+        "`datasets.load_dataset(\"parquet\", data_dir=\"path/to/merged\")`.",
+        "",
+        "`manifest.json` lists every file of this merge with its size and sha256; `stats.json` has the "
+        "per-dataset counts and what was left out, and why.",
+    ]
+    if exports:
+        lines += ["", "The same rows in peer trainers' formats (paths relative to the run directory):", ""]
+        lines += [f"- `{k}`: {export_usage(rd, k)}" for k in exports]
+    atomic_write_bytes(rd.dataset_card, ("\n".join(lines) + "\n").encode())
+    return file_entry(rd, rd.dataset_card, "all", "card", sum(rows.values()))

@@ -4,13 +4,20 @@ Reads, per dataset in config order: ``raw/<dataset>/raw_responses.jsonl`` (``rec
 legacy rows with only ``sample_id`` + ``output_ids`` get their prompt ids by re-rendering the prepared
 prompt), ``prepared/<dataset>/prompts.jsonl`` (prompt content hashes; messages for re-rendering and the
 SpecForge export) and ``audit/audit.json`` (``failed_sample_ids``; without it that filter is skipped with a
-note). Writes ``merged/`` through ``export.write_split``, then ``merged/stats.json`` (``records.MergeStats``)
-and, last, ``merged/manifest.json`` (``records.MergeManifest``): merged/ is complete iff the manifest exists.
+note). Writes the Parquet shards of ``merged/`` and the peer formats of ``exports/<format>/`` through
+``export.write_split``, the dataset card ``merged/README.md`` (``export.write_card``), ``merged/stats.json``
+(``records.MergeStats``) and, last, ``merged/manifest.json`` (``records.MergeManifest``, every file written,
+with size and sha256): the output is complete iff the manifest exists. A rerun first removes exactly the
+files the previous manifest lists (``_clear``), nothing else.
 
 Steps, each deterministic:
 
-1. scan: per response (first record per sample id), drop by reason: ``audit_failed``, ``no_output``,
-   ``truncated`` (``drop_truncated``), ``min_tokens``/``max_tokens`` (completion length), ``no_prompt``;
+1. scan: per response (first record per sample id of the current prepared set; others are orphans),
+   drop by reason: the audit's exclusion reason (``structural:<kind>``, ``reasoning_dropped``,
+   ``semantic_mismatch``, ``billing_off``; see ``audit.verdict``), ``reasoning_dropped`` and ``unusable``
+   from the record's own flags even without an audit (``unusable:*`` rows are kept, flagged, only with
+   ``quality.keep_unusable``), ``no_output``, ``truncated`` (only with ``drop_truncated``: truncated rows
+   are the model's real tokens, with no invented end marker), ``min_tokens``/``max_tokens``, ``no_prompt``;
    cap at ``max_seq_len`` (``truncate``: keep the first max_seq_len tokens, dropped when the prompt alone
    fills them; ``drop``). Ids go into one int32 buffer (4 bytes a token), never into per-row Python lists;
    the text stays on disk and the exports re-read it by byte offset.
@@ -41,10 +48,11 @@ import msgspec
 
 from .config import RunConfig
 from .errors import InputError
-from .export import MergedRow, RowSource, write_split
+from .export import MergedRow, RowSource, check_exports, export_usage, file_entry, write_card, write_split
 from .hidden import DatasetTokens, format_hidden_report, hidden_states_report, tokens_under_cap
 from .prepare import prepared_prompts_path
 from .records import (
+    MANIFEST_LAYOUT,
     SCHEMA_VERSION,
     AuditReport,
     MergedDatasetStats,
@@ -137,7 +145,7 @@ class _Scanner:
         self.rows: dict[str, list[MergedRow]] = {}
         self.stats: dict[str, MergedDatasetStats] = {}
         self.notes: list[str] = []
-        self.failed: dict[str, set[str]] = {}
+        self.failed: dict[str, dict[str, str]] = {}  # dataset -> sample id -> the audit's exclusion reason
         self.audit_checked = False
 
     def load_audit(self) -> None:
@@ -151,7 +159,9 @@ class _Scanner:
         report = read_json(path, AuditReport)
         self.audit_checked = True
         for d in report.datasets:
-            self.failed.setdefault(d.dataset, set()).update(d.failed_sample_ids)
+            reasons = self.failed.setdefault(d.dataset, {})
+            reasons.update(dict.fromkeys(d.failed_sample_ids, "audit_failed"))
+            reasons.update((e.sample_id, e.reason) for e in d.excluded)
 
     def _prompt_index(self, path: Path) -> dict[str, tuple[int, str]]:
         return {rec.sample_id: (off, rec.content_hash) for _, off, rec in iter_jsonl_offsets(path, _PromptScan)}
@@ -169,7 +179,8 @@ class _Scanner:
         ppath = prepared_prompts_path(cfg.run_path, name)
         pindex = self._prompt_index(ppath) if ppath.is_file() else {}
         preader = JsonlReader(ppath, PromptRecord) if pindex else None
-        failed = self.failed.get(name, set())
+        failed = self.failed.get(name, {})
+        keep_unusable = cfg.quality.keep_unusable
         seen: set[str] = set()
         drop = st.dropped
         cap = m.max_seq_len
@@ -198,7 +209,14 @@ class _Scanner:
                 st.records += 1
                 out = rec.output_ids
                 if sid in failed:
-                    dropped("audit_failed")
+                    dropped(failed[sid])
+                    continue
+                unusable = any(f.startswith("unusable:") for f in rec.recon_flags)
+                if unusable and not keep_unusable:
+                    dropped("unusable")
+                    continue
+                if "reasoning_dropped" in rec.recon_flags and not (unusable and keep_unusable):
+                    dropped("reasoning_dropped")
                     continue
                 if not out:
                     dropped("no_output")
@@ -315,12 +333,13 @@ def _stats(cfg: RunConfig, scanner: _Scanner, train: list[MergedRow], val: list[
             st.supervised_tokens += r.completion_len - (r.reasoning_len if cfg.merge.mask_reasoning else 0)
             st.tokens_uncapped += r.uncapped_len
             st.capped += r.capped
+            st.truncated += r.finish_reason == "length"
     total = MergedDatasetStats(dataset="all")
     for name, st in per.items():
         st.unique_samples = len(uniq[name])
         st.reasoning_share = st.reasoning_tokens / st.completion_tokens if st.completion_tokens else 0.0
         for f in ("records", "orphans", "samples", "unique_samples", "train", "validation", "prompt_tokens",
-                  "completion_tokens", "reasoning_tokens", "supervised_tokens", "capped", "tokens_uncapped"):
+                  "completion_tokens", "reasoning_tokens", "supervised_tokens", "capped", "truncated", "tokens_uncapped"):
             setattr(total, f, getattr(total, f) + getattr(st, f))
         for k, v in st.dropped.items():
             total.dropped[k] = total.dropped.get(k, 0) + v
@@ -332,12 +351,19 @@ def _table_lines(stats: MergeStats) -> list[str]:
     rows = [*stats.datasets, stats.total]
     w = max(len(r.dataset) for r in rows)
     head = (f"{'dataset':<{w}}  {'samples':>8}  {'prompt tok':>13}  {'completion tok':>14}  {'reasoning':>9}"
-            f"  {'capped':>6}  dropped")
+            f"  {'truncated':>9}  {'capped':>6}  dropped")
     out = [head, "-" * len(head)]
     for r in rows:
         drops = ", ".join(f"{k} {v}" for k, v in sorted(r.dropped.items())) or "-"
+        trunc = f"{r.truncated / r.samples:.1%}" if r.samples else "-"
         out.append(f"{r.dataset:<{w}}  {r.samples:>8,}  {r.prompt_tokens:>13,}  {r.completion_tokens:>14,}  "
-                   f"{r.reasoning_share:>9.1%}  {r.capped:>6,}  {drops}")
+                   f"{r.reasoning_share:>9.1%}  {trunc:>9}  {r.capped:>6,}  {drops}")
+    excluded = {k: v for k, v in stats.total.dropped.items()
+                if k.startswith("structural:") or k in ("reasoning_dropped", "semantic_mismatch", "billing_off",
+                                                        "unusable", "audit_failed")}
+    if excluded:
+        out.append("not merged (wrong data, excluded by default): "
+                   + ", ".join(f"{k} {v}" for k, v in sorted(excluded.items(), key=lambda kv: -kv[1])))
     return out
 
 
@@ -358,20 +384,32 @@ def _hidden(cfg: RunConfig, stats: MergeStats, train: list[MergedRow], val: list
 
 
 def _clear(rd: RunDir) -> None:
-    """Remove what the previous merge wrote, as its manifest lists it; nothing else is touched."""
+    """Remove what the previous merge wrote, as its manifest lists it; nothing else is touched.
+
+    Only paths inside merged/ or exports/ are removed, and then the folders that held them once empty.
+    A layout-1 manifest (older runs: exports inside merged/) has paths relative to merged/."""
     if not rd.merged_manifest.is_file():
         return
     old = read_json(rd.merged_manifest, MergeManifest)
-    rd.merged_manifest.unlink()  # merged/ is incomplete from here until the new manifest
-    root = rd.merged.resolve()
+    rd.merged_manifest.unlink()  # the output is incomplete from here until the new manifest
+    base = rd.root if old.layout >= 2 else rd.merged
+    tops = (rd.merged.resolve(), rd.exports.resolve())
     for f in old.files:
-        path = (rd.merged / f.path).resolve()
-        if path.is_relative_to(root) and path != root:
-            path.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):  # a folder the merge made, once empty
-                if path.parent != root:
-                    path.parent.rmdir()
-    rd.merged_stats.unlink(missing_ok=True)
+        path = (base / f.path).resolve()
+        top = next((t for t in tops if path.is_relative_to(t) and path != t), None)
+        if top is None:
+            continue
+        path.unlink(missing_ok=True)
+        folder = path.parent
+        while folder != top:  # folders the merge made, once empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+            folder = folder.parent
+    rd.merged_stats.unlink(missing_ok=True)  # not listed by layout-1 manifests
+    with contextlib.suppress(OSError):
+        rd.exports.rmdir()
 
 
 def run_merge(cfg: RunConfig, *, echo: Echo = print, force: bool = False) -> MergeReport:
@@ -398,6 +436,8 @@ def _merge(cfg: RunConfig, rd: RunDir, echo: Echo, force: bool) -> MergeReport:
     if scanner.forced:
         stats.notes.append("--force accepted records whose " + "; ".join(sorted(scanner.forced)))
     out_dir = rd.merged
+    exports = list(dict.fromkeys(cfg.merge.exports))
+    check_exports(exports)
     out_dir.mkdir(parents=True, exist_ok=True)
     _clear(rd)
     ids = scanner.id_array()
@@ -409,19 +449,24 @@ def _merge(cfg: RunConfig, rd: RunDir, echo: Echo, force: bool) -> MergeReport:
     for split, rows in (("train", train), ("validation", val)):
         if split == "validation" and not rows:
             continue
-        files += write_split(rows, split, out_dir, ids, profile=profile, sources=sources,
-                             exports=list(dict.fromkeys(cfg.merge.exports)), mask_reasoning=cfg.merge.mask_reasoning,
-                             note=stats.notes.append)
+        files += write_split(rows, split, rd, ids, profile=profile, sources=sources, exports=exports,
+                             mask_reasoning=cfg.merge.mask_reasoning, note=stats.notes.append)
     del ids
     for line in _table_lines(stats):
         echo(line)
     _hidden(cfg, stats, train, val, echo)
     for n in stats.notes:
         echo(f"note: {n}")
-    atomic_write_json(out_dir / "stats.json", stats)
+    files.append(write_card(rd, files, model=cfg.model.id, profile=profile.name,
+                            tokenizer_sha256=profile.tokenizer_sha256, seed=cfg.merge.seed,
+                            mask_reasoning=cfg.merge.mask_reasoning))
+    atomic_write_json(rd.merged_stats, stats)
+    files.append(file_entry(rd, rd.merged_stats, "all", "stats", 0))
     manifest = MergeManifest(files=files, seed=cfg.merge.seed, merge=msgspec.to_builtins(cfg.merge),
                              datasets=[ds.name for ds in cfg.datasets], profile=profile.name,
-                             forced=sorted(scanner.forced))
-    atomic_write_json(out_dir / "manifest.json", manifest)
+                             forced=sorted(scanner.forced), layout=MANIFEST_LAYOUT)
+    atomic_write_json(rd.merged_manifest, manifest)
     echo(f"merged: {len(train):,} train + {len(val):,} validation rows → {out_dir}")
+    for kind in exports:
+        echo(f"export {kind}: {export_usage(rd, kind)}")
     return MergeReport(merged_dir=out_dir, stats=stats, files=files, train_rows=len(train), validation_rows=len(val))

@@ -30,6 +30,7 @@ __all__ = [
     "BillingExample",
     "DatasetAudit",
     "DatasetStats",
+    "ExcludedSample",
     "FailureRecord",
     "FunctionCall",
     "GroundTruthRecord",
@@ -291,9 +292,25 @@ class BillingExample(msgspec.Struct, omit_defaults=True):
     cause: str
 
 
+class ExcludedSample(msgspec.Struct, omit_defaults=True):
+    """A sample the audit keeps out of the merge, and why (``audit.verdict.EXCLUSION_REASONS``)."""
+
+    sample_id: str
+    reason: str
+    detail: str = ""
+
+
 class DatasetAudit(msgspec.Struct, omit_defaults=True):
     dataset: str
     records: int = 0
+    excluded: list[ExcludedSample] = msgspec.field(default_factory=list)
+    excluded_by_reason: dict[str, int] = msgspec.field(default_factory=dict)
+    kept: int = 0  # records merge may use (records − excluded)
+    kept_billed_completion_tokens: int = 0
+    kept_rebuilt_completion_tokens: int = 0
+    kept_reference_compared: int = 0
+    kept_semantic_mismatch: int = 0
+    truncated: int = 0  # finish_reason length: the model's real tokens, kept
     structural_failures: dict[str, int] = msgspec.field(default_factory=dict)
     failed_sample_ids: list[str] = msgspec.field(default_factory=list)
     flags: dict[str, int] = msgspec.field(default_factory=dict)
@@ -329,6 +346,7 @@ class AuditReport(msgspec.Struct, omit_defaults=True):
     reference: str | None = None  # the reference-ids file used for the BPE audit
     assumptions: list[str] = msgspec.field(default_factory=list)  # the profile's documented guesses
     forced: list[str] = msgspec.field(default_factory=list)  # provenance differences accepted with --force
+    verdict: str = ""  # the one-line verdict: "PASS: …" or "FAIL: …"
 
 
 class LockHolder(msgspec.Struct, kw_only=True):
@@ -395,6 +413,7 @@ class MergedDatasetStats(msgspec.Struct, omit_defaults=True):
     reasoning_share: float = 0.0  # reasoning_tokens / completion_tokens
     supervised_tokens: int = 0  # ones in loss_mask
     capped: int = 0  # rows truncated to max_seq_len
+    truncated: int = 0  # rows whose generation hit max_tokens (the model's real tokens, kept unless drop_truncated)
     tokens_uncapped: int = 0  # prompt + completion tokens before the cap
     dropped: dict[str, int] = msgspec.field(default_factory=dict)  # reason -> samples
 
@@ -407,17 +426,23 @@ class MergeStats(msgspec.Struct, omit_defaults=True):
     schema_version: int = SCHEMA_VERSION
 
 
+MANIFEST_LAYOUT = 2
+"""``MergeManifest.layout`` that merge writes. 2: file paths relative to the run directory (``merged/…`` and
+``exports/…``). 1 (manifests without the field): paths relative to merged/, exports inside merged/."""
+
+
 class MergedFile(msgspec.Struct):
-    path: str  # relative to merged/
-    split: str  # "train" | "validation"
-    kind: str  # "parquet" | "speculators" | "specforge"
+    path: str  # relative to the run directory (layout 2; relative to merged/ in a layout-1 manifest)
+    split: str  # "train" | "validation" | "all" (the dataset card, stats.json)
+    kind: str  # "parquet" | "card" | "stats" | an export format (``export.EXPORTERS``)
     rows: int
     bytes: int
     sha256: str
 
 
 class MergeManifest(msgspec.Struct, omit_defaults=True):
-    """merged/manifest.json, written last: merged/ is complete iff it exists."""
+    """merged/manifest.json, written last: the merge output is complete iff it exists. It lists every file
+    the merge wrote (merged/ and exports/), and the next merge removes exactly those before writing."""
 
     files: list[MergedFile]
     seed: int
@@ -425,14 +450,20 @@ class MergeManifest(msgspec.Struct, omit_defaults=True):
     datasets: list[str]
     profile: str
     forced: list[str] = msgspec.field(default_factory=list)  # provenance differences accepted with --force
+    layout: int = 1  # how ``files[].path`` is rooted (MANIFEST_LAYOUT); absent in older manifests
     schema_version: int = SCHEMA_VERSION
 
 
-class SpeculatorsMetadata(msgspec.Struct, omit_defaults=True):
+# Export rows are read by Arrow's JSON reader (``datasets.load_dataset("json")``), which infers a schema
+# per 10 MB chunk and fails when a later chunk disagrees: so every key is always written, with one type
+# (no omit_defaults, "" rather than null, nested lists as JSON text).
+
+
+class SpeculatorsMetadata(msgspec.Struct):
     sample_id: str
     dataset: str
-    finish_reason: str | None = None
-    provider: str | None = None
+    finish_reason: str = ""  # "" when the record has none (imported rows)
+    provider: str = ""
     ids_source: str = "exact"
     prompt_len: int = 0
     completion_len: int = 0
@@ -442,39 +473,59 @@ class SpeculatorsMetadata(msgspec.Struct, omit_defaults=True):
 
 
 class SpeculatorsRow(msgspec.Struct):
-    """vllm-project/speculators regeneration row: pre-tokenized, ``text`` = decode(input_ids)."""
+    """vllm-project/speculators row, as its ``regenerate-responses`` writes it and ``prepare-data`` reads it:
+    pre-tokenized ``input_ids`` + ``loss_mask`` (prepare-data keeps only these two), ``primary_id`` the
+    conversation key (draftgen's sample_id; ``id`` adds ``#repN`` to weight repeats), ``text`` =
+    decode(input_ids), for review only."""
 
     id: str
+    primary_id: str
     input_ids: list[int]
     loss_mask: list[int]
     text: str
     metadata: SpeculatorsMetadata
 
 
-class SpecForgeMessage(msgspec.Struct, omit_defaults=True):
+class SpecForgePromptRow(msgspec.Struct):
+    """sgl-project/SpecForge pre-tokenized online prompt (``data.prompts_path``): exact ids, binary
+    ``loss_mask`` of the same non-empty length (``specforge/data/prompt_builder.py``). ``id`` is ignored
+    by SpecForge and kept for tracing."""
+
+    id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+class SpecForgeMessage(msgspec.Struct):
     role: str
-    content: str | None = None
-    reasoning_content: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
+    content: str
+    reasoning_content: str = ""
+    tool_calls: str = "[]"  # JSON text of the OpenAI tool calls (SpecForge's parser accepts a string)
+    tool_call_id: str = ""
 
 
-class SpecForgeRow(msgspec.Struct):
-    """sgl-project/SpecForge conversation row (re-tokenized by its trainer)."""
+class SpecForgeConversationRow(msgspec.Struct):
+    """sgl-project/SpecForge conversation row (``data.train_data_path``, the shape of its
+    ``regenerate_train_data.py`` output). SpecForge re-renders and re-tokenizes it with its own chat
+    template, so its ids are not draftgen's exact ids."""
 
     id: str
     conversations: list[SpecForgeMessage]
+    tools: str = "[]"  # JSON text of the prompt's tool definitions (row-level, as SpecForge reads it)
+    status: str = "success"
 
 
 __all__ += [
+    "MANIFEST_LAYOUT",
     "HiddenDatasetLine",
     "HiddenStatesReport",
     "MergeManifest",
     "MergeStats",
     "MergedDatasetStats",
     "MergedFile",
+    "SpecForgeConversationRow",
     "SpecForgeMessage",
-    "SpecForgeRow",
+    "SpecForgePromptRow",
     "SpeculatorsMetadata",
     "SpeculatorsRow",
 ]

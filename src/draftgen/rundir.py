@@ -8,7 +8,13 @@ Layout (paths relative to the run directory)::
     prepared/<dataset>/prompts.jsonl   PromptRecord       prepared/<dataset>/stats.json  DatasetStats
     raw/<dataset>/raw_responses.jsonl  ResponseRecord     raw/<dataset>/failures.jsonl   FailureRecord
     audit/audit.json                   AuditReport
-    merged/                            Parquet + exports; merged/manifest.json (MergeManifest) written last
+    merged/                            the training rows: <split>-NNNNN-of-MMMMM.parquet shards, README.md (the
+                                       dataset card: its YAML ``configs`` name the shards per split, so
+                                       ``datasets.load_dataset("merged")`` loads them), stats.json (MergeStats), and
+                                       manifest.json (MergeManifest, every file merge wrote), written last
+    exports/<format>/train.jsonl       the train rows in a peer trainer's format (export.EXPORTERS), one folder each,
+                                       so ``speculators prepare-data --data exports/speculators/`` reads only them
+    exports/validation/<format>/       the validation rows in the same format (``merge.val_fraction`` > 0)
     logs/attempts.jsonl                AttemptRecord: every request attempt (provider health, report timelines)
     logs/health.jsonl                  HealthEvent: providers sent to and back from the cool-down
     report.html, logs/<command>.log, emulator/ground_truth.jsonl, plan/pilot/ (a run directory of its own)
@@ -122,6 +128,14 @@ class RunDir:
     def merged(self) -> Path:
         return self.root / "merged"
 
+    def merged_shard(self, split: str, index: int, count: int) -> Path:
+        """One Parquet shard of a split (the Hugging Face ``<split>-NNNNN-of-MMMMM`` naming)."""
+        return self.merged / f"{split}-{index:05d}-of-{count:05d}.parquet"
+
+    @property
+    def dataset_card(self) -> Path:
+        return self.merged / "README.md"
+
     @property
     def merged_manifest(self) -> Path:
         return self.merged / "manifest.json"
@@ -129,6 +143,19 @@ class RunDir:
     @property
     def merged_stats(self) -> Path:
         return self.merged / "stats.json"
+
+    @property
+    def exports(self) -> Path:
+        return self.root / "exports"
+
+    def export_dir(self, kind: str, split: str = "train") -> Path:
+        """The folder of one export format's split: ``exports/<kind>/`` holds the train split only (a peer
+        that reads a whole folder, such as speculators' ``--data DIR``, must not see validation rows), the
+        other splits sit under ``exports/<split>/<kind>/``."""
+        return self.exports / kind if split == "train" else self.exports / split / kind
+
+    def export_file(self, kind: str, split: str) -> Path:
+        return self.export_dir(kind, split) / f"{split}.jsonl"
 
     @property
     def ground_truth(self) -> Path:

@@ -12,9 +12,12 @@ Reads ``raw/<dataset>/raw_responses.jsonl`` (ResponseRecord), ``prepared/<datase
 - BPE audit against reference ids: exact-match, tokenization-only and semantic mismatch rates, with the
   first differing span of each mismatch (``[' NOR']`` vs ``[' N', 'OR']``).
 
-Writes ``AuditReport`` (records.py) to ``audit/audit.json``; ``failed_sample_ids`` per dataset are the
-samples merge drops (structural failures and semantic mismatches). Prints a summary through ``echo`` and
-raises ``ThresholdBroken`` (exit 3) when a threshold of ``cfg.audit`` is broken (after writing the file).
+Writes ``AuditReport`` (records.py) to ``audit/audit.json``; ``excluded`` per dataset names each sample
+merge leaves out with its reason (``audit.verdict``: structural failures, dropped reasoning, semantic
+mismatches, billing far off), and ``failed_sample_ids`` lists their ids. Prints the one-line verdict first,
+then a summary through ``echo``, and raises ``ThresholdBroken`` (exit 3) when a threshold of ``cfg.audit``
+(defaults: no structural failure, no semantic mismatch among kept rows, billing within 0.5% after the
+exclusions) is broken, after writing the file.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from ..records import (
     AuditReport,
     BillingExample,
     DatasetAudit,
+    ExcludedSample,
     PromptRecord,
     Provenance,
     ResponseRecord,
@@ -42,6 +46,7 @@ from ..store import atomic_write_json, iter_jsonl
 from ..tokens import Profile, profile_from_config
 from .checks import RecordFindings, audit_record, billing_cause, compare_reference, first_diff_span
 from .reference import ReferenceIndex, ids_digest, load_reference
+from .verdict import exclusion_reason, rates, thresholds_broken, verdict_line
 
 __all__ = [
     "RecordFindings",
@@ -107,6 +112,7 @@ def _add_failure(da: DatasetAudit, sample_id: str, kind: str, detail: str) -> No
 def audit_dataset(
     profile: Profile, name: str, raw_path: Path, prompts_path: Path, reference: ReferenceIndex | None,
     *, provenance: Provenance | None = None, force: bool = False, forced: set[str] | None = None,
+    keep_unusable: bool = False, billing_tolerance: float = 0.05,
 ) -> DatasetAudit:
     """Audit one dataset's raw log (see the module docstring). With ``provenance``, each record's is
     checked against it (``rundir.check_provenance``)."""
@@ -128,7 +134,7 @@ def audit_dataset(
             seen.add(rec.sample_id)
             da.records += 1
             da.ids_source[rec.ids_source] = da.ids_source.get(rec.ids_source, 0) + 1
-            _audit_one(profile, rec, prompts, reference, da, failed)
+            _audit_one(profile, rec, prompts, reference, da, failed, keep_unusable, billing_tolerance)
     finally:
         prompts.close()
     da.failed_sample_ids = sorted(failed)
@@ -142,8 +148,12 @@ def _audit_one(
     reference: ReferenceIndex | None,
     da: DatasetAudit,
     failed: set[str],
+    keep_unusable: bool,
+    billing_tolerance: float,
 ) -> None:
     prompt = prompts.get(rec.sample_id) if rec.prompt_ids is not None else None
+    if rec.finish_reason == "length":
+        da.truncated += 1
     f = audit_record(profile, rec, prompt)
     if f.prompt_checked:
         da.prompt_checked += 1
@@ -179,7 +189,6 @@ def _audit_one(
             else:
                 da.semantic_mismatch += 1
                 da.semantic_mismatch_ids.append(rec.sample_id)
-                failed.add(rec.sample_id)
             if rec.prompt_ids is not None and entry.prompt_digest is not None and ids_digest(rec.prompt_ids) != entry.prompt_digest:
                 da.prompt_reference_mismatch += 1
     if f.billed is not None:
@@ -195,6 +204,21 @@ def _audit_one(
                 da.billing_examples.append(
                     BillingExample(sample_id=rec.sample_id, billed=f.billed, rebuilt=f.rebuilt, cause=cause)
                 )
+    excluded = exclusion_reason(structural=f.failures, flags=f.flags, reference_kind=ref_kind, billed=f.billed,
+                                rebuilt=f.rebuilt, keep_unusable=keep_unusable, billing_tolerance=billing_tolerance)
+    if excluded is not None:
+        reason, detail = excluded
+        da.excluded.append(ExcludedSample(sample_id=rec.sample_id, reason=reason, detail=detail))
+        da.excluded_by_reason[reason] = da.excluded_by_reason.get(reason, 0) + 1
+        failed.add(rec.sample_id)
+        return
+    da.kept += 1
+    if f.billed is not None:
+        da.kept_billed_completion_tokens += f.billed
+        da.kept_rebuilt_completion_tokens += f.rebuilt
+    if ref_kind is not None:
+        da.kept_reference_compared += 1
+        da.kept_semantic_mismatch += ref_kind == "semantic"
 
 
 def _merge_into(total: DatasetAudit, da: DatasetAudit) -> None:
@@ -202,10 +226,11 @@ def _merge_into(total: DatasetAudit, da: DatasetAudit) -> None:
         "records", "billed_completion_tokens", "rebuilt_completion_tokens", "billing_mismatched_samples",
         "reference_compared", "exact_match", "tokenization_mismatch", "semantic_mismatch", "duplicates",
         "prompt_checked", "billing_checked", "reference_missing", "prompt_reference_mismatch",
-        "structural_failed_samples",
+        "structural_failed_samples", "kept", "kept_billed_completion_tokens", "kept_rebuilt_completion_tokens",
+        "kept_reference_compared", "kept_semantic_mismatch", "truncated",
     ):
         setattr(total, name, getattr(total, name) + getattr(da, name))
-    for name in ("structural_failures", "flags", "ids_source", "billing_explanations"):
+    for name in ("structural_failures", "flags", "ids_source", "billing_explanations", "excluded_by_reason"):
         acc: dict[str, int] = getattr(total, name)
         for k, v in getattr(da, name).items():
             acc[k] = acc.get(k, 0) + v
@@ -216,38 +241,9 @@ def _merge_into(total: DatasetAudit, da: DatasetAudit) -> None:
     room = _MAX_EXAMPLES - len(total.billing_examples)
     total.billing_examples.extend(da.billing_examples[: max(room, 0)])
     total.failed_sample_ids.extend(da.failed_sample_ids)
+    total.excluded.extend(da.excluded)
     total.tokenization_mismatch_ids.extend(da.tokenization_mismatch_ids)
     total.semantic_mismatch_ids.extend(da.semantic_mismatch_ids)
-
-
-def _rates(da: DatasetAudit) -> dict[str, float]:
-    out: dict[str, float] = {}
-    if da.records:
-        out["structural_failure_rate"] = da.structural_failed_samples / da.records
-    if da.billed_completion_tokens:
-        out["billing_disagreement"] = abs(da.rebuilt_completion_tokens - da.billed_completion_tokens) / da.billed_completion_tokens
-    if da.reference_compared:
-        out["semantic_mismatch_rate"] = da.semantic_mismatch / da.reference_compared
-        out["tokenization_mismatch_rate"] = da.tokenization_mismatch / da.reference_compared
-        out["exact_match_rate"] = da.exact_match / da.reference_compared
-    return out
-
-
-def _thresholds(cfg: RunConfig, audits: list[DatasetAudit]) -> list[str]:
-    a = cfg.audit
-    limits = {
-        "structural_failure_rate": a.max_structural_failure_rate,
-        "billing_disagreement": a.max_billing_disagreement,
-        "semantic_mismatch_rate": a.max_semantic_mismatch_rate,
-        "tokenization_mismatch_rate": a.max_tokenization_mismatch_rate,
-    }
-    broken: list[str] = []
-    for da in audits:
-        rates = _rates(da)
-        for key, limit in limits.items():
-            if limit is not None and key in rates and rates[key] > limit:
-                broken.append(f"{da.dataset}: {key.replace('_', ' ')} {rates[key]:.4%} > {limit:.4%}")
-    return broken
 
 
 def _pct(x: float | None) -> str:
@@ -256,16 +252,25 @@ def _pct(x: float | None) -> str:
 
 def summary_lines(report: AuditReport) -> list[str]:
     """A readable summary: one row per dataset and overall, then examples and broken thresholds."""
-    head = f"{'dataset':<20} {'records':>8} {'failed':>7} {'billing Δ':>10} {'ref':>7} {'exact':>8} {'tok-only':>8} {'semantic':>8}"
-    lines = [f"audit (profile {report.profile})" + (f", reference {report.reference}" if report.reference else ""), head]
+    head = (f"{'dataset':<20} {'records':>8} {'excluded':>8} {'truncated':>9} {'billing Δ':>10} {'kept Δ':>8} "
+            f"{'ref':>7} {'exact':>8} {'tok-only':>8} {'semantic':>8}")
+    lines = [f"audit verdict: {report.verdict}",
+             f"audit (profile {report.profile})" + (f", reference {report.reference}" if report.reference else ""), head]
+    broken_sets = {b.split(":", 1)[0] for b in report.thresholds_broken}
     for da in [*report.datasets, report.overall]:
-        r = _rates(da)
+        r = rates(da)
+        mark = "  ← threshold broken" if da.dataset in broken_sets else ""
         lines.append(
-            f"{da.dataset:<20} {da.records:>8} {len(set(da.failed_sample_ids)):>7} {_pct(r.get('billing_disagreement')):>10} "
+            f"{da.dataset:<20} {da.records:>8} {len(da.excluded):>8} {_pct(da.truncated / da.records if da.records else None):>9} "
+            f"{_pct(r.get('billing_disagreement_all')):>10} {_pct(r.get('billing_disagreement')):>8} "
             f"{da.reference_compared:>7} {_pct(r.get('exact_match_rate')):>8} {_pct(r.get('tokenization_mismatch_rate')):>8} "
-            f"{_pct(r.get('semantic_mismatch_rate')):>8}"
+            f"{da.semantic_mismatch:>8}{mark}"
         )
     o = report.overall
+    if o.excluded_by_reason:
+        lines.append("excluded from merge: " + ", ".join(
+            f"{k} {v}" for k, v in sorted(o.excluded_by_reason.items(), key=lambda kv: -kv[1]))
+            + " (each listed with its reason in audit/audit.json)")
     if o.structural_failures:
         lines.append("structural failures: " + ", ".join(f"{k} {v}" for k, v in sorted(o.structural_failures.items())))
         for ex in o.structural_examples[:5]:
@@ -314,7 +319,9 @@ def _audit(cfg: RunConfig, rd: RunDir, echo: Callable[[str], object], profile: P
     try:
         for d in cfg.datasets:
             da = audit_dataset(profile, d.name, raws[d.name], rd.prepared(d.name), reference,
-                               provenance=provenance, force=force, forced=forced)
+                               provenance=provenance, force=force, forced=forced,
+                               keep_unusable=cfg.quality.keep_unusable,
+                               billing_tolerance=cfg.quality.billing_tolerance)
             datasets.append(da)
             _merge_into(overall, da)
     finally:
@@ -329,7 +336,8 @@ def _audit(cfg: RunConfig, rd: RunDir, echo: Callable[[str], object], profile: P
         assumptions=list(profile.assumptions),
         forced=sorted(forced),
     )
-    report.thresholds_broken = _thresholds(cfg, [*datasets, overall])
+    report.thresholds_broken = thresholds_broken(cfg, [*datasets, overall])
+    report.verdict = verdict_line(overall, report.thresholds_broken, cfg.audit.max_billing_disagreement)
     atomic_write_json(rd.audit_json, report)
     for line in summary_lines(report):
         echo(line)

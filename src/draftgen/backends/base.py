@@ -37,13 +37,19 @@ def token_limit(max_tokens: int) -> int:
 
 
 class CompletionRequest(msgspec.Struct, kw_only=True):
-    """One sample to generate. ``prompt_ids`` is required only by token-level backends (SGLang)."""
+    """One sample to generate. ``prompt_ids`` is required only by token-level backends (SGLang).
+
+    ``provider_ignore``: routing slugs this attempt must avoid on top of the configured routing (providers
+    that dropped this sample's reasoning, providers in the run's cool-down); OpenRouter sends them in
+    ``provider.ignore``, other protocols have no providers to route around and ignore it.
+    """
 
     sample_id: str
     messages: list[Message]
     max_tokens: int
     tools: list[Tool] | None = None
     prompt_ids: list[int] | None = None
+    provider_ignore: list[str] | None = None
 
 
 class LogprobToken(msgspec.Struct, array_like=True):
@@ -61,6 +67,7 @@ class Completion(msgspec.Struct, kw_only=True):
     ``output_ids``/``prompt_ids`` are set only when the server returned token ids (vLLM, SGLang).
     ``cost_missing``: ``usage`` came without a ``cost`` (plain servers, some providers); the engine then
     computes it from the token counts and the routed prices.
+    ``ttft_s``: seconds from sending the request to the first data event of a stream (None unstreamed).
     """
 
     backend: str
@@ -78,6 +85,7 @@ class Completion(msgspec.Struct, kw_only=True):
     prompt_ids: list[int] | None = None
     logprobs: list[LogprobToken] | None = None
     cost_missing: bool = False
+    ttft_s: float | None = None
 
 
 class KeyInfo(msgspec.Struct, kw_only=True):

@@ -3,7 +3,12 @@
 Request body (JSON): ``model``, ``messages``, ``tools``, ``max_tokens``, ``stream`` (+ ``stream_options``
 so plain servers send usage), the sampling fields, and with ``openrouter=True`` also the ``provider``
 routing object and the ``reasoning`` object. The parts that are the same for every request are encoded
-once; a request only encodes its messages.
+once; a request only encodes its messages, and its own ``provider`` object when it carries
+``provider_ignore`` (the configured routing with those slugs added to ``ignore``; ``allow_fallbacks`` and
+the rest as configured).
+
+A streamed completion carries ``ttft_s``: from sending the request to its first SSE data event. An error
+raised once the stream named its provider is attributed to it (``wire.provider_of``).
 
 Responses are read streamed (SSE, ``backends.sse``) or whole (``wire.decode_chat``; leading whitespace
 padding allowed), within the bounds of ``http.Bounds`` (total deadline, data idle timeout, body size). Account endpoints (OpenRouter only): ``GET /key``, ``GET /credits`` (management key),
@@ -12,16 +17,19 @@ padding allowed), within the bounds of ``http.Bounds`` (total deadline, data idl
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 import msgspec
 
+from ..errors import APIError
 from .base import Completion, CompletionRequest, Credits, EndpointInfo, KeyInfo
 from .http import Bounds, HttpBackend, drop_none, read_body, read_error_body, read_events
 from .sse import ChatStream, SSEParser
 from .wire import (
+    attribute,
     check_completion,
     classify_http,
     completion_from_body,
@@ -71,21 +79,41 @@ class OpenAIChatBackend(HttpBackend):
         const: dict[str, Any] = {"model": model, "stream": stream}
         if stream:
             const["stream_options"] = {"include_usage": True}
+        self._routing: dict[str, Any] = drop_none(routing) if openrouter and routing else {}
         if openrouter:
-            if routing:
-                const["provider"] = drop_none(routing)
             if reasoning:
                 const["reasoning"] = drop_none(reasoning)
         elif reasoning and reasoning.get("effort"):
             const["reasoning_effort"] = reasoning["effort"]
         const.update(drop_none(sampling or {}))
         const.update(extra or {})
-        self._prefix = chat_body_prefix(const)
+        # Without routing of its own a request uses the one prefix; with ``provider_ignore`` it gets the
+        # bare one and a ``provider`` object of its own.
+        self._bare_prefix = chat_body_prefix(const)
+        self._prefix = chat_body_prefix({**const, "provider": self._routing}) if self._routing else self._bare_prefix
         self._url = self.base_url + "/chat/completions"
         self._where = f"POST {self._url}"
 
+    def routing_for(self, req: CompletionRequest) -> dict[str, Any] | None:
+        """The ``provider`` object sent with ``req``: the configured one, with ``req.provider_ignore`` added."""
+        if not self.openrouter:
+            return None
+        if not req.provider_ignore:
+            return self._routing or None
+        ignore = list(self._routing.get("ignore") or [])
+        have = {x.lower() for x in ignore}
+        for slug in req.provider_ignore:
+            if slug.lower() not in have:
+                ignore.append(slug)
+                have.add(slug.lower())
+        return {**self._routing, "ignore": ignore}
+
     def encode_body(self, req: CompletionRequest) -> bytes:
-        parts = [self._prefix, b'"max_tokens":', str(req.max_tokens).encode(), b',"messages":', _enc.encode(req.messages)]
+        if self.openrouter and req.provider_ignore:
+            parts = [self._bare_prefix, b'"provider":', _enc.encode(self.routing_for(req)), b","]
+        else:
+            parts = [self._prefix]
+        parts += [b'"max_tokens":', str(req.max_tokens).encode(), b',"messages":', _enc.encode(req.messages)]
         if req.tools:
             parts.append(b',"tools":')
             parts.append(_enc.encode(req.tools))
@@ -96,6 +124,9 @@ class OpenAIChatBackend(HttpBackend):
         body = self.encode_body(req)
         bounds = self.bounds
         cap = bounds.body_cap(req.max_tokens)
+        acc: ChatStream | None = None
+        t0 = time.monotonic()
+        first: list[float] = []
         try:
             async with self.session.post(self._url, data=body) as resp:
                 if resp.status != 200:
@@ -103,9 +134,18 @@ class OpenAIChatBackend(HttpBackend):
                                         where=self._where)
                 if self.stream and resp.content_type == "text/event-stream":
                     acc = ChatStream(self.name)
-                    await read_events(resp, acc.feed, idle_timeout_s=bounds.idle_timeout_s, max_bytes=cap,
+                    feed = acc.feed
+
+                    def on_event(payload: bytes) -> None:
+                        if not first:
+                            first.append(time.monotonic())
+                        feed(payload)
+
+                    await read_events(resp, on_event, idle_timeout_s=bounds.idle_timeout_s, max_bytes=cap,
                                       where=self._where)
                     comp = acc.result()
+                    if first:
+                        comp.ttft_s = round(first[0] - t0, 4)
                 else:
                     data = await read_body(resp, cap, where=self._where)
                     head = data.lstrip()[:5]
@@ -119,7 +159,12 @@ class OpenAIChatBackend(HttpBackend):
                     else:
                         comp = completion_from_body(decode_chat(data), backend=self.name)
         except _TRANSPORT_ERRORS as exc:
-            raise translate_exception(exc, where=self._where) from None
+            err = translate_exception(exc, where=self._where)
+            raise (attribute(err, acc.provider) if acc is not None else err) from None
+        except APIError as exc:
+            if acc is not None:  # a stream that named its provider, then failed
+                attribute(exc, acc.provider)
+            raise
         return check_completion(comp)
 
     # -- OpenRouter account endpoints ------------------------------------------------------------------

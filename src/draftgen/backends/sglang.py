@@ -4,9 +4,18 @@ Request: ``{"input_ids": [...], "sampling_params": {"max_new_tokens", "temperatu
 "stream": bool}``; the prompt ids are rendered by the target's profile (``CompletionRequest.prompt_ids``),
 so the prompt the server saw is exactly the one recorded. Response (whole, or one SSE event per update
 ending in ``data: [DONE]``): ``{"text", "output_ids", "meta_info": {"id", "finish_reason": {"type":
-"stop"|"length"|"abort", ...}, "prompt_tokens", "completion_tokens", "cached_tokens"}}``. Streamed
-``output_ids`` may be cumulative or incremental depending on the server version; ``meta_info.completion_tokens``
-tells which. ``text`` is kept as content; the engine splits reasoning/content from the ids with the profile.
+"stop"|"length"|"abort", ...}, "prompt_tokens", "completion_tokens", "cached_tokens"}}``.
+
+Streaming comes in two shapes, told apart without configuration: by default each event repeats the text
+and ids so far (cumulative); a server started with ``--incremental-streaming-output`` sends only the new
+text and ids. ``meta_info.completion_tokens`` is the running total in both, so the second event that
+brings ids decides: ``len(ids so far) + len(new) == completion_tokens`` is incremental, ``len(new) ==
+completion_tokens`` with the ids so far as its prefix is cumulative (the two cannot both hold once ids
+were seen). Every later event is checked against the mode and the total; an event that fits neither is
+a retryable ``bad_stream``, never silently mis-joined ids. Events without ``completion_tokens`` (not
+SGLang as released) fall back to the prefix test alone. Incremental texts are joined; the whole text is
+kept as content, and the engine splits reasoning/content from the ids with the profile. A response whose
+``output_ids`` do not number ``completion_tokens`` is refused (retryable ``bad_response``).
 
 ``root`` is the base URL with a trailing ``/v1`` or ``/api/v1`` removed. A streamed body may resend
 everything in each event, so it is bounded per event (``Bounds.body_cap``), by its id count and by the
@@ -122,40 +131,24 @@ class SGLangBackend(HttpBackend):
         return check_completion(self._completion(out, req))
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, max_tokens: int, cap: int) -> _GenOut:
-        # Events may repeat everything so far (cumulative text and ids), so the body as a whole is not
-        # bounded by ``cap``: each event is, the ids are (``token_limit``), and so is the time.
-        ids: list[int] = []
-        last: _GenOut | None = None
+        # Cumulative events repeat everything so far, so the body as a whole is not bounded by ``cap``:
+        # each event is, the ids are (``token_limit``), and so is the time.
+        acc = _StreamIds(max_tokens, self._where)
         done = False
-        limit = token_limit(max_tokens)
 
         def take(payload: bytes) -> None:
-            nonlocal ids, last, done
+            nonlocal done
             if payload[:6] == b"[DONE]":
                 done = True
                 return
-            out = _decode(payload, self._where)
-            new = out.output_ids or []
-            meta = out.meta_info
-            total = meta.completion_tokens if meta is not None else None
-            if total is not None and total == len(ids) + len(new) and total != len(new):
-                ids.extend(new)  # incremental
-            elif total is not None and total == len(new):
-                ids = list(new)  # cumulative
-            elif len(new) >= len(ids):
-                ids = list(new)
-            else:
-                ids.extend(new)
-            if len(ids) > limit:
-                raise RetryableAPIError(f"too_many_tokens ({len(ids)} output ids for max_new_tokens {max_tokens}, "
-                                        f"{self._where})", kind="too_many_tokens")
-            last = out
+            acc.feed(_decode(payload, self._where))
 
         await read_events(resp, take, idle_timeout_s=self.bounds.idle_timeout_s, max_bytes=None,
                           max_event_bytes=cap, where=self._where)
+        last = acc.last
         if last is None or (not done and (last.meta_info is None or last.meta_info.finish_reason is None)):
             raise RetryableAPIError("stream_truncated (the /generate stream ended early)", kind="stream_truncated")
-        return _GenOut(text=last.text, output_ids=ids, meta_info=last.meta_info)
+        return _GenOut(text=acc.text(), output_ids=acc.ids, meta_info=last.meta_info)
 
     def _completion(self, out: _GenOut, req: CompletionRequest) -> Completion:
         meta = out.meta_info or _Meta()
@@ -164,6 +157,9 @@ class SGLangBackend(HttpBackend):
             msg = meta.finish_reason.message if meta.finish_reason is not None else None
             raise RetryableAPIError(f"aborted (the server aborted the request: {msg})", kind="aborted")
         ids = out.output_ids if out.output_ids is not None else []
+        if meta.completion_tokens is not None and meta.completion_tokens != len(ids):
+            raise RetryableAPIError(f"bad_response ({len(ids)} output ids but completion_tokens "
+                                    f"{meta.completion_tokens}, {self._where})", kind="bad_response")
         return Completion(
             backend=self.name,
             content=out.text,
@@ -179,3 +175,64 @@ class SGLangBackend(HttpBackend):
             prompt_ids=req.prompt_ids,
             cost_missing=True,
         )
+
+
+class _StreamIds:
+    """The ids and text of a streamed ``/generate`` response, cumulative or incremental (see the module
+    docstring): the mode is decided by the first event that can tell, then every event is checked."""
+
+    __slots__ = ("_parts", "_text", "ids", "last", "limit", "max_tokens", "mode", "where")
+
+    def __init__(self, max_tokens: int, where: str) -> None:
+        self.max_tokens = max_tokens
+        self.limit = token_limit(max_tokens)
+        self.where = where
+        self.mode: str | None = None  # "cumulative" | "incremental" once known
+        self.ids: list[int] = []
+        self._text: str | None = None  # the latest text (cumulative, or the only event so far)
+        self._parts: list[str] = []  # incremental texts
+        self.last: _GenOut | None = None
+
+    def _bad(self, why: str) -> RetryableAPIError:
+        return RetryableAPIError(f"bad_stream (/generate stream: {why}, {self.where})", kind="bad_stream")
+
+    def feed(self, out: _GenOut) -> None:
+        new = out.output_ids or []
+        total = out.meta_info.completion_tokens if out.meta_info is not None else None
+        if self.mode is None and self.ids:
+            self.mode = self._decide(new, total)
+            if self.mode == "incremental" and self._text:
+                self._parts.append(self._text)
+        if self.mode == "incremental":
+            if total is not None and total != len(self.ids) + len(new):
+                raise self._bad(f"{len(self.ids)} ids so far and {len(new)} new, but completion_tokens {total}")
+            self.ids.extend(new)
+            if out.text:
+                self._parts.append(out.text)
+        else:  # cumulative, or no ids yet (both readings agree)
+            if total is not None and total != len(new):
+                raise self._bad(f"{len(new)} ids in a cumulative event, but completion_tokens {total}")
+            if len(new) < len(self.ids) or new[: len(self.ids)] != self.ids:
+                raise self._bad("a cumulative event does not extend the ids so far")
+            self.ids = list(new)
+            if out.text is not None:
+                self._text = out.text
+        if len(self.ids) > self.limit:
+            raise RetryableAPIError(f"too_many_tokens ({len(self.ids)} output ids for max_new_tokens "
+                                    f"{self.max_tokens}, {self.where})", kind="too_many_tokens")
+        self.last = out
+
+    def _decide(self, new: list[int], total: int | None) -> str:
+        seen = len(self.ids)
+        if total is not None:
+            if total == seen + len(new):
+                return "incremental"
+            if total == len(new) and new[:seen] == self.ids:
+                return "cumulative"
+            raise self._bad(f"{seen} ids so far and {len(new)} in this event fit neither cumulative nor "
+                            f"incremental output for completion_tokens {total}")
+        # no running total: a cumulative event repeats the ids so far
+        return "cumulative" if len(new) >= seen and new[:seen] == self.ids else "incremental"
+
+    def text(self) -> str | None:
+        return "".join(self._parts) if self.mode == "incremental" else self._text

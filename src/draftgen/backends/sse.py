@@ -22,7 +22,7 @@ from __future__ import annotations
 from ..errors import RetryableAPIError
 from ..records import FunctionCall, ToolCall
 from .base import Completion, LogprobToken
-from .wire import _ToolCall, _Usage, decode_chat, error_from_wire, pick_reasoning, usage_from_wire
+from .wire import _ToolCall, _Usage, attribute, decode_chat, error_from_wire, pick_reasoning, usage_from_wire
 
 __all__ = ["ChatStream", "SSEParser"]
 
@@ -208,10 +208,10 @@ class ChatStream:
     def result(self) -> Completion:
         """The completion once the body has ended. A cut stream is a retryable error."""
         if not self.done and self.finish_reason is None:
-            raise RetryableAPIError(
+            raise attribute(RetryableAPIError(
                 f"stream_truncated (the stream ended without a finish reason{', ' + self.provider if self.provider else ''})",
                 kind="stream_truncated",
-            )
+            ), self.provider)
         reasoning, field = pick_reasoning(
             "".join(self._reasoning) or None,
             "".join(self._reasoning_content) or None,

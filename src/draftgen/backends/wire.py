@@ -21,6 +21,10 @@ Errors inside a 200 body (bare ``{"error":…}`` or ``choices[0].error``) and mi
 ``X-RateLimit-Reset`` (epoch ms); it is clamped to an hour here, and every wait, this one included, to
 ``retry.max_delay_s`` by ``engine.retry.RetryPolicy``. Messages are one line, truncated, and pass through ``redact`` so a key
 echoed by a server never reaches a log.
+
+Attribution: an error that names its provider (``error.metadata.provider_name``, the body's or the
+stream's ``provider``) carries it, ``provider_of(exc)`` reads it back; the engine judges provider health
+on it. Errors no provider can be blamed for (connect errors, a plain 524) carry none.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import email.utils
 import re
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import msgspec
@@ -50,6 +54,7 @@ from .base import Completion, Credits, EndpointInfo, KeyInfo, LogprobToken
 __all__ = [
     "WireBody",
     "WireError",
+    "attribute",
     "check_completion",
     "classify_http",
     "completion_from_body",
@@ -60,6 +65,7 @@ __all__ = [
     "error_from_wire",
     "parse_retry_after",
     "pick_reasoning",
+    "provider_of",
     "redact",
     "translate_exception",
     "usage_from_wire",
@@ -175,6 +181,22 @@ _chat_decoder = msgspec.json.Decoder(WireBody)
 
 # -- helpers -----------------------------------------------------------------------------------------
 
+_E = TypeVar("_E", bound=BaseException)
+
+
+def attribute(exc: _E, provider: str | None) -> _E:
+    """``exc`` tagged with the provider it came from (a first attribution is kept); returns ``exc``."""
+    if provider and provider_of(exc) is None:
+        exc.provider = provider  # type: ignore[attr-defined]  # errors.APIError has no field for it
+    return exc
+
+
+def provider_of(exc: BaseException) -> str | None:
+    """The provider an error was attributed to (``attribute``), or None."""
+    prov = getattr(exc, "provider", None)
+    return prov if isinstance(prov, str) and prov else None
+
+
 def redact(text: str) -> str:
     """Remove anything shaped like an API key or bearer token from a message (see ``draftgen.secrets``)."""
     return _redact(text)
@@ -260,13 +282,27 @@ def error_from_wire(
     text: str | None = None,
     where: str = "",
 ) -> APIError:
-    """Classify one error (an envelope's ``error``, a choice's ``error`` or a mid-stream chunk's)."""
+    """Classify one error (an envelope's ``error``, a choice's ``error`` or a mid-stream chunk's), attributed
+    to its provider when it names one."""
+    meta = err.metadata if err is not None else None
+    prov = provider or (meta.provider_name if meta is not None and isinstance(meta.provider_name, str) else None)
+    return attribute(_classify(err, http_status, headers=headers, prov=prov, text=text, where=where), prov)
+
+
+def _classify(
+    err: WireError | None,
+    http_status: int,
+    *,
+    headers: Mapping[str, str] | None,
+    prov: str | None,
+    text: str | None,
+    where: str,
+) -> APIError:
     status = _status_of(err, http_status) if err is not None else http_status
     meta = err.metadata if err is not None else None
     avail = err.availability if err is not None else None
     etype = meta.error_type if meta is not None and isinstance(meta.error_type, str) else None
     limit_source = meta.limit_source if meta is not None and isinstance(meta.limit_source, str) else None
-    prov = provider or (meta.provider_name if meta is not None and isinstance(meta.provider_name, str) else None)
     message = _one_line(err.message if err is not None else text)
     if meta is not None and meta.raw is not None and (not message or message == "Provider returned error"):
         message = f"{message}: {_one_line(meta.raw, 160)}" if message else _one_line(meta.raw, 200)
@@ -435,7 +471,8 @@ def completion_from_body(body: WireBody, *, backend: str, status: int = 200, whe
     if body.error is not None:
         raise error_from_wire(body.error, status, provider=body.provider, where=where)
     if not body.choices:
-        raise RetryableAPIError(f"empty_response (no choices{', ' + body.provider if body.provider else ''})", kind="empty_response")
+        raise attribute(RetryableAPIError(f"empty_response (no choices{', ' + body.provider if body.provider else ''})",
+                                          kind="empty_response"), body.provider)
     ch = body.choices[0]
     if ch.error is not None:
         raise error_from_wire(ch.error, status, provider=body.provider, where=where)
@@ -469,11 +506,13 @@ def check_completion(comp: Completion) -> Completion:
     responses (no text, no tool calls, and no completion tokens or no finish reason)."""
     prov = f", {comp.provider}" if comp.provider else ""
     if comp.finish_reason == "error":
-        raise RetryableAPIError(f"finish_error (finish_reason error{prov})", kind="finish_error")
+        raise attribute(RetryableAPIError(f"finish_error (finish_reason error{prov})", kind="finish_error"),
+                        comp.provider)
     if not comp.content and not comp.reasoning and not comp.tool_calls and not comp.output_ids:
         completion_tokens = comp.usage.completion_tokens if comp.usage is not None else 0
         if completion_tokens == 0 or comp.finish_reason is None:
-            raise RetryableAPIError(f"empty_response (no text, finish_reason {comp.finish_reason}{prov})", kind="empty_response")
+            raise attribute(RetryableAPIError(f"empty_response (no text, finish_reason {comp.finish_reason}{prov})",
+                                              kind="empty_response"), comp.provider)
     return comp
 
 

@@ -9,16 +9,34 @@ SGLang native ``POST /generate``::
           "length": n}, "e2e_latency"}}            (a list of those for batched input)
 
 ``output_ids`` are the true ids including the end-of-turn token; ``text`` is their decode without it.
-Streaming sends ``data: {…}`` events with the cumulative text and ids so far, then ``data: [DONE]``.
-Reasoning is off when the prompt ends with the end-of-think marker (e.g. Qwen3's
-``<think>\\n\\n</think>\\n\\n`` generation prompt with thinking off).
+Streaming sends ``data: {…}`` events, then ``data: [DONE]``. By default each event carries the
+cumulative text and ids so far (SGLang's default); with ``Scenario.sglang_incremental`` (the server's
+``--incremental-streaming-output``) each carries only the new text and ids, while
+``meta_info.completion_tokens`` stays the running total in both modes (sgl-project/sglang
+``managers/tokenizer_manager_components/output_processor.py``). Intermediate text never ends inside a
+character (the detokenizer holds incomplete bytes back), so incremental texts concatenate to the whole.
+``meta_info.finish_reason`` is null until the last event; ``e2e_latency`` comes with it. Errors:
+``{"error": {"message": …}}`` with 400 (``http_server._create_error_response``). Reasoning is off when
+the prompt ends with the end-of-think marker (e.g. Qwen3's ``<think>\\n\\n</think>\\n\\n`` generation
+prompt with thinking off).
 
-vLLM OpenAI-compatible ``POST /v1/chat/completions`` (reasoning parser on): ``message.reasoning_content``
-and ``message.content``; with ``return_token_ids: true`` also top-level ``prompt_token_ids`` and
-``choices[].token_ids`` (all generated ids, end-of-turn included). ``chat_template_kwargs`` switches
-thinking with the profile's keyword (``enable_thinking`` / ``thinking``). Streamed chunks carry
-``delta`` and that chunk's ``token_ids``; the first chunk carries ``prompt_token_ids``; usage comes in a
-final chunk when ``stream_options.include_usage`` is set.
+vLLM OpenAI-compatible ``POST /v1/chat/completions`` (reasoning parser on), as current vLLM sends it
+(vllm-project/vllm ``entrypoints/openai/chat_completion/protocol.py``, ``engine/protocol.py``; PR #33402
+removed ``reasoning_content``): ``message.reasoning`` and ``message.content``. A whole response is the
+full model dump: ``choices[].token_ids`` and top-level ``prompt_token_ids`` are the ids with
+``return_token_ids: true`` and ``null`` without. Streamed chunks are dumped with ``exclude_unset``:
+the first carries ``delta: {role, content: ""}`` and ``prompt_token_ids`` (null unless asked), the next
+``delta.reasoning`` / ``delta.content`` with that chunk's ``token_ids`` (null unless asked), the last
+``finish_reason`` and ``stop_reason``; usage comes in a final ``choices: []`` chunk when
+``stream_options.include_usage`` is set. Errors are ``{"error": {"message", "type", "param", "code"}}``
+with ``code`` the HTTP status (``BadRequestError`` 400: bad fields, prompt plus ``max_tokens`` over the
+model's context; ``NotFoundError`` 404: an unknown model when the scenario does not accept any).
+
+``Scenario.vllm_legacy`` gives the older shape instead: ``message.reasoning_content`` /
+``delta.reasoning_content``, flat ``{"object": "error", "message", "type", "param", "code"}`` errors, and
+no ``token_ids`` / ``prompt_token_ids`` keys unless asked (the first streamed chunk then has
+``token_ids: []``). ``chat_template_kwargs`` switches thinking with the profile's keyword
+(``enable_thinking`` / ``thinking``).
 
 No faults and no latency here: these stand in for the user's own servers.
 """
@@ -36,22 +54,35 @@ from .accounting import GenerationInfo
 from .core import CORE, EmulatorCore
 from .envelopes import ApiError
 from .model import Output, stable_hash
+from .scenarios import ModelInfo
 
 __all__ = ["sglang_generate", "vllm_chat", "vllm_models"]
 
 
-def _oai_error(status: int, message: str) -> web.Response:
-    body = {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": status}
+_VLLM_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
+
+
+def _vllm_error(core: EmulatorCore, status: int, message: str, param: str | None = None) -> web.Response:
+    """vLLM's ErrorResponse: nested ``{"error": {…}}`` now, flat ``{"object": "error", …}`` when legacy."""
+    info = {"message": message, "type": _VLLM_ERROR_TYPES.get(status, "BadRequestError"), "param": param,
+            "code": status}
+    body = {"object": "error", **info} if core.scenario.vllm_legacy else {"error": info}
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
 
 
-async def _json_body(request: web.Request) -> dict[str, Any] | web.Response:
+def _sglang_error(message: str) -> web.Response:
+    return web.Response(status=400, body=orjson.dumps({"error": {"message": message}}),
+                        content_type="application/json")
+
+
+async def _json_body(request: web.Request) -> dict[str, Any] | str:
+    """The request's JSON object, or why it is not one."""
     try:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
-        return _oai_error(400, f"request body is not valid JSON ({exc})")
+        return f"request body is not valid JSON ({exc})"
     if not isinstance(body, dict):
-        return _oai_error(400, "request body must be a JSON object")
+        return "request body must be a JSON object"
     return body
 
 
@@ -85,12 +116,20 @@ class _Bad(Exception):
     pass
 
 
+def _sglang_text(core: EmulatorCore, out: Output, ids: list[int]) -> str:
+    """The text of the ids so far: without the end-of-turn token once it came, and, before the end,
+    without a trailing incomplete character (the detokenizer holds those bytes back)."""
+    eot = core.model.profile(True).end_of_turn_ids
+    final = len(ids) == len(out.ids)
+    text = core.model.tokenizer.decode(ids[:-1] if final and ids and ids[-1] in eot else ids)
+    return text if final else text.rstrip("\ufffd")
+
+
 def _sglang_result(core: EmulatorCore, rid: str, out: Output, prompt_ids: list[int], t0: float,
                    ids: list[int] | None = None) -> dict[str, Any]:
     ids = out.ids if ids is None else ids
     eot = core.model.profile(True).end_of_turn_ids
     ended = bool(ids) and ids[-1] in eot and len(ids) == len(out.ids)
-    text_ids = ids[:-1] if ended else ids
     if len(ids) < len(out.ids):
         finish: dict[str, Any] | None = None
     elif ended:
@@ -99,10 +138,34 @@ def _sglang_result(core: EmulatorCore, rid: str, out: Output, prompt_ids: list[i
         finish = {"type": "length", "length": len(ids)}
     else:
         finish = {"type": "stop", "matched": None}
-    return {"text": core.model.tokenizer.decode(text_ids), "output_ids": list(ids),
-            "meta_info": {"id": rid, "prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
-                          "cached_tokens": 0, "finish_reason": finish,
-                          "e2e_latency": round(time.monotonic() - t0, 6)}}
+    meta: dict[str, Any] = {"id": rid, "prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
+                            "cached_tokens": 0, "finish_reason": finish}
+    if finish is not None:
+        meta["e2e_latency"] = round(time.monotonic() - t0, 6)
+    return {"text": _sglang_text(core, out, ids), "output_ids": list(ids), "meta_info": meta}
+
+
+def _sglang_events(core: EmulatorCore, rid: str, out: Output, prompt_ids: list[int], t0: float) -> bytes:
+    """The SSE body of one streamed generation: cumulative events, or incremental ones (only the new text
+    and ids; ``completion_tokens`` still the running total), then ``[DONE]``."""
+    buf = bytearray()
+    step = core.scenario.stream_chunk_tokens
+    incremental = core.scenario.sglang_incremental
+    final_text = _sglang_text(core, out, out.ids) if incremental else ""
+    sent_ids = 0
+    sent_text = ""
+    for n in range(step, len(out.ids) + step, step):
+        ev = _sglang_result(core, rid, out, prompt_ids, t0, out.ids[: min(n, len(out.ids))])
+        if incremental:
+            text = ev["text"]
+            if len(text) < len(sent_text) or not final_text.startswith(text):  # not settled yet
+                text = sent_text
+            ev["text"], sent_text = text[len(sent_text):], text
+            ev["output_ids"] = ev["output_ids"][sent_ids:]
+            sent_ids += len(ev["output_ids"])
+        buf += b"data: " + orjson.dumps(ev) + b"\n\n"
+    buf += b"data: [DONE]\n\n"
+    return bytes(buf)
 
 
 async def sglang_generate(request: web.Request) -> web.StreamResponse:
@@ -110,8 +173,8 @@ async def sglang_generate(request: web.Request) -> web.StreamResponse:
     core.state.requests += 1
     t0 = time.monotonic()
     body = await _json_body(request)
-    if isinstance(body, web.Response):
-        return body
+    if isinstance(body, str):
+        return _sglang_error(body)
     text, input_ids = body.get("text"), body.get("input_ids")
     tok = core.model.tokenizer
     batched = isinstance(text, list) or (isinstance(input_ids, list) and bool(input_ids)
@@ -120,39 +183,33 @@ async def sglang_generate(request: web.Request) -> web.StreamResponse:
     if input_ids is not None:
         raw = input_ids if batched else [input_ids]
         if not all(isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in raw):
-            return _oai_error(400, "input_ids must be a list of integers (or a list of such lists)")
+            return _sglang_error("input_ids must be a list of integers (or a list of such lists)")
         prompts = [list(p) for p in raw]
     elif text is not None:
         raw_t = text if batched else [text]
         if not all(isinstance(t, str) for t in raw_t):
-            return _oai_error(400, "text must be a string or a list of strings")
+            return _sglang_error("text must be a string or a list of strings")
         prompts = [tok.encode(t) for t in raw_t]
     else:
-        return _oai_error(400, "either text or input_ids is required")
+        return _sglang_error("either text or input_ids is required")
     sps = body.get("sampling_params") or {}
     sp_list = sps if isinstance(sps, list) else [sps] * len(prompts)
     if len(sp_list) != len(prompts) or not all(isinstance(s, dict) for s in sp_list):
-        return _oai_error(400, "sampling_params must be an object or one object per prompt")
+        return _sglang_error("sampling_params must be an object or one object per prompt")
     try:
         results = [(await _sglang_one(core, p, s), p) for p, s in zip(prompts, sp_list, strict=True)]
     except _Bad as exc:
-        return _oai_error(400, str(exc))
+        return _sglang_error(str(exc))
     for (rid, out), p in results:
         _record(core, rid, out, p, "sglang")
     core.state.by_status[200] += 1
     if body.get("stream") is True:
         if batched:
-            return _oai_error(400, "the emulator streams only single prompts")
+            return _sglang_error("the emulator streams only single prompts")
         (rid, out), p = results[0]
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        buf = bytearray()
-        step = core.scenario.stream_chunk_tokens
-        for n in range(step, len(out.ids) + step, step):
-            ids = out.ids[: min(n, len(out.ids))]
-            buf += b"data: " + orjson.dumps(_sglang_result(core, rid, out, p, t0, ids)) + b"\n\n"
-        buf += b"data: [DONE]\n\n"
-        await resp.write(bytes(buf))
+        await resp.write(_sglang_events(core, rid, out, p, t0))
         await resp.write_eof()
         return resp
     payload = [_sglang_result(core, rid, out, p, t0) for (rid, out), p in results]
@@ -168,30 +225,51 @@ async def vllm_models(request: web.Request) -> web.Response:
     return web.Response(body=orjson.dumps({"object": "list", "data": data}), content_type="application/json")
 
 
+def _vllm_model(core: EmulatorCore, requested: Any) -> ModelInfo | None:
+    """The served model a request names (the first one when it names none); None when unknown and the
+    scenario does not accept any model id."""
+    models = core.scenario.models
+    if requested is None:
+        return models[0]
+    for m in models:
+        if m.id == requested:
+            return m
+    return models[0] if core.scenario.accept_any_model else None
+
+
 async def vllm_chat(request: web.Request) -> web.StreamResponse:
     core = request.app[CORE]
     core.state.requests += 1
+    legacy = core.scenario.vllm_legacy
     body = await _json_body(request)
-    if isinstance(body, web.Response):
-        return body
+    if isinstance(body, str):
+        return _vllm_error(core, 400, body)
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
-        return _oai_error(400, "chat_template_kwargs must be an object")
+        return _vllm_error(core, 400, "chat_template_kwargs must be an object", "chat_template_kwargs")
+    model = _vllm_model(core, body.get("model"))
+    if model is None:
+        return _vllm_error(core, 404, f"The model `{body.get('model')}` does not exist.", "model")
     base = core.model.profile(core.opts.thinking)
     thinking = core.opts.thinking
     if base.thinking_kwarg and base.thinking_kwarg in kwargs:
         thinking = bool(kwargs[base.thinking_kwarg])
     prompt = core.prompt(body.get("messages"), body.get("tools"), thinking)
     if isinstance(prompt, ApiError):
-        return _oai_error(400, prompt.message)
+        return _vllm_error(core, 400, prompt.message, "messages")
     digest, prompt_ids = prompt
     mt = body.get("max_completion_tokens")
     if mt is None:
         mt = body.get("max_tokens")
     if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
-        return _oai_error(400, "max_tokens must be a positive integer")
-    model_id = str(body.get("model") or core.scenario.models[0].id)
-    ctx = core.scenario.models[0].context_length
+        return _vllm_error(core, 400, "max_tokens must be a positive integer", "max_tokens")
+    model_id = str(body.get("model") or model.id)
+    ctx = model.context_length
+    if len(prompt_ids) + (mt or 0) > ctx or len(prompt_ids) >= ctx:
+        want = len(prompt_ids) + (mt or 0)
+        return _vllm_error(core, 400, f"This model's maximum context length is {ctx} tokens. However, you "
+                           f"requested {want} tokens ({len(prompt_ids)} in the messages, {mt or 0} in the "
+                           "completion). Please reduce the length of the messages or completion.", "max_tokens")
     cap = mt if mt is not None else max(1, ctx - len(prompt_ids))
     key = stable_hash("sample", digest.hex(), "vllm", thinking, body.get("temperature"), body.get("top_p"),
                       body.get("seed"))
@@ -204,27 +282,36 @@ async def vllm_chat(request: web.Request) -> web.StreamResponse:
     with_ids = body.get("return_token_ids") is True
     _record(core, gen_id, out, prompt_ids, "vllm")
     core.state.by_status[200] += 1
-    usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(out.ids),
-             "total_tokens": len(prompt_ids) + len(out.ids), "prompt_tokens_details": None}
+    usage: dict[str, Any] = {"prompt_tokens": len(prompt_ids), "total_tokens": len(prompt_ids) + len(out.ids),
+                             "completion_tokens": len(out.ids), "prompt_tokens_details": None}
     if body.get("stream") is True:
         return await _vllm_stream(request, core, body, out, gen_id, created, model_id, prompt_ids, with_ids, usage)
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": {"role": "assistant", "content": out.content, "reasoning_content": out.reasoning,
-                    "tool_calls": []},
-        "logprobs": None, "finish_reason": out.finish_reason, "stop_reason": None,
-    }
+    message: dict[str, Any] = {"role": "assistant", "content": out.content}
+    if legacy:
+        message.update(reasoning_content=out.reasoning, tool_calls=[])
+    else:
+        message.update(refusal=None, annotations=None, audio=None, function_call=None, tool_calls=[],
+                       reasoning=out.reasoning)
+    choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
+                              "finish_reason": out.finish_reason, "stop_reason": None}
     resp_body: dict[str, Any] = {"id": gen_id, "object": "chat.completion", "created": created, "model": model_id,
-                                 "choices": [choice], "usage": usage, "prompt_logprobs": None}
-    if with_ids:
-        choice["token_ids"] = out.ids
-        resp_body["prompt_token_ids"] = prompt_ids
+                                 "choices": [choice]}
+    if legacy:
+        resp_body.update(usage=usage, prompt_logprobs=None)
+        if with_ids:
+            choice["token_ids"] = out.ids
+            resp_body["prompt_token_ids"] = prompt_ids
+    else:
+        choice["token_ids"] = out.ids if with_ids else None
+        resp_body.update(service_tier=None, system_fingerprint=None, usage=usage, prompt_logprobs=None,
+                         prompt_token_ids=prompt_ids if with_ids else None, kv_transfer_params=None)
     return web.Response(body=orjson.dumps(resp_body), content_type="application/json")
 
 
 async def _vllm_stream(request: web.Request, core: EmulatorCore, body: dict[str, Any], out: Output, gen_id: str,
                        created: int, model_id: str, prompt_ids: list[int], with_ids: bool,
                        usage: dict[str, Any]) -> web.StreamResponse:
+    legacy = core.scenario.vllm_legacy
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
 
@@ -233,28 +320,36 @@ async def _vllm_stream(request: web.Request, core: EmulatorCore, body: dict[str,
                "choices": choices, **extra}
         return b"data: " + orjson.dumps(obj) + b"\n\n"
 
+    def ids(part: list[int]) -> dict[str, Any]:
+        # current vLLM sets token_ids on every content chunk (null unless asked); legacy only when asked
+        if with_ids:
+            return {"token_ids": part}
+        return {} if legacy else {"token_ids": None}
+
     buf = bytearray()
     first: dict[str, Any] = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None}
-    if with_ids:
-        first["token_ids"] = []
-    buf += ev([first], **({"prompt_token_ids": prompt_ids} if with_ids else {}))
+    if legacy:
+        if with_ids:
+            first["token_ids"] = []
+        buf += ev([first], **({"prompt_token_ids": prompt_ids} if with_ids else {}))
+    else:
+        buf += ev([first], prompt_token_ids=prompt_ids if with_ids else None)
+    reasoning_key = "reasoning_content" if legacy else "reasoning"
     sent = 0
     for seg in out.segments(core.scenario.stream_chunk_tokens):
-        key = "reasoning_content" if seg.field == "reasoning" else "content"
-        ch: dict[str, Any] = {"index": 0, "delta": {key: seg.text}, "logprobs": None, "finish_reason": None}
-        if with_ids:
-            ch["token_ids"] = out.ids[sent: seg.tok1]
+        key = reasoning_key if seg.field == "reasoning" else "content"
+        ch: dict[str, Any] = {"index": 0, "delta": {key: seg.text}, "logprobs": None, "finish_reason": None,
+                              **ids(out.ids[sent: seg.tok1])}
         sent = seg.tok1
         buf += ev([ch])
     last: dict[str, Any] = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": out.finish_reason,
-                            "stop_reason": None}
-    if with_ids:
-        last["token_ids"] = out.ids[sent:]
+                            "stop_reason": None, **ids(out.ids[sent:])}
     buf += ev([last])
     opts = body.get("stream_options")
     if isinstance(opts, dict) and opts.get("include_usage"):
-        buf += ev([], usage=usage)
+        # dumped with exclude_none: no prompt_tokens_details
+        buf += ev([], usage={k: v for k, v in usage.items() if v is not None})
     buf += b"data: [DONE]\n\n"
     await resp.write(bytes(buf))
     await resp.write_eof()

@@ -2,7 +2,8 @@
 
 Honoured fields: ``order``, ``only``, ``ignore``, ``sort`` (price | throughput | latency, or
 ``{by: …}``), ``allow_fallbacks`` (default true), ``quantizations``, ``require_parameters``,
-``max_price`` {prompt, completion} in USD per million tokens. A slug matches a provider by tag
+``max_price`` {prompt, completion} in USD per million tokens (numbers, or numeric strings as OpenRouter's
+OpenAPI spec types them: ``{"completion": "2.5"}``). A slug matches a provider by tag
 (``deepinfra/fp4``), by base slug (``deepinfra`` matches every ``deepinfra/…`` variant) or by display
 name, case-insensitively. Model suffixes ``:nitro`` / ``:floor`` mean sort by throughput / price.
 
@@ -15,6 +16,7 @@ false only the providers in ``order`` (else the primary one) are tried. No provi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -93,10 +95,28 @@ def parse_prefs(obj: Any, model_suffix: str = "") -> ProviderPrefs | ApiError:
         prefs.require_parameters = rp
     mp = obj.get("max_price")
     if mp is not None:
-        if not isinstance(mp, dict) or not all(isinstance(v, int | float) for v in mp.values()):
-            return _bad("provider.max_price must be an object of numbers (USD per million tokens)")
-        prefs.max_price = {str(k): float(v) for k, v in mp.items()}
+        if not isinstance(mp, dict):
+            return _bad("provider.max_price must be an object of prices (USD per million tokens)")
+        prices: dict[str, float] = {}
+        for k, v in mp.items():
+            price = _price_value(v)
+            if price is None:
+                return _bad(f"provider.max_price.{k} must be a non-negative number or numeric string "
+                            f"(USD per million tokens), got {v!r}")
+            prices[str(k)] = price
+        prefs.max_price = prices
     return prefs
+
+
+def _price_value(v: Any) -> float | None:
+    """A max_price value as a float: a number or a numeric string (``"2.5"``, ``"1e3"``), finite and >= 0."""
+    if isinstance(v, bool) or not isinstance(v, int | float | str):
+        return None
+    try:
+        price = float(v.strip() if isinstance(v, str) else v)
+    except (ValueError, OverflowError):
+        return None
+    return price if math.isfinite(price) and price >= 0 else None
 
 
 def used_parameters(body: dict[str, Any]) -> set[str]:

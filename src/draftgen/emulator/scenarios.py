@@ -198,6 +198,9 @@ class Scenario:
     keepalive_comments: int = 1  # ": OPENROUTER PROCESSING" lines at the start of a stream
     keepalive_s: float = 1.0  # interval of keep-alive comments / body padding while waiting
     stream_chunk_tokens: int = 32
+    # local-server shapes (emulator/local_servers.py)
+    vllm_legacy: bool = False  # vLLM before the rename: reasoning_content, flat {"object": "error", ...} errors
+    sglang_incremental: bool = False  # SGLang --incremental-streaming-output: events carry only the new text/ids
     edge_timeout_s: float = 100.0
     hang_s: float = 600.0  # not scaled
     max_faulty_attempts: int | None = None

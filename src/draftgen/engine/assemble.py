@@ -17,6 +17,13 @@ Size: a response may not hold more tokens than it was allowed (``backends.base.t
 plus ``max(16, 1 %)``). ``check_tokens`` looks at the returned ids and the billed completion tokens before
 anything is built; ``check_record_tokens`` at the ids the record ended up with (rebuilt ones included).
 Either raises a retryable ``too_many_tokens``: such a response is never written as a record.
+
+Usable: a response billed for reasoning (``reasoning_tokens > 0``) that returned no reasoning text in any
+field (``reasoning``, ``reasoning_content``, ``reasoning_details``) cannot give the ids the model
+generated; ``check_reasoning`` raises ``UnusableResponse`` (retryable, kind ``reasoning_dropped``) for it,
+unless the server returned the ids themselves. The engine retries it elsewhere (the provider goes to that
+sample's ``provider.ignore``) and, after ``retry.max_attempts``, records a failure, or with
+``quality.keep_unusable`` the last such response flagged ``unusable:<kind>``.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from ..records import PromptRecord, Provenance, ResponseRecord
 from ..tokens import Profile
 from ..tokens.logprobs import output_ids_from_logprobs
 
-__all__ = ["Assembler", "check_record_tokens", "check_tokens", "request_hash"]
+__all__ = ["Assembler", "UnusableResponse", "check_reasoning", "check_record_tokens", "check_tokens", "request_hash"]
 
 _enc = msgspec.json.Encoder()
 
@@ -71,6 +78,21 @@ def check_record_tokens(rec: ResponseRecord, max_tokens: int) -> None:
         raise _too_many(f"{rec.ids_source} output ids", n, max_tokens, rec.provider)
 
 
+class UnusableResponse(RetryableAPIError):
+    """A complete, billed response whose text cannot be used (``reasoning_dropped``, ``provider_excluded``)."""
+
+
+def check_reasoning(comp: Completion) -> None:
+    """Refuse a response billed for reasoning tokens whose reasoning text is missing from every field."""
+    u = comp.usage
+    if comp.output_ids is None and u is not None and u.reasoning_tokens > 0 and not comp.reasoning:
+        prov = f", {comp.provider}" if comp.provider else ""
+        raise UnusableResponse(
+            f"reasoning_dropped ({u.reasoning_tokens:,} reasoning tokens billed, no text in reasoning, "
+            f"reasoning_content or reasoning_details{prov})", kind="reasoning_dropped",
+        )
+
+
 class Assembler:
     """Builds records for one run: one profile, one backend kind."""
 
@@ -92,7 +114,10 @@ class Assembler:
         attempts: int,
         latency_s: float,
         prompt_ids: list[int] | None = None,
+        quantization: str | None = None,
+        extra_flags: list[str] | None = None,
     ) -> ResponseRecord:
+        """The record of ``comp``; ``extra_flags`` (``unusable:<kind>``) follow the rebuild's flags."""
         reasoning, content, field = comp.reasoning, comp.content, comp.reasoning_field
         flags: list[str] = []
         if comp.output_ids is not None:
@@ -133,12 +158,14 @@ class Assembler:
             output_ids=ids,
             prompt_ids=p_ids,
             ids_source=source,  # type: ignore[arg-type]
-            recon_flags=flags,
+            recon_flags=flags + extra_flags if extra_flags else flags,
             request_hash=request_hash(prompt, max_tokens),
             max_tokens=max_tokens,
             backend=comp.backend,
             attempts=attempts,
             latency_s=round(latency_s, 4),
+            ttft_s=comp.ttft_s,
+            quantization=quantization,
             created_at=round(time.time(), 3),
             provenance=self.provenance,
         )

@@ -117,8 +117,9 @@ class BudgetGovernor:
         self.reserved += worst_case
 
     def settle(self, dataset: str, max_tokens: int, worst_case: float, usage: Usage | None,
-               completion_tokens: int | None = None) -> float:
-        """Release a reservation and book what the request really used. Returns its cost."""
+               completion_tokens: int | None = None, charged: float = 0.0) -> float:
+        """Release a reservation and book what the request really used. Returns its cost. ``charged``: what
+        ``charge`` already booked for this very response (one first rejected, then kept), not booked twice."""
         tb = self.token_budget(dataset)
         tb.reserved -= max_tokens
         if completion_tokens is None:
@@ -126,7 +127,7 @@ class BudgetGovernor:
         tb.done += completion_tokens
         self.reserved = max(0.0, self.reserved - worst_case)
         cost = usage_cost(usage)
-        self.session += cost
+        self.session += cost - charged
         self._notify()
         return cost
 

@@ -22,6 +22,16 @@ Invariants:
 - Stop: scheduling stops at once; in-flight requests finish (within ``grace_s`` for an interrupt); tasks
   waiting in backoff are abandoned (not done; the next run picks them up). A hard stop cancels all
   in-flight requests. Records already handed to a sink are always written before ``run`` returns.
+- A record is usable: a response with dropped reasoning (``assemble.check_reasoning``) or from a provider
+  the request's routing excluded (``health.RoutingGuard.excluded``) is an ``UnusableResponse``, retried
+  with that provider added to the sample's own ``provider.ignore``, and booked as spend. When the retries
+  run out the sample is a failure of that kind, or (``keep_unusable``) the last unusable response becomes
+  its record, flagged ``unusable:<kind>``.
+- Every attempt is one ``AttemptRecord`` in ``logs/attempts.jsonl`` (its own writer task). Each outcome
+  attributed to a provider feeds ``health.ProviderHealth``; the providers it cools down go into every
+  request's ``provider.ignore`` until restored (``HealthEvent`` in ``logs/health.jsonl``, a line in the
+  log and on the display). A sample's own ignores never exclude every provider the routing allows: the
+  oldest is dropped first.
 """
 
 from __future__ import annotations
@@ -33,13 +43,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..backends.base import Backend, Completion, CompletionRequest
+from ..backends.wire import provider_of
 from ..errors import APIError, AuthError, DraftgenError, PaymentRequired, RateLimited, RetryableAPIError
-from ..records import FailureRecord, PromptRecord, ResponseRecord
-from .assemble import Assembler, check_record_tokens, check_tokens
+from ..records import AttemptRecord, FailureRecord, HealthEvent, PromptRecord, ResponseRecord
+from .assemble import Assembler, UnusableResponse, check_reasoning, check_record_tokens, check_tokens
 from .budget import Admission, BudgetGovernor, usage_cost
+from .health import ProviderHealth
 from .limiter import AdaptiveLimiter
 from .progress import Display, RunLog
 from .prompts import PromptCursor, estimate_prompt_tokens
@@ -82,6 +94,19 @@ class EngineResult:
     stop_reason: str | None = None
 
 
+@dataclass
+class _Kept:
+    """The last unusable response of a sample (written as its record under ``keep_unusable``)."""
+
+    comp: Completion
+    kind: str
+    latency: float
+    charged: float
+
+
+_Step = Literal["retry", "stop", "keep"]
+
+
 class Engine:
     def __init__(
         self,
@@ -102,6 +127,11 @@ class Engine:
         fsync: bool = True,
         connect_failure_limit: int = 50,
         ramp_s: float = 1.0,
+        attempts_path: Path | None = None,
+        health_path: Path | None = None,
+        health: ProviderHealth | None = None,
+        keep_unusable: bool = False,
+        require_reasoning: bool = True,
     ) -> None:
         self.backend = backend
         self.assembler = assembler
@@ -137,6 +167,16 @@ class Engine:
         self.ramp_s = ramp_s
         self._cpu: ThreadPoolExecutor | None = None
         self._io: ThreadPoolExecutor | None = None
+        self.attempts_path = attempts_path
+        self.health_path = health_path
+        self.health = health
+        self.keep_unusable = keep_unusable
+        self.require_reasoning = require_reasoning
+        self._attempt_sink: RecordSink[AttemptRecord] | None = None
+        self._health_sink: RecordSink[HealthEvent] | None = None
+        if health is not None:
+            health.on_event = self._health_event
+            health.on_note = self.display.print
 
     # -- control -------------------------------------------------------------------------------------------
 
@@ -171,6 +211,9 @@ class Engine:
             for ds in self.datasets:
                 if sum(ds.pending.values()):
                     self._sink(ds.name)
+            if self.attempts_path is not None:
+                self._attempt_sink = RecordSink(self.attempts_path, executor=self._io, fsync=False)
+                self._attempt_sink.start()
             for part in self.partitions:
                 lim = AdaptiveLimiter(part.concurrency, adaptive=self.adaptive)
                 self.limiters[part.name] = lim
@@ -188,6 +231,8 @@ class Engine:
                 for part_name, lim in self.limiters.items():
                     lim.tick()
                     self.stats.limit[part_name] = lim.current
+                if self.health is not None:
+                    self.health.tick()
                 await asyncio.sleep(0.05)
         finally:
             await self._shutdown()
@@ -207,6 +252,7 @@ class Engine:
         await asyncio.gather(*self._producers, *tasks, return_exceptions=True)
         errors: list[BaseException] = []
         sinks: list[RecordSink[Any]] = [*self._sinks.values(), *self._fail_sinks.values()]
+        sinks += [x for x in (self._attempt_sink, self._health_sink) if x is not None]
         for sink in sinks:
             try:
                 await sink.close()
@@ -243,6 +289,18 @@ class Engine:
             sink.start()
             self._fail_sinks[dataset] = sink
         return sink
+
+    def _health_event(self, ev: HealthEvent, line: str) -> None:
+        if self.health_path is not None:
+            if self._health_sink is None:
+                self._health_sink = RecordSink(self.health_path, executor=self._io, fsync=self.fsync)
+                self._health_sink.start()
+            self._health_sink.put(ev)
+        if self.health is not None:
+            self.stats.cooling = sorted(self.health.cooling)
+        if ev.event == "cooldown":
+            self.stats.cooldowns[ev.provider] += 1
+        self.display.print(line)
 
     # -- producer ------------------------------------------------------------------------------------------
 
@@ -363,24 +421,48 @@ class Engine:
             req = CompletionRequest(sample_id=prompt.sample_id, messages=prompt.messages, max_tokens=mt,
                                     tools=prompt.tools, prompt_ids=prompt_ids)
             attempts = 0
+            avoid: list[str] = []  # providers this sample must not go back to (they returned it unusable)
+            kept: _Kept | None = None
             while True:
                 attempts += 1
                 self.stats.requests += 1
+                req.provider_ignore = self._ignore_for(avoid)
+                started = time.time()
                 t0 = time.monotonic()
+                charged = 0.0
+                unusable: str | None = None
+                step: _Step
                 try:
                     comp = await self.backend.complete(req)
                 except APIError as exc:
-                    if not await self._after_error(exc, attempts, part, limiter, dataset, prompt):
+                    prov = provider_of(exc)
+                    self._attempt(prompt, dataset, attempts, started, exc.kind, prov)
+                    self._judge(prov, exc)
+                    step = await self._after_error(exc, attempts, part, limiter, dataset, prompt, keep=kept is not None)
+                    if step == "retry":
+                        continue
+                    if step == "stop" or kept is None:
                         return
-                    continue
-                try:
-                    check_tokens(comp, mt)
-                except RetryableAPIError as exc:  # more ids or billed tokens than asked for
-                    self._charge_rejected(comp, worst)
-                    if not await self._after_error(exc, attempts, part, limiter, dataset, prompt):
-                        return
-                    continue
-                latency = time.monotonic() - t0
+                    comp, latency, charged, unusable = kept.comp, kept.latency, kept.charged, kept.kind
+                else:
+                    latency = time.monotonic() - t0
+                    try:
+                        check_tokens(comp, mt)
+                        self._check_usable(comp, req.provider_ignore)
+                    except RetryableAPIError as exc:  # more tokens than asked for, or unusable
+                        charged = self._charge_rejected(comp, worst)
+                        self._attempt(prompt, dataset, attempts, started, exc.kind, comp.provider, comp, charged)
+                        self._judge(comp.provider, exc)
+                        if isinstance(exc, UnusableResponse):
+                            kept = _Kept(comp, exc.kind, latency, charged)
+                            self._avoid(avoid, comp.provider)
+                        step = await self._after_error(exc, attempts, part, limiter, dataset, prompt,
+                                                       keep=kept is not None)
+                        if step == "retry":
+                            continue
+                        if step == "stop" or kept is None:
+                            return
+                        comp, latency, charged, unusable = kept.comp, kept.latency, kept.charged, kept.kind
                 # The response is in: free the slot now, so reconstruction never keeps a slot from the wire.
                 slot = False
                 limiter.on_success()
@@ -391,20 +473,29 @@ class Engine:
                 self._connect_failures = 0
                 self._successes += 1
                 self._last_success = time.monotonic()
+                quant = self.health.guard.quantization(comp.provider) if self.health is not None else None
                 try:
                     rec = await loop.run_in_executor(self._cpu, partial(
                         self.assembler.build, prompt, comp, partition=part.name, max_tokens=mt, attempts=attempts,
-                        latency_s=latency, prompt_ids=prompt_ids,
+                        latency_s=latency, prompt_ids=prompt_ids, quantization=quant,
+                        extra_flags=[f"unusable:{unusable}"] if unusable else None,
                     ))
                 except DraftgenError as exc:  # a tokenizer/profile problem with this one output
+                    if unusable is None:
+                        self._attempt(prompt, dataset, attempts, started, "reconstruction", comp.provider, comp)
                     self._fail(dataset, prompt, part.name, "reconstruction", str(exc), attempts, permanent=True,
                                provider=comp.provider)
                     return
                 try:
                     check_record_tokens(rec, mt)
                 except RetryableAPIError as exc:  # the text rebuilt to more ids than were asked for
-                    self._charge_rejected(comp, worst)
-                    if not await self._after_error(exc, attempts, part, limiter, dataset, prompt):
+                    if unusable is None:
+                        charged = self._charge_rejected(comp, worst)
+                        self._attempt(prompt, dataset, attempts, started, exc.kind, comp.provider, comp, charged)
+                        self._judge(comp.provider, exc)
+                    kept = None  # a kept response that rebuilds too long is no record either
+                    step = await self._after_error(exc, attempts, part, limiter, dataset, prompt)
+                    if step != "retry":
                         return
                     await limiter.acquire()  # a slot again for the next attempt
                     slot = True
@@ -414,8 +505,18 @@ class Engine:
             if comp.usage is None or comp.cost_missing:
                 rec.usage = self.governor.priced_usage(rec.usage, prompt_tokens=len(rec.prompt_ids or ()),
                                                        completion_tokens=len(rec.output_ids or ()))
+            if unusable is None:
+                billing = None
+                u = rec.usage
+                if self.health is not None and u is not None and rec.output_ids is not None \
+                        and self.health.policy.billing_off(len(rec.output_ids), u.completion_tokens):
+                    billing = "billing_off"
+                self._attempt(prompt, dataset, attempts, started, "ok", comp.provider, comp, usage_cost(u))
+                self._judge(comp.provider, billing)
+            else:
+                self.stats.kept_unusable[unusable] += 1
             settled = True
-            self._book(dataset, comp, rec, mt, worst, latency)
+            self._book(dataset, comp, rec, mt, worst, latency, charged=charged)
             self._sink(dataset).put(rec)
         finally:
             if not settled:
@@ -426,12 +527,72 @@ class Engine:
                 self.stats.in_flight[part.name] = limiter.in_use
             alive.release()
 
-    def _charge_rejected(self, comp: Completion, worst: float) -> None:
+    # -- quality and health --------------------------------------------------------------------------------
+
+    def _check_usable(self, comp: Completion, sent_ignore: list[str] | None) -> None:
+        """Raise ``UnusableResponse`` for a response from a provider the request's routing excluded, or one
+        whose reasoning text was dropped."""
+        if self.health is not None:
+            why = self.health.guard.excluded(comp.provider, sent_ignore)
+            if why is not None:
+                raise UnusableResponse(f"provider_excluded ({comp.provider}: {why}; it was served all the same)",
+                                       kind="provider_excluded")
+        if self.require_reasoning:
+            check_reasoning(comp)
+
+    def _ignore_for(self, avoid: list[str]) -> list[str] | None:
+        """What this attempt adds to ``provider.ignore``: the providers in the run's cool-down and the ones
+        this sample must avoid, never all the routing allows (the sample's oldest are dropped first)."""
+        run = self.health.ignore() if self.health is not None else []
+        if not avoid:
+            return run or None
+        guard = self.health.guard if self.health is not None else None
+        own = list(avoid)
+        while own and guard is not None and guard.leaves_none([*run, *own]):
+            own.pop(0)
+        out = list(run)
+        for slug in own:
+            if slug not in out:
+                out.append(slug)
+        return out or None
+
+    def _avoid(self, avoid: list[str], provider: str | None) -> None:
+        if provider and self.health is not None:
+            slug = self.health.guard.slug(provider)
+            if slug not in avoid:
+                avoid.append(slug)
+
+    def _judge(self, provider: str | None, outcome: APIError | str | None) -> None:
+        """One outcome for the provider's health: a retryable error or a quality kind is bad; a permanent
+        error (about the request, not the provider) is not counted."""
+        if self.health is None or not provider:
+            return
+        if isinstance(outcome, APIError):
+            if not isinstance(outcome, RetryableAPIError):
+                return
+            outcome = outcome.kind
+        self.health.outcome(provider, outcome)
+
+    def _attempt(self, prompt: PromptRecord, dataset: str, attempt: int, started: float, outcome: str,
+                 provider: str | None, comp: Completion | None = None, cost: float = 0.0) -> None:
+        sink = self._attempt_sink
+        if sink is None:
+            return
+        u = comp.usage if comp is not None else None
+        sink.put(AttemptRecord(
+            sample_id=prompt.sample_id, dataset=dataset, attempt=attempt, started_at=round(started, 4),
+            ended_at=round(time.time(), 4), outcome=outcome, provider=provider,
+            quantization=self.health.guard.quantization(provider) if self.health is not None else None,
+            ttft_s=comp.ttft_s if comp is not None else None,
+            completion_tokens=u.completion_tokens if u is not None else 0, cost=cost,
+        ))
+
+    def _charge_rejected(self, comp: Completion, worst: float) -> float:
         """Book what a response rejected as invalid was billed (no record will carry it): its reported
-        cost, or the cost computed from its usage, at most the request's worst case."""
+        cost, or the cost computed from its usage, at most the request's worst case. Returns it."""
         u = comp.usage
         if u is None:
-            return
+            return 0.0
         if comp.cost_missing:
             priced = self.governor.priced_usage(u, prompt_tokens=0, completion_tokens=0)
             cost = min(usage_cost(priced), worst) if priced is not u else 0.0
@@ -441,11 +602,13 @@ class Engine:
             self.governor.charge(cost)
             self.stats.spend_session = self.governor.session
             self.stats.remaining = self.governor.remaining
+        return max(cost, 0.0)
 
-    def _book(self, dataset: str, comp: Completion, rec: ResponseRecord, mt: int, worst: float, latency: float) -> None:
+    def _book(self, dataset: str, comp: Completion, rec: ResponseRecord, mt: int, worst: float, latency: float,
+              charged: float = 0.0) -> None:
         u = rec.usage  # the completion's, with a computed cost where it had none
         tokens = u.completion_tokens if u is not None and u.completion_tokens else len(rec.output_ids or ())
-        cost = self.governor.settle(dataset, mt, worst, u, completion_tokens=tokens)
+        cost = self.governor.settle(dataset, mt, worst, u, completion_tokens=tokens, charged=charged)
         st = self.stats
         counts = st.dataset(dataset)
         counts.completion_tokens += tokens

@@ -8,8 +8,10 @@ Reads (all optional; a partial run directory is fine, and an unterminated last l
     raw/<dataset>/raw_responses.jsonl     ResponseRecord   done samples, tokens, cost, providers, times
     raw/<dataset>/failures.jsonl          FailureRecord    failures by kind (latest per sample id)
     audit/audit.json                      AuditReport      the audit's figures
+    logs/attempts.jsonl                   AttemptRecord    attempts, retries by kind, TTFT, requests in flight
+    logs/health.jsonl                     HealthEvent      provider cool-downs
     merged/stats.json                     MergeStats       the merged split, drops, hidden-state estimate
-    merged/manifest.json                  MergeManifest    the merged files (written last: merge finished)
+    merged/manifest.json                  MergeManifest    every file merge wrote, merged/ and exports/ (written last)
     report.html                           (marker)         a report was written
 
 ``compute_metrics(run_dir)`` returns a ``RunMetrics``; the HTML page embeds it as JSON, and a test
@@ -22,33 +24,48 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from ..records import (
+    AttemptRecord,
     AuditReport,
     DatasetStats,
     FailureRecord,
+    HealthEvent,
     MergedFile,
     MergeManifest,
     MergeStats,
     RunManifest,
     spend_usd,
 )
+from ..rundir import RunDir
 from ..store import iter_jsonl, raw_ids_len, read_json
 
 __all__ = [
+    "TIME_UNITS",
+    "Activity",
     "DatasetMetrics",
     "Histogram",
+    "ProviderMetrics",
     "RunMetrics",
+    "SeqLengths",
     "Timeline",
+    "Verdict",
     "compute_metrics",
     "dataset_names",
+    "provider_metrics",
+    "time_unit",
 ]
 
 HIST_BINS = 30
 TIMELINE_BUCKETS = 60
+SEQ_BINS = 40
+TIME_UNITS = {"s": 1.0, "min": 60.0, "h": 3600.0}
+"""Units of the report's time axes (seconds since the run's first activity, divided by the unit)."""
 
 
 class DatasetMetrics(msgspec.Struct, kw_only=True):
@@ -113,6 +130,54 @@ class Timeline(msgspec.Struct, kw_only=True):
     cumulative_cost_usd: list[float] = msgspec.field(default_factory=list)
 
 
+class Activity(msgspec.Struct, kw_only=True):
+    """Request attempts over time (``logs/attempts.jsonl``) and failures (``failures.jsonl``), in buckets of
+    ``bucket_s`` seconds from ``t0``, the run's first activity. ``unit`` is the time axis unit that suits
+    the span (``time_unit``); every time chart of the report counts from ``t0`` in that unit."""
+
+    t0: float | None = None
+    span_s: float = 0.0
+    unit: str = "s"
+    bucket_s: float = 0.0
+    offsets: list[float] = msgspec.field(default_factory=list)
+    """Bucket starts, seconds after ``t0``."""
+    attempts: list[int] = msgspec.field(default_factory=list)
+    """Attempts started per bucket."""
+    retries_by_kind: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    """Failed attempts (retried or not) per bucket, by outcome, bucketed by ``ended_at``."""
+    failures_by_kind: dict[str, list[int]] = msgspec.field(default_factory=dict)
+    """Failure records (a sample given up for this run) per bucket, by kind."""
+    in_flight_mean: list[float] = msgspec.field(default_factory=list)
+    """Requests in flight, averaged over each bucket (time-weighted)."""
+    in_flight_peak: list[int] = msgspec.field(default_factory=list)
+
+
+class SeqLengths(msgspec.Struct, kw_only=True):
+    """Prompt + completion tokens per sample against ``merge.max_seq_len``, on shared bin edges."""
+
+    edges: list[float] = msgspec.field(default_factory=list)
+    responses: list[int] = msgspec.field(default_factory=list)
+    """Per done response: usage prompt + completion tokens (before any cap)."""
+    merged: list[int] = msgspec.field(default_factory=list)
+    """Per merged row (Parquet ``prompt_len + completion_len``, after the cap); empty when not merged."""
+    max_seq_len: int | None = None
+    over_max: int = 0
+    """Responses longer than ``max_seq_len``."""
+    merged_rows: int = 0
+    longest: int = 0
+
+
+class Verdict(msgspec.Struct, kw_only=True):
+    """Green (usable as is), amber (usable, read the warnings) or red (not usable as is), with the reason."""
+
+    level: str = "green"
+    reason: str = ""
+    problems: list[str] = msgspec.field(default_factory=list)
+    """What makes it red."""
+    warnings: list[str] = msgspec.field(default_factory=list)
+    """What makes it amber."""
+
+
 class RunMetrics(msgspec.Struct, kw_only=True):
     run_dir: str
     model: str | None = None
@@ -125,10 +190,14 @@ class RunMetrics(msgspec.Struct, kw_only=True):
     timeline: Timeline
     audit: AuditReport | None = None
     merged: MergeStats | None = None
-    merged_files: list[MergedFile] = msgspec.field(default_factory=list)
+    merged_files: list[MergedFile] = msgspec.field(default_factory=list)  # paths relative to the run directory
     latest_activity: float | None = None
     elapsed_s: float | None = None
     tokens_per_s: float | None = None
+    providers_table: list[ProviderMetrics] = msgspec.field(default_factory=list)
+    activity: Activity = msgspec.field(default_factory=Activity)
+    seq_lengths: SeqLengths = msgspec.field(default_factory=SeqLengths)
+    verdict: Verdict = msgspec.field(default_factory=Verdict)
 
 
 class _Usage(msgspec.Struct):
@@ -149,9 +218,13 @@ class _Row(msgspec.Struct):
     provider: str | None = None
     usage: _Usage | None = None
     output_ids: msgspec.Raw = msgspec.Raw(b"")
+    prompt_ids: msgspec.Raw = msgspec.Raw(b"")
+    reasoning: msgspec.Raw = msgspec.Raw(b"")
     ids_source: str = "exact"
     recon_flags: list[str] = msgspec.field(default_factory=list)
     latency_s: float | None = None
+    ttft_s: float | None = None
+    quantization: str | None = None
     created_at: float = 0.0
 
 
@@ -406,11 +479,20 @@ def compute_metrics(run_dir: Path, configured: list[str] | None = None) -> RunMe
         timeline=_timeline(events),
         audit=audit,
         merged=merged,
-        merged_files=manifest_m.files if manifest_m else [],
+        merged_files=_manifest_files(manifest_m),
         latest_activity=latest,
         elapsed_s=elapsed,
         tokens_per_s=(total_m.completion_tokens / elapsed) if elapsed else None,
     )
+
+
+def _manifest_files(manifest: MergeManifest | None) -> list[MergedFile]:
+    """The merge's files with paths relative to the run directory (a layout-1 manifest's are under merged/)."""
+    if manifest is None:
+        return []
+    if manifest.layout >= 2:
+        return manifest.files
+    return [msgspec.structs.replace(f, path=f"merged/{f.path}") for f in manifest.files]
 
 
 def _manifest_str(manifest: RunManifest | None, section: str, key: str) -> str | None:
