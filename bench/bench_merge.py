@@ -189,11 +189,11 @@ def main() -> None:
         ours: dict[str, dict[str, float]] = {}
         for label, mode in runs:
             res = ours[mode] = _child(CHILD, str(cfg), mode)
-            merged = root / "run" / "merged"
-            out_bytes = sum(f.stat().st_size for f in merged.rglob("*") if f.is_file())
+            out_bytes = sum(f.stat().st_size for d in ("merged", "exports") for f in (root / "run" / d).rglob("*")
+                            if f.is_file())
             print(f"draftgen merge ({label}): {res['seconds']:.1f} s, peak RSS {res['rss'] / 2**30:.2f} GiB, "
                   f"{int(res['rows']):,} rows kept ({res['tokens'] / 1e6:.1f}M tokens after the 8,192 cap), "
-                  f"{tokens / res['seconds'] / 1e6:.2f}M input tokens/s, merged/ {out_bytes / 1e9:.2f} GB")
+                  f"{tokens / res['seconds'] / 1e6:.2f}M input tokens/s, merged/ + exports/ {out_bytes / 1e9:.2f} GB")
         names = ",".join([f"short{i}" for i in range(SHORT_SETS)] + ["long"])
         base = _child(NAIVE, str(root / "run"), names, str(args.baseline_fraction))
         scale = tokens / base["tokens"]

@@ -9,10 +9,12 @@ from pathlib import Path
 from draftgen import rundir
 from draftgen.config import RunConfig, config_from_mapping
 from draftgen.records import (
+    AttemptRecord,
     AuditReport,
     DatasetAudit,
     DatasetStats,
     FailureRecord,
+    HealthEvent,
     Message,
     MismatchExample,
     PromptRecord,
@@ -23,12 +25,16 @@ from draftgen.store import JsonlWriter, atomic_write_json
 from draftgen.tokens import profile_from_config
 
 T0 = 1_760_000_000.0
+QUANT = {"SiliconFlow": "fp8", "DeepInfra": "bf16"}  # Chutes: quantization unknown
 
 
-def make_config(tmp: Path, run_dir: Path, datasets: tuple[str, ...] = ("chat", "code")) -> Path:
+def make_config(tmp: Path, run_dir: Path, datasets: tuple[str, ...] = ("chat", "code"), extra: str = "") -> Path:
+    """cfg.yaml for ``run_dir``; ``extra``: more YAML appended (e.g. a ``merge:`` section)."""
     lines = [f"run_dir: {run_dir}", "endpoint: emulator", "datasets:"]
     for name in datasets:
         lines += [f"  - name: {name}", f"    path: {name}.jsonl"]
+    if extra:
+        lines.append(extra.rstrip("\n"))
     path = tmp / "cfg.yaml"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
@@ -91,15 +97,19 @@ def _write_run_dir(cfg: RunConfig, datasets: dict[str, int], *, done_fraction: f
             content = rng.randint(20, 300)
             completion = reasoning + content
             t += rng.uniform(0.2, 3.0)
+            latency = rng.uniform(1, 20)
+            provider = providers[i % len(providers)]
             rows.append(ResponseRecord(
-                sample_id=prompts[i].sample_id, dataset=name, reasoning="r" * 5, content="c" * 5,
+                # sample 4 of each dataset: reasoning billed, no reasoning text (dropped by the provider)
+                sample_id=prompts[i].sample_id, dataset=name, reasoning="" if i == 4 else "r" * 5, content="c" * 5,
                 reasoning_field="reasoning", finish_reason="length" if i % 9 == 0 else "stop",
-                provider=providers[i % len(providers)], model="qwen/qwen3-8b", generation_id=f"gen-{name}-{i}",
+                provider=provider, model="qwen/qwen3-8b", generation_id=f"gen-{name}-{i}",
                 usage=Usage(prompt_tokens=prompts[i].prompt_tokens or 0, completion_tokens=completion,
                             reasoning_tokens=reasoning, cost=completion * 2.25e-6),
                 output_ids=list(range(completion)), ids_source="reconstructed",
                 recon_flags=["junction_restored"] if i % 7 == 0 else [],
-                latency_s=rng.uniform(1, 20), created_at=t, provenance=provenance,
+                latency_s=latency, ttft_s=round(latency / 10, 3), quantization=QUANT.get(provider),
+                created_at=t, provenance=provenance,
             ))
         with JsonlWriter(run_dir / "raw" / name / "raw_responses.jsonl", fsync=False) as w:
             w.write_many(rows)
@@ -135,3 +145,74 @@ def _write_run_dir(cfg: RunConfig, datasets: dict[str, int], *, done_fraction: f
         atomic_write_json(run_dir / "audit" / "audit.json",
                           AuditReport(profile="qwen3", datasets=audits, overall=overall, created_at=t))
     return written
+
+
+def response(cfg: RunConfig, sample_id: str, dataset: str, **fields: object) -> ResponseRecord:
+    """A response record with the provenance of ``cfg`` (``fields`` override the defaults)."""
+    provenance = rundir.expected_provenance(cfg, profile_from_config(cfg).tokenizer_sha256)
+    base: dict[str, object] = {"reasoning": "r", "content": "c", "finish_reason": "stop", "ids_source": "reconstructed",
+                               "output_ids": [1, 2, 3], "created_at": T0}
+    base.update(fields)
+    return ResponseRecord(sample_id=sample_id, dataset=dataset, provenance=provenance, **base)  # type: ignore[arg-type]
+
+
+def write_logs(cfg: RunConfig, *, prompts: dict[str, int] | None = None,
+               responses: list[ResponseRecord] | None = None, failures: list[FailureRecord] | None = None,
+               attempts: list[AttemptRecord] | None = None, health: list[HealthEvent] | None = None) -> None:
+    """Write exactly these rows (under the run directory's writer): ``prompts`` maps a dataset to how many
+    prepared samples ``<dataset>-NNNN`` it has; responses and failures go to their dataset's raw logs."""
+    rd = rundir.RunDir(cfg.run_path)
+    with rundir.writer(cfg, "test"):
+        for name, n in (prompts or {}).items():
+            rows = [PromptRecord(sample_id=f"{name}-{i:04d}", dataset=name,
+                                 messages=[Message(role="user", content=f"q{i}")], prompt_tokens=10) for i in range(n)]
+            with JsonlWriter(rd.prepared(name), fsync=False) as w:
+                w.write_many(rows)
+        by_path: dict[Path, list[object]] = {}
+        for path, rec in ([(rd.raw(r.dataset), r) for r in responses or []]
+                          + [(rd.failures(f.dataset), f) for f in failures or []]
+                          + [(rd.attempts, a) for a in attempts or []]
+                          + [(rd.health, h) for h in health or []]):
+            by_path.setdefault(path, []).append(rec)
+        for path, recs in by_path.items():
+            with JsonlWriter(path, fsync=False) as w:
+                w.write_many(recs)  # type: ignore[arg-type]
+
+
+def synthetic_attempts(written: dict[str, list[ResponseRecord]], *, seed: int = 2,
+                       fail_kinds: tuple[str, ...] = ("rate_limited", "server_error", "reasoning_dropped"),
+                       ) -> list[AttemptRecord]:
+    """logs/attempts.jsonl for the responses ``write_run_dir`` wrote: each response ends an "ok" attempt of
+    ``latency_s`` seconds; every third sample had a failed attempt first (kind cycling through
+    ``fail_kinds``), served by the next provider of the rotation."""
+    rng = random.Random(seed)
+    providers = ["SiliconFlow", "DeepInfra", "Chutes"]
+    out: list[AttemptRecord] = []
+    for rows in written.values():
+        for i, r in enumerate(rows):
+            latency = r.latency_s or 1.0
+            start = r.created_at - latency
+            n = 1
+            if i % 3 == 0:
+                failed_provider = providers[(providers.index(r.provider or "Chutes") + 1) % 3]
+                begin = start - rng.uniform(0.5, 2.0)
+                out.append(AttemptRecord(sample_id=r.sample_id, dataset=r.dataset, attempt=1, started_at=begin,
+                                         ended_at=begin + 0.4, outcome=fail_kinds[(i // 3) % len(fail_kinds)],
+                                         provider=failed_provider, quantization=QUANT.get(failed_provider)))
+                n = 2
+            out.append(AttemptRecord(sample_id=r.sample_id, dataset=r.dataset, attempt=n, started_at=start,
+                                     ended_at=r.created_at, outcome="ok", provider=r.provider,
+                                     quantization=r.quantization, ttft_s=r.ttft_s,
+                                     completion_tokens=r.usage.completion_tokens if r.usage else 0,
+                                     cost=r.usage.cost if r.usage else 0.0))
+    return out
+
+
+def write_attempts_and_health(cfg: RunConfig, written: dict[str, list[ResponseRecord]]) -> list[AttemptRecord]:
+    """``synthetic_attempts`` into logs/attempts.jsonl, and one cool-down of DeepInfra into logs/health.jsonl."""
+    attempts = synthetic_attempts(written)
+    health = [HealthEvent(at=T0 + 30, provider="DeepInfra", event="cooldown", reason="6 of 10 recent outcomes bad",
+                          until=T0 + 330),
+              HealthEvent(at=T0 + 330, provider="DeepInfra", event="restored")]
+    write_logs(cfg, attempts=attempts, health=health)
+    return attempts

@@ -288,3 +288,25 @@ def test_omit_cost_sends_usage_without_cost(stream: bool) -> None:
     assert usage is not None and usage["completion_tokens"] > 0
     assert "cost" not in usage and "cost_details" not in usage
     assert billed > 0  # the emulator still bills it
+
+
+def test_per_request_ignore_lands_elsewhere_and_a_misrouting_provider_ignores_it() -> None:
+    dropper = Provider("Dropper", "dropper/int4", "int4", 0.1, 0.5, drop_reasoning=True)
+    good = Provider("Good", "good/fp8", "fp8", 1.0, 4.0)
+    with start_in_thread(EmulatorOptions(scenario_obj=builtin_scenario("fast").replace(providers=[dropper, good]))) as e:
+        for i in range(5):
+            first = chat(e.base_url, chat_body(f"drop {i}", provider={"order": ["dropper"]})).json()
+            assert first["provider"] == "Dropper" and first["choices"][0]["message"]["reasoning"] is None
+            assert first["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
+            # The same prompt again, with the dropper in this request's ignore list: served elsewhere, whole.
+            again = chat(e.base_url, chat_body(f"drop {i}", provider={"order": ["dropper"], "ignore": ["Dropper"]}))
+            body = again.json()
+            assert body["provider"] == "Good" and body["choices"][0]["message"]["reasoning"]
+    rogue = Provider("Rogue", "rogue/int4", "int4", 0.1, 0.5, ignores_routing=0.5)
+    with start_in_thread(EmulatorOptions(scenario_obj=builtin_scenario("fast").replace(providers=[rogue, good]))) as e:
+        served = [chat(e.base_url, chat_body(f"route {i}", max_tokens=64, provider={"ignore": ["rogue"]})).json()["provider"]
+                  for i in range(40)]
+        assert set(served) == {"Rogue", "Good"} and 8 <= served.count("Rogue") <= 32
+        only = [chat(e.base_url, chat_body(f"q {i}", max_tokens=64, provider={"quantizations": ["fp8"]})).json()["provider"]
+                for i in range(20)]
+        assert "Rogue" in only  # a quantization filter is ignored the same way

@@ -122,6 +122,6 @@ def test_no_provider_left_is_an_error() -> None:
 
 
 def test_bad_provider_object_is_400() -> None:
-    for bad in ({"order": "chutes"}, {"sort": "vibes"}, {"allow_fallbacks": "no"}, {"max_price": {"prompt": "1"}}):
+    for bad in ({"order": "chutes"}, {"sort": "vibes"}, {"allow_fallbacks": "no"}, {"max_price": {"prompt": "one"}}):
         err = parse_prefs(bad)
         assert isinstance(err, ApiError) and err.status == 400

@@ -360,3 +360,121 @@ def test_engine_retries_oversized_responses_and_prices_missing_costs(tmp_path: P
     # spend: the computed costs of the records, plus what each rejected-but-billed reply cost
     assert gov.session == pytest.approx(6 * (0.001 + 26e-6)) and gov.reserved == pytest.approx(0.0)
     assert engine.limiters["short"].in_use == 0 and gov.token_budget("d").reserved == 0
+
+
+# -- quality and provider health ---------------------------------------------------------------------------
+
+
+def _endpoints() -> list:  # type: ignore[type-arg]
+    from draftgen.backends.base import EndpointInfo
+
+    return [EndpointInfo(provider_name="DeepInfra", tag="deepinfra/fp4", quantization="fp4"),
+            EndpointInfo(provider_name="DeepInfra", tag="deepinfra/fp8", quantization="fp8"),
+            EndpointInfo(provider_name="Chutes", tag="chutes/int4", quantization="int4"),
+            EndpointInfo(provider_name="Moonshot AI", tag="moonshotai/int4", quantization="int4")]
+
+
+def test_routing_guard_names_slugs_quantizations_and_exclusions() -> None:
+    from draftgen.engine import RoutingGuard
+
+    eps = _endpoints()
+    g = RoutingGuard(eps, allowed=[e for e in eps if e.quantization != "int4"], quantizations=["fp4", "fp8"])
+    assert g.slug("Moonshot AI") == "moonshotai" and g.slug("DeepInfra") == "deepinfra" and g.slug("Odd Co") == "odd co"
+    assert g.quantization("Chutes") == "int4" and g.quantization("DeepInfra") is None  # two variants: unknown
+    assert g.excluded("Chutes") == "quantization int4 not in routing.quantizations"
+    assert g.excluded("DeepInfra") is None and g.excluded("Odd Co") is None and g.excluded(None) is None
+    assert g.excluded("DeepInfra", ["deepinfra"]) == "in this request's provider.ignore"
+    assert g.leaves_none(["deepinfra"]) and not g.leaves_none(["deepinfra/fp4"]) and not g.leaves_none([])
+    only = RoutingGuard(eps, only=["chutes"], ignore=["odd co"])
+    assert only.excluded("Moonshot AI") == "not in routing.only" and only.excluded("Chutes") is None
+    assert only.excluded("Odd Co") == "in routing.ignore"  # not listed: judged by its name
+    assert only.quantization("DeepInfra") is None
+    unknown = RoutingGuard(None)  # no endpoint list: the providers seen so far stand in for it
+    unknown.note("A")
+    assert unknown.leaves_none(["a"]) and unknown.quantization("A") is None
+    unknown.note("B")
+    assert not unknown.leaves_none(["a"])
+
+
+def test_provider_health_cools_down_restores_and_keeps_the_least_bad() -> None:
+    from draftgen.backends.base import EndpointInfo
+    from draftgen.engine import HealthPolicy, ProviderHealth, RoutingGuard
+
+    clock = Clock()
+    events: list[tuple[str, str, str]] = []
+    notes: list[str] = []
+    eps = [EndpointInfo(provider_name=n, tag=n.lower()) for n in ("A", "B", "C")]
+    h = ProviderHealth(HealthPolicy(window=4, min_outcomes=3, max_failure_rate=0.5, cooldown_s=10.0),
+                       RoutingGuard(eps), on_event=lambda ev, line: events.append((ev.provider, ev.event, ev.reason)),
+                       on_note=notes.append, clock=clock)
+    for bad in (None, "server_error"):
+        h.outcome("A", bad)
+    assert not h.cooling  # 2 outcomes: not judged yet
+    h.outcome("A", "reasoning_dropped")
+    assert h.ignore() == ["a"] and events[-1][:2] == ("A", "cooldown")
+    assert events[-1][2] == "2 of 3 recent outcomes bad: server_error 1, reasoning_dropped 1"
+    h.outcome("A", "server_error")  # sent before the cool-down: not counted
+    assert not h.windows["A"]
+    clock.t = 9.9
+    h.tick()
+    assert h.ignore() == ["a"]
+    clock.t = 10.0
+    h.tick()
+    assert h.ignore() == [] and events[-1][:2] == ("A", "restored")
+    # A and B cooled down (all bad); C failing half the time: the least bad of the three, it stays.
+    for p, outcomes in (("A", ["x", "x", "x"]), ("B", ["x", "x", "x"]), ("C", [None, "x", None, "x"])):
+        for o in outcomes:
+            h.outcome(p, o)
+    assert sorted(h.cooling) == ["A", "B"] and "C" not in h.cooling
+    assert notes and "provider C" in notes[-1] and "least bad" in notes[-1]
+    # ... but when the last one is worse than one cooled down (A, 2 of 3 bad), A comes back early.
+    h.cooling.clear()
+    h.windows.clear()
+    for p, outcomes in (("A", ["x", None, "x"]), ("B", ["x", "x", "x"]), ("C", ["x", "x", "x"])):
+        for o in outcomes:
+            h.outcome(p, o)
+    assert sorted(h.cooling) == ["B", "C"]
+    assert events[-2][:2] == ("A", "restored") and "least bad" in events[-2][2]
+    assert events[-1][:2] == ("C", "cooldown")
+    assert HealthPolicy(billing_tolerance=0.05).billing_off(110, 100) and not HealthPolicy().billing_off(103, 100)
+
+
+def test_check_reasoning_refuses_billed_reasoning_without_text() -> None:
+    from draftgen.backends.base import Completion
+    from draftgen.engine.assemble import UnusableResponse, check_reasoning
+
+    u = Usage(prompt_tokens=5, completion_tokens=50, reasoning_tokens=40)
+    with pytest.raises(UnusableResponse) as err:
+        check_reasoning(Completion(backend="openrouter", content="Hi", usage=u, provider="Novita"))
+    assert err.value.kind == "reasoning_dropped" and "Novita" in str(err.value)
+    for ok in (Completion(backend="openrouter", reasoning="Hmm.", content="Hi", usage=u),
+               Completion(backend="openrouter", content="Hi", usage=Usage(completion_tokens=2)),
+               Completion(backend="vllm", content="Hi", usage=u, output_ids=[1, 2])):  # exact ids hold it all
+        check_reasoning(ok)
+
+
+def test_request_routing_adds_its_own_ignores_to_the_configured_ones() -> None:
+    import aiohttp
+    import msgspec
+
+    from draftgen.backends.base import CompletionRequest
+    from draftgen.backends.openrouter import OpenAIChatBackend
+    from draftgen.records import Message
+
+    async def bodies() -> list[dict]:  # type: ignore[type-arg]
+        async with aiohttp.ClientSession() as session:
+            b = OpenAIChatBackend(session, "http://127.0.0.1:9/api/v1", model="m", openrouter=True,
+                                  routing={"order": ["chutes"], "ignore": ["novita"], "allow_fallbacks": False,
+                                           "sort": None})
+            req = CompletionRequest(sample_id="s", messages=[Message(role="user", content="hi")], max_tokens=9)
+            plain = b.encode_body(req)
+            req.provider_ignore = ["deepinfra", "Novita"]
+            own = b.encode_body(req)
+            bare = OpenAIChatBackend(session, "http://127.0.0.1:9/api/v1", model="m", openrouter=True)
+            return [msgspec.json.decode(x) for x in (plain, own, bare.encode_body(req))]
+
+    plain, own, bare = asyncio.run(bodies())
+    assert plain["provider"] == {"order": ["chutes"], "ignore": ["novita"], "allow_fallbacks": False}
+    assert own["provider"] == {"order": ["chutes"], "ignore": ["novita", "deepinfra"], "allow_fallbacks": False}
+    assert bare["provider"] == {"ignore": ["deepinfra", "Novita"]}
+    assert own["messages"] == plain["messages"] and own["max_tokens"] == 9 and own["model"] == "m"

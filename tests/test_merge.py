@@ -43,8 +43,10 @@ def _raw(cfg: Any, name: str) -> dict[str, ResponseRecord]:
 
 
 def _files(cfg: Any) -> dict[str, bytes]:
-    d = cfg.run_path / "merged"
-    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+    """Every file of merged/ and exports/, by its path in the run directory."""
+    root = cfg.run_path
+    return {p.relative_to(root).as_posix(): p.read_bytes()
+            for d in ("merged", "exports") for p in sorted((root / d).rglob("*")) if p.is_file()}
 
 
 def test_merge_is_deterministic_and_independent_of_raw_line_order(tmp_path: Path) -> None:
@@ -52,8 +54,11 @@ def test_merge_is_deterministic_and_independent_of_raw_line_order(tmp_path: Path
                        merge={"val_fraction": 0.2, "seed": 3})
     run_merge(cfg, echo=_quiet)
     first = _files(cfg)
-    assert {"manifest.json", "stats.json", "train-00000-of-00001.parquet", "validation-00000-of-00001.parquet",
-            "speculators/train.jsonl", "specforge/validation.jsonl"} <= set(first)
+    assert set(first) == {
+        "merged/manifest.json", "merged/stats.json", "merged/README.md", "merged/train-00000-of-00001.parquet",
+        "merged/validation-00000-of-00001.parquet", "exports/speculators/train.jsonl",
+        "exports/specforge/train.jsonl", "exports/validation/speculators/validation.jsonl",
+        "exports/validation/specforge/validation.jsonl"}
     run_merge(cfg, echo=_quiet)
     assert _files(cfg) == first
     # Responses finished in another order (a resumed run): same bytes.
@@ -228,11 +233,12 @@ def test_merged_parquet_loads_with_datasets_and_manifest_is_last(tmp_path: Path)
     assert ds["train"].features["input_ids"].feature.dtype == "int32"
     assert ds["train"].features["loss_mask"].feature.dtype == "int8"
     man = read_json(merged / "manifest.json", MergeManifest)
-    assert man.files == rep.files and {f.kind for f in man.files} == {"parquet", "speculators", "specforge"}
+    assert man.files == rep.files
+    assert {f.kind for f in man.files} == {"parquet", "speculators", "specforge", "card", "stats"}
     for f in man.files:
-        assert (merged / f.path).stat().st_size == f.bytes
+        assert (cfg.run_path / f.path).stat().st_size == f.bytes
     assert (merged / "manifest.json").stat().st_mtime_ns >= max(
-        (merged / f.path).stat().st_mtime_ns for f in man.files)
+        (cfg.run_path / f.path).stat().st_mtime_ns for f in man.files)
     assert any(line.startswith("hidden states (4 slots × hidden 7,168 × bf16)") for line in out)
     assert read_json(merged / "stats.json", MergeStats).hidden_states is not None
 

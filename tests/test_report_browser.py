@@ -1,5 +1,6 @@
 """report.html in a real headless browser (Debian's chromium driven by Playwright): no console errors,
-every chart renders, and a screenshot is taken.
+every chart renders, the verdict banner, the provider table and the sample viewer show, and a screenshot
+is taken.
 
 Needs /usr/bin/chromium (``apt-get install -y chromium``) and ``pip install playwright``; set
 DRAFTGEN_NO_BROWSER=1 to leave this test out on a machine that cannot have a browser.
@@ -12,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from _report_helpers import make_config, write_run_dir
+from _report_helpers import make_config, run_config, write_attempts_and_health, write_run_dir
 from draftgen.config import load_config
+from draftgen.merge import run_merge
 from draftgen.report.html import run_report
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -32,8 +34,11 @@ def test_report_renders_in_chromium(tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
     run = tmp_path / "run"
-    write_run_dir(run)
-    page_path = run_report(load_config(make_config(tmp_path, run)))
+    written = write_run_dir(run)
+    write_attempts_and_health(run_config(run), written)
+    cfg = load_config(make_config(tmp_path, run, extra="merge:\n  max_seq_len: 1024"))
+    run_merge(cfg, echo=lambda s: None)
+    page_path = run_report(cfg)
     problems: list[str] = []
     requests: list[str] = []
     with sync_playwright() as p:
@@ -44,9 +49,9 @@ def test_report_renders_in_chromium(tmp_path: Path) -> None:
             page.on("pageerror", lambda exc: problems.append(f"pageerror: {exc}"))
             page.on("request", lambda req: requests.append(req.url))
             page.goto(page_path.as_uri(), wait_until="load")
-            page.wait_for_function("document.querySelectorAll('.chart .main-svg').length >= 6", timeout=20_000)
+            page.wait_for_function("document.querySelectorAll('.chart .main-svg').length >= 9", timeout=20_000)
             charts = page.locator(".chart")
-            assert charts.count() == 6
+            assert charts.count() == 9
             for i in range(charts.count()):
                 chart = charts.nth(i)
                 assert chart.locator("svg.main-svg").count() >= 1
@@ -57,6 +62,36 @@ def test_report_renders_in_chromium(tmp_path: Path) -> None:
             assert page.locator("#chart-throughput .bars path").count() > 5
             assert page.locator("#chart-providers .slice").count() == 3
             assert page.locator("#datasets tbody tr").count() == 3
+            # retries by kind (3 kinds of bars) and failures (markers); requests in flight (mean and peak lines)
+            assert page.locator("#chart-retries .bars path").count() > 5
+            assert page.locator("#chart-retries .scatterlayer .point").count() >= 2
+            assert page.locator("#chart-inflight .scatterlayer path.js-line").count() == 2
+            assert page.locator("#chart-inflight .xtitle").text_content() == "time since start (s)"
+            # the sequence lengths with the max_seq_len marker line
+            assert page.locator("#chart-seqlen .bars path").count() > 5
+            assert page.locator("#chart-seqlen .shapelayer path").count() == 1
+            assert page.locator("#chart-seqlen .annotation-text").text_content() == "max_seq_len 1,024"
+            # the verdict banner: amber (failures, a cool-down, dropped reasoning), with its reason
+            banner = page.locator("#verdict")
+            assert banner.get_attribute("data-level") == "amber"
+            assert banner.is_visible() and "samples failed" in banner.inner_text()
+            colour = banner.evaluate("e => getComputedStyle(e).backgroundColor")
+            assert colour == "rgb(255, 249, 219)", colour
+            # the provider table: one row per provider, DeepInfra highlighted (cool-down, dropped reasoning)
+            assert page.locator("#providers tbody tr").count() == 3
+            assert page.locator('#providers tr.warn[data-provider="DeepInfra"]').count() == 1
+            # the sample viewer: prompt and content, tokens coloured by loss mask
+            viewer = page.locator("#sample-viewer")
+            assert viewer.is_visible()
+            assert page.locator("#sample-viewer .seg").count() >= 2
+            masked = page.locator("#sample-viewer .t.m0").count()
+            supervised = page.locator("#sample-viewer .t.m1").count()
+            assert masked > 5 and supervised > 5 and masked + supervised <= 400
+            m0 = page.locator("#sample-viewer .t.m0").first.evaluate("e => getComputedStyle(e).backgroundColor")
+            m1 = page.locator("#sample-viewer .t.m1").first.evaluate("e => getComputedStyle(e).backgroundColor")
+            assert m0 != m1
+            # the BPE mismatch chips with the text around them
+            assert page.locator("#mismatches .tok.ours").count() >= 2 and page.locator("#mismatches .ctx").count() >= 4
             shot = tmp_path / "report.png"
             page.screenshot(path=str(shot), full_page=True)
         finally:

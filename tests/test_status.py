@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from _report_helpers import T0, make_config, write_run_dir
+from _report_helpers import T0, make_config, run_config, write_attempts_and_health, write_run_dir
 from draftgen.cli import cli
 from draftgen.errors import RunDirError
 from draftgen.report.status import run_status
@@ -50,6 +50,32 @@ def test_status_from_a_config_and_after_the_audit(tmp_path: Path) -> None:
     assert [d.name for d in rep.metrics.datasets] == ["chat", "code", "notyet"]
     assert "audit: 52 records" in out and "BPE exact 50/52" in out
     assert "notyet" in out and "0 / ?" in out
+    # the verdict in one line (failures and nothing merged: red), then the other findings
+    flat = " ".join(out.split())
+    assert rep.metrics.verdict.level == "red"
+    assert f"verdict: NOT USABLE {rep.metrics.verdict.reason}" in flat
+    assert rep.metrics.verdict.reason.startswith("6 samples failed (context_length_exceeded 4, rate_limited 2) and "
+                                                 "nothing was merged")
+    assert "· 2 responses with dropped reasoning (DeepInfra 2)" in flat
+
+
+def test_status_shows_the_providers_briefly(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    written = write_run_dir(run)
+    write_attempts_and_health(run_config(run), written)
+    lines: list[str] = []
+    rep = run_status(str(run), echo=lines.append, now=T0 + 3600)
+    out = "\n".join(lines)
+    table = rep.metrics.providers_table
+    assert [p.provider for p in table] == ["DeepInfra", "SiliconFlow", "Chutes"]
+    provider_lines = [line.strip() for line in out.splitlines() if line.startswith("  ") and " · latency p50 " in line]
+    assert len(provider_lines) == 3
+    deep = " ".join(out.split("  DeepInfra ", 1)[1].split("\n  SiliconFlow", 1)[0].split())
+    assert deep.startswith("18 (35%) · bf16 · latency p50 ")
+    assert "retries 18 (rate_limited 7, server_error 6, reasoning_dropped 5)" in deep
+    assert "dropped reasoning 5 · cool-downs 1" in deep
+    assert "  Chutes 16 (31%) · latency p50 " in out  # no quantization known for Chutes
+    assert "verdict: NOT USABLE" in out and "· provider cool-downs: DeepInfra 1" in out
 
 
 def test_status_cli_and_missing_target(tmp_path: Path) -> None:

@@ -311,8 +311,9 @@ class MergeConfig(_C):
     """Share of distinct samples put in the validation split."""
     mask_reasoning: bool = False
     """loss_mask 0 over the reasoning tokens (through the end-of-think marker) as well as the prompt."""
-    exports: list[Literal["speculators", "specforge"]] = msgspec.field(default_factory=lambda: ["speculators", "specforge"])
-    """Peer formats written beside the Parquet: speculators rows and SpecForge conversations."""
+    exports: list[Literal["speculators", "specforge", "specforge-conversations"]] = msgspec.field(
+        default_factory=lambda: ["speculators", "specforge"])
+    """Peer formats written to exports/<format>/ beside merged/: ``speculators`` (pre-tokenized rows for ``speculators prepare-data --data exports/speculators/``), ``specforge`` (pre-tokenized ``{input_ids, loss_mask}`` JSONL for SpecForge ``data.prompts_path``: the exact ids; set its ``data.max_length`` >= ``merge.max_seq_len``), ``specforge-conversations`` (conversation rows for SpecForge ``data.train_data_path``; SpecForge re-renders and re-tokenizes them, so their ids are not exact)."""
 
 
 class QualityConfig(_C):

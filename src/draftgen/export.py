@@ -59,6 +59,7 @@ from .records import (
     SpecForgePromptRow,
     SpeculatorsMetadata,
     SpeculatorsRow,
+    Tool,
     ToolCall,
 )
 from .rundir import RunDir
@@ -282,10 +283,29 @@ def _json_text(value: Any) -> str:
     return msgspec.json.encode(value).decode()
 
 
+def _tool_calls_text(calls: list[ToolCall] | None) -> str:
+    """OpenAI tool calls, every key written (the records omit defaults such as ``type``)."""
+    return _json_text([{"id": c.id, "type": c.type,
+                        "function": {"name": c.function.name if c.function else "",
+                                     "arguments": c.function.arguments if c.function else ""}}
+                       for c in calls or []])
+
+
+def _tools_text(tools: list[Tool] | None) -> str:
+    """OpenAI tool definitions as the chat template sees them (``type`` written; absent fields left out)."""
+    out = []
+    for t in tools or []:
+        entry: dict[str, Any] = {"type": t.type}
+        if t.function is not None:
+            entry["function"] = msgspec.to_builtins(t.function)
+        out.append(entry)
+    return _json_text(out)
+
+
 def _message(role: str, content: str | None, reasoning: str | None, tool_calls: list[ToolCall] | None,
              tool_call_id: str | None) -> SpecForgeMessage:
     return SpecForgeMessage(role=role, content=content or "", reasoning_content=reasoning or "",
-                            tool_calls=_json_text(tool_calls or []), tool_call_id=tool_call_id or "")
+                            tool_calls=_tool_calls_text(tool_calls), tool_call_id=tool_call_id or "")
 
 
 def _specforge_conversation(ctx: _Context, row: MergedRow, ids: list[int],
@@ -302,7 +322,7 @@ def _specforge_conversation(ctx: _Context, row: MergedRow, ids: list[int],
     conv.append(_message("assistant", content, reasoning, None if row.capped else rec.tool_calls, None))
     if any(m.role == "assistant" and not m.content.strip() for m in conv):
         return "an assistant turn with empty content, which SpecForge rejects"
-    return SpecForgeConversationRow(id=row.row_id, conversations=conv, tools=_json_text(prompt.tools or []))
+    return SpecForgeConversationRow(id=row.row_id, conversations=conv, tools=_tools_text(prompt.tools))
 
 
 EXPORTERS: dict[str, Exporter] = {}

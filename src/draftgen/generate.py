@@ -4,8 +4,16 @@ Reads ``run_dir/prepared/<dataset>/prompts.jsonl`` (running ``prepare`` first wh
 none) and the existing ``run_dir/raw/<dataset>/raw_responses.jsonl`` (resume: done ids, tokens, spend).
 Writes, per dataset, ``raw/<dataset>/raw_responses.jsonl`` (``ResponseRecord``, one per finished sample)
 and ``raw/<dataset>/failures.jsonl`` (``FailureRecord``); ``run.json`` (``RunManifest``: config, argv with
-secrets removed, versions, git SHA, config hash); ``logs/generate.log``. With ``endpoint: emulator`` and no
-base URL it starts the embedded emulator (ground truth in ``emulator/ground_truth.jsonl``).
+secrets removed, versions, git SHA, config hash); ``logs/generate.log``; ``logs/attempts.jsonl`` (one
+``AttemptRecord`` per request attempt) and ``logs/health.jsonl`` (``HealthEvent``: providers cooled down
+and restored). With ``endpoint: emulator`` and no base URL it starts the embedded emulator (ground truth
+in ``emulator/ground_truth.jsonl``).
+
+Quality (``quality.*``): unusable responses (dropped reasoning, a provider the routing excluded) are
+retried elsewhere and never written, unless ``keep_unusable``; failing providers are cooled down
+(``engine.health``). At the end a per-provider table (responses, $/M output, latency and TTFT
+percentiles, retries, dropped reasoning, quantization, cool-downs), computed from the files by
+``report.metrics.provider_metrics``, is printed and logged.
 
 A run directory written by another config (different ``config_hash``: model, reasoning, sampling or
 datasets) is refused with a RunDirError. The engine itself lives in ``draftgen.engine``.
@@ -21,6 +29,7 @@ import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -34,9 +43,12 @@ from .engine import (
     BudgetGovernor,
     DatasetPlan,
     Engine,
+    HealthPolicy,
     PartitionPlan,
     Prices,
+    ProviderHealth,
     RetryPolicy,
+    RoutingGuard,
     RunLog,
     RunStats,
     TokenBudget,
@@ -53,6 +65,7 @@ __all__ = [
     "DatasetSummary",
     "GenerateOptions",
     "GenerateReport",
+    "routable_endpoints",
     "routed_prices",
     "run_generate",
 ]
@@ -131,16 +144,22 @@ def _prepared(cfg: RunConfig, rd: rundir.RunDir, names: list[str], echo: Echo) -
                          "run `draftgen prepare CONFIG` and check its messages")
 
 
-def routed_prices(cfg: RunConfig, endpoints: list[EndpointInfo]) -> tuple[Prices, list[str]]:
-    """The worst-case prices over the endpoints routing may choose (``pricing.eligible_endpoints``, and
-    only the ``order`` ones when fallbacks are off); all endpoints when the filters leave none."""
+def routable_endpoints(cfg: RunConfig, endpoints: list[EndpointInfo]) -> list[EndpointInfo]:
+    """The endpoints routing may choose (``pricing.eligible_endpoints``, and only the ``order`` ones when
+    fallbacks are off)."""
     from .pricing import eligible_endpoints, endpoint_matches
 
     r = cfg.routing
     eps = eligible_endpoints(list(endpoints), r)
     if r.order and r.allow_fallbacks is False:
         eps = [e for e in eps if any(endpoint_matches(o, e) for o in r.order)]
-    chosen = eps or list(endpoints)
+    return eps
+
+
+def routed_prices(cfg: RunConfig, endpoints: list[EndpointInfo]) -> tuple[Prices, list[str]]:
+    """The worst-case prices over the endpoints routing may choose (``routable_endpoints``); all endpoints
+    when the filters leave none."""
+    chosen = routable_endpoints(cfg, endpoints) or list(endpoints)
     if not chosen:
         return Prices(), []
     prices = Prices(
@@ -185,6 +204,7 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
     stats = RunStats()
     governor = BudgetGovernor(max_spend=cfg.budget.max_spend_usd)
     plans: list[DatasetPlan] = []
+    table: list[str] = []
     try:
         log.write(f"generate: {' '.join(rundir.scrub_argv(list(opts.argv)))}")
         for d in cfg.datasets:
@@ -215,13 +235,14 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
         with embedded_emulator(cfg, api_key=api_key, management_key=mgmt) as emu_url:
             base_urls = [emu_url] if emu_url else None
             result_code, message = asyncio.run(_main(cfg, api_key, mgmt, base_urls, profile, provenance, plans,
-                                                     partitions, governor, stats, log))
+                                                     partitions, governor, stats, log, rd))
         if result_code == 0 and stats.failed:
             result_code = EXIT_FAILURES
             where = ", ".join(str(rd.failures(c.name).relative_to(run_dir)) for c in stats.datasets.values() if c.failed)
             message = (f"{stats.failed:,} samples failed ({where} says why); rerun to retry them")
+        table = _provider_table(run_dir, names) if plans else []
     finally:
-        summary = summary_lines(stats)
+        summary = summary_lines(stats) + table
         for line in summary:
             log.write(line)
         log.close()
@@ -240,9 +261,38 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
     )
 
 
+def _provider_table(run_dir: Path, datasets: list[str]) -> list[str]:
+    """Per-provider figures of the run directory, from its files (``report.metrics.provider_metrics``)."""
+    from .report.metrics import provider_metrics
+
+    try:
+        rows = provider_metrics(run_dir, datasets)
+    except DraftgenError as exc:  # a file it cannot read: the records are written all the same
+        return [f"per-provider table not available: {exc}"]
+    if not rows:
+        return []
+
+    def num(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    head = ("provider", "responses", "$/M out", "p50 lat", "p95 lat", "p50 TTFT", "p95 TTFT", "retries",
+            "dropped", "quant", "cool-downs")
+    body = [(m.provider, str(m.responses), num(m.usd_per_m_output, ".3f"), num(m.latency_p50_s, ".2f"),
+             num(m.latency_p95_s, ".2f"), num(m.ttft_p50_s, ".2f"), num(m.ttft_p95_s, ".2f"), str(m.retries),
+             str(m.dropped_reasoning), m.quantization or "-", str(m.cooldowns)) for m in rows]
+    widths = [max(len(r[i]) for r in (head, *body)) for i in range(len(head))]
+
+    def line(r: tuple[str, ...]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+
+    return ["per provider (from raw/, logs/attempts.jsonl and logs/health.jsonl; latency and TTFT in s):",
+            line(head), *(line(r) for r in body)]
+
+
 async def _account(backend: Backend, cfg: RunConfig, mgmt: str | None, governor: BudgetGovernor,
-                   log: RunLog) -> tuple[float | None, float | None]:
-    """Prices and account caps before the run; returns (key usage, credits usage) for reconciliation.
+                   log: RunLog) -> tuple[float | None, float | None, list[EndpointInfo] | None]:
+    """Prices and account caps before the run; returns (key usage, credits usage) for reconciliation, and
+    the model's endpoints when the backend lists them.
 
     A dollar budget needs the cost of every response: ``usage.cost`` where the backend reports it, else
     usage × the routed prices (``governor.priced``). Prices also size each request's reservation. Without
@@ -318,7 +368,7 @@ async def _account(backend: Backend, cfg: RunConfig, mgmt: str | None, governor:
             log.write(f"credits: ${cr.total_credits:.4f} total, ${cr.total_usage:.4f} used")
     if caps:
         governor.session_cap = min(caps)
-    return key_usage, credits_usage
+    return key_usage, credits_usage, eps
 
 
 async def _reconcile(backend: Backend, mgmt: str | None, key_usage: float | None, credits_usage: float | None,
@@ -335,6 +385,17 @@ async def _reconcile(backend: Backend, mgmt: str | None, key_usage: float | None
                 log.write(f"reconcile: credits usage grew ${cr.total_usage - credits_usage:.4f}")
     except APIError as exc:
         log.write(f"reconcile skipped: {exc}")
+
+
+def _health(cfg: RunConfig, endpoints: list[EndpointInfo] | None) -> ProviderHealth:
+    """Provider health over the model's endpoints (when listed) and the configured routing."""
+    r, q = cfg.routing, cfg.quality
+    guard = RoutingGuard(endpoints, allowed=routable_endpoints(cfg, endpoints) if endpoints else None,
+                         ignore=r.ignore, only=r.only, quantizations=r.quantizations)
+    policy = HealthPolicy(window=q.provider_window, min_outcomes=q.provider_min_outcomes,
+                          max_failure_rate=q.provider_max_failure_rate, cooldown_s=q.provider_cooldown_s,
+                          billing_tolerance=q.billing_tolerance)
+    return ProviderHealth(policy, guard)
 
 
 def _install_signals(engine: Engine, display: Any) -> Callable[[], None]:
@@ -372,11 +433,11 @@ def _install_signals(engine: Engine, display: Any) -> Callable[[], None]:
 
 async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls: list[str] | None, profile: Any,
                 provenance: Provenance, plans: list[DatasetPlan], partitions: list[PartitionPlan], governor: BudgetGovernor, stats: RunStats,
-                log: RunLog) -> tuple[int, str | None]:
+                log: RunLog, rd: rundir.RunDir) -> tuple[int, str | None]:
     display = make_display(cfg.progress, stats, log)
     conns = sum(p.concurrency for p in partitions) + 16
     async with open_backend(cfg, api_key, base_urls=base_urls, connections=conns) as backend:
-        key_usage, credits_usage = await _account(backend, cfg, mgmt, governor, log)
+        key_usage, credits_usage, eps = await _account(backend, cfg, mgmt, governor, log)
         stats.remaining = governor.remaining
         if governor.remaining is not None and governor.remaining <= 0:
             return 1, (f"the dollar budget is spent (${governor.spent:.4f} of ${cfg.budget.max_spend_usd}); "
@@ -386,6 +447,8 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
             policy=RetryPolicy(cfg.retry), stats=stats, log=log, display=display,
             adaptive=cfg.retry.adaptive_concurrency, grace_s=cfg.retry.shutdown_grace_s,
             needs_prompt_ids=cfg.endpoint.kind == "sglang", cpu_workers=max(1, min(4, (os.cpu_count() or 2))),
+            attempts_path=rd.attempts, health_path=rd.health, health=_health(cfg, eps),
+            keep_unusable=cfg.quality.keep_unusable, require_reasoning=not cfg.reasoning.exclude,
         )
         uninstall = _install_signals(engine, display)
         display.start()

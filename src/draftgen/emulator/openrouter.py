@@ -10,7 +10,10 @@ Honoured request fields: ``model`` (``:nitro``/``:floor`` suffixes), ``messages`
 ``max_tokens``/``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``reasoning``
 {effort, max_tokens, exclude, enabled}, ``reasoning_effort``, ``include_reasoning``, ``provider``,
 ``logprobs``/``top_logprobs``, ``stream``. Parameters a provider does not support are dropped (they do
-not change the output) unless ``provider.require_parameters`` routes around that provider. Reasoning
+not change the output) unless ``provider.require_parameters`` routes around that provider. Every
+``provider`` field applies to the one request it came with (a client may send a different ``ignore`` with
+each retry); a provider with the ``ignores_routing`` quirk serves that share of the requests whose routing
+excluded it all the same (a misroute, drawn per attempt). Reasoning
 effort and budgets are accepted and validated but do not shorten the emulated reasoning; ``enabled:
 false`` / ``effort: "none"`` switch it off (the profile's non-thinking prompt and output).
 """
@@ -173,6 +176,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     cands = route(core.scenario.providers, req.prefs, req.used, core.uniform("route", rkey, attempt), req.model)
     if isinstance(cands, ApiError):
         return _fail(core, cands)
+    cands = _misrouted(core, cands, rkey, attempt) + cands
     if not core.scenario.accept_any_model and req.model not in {m.id for m in core.scenario.models}:
         return _fail(core, ApiError(404, f"{req.model} is not a valid model ID", "not_found",
                                     availability=availability("model_not_found", False, requested_models=[req.model])))
@@ -207,6 +211,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return await _serve(request, core, req, provider, fault, rkey, attempt, prompt_hash, prompt_ids)
     finally:
         st.in_flight_usd -= estimate
+
+
+def _misrouted(core: EmulatorCore, cands: list[Provider], rkey: int, attempt: int) -> list[Provider]:
+    """Providers with ``ignores_routing`` that take this request although its routing excluded them."""
+    return [p for p in core.scenario.providers
+            if p.ignores_routing > 0 and p not in cands
+            and core.uniform("misroute", rkey, attempt, p.tag) < p.ignores_routing][:1]
 
 
 def _provider_error(kind: str, p: Provider, model: str, retry_after: float) -> ApiError:

@@ -134,6 +134,9 @@ class Provider:
     # quirks seen on the wire
     reasoning_field: str = "reasoning"  # or "reasoning_content" (no reasoning_details then)
     drop_reasoning: bool = False  # reasoning text missing while reasoning_tokens > 0
+    # share of the requests whose routing excludes it (provider.ignore / only / quantizations / max_price,
+    # fallbacks off) that it serves all the same: a misrouting upstream (0 = routing is honoured)
+    ignores_routing: float = 0.0
     trim_whitespace: bool = False  # whitespace trimmed at the edges of reasoning and content
     pad_body: bool = False  # non-streamed body starts with blank-line padding
     repeat_finish_chunk: bool = False  # finish chunk sent again with usage and non-empty choices

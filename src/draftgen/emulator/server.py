@@ -5,8 +5,9 @@ Routes (API root ``http://HOST:PORT/api/v1``; local-server protocols at the serv
     POST /api/v1/chat/completions                 OpenRouter chat completions (streamed or not)
     GET  /api/v1/key | /api/v1/auth/key | /api/v1/credits | /api/v1/generation?id=
     GET  /api/v1/models | /api/v1/models/{author}/{slug}/endpoints
-    POST /generate                                SGLang native
-    POST /v1/chat/completions, GET /v1/models     vLLM OpenAI-compatible (return_token_ids)
+    POST /generate                                SGLang native (cumulative or incremental streaming)
+    POST /v1/chat/completions, GET /v1/models     vLLM OpenAI-compatible (return_token_ids; current or
+                                                  legacy shape: ``Scenario.vllm_legacy``)
     GET  /health
 
 ``serve_forever(opts, echo)`` blocks (``draftgen emulate``) and stops cleanly on SIGINT/SIGTERM.
@@ -170,7 +171,10 @@ def serve_forever(opts: EmulatorOptions, echo: Callable[[str], None]) -> None:
         sc = core.scenario
         echo(f"OpenRouter emulator: {base}  (scenario {sc.name}, seed {opts.seed}, profile {opts.profile}, "
              f"credits ${opts.credits:g})")
-        echo(f"SGLang: {root}/generate   vLLM: {root}/v1/chat/completions   Ctrl-C stops")
+        sglang = "incremental" if sc.sglang_incremental else "cumulative"
+        vllm = "legacy reasoning_content" if sc.vllm_legacy else "current"
+        echo(f"SGLang: {root}/generate ({sglang} streaming)   vLLM: {root}/v1/chat/completions ({vllm} shape)"
+             "   Ctrl-C stops")
         try:
             await stop_event.wait()
         finally:

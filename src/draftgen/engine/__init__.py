@@ -4,7 +4,8 @@
 ``Backend``; ``generate.run_generate`` builds those from the config. Modules: ``scheduler`` (producers,
 sample tasks, shutdown), ``limiter`` (AIMD slots), ``retry`` (backoff), ``budget`` (tokens and dollars
 with reservations), ``writer`` (one group-committing writer task per file), ``prompts`` (streamed
-prompt cursors), ``assemble`` (Completion → ResponseRecord with ids), ``stats`` (counters) and
+prompt cursors), ``assemble`` (Completion → ResponseRecord with ids, and what makes a response usable),
+``health`` (provider cool-downs and the routing applied to responses), ``stats`` (counters) and
 ``progress`` (rich/plain display and the run log).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from .assemble import Assembler, request_hash
 from .budget import Admission, BudgetGovernor, Prices, TokenBudget, usage_cost
+from .health import HealthPolicy, ProviderHealth, RoutingGuard
 from .limiter import AdaptiveLimiter
 from .progress import Display, RunLog, make_display, status_line, summary_lines
 from .prompts import PromptCursor, count_pending, estimate_prompt_tokens
@@ -30,11 +32,14 @@ __all__ = [
     "Display",
     "Engine",
     "EngineResult",
+    "HealthPolicy",
     "PartitionPlan",
     "Prices",
     "PromptCursor",
+    "ProviderHealth",
     "RecordSink",
     "RetryPolicy",
+    "RoutingGuard",
     "RunLog",
     "RunStats",
     "TokenBudget",

@@ -117,6 +117,8 @@ def status_line(stats: RunStats) -> str:
         bits.append(f"retries: {_top(stats.retries)}")
     if stats.providers:
         bits.append(f"providers: {_top(stats.providers, 3)}")
+    if stats.cooling:
+        bits.append(f"cooling down: {', '.join(stats.cooling)}")
     if stats.stopping:
         bits.append(f"stopping: {stats.stopping}")
     return " | ".join(bits)
@@ -138,6 +140,10 @@ def summary_lines(stats: RunStats) -> list[str]:
     )
     if stats.failures:
         lines.append(f"failures by kind: {_top(stats.failures, 8)}")
+    if stats.kept_unusable:
+        lines.append(f"unusable responses kept as flagged records (quality.keep_unusable): {_top(stats.kept_unusable, 4)}")
+    if stats.cooldowns:
+        lines.append(f"providers cooled down: {_top(stats.cooldowns, 8)}")
     return lines
 
 
@@ -216,6 +222,7 @@ class RichDisplay(Display):
             f"ETA {fmt_duration(s.eta())}  elapsed {fmt_duration(s.elapsed)}"
             + (f"\nerrors: {_top(s.retries + s.failures, 6)}" if (s.retries or s.failures) else "")
             + (f"\nproviders: {_top(s.providers, 5)}" if s.providers else "")
+            + (f"\ncooling down: {', '.join(s.cooling)}" if s.cooling else "")
             + (f"\nstopping: {s.stopping}" if s.stopping else "")
         )
         return table

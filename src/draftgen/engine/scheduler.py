@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..backends.base import Backend, Completion, CompletionRequest
-from ..backends.wire import provider_of
+from ..backends.wire import attribute, provider_of
 from ..errors import APIError, AuthError, DraftgenError, PaymentRequired, RateLimited, RetryableAPIError
 from ..records import AttemptRecord, FailureRecord, HealthEvent, PromptRecord, ResponseRecord
 from .assemble import Assembler, UnusableResponse, check_reasoning, check_record_tokens, check_tokens
@@ -446,12 +446,15 @@ class Engine:
                     comp, latency, charged, unusable = kept.comp, kept.latency, kept.charged, kept.kind
                 else:
                     latency = time.monotonic() - t0
+                    ended = time.time()
                     try:
                         check_tokens(comp, mt)
                         self._check_usable(comp, req.provider_ignore)
                     except RetryableAPIError as exc:  # more tokens than asked for, or unusable
+                        attribute(exc, comp.provider)
                         charged = self._charge_rejected(comp, worst)
-                        self._attempt(prompt, dataset, attempts, started, exc.kind, comp.provider, comp, charged)
+                        self._attempt(prompt, dataset, attempts, started, exc.kind, comp.provider, comp, charged,
+                                      ended=ended)
                         self._judge(comp.provider, exc)
                         if isinstance(exc, UnusableResponse):
                             kept = _Kept(comp, exc.kind, latency, charged)
@@ -465,7 +468,8 @@ class Engine:
                         comp, latency, charged, unusable = kept.comp, kept.latency, kept.charged, kept.kind
                 # The response is in: free the slot now, so reconstruction never keeps a slot from the wire.
                 slot = False
-                limiter.on_success()
+                if unusable is None:
+                    limiter.on_success()
                 limiter.release()
                 st = self.stats
                 st.in_flight[part.name] = limiter.in_use
@@ -482,16 +486,19 @@ class Engine:
                     ))
                 except DraftgenError as exc:  # a tokenizer/profile problem with this one output
                     if unusable is None:
-                        self._attempt(prompt, dataset, attempts, started, "reconstruction", comp.provider, comp)
+                        self._attempt(prompt, dataset, attempts, started, "reconstruction", comp.provider, comp,
+                                      ended=ended)
                     self._fail(dataset, prompt, part.name, "reconstruction", str(exc), attempts, permanent=True,
                                provider=comp.provider)
                     return
                 try:
                     check_record_tokens(rec, mt)
                 except RetryableAPIError as exc:  # the text rebuilt to more ids than were asked for
+                    attribute(exc, comp.provider)
                     if unusable is None:
                         charged = self._charge_rejected(comp, worst)
-                        self._attempt(prompt, dataset, attempts, started, exc.kind, comp.provider, comp, charged)
+                        self._attempt(prompt, dataset, attempts, started, exc.kind, comp.provider, comp, charged,
+                                      ended=ended)
                         self._judge(comp.provider, exc)
                     kept = None  # a kept response that rebuilds too long is no record either
                     step = await self._after_error(exc, attempts, part, limiter, dataset, prompt)
@@ -511,7 +518,7 @@ class Engine:
                 if self.health is not None and u is not None and rec.output_ids is not None \
                         and self.health.policy.billing_off(len(rec.output_ids), u.completion_tokens):
                     billing = "billing_off"
-                self._attempt(prompt, dataset, attempts, started, "ok", comp.provider, comp, usage_cost(u))
+                self._attempt(prompt, dataset, attempts, started, "ok", comp.provider, comp, usage_cost(u), ended=ended)
                 self._judge(comp.provider, billing)
             else:
                 self.stats.kept_unusable[unusable] += 1
@@ -574,14 +581,16 @@ class Engine:
         self.health.outcome(provider, outcome)
 
     def _attempt(self, prompt: PromptRecord, dataset: str, attempt: int, started: float, outcome: str,
-                 provider: str | None, comp: Completion | None = None, cost: float = 0.0) -> None:
+                 provider: str | None, comp: Completion | None = None, cost: float = 0.0,
+                 ended: float | None = None) -> None:
+        """One ``AttemptRecord`` (wall-clock times; ``ended``: when the response was in, default now)."""
         sink = self._attempt_sink
         if sink is None:
             return
         u = comp.usage if comp is not None else None
         sink.put(AttemptRecord(
             sample_id=prompt.sample_id, dataset=dataset, attempt=attempt, started_at=round(started, 4),
-            ended_at=round(time.time(), 4), outcome=outcome, provider=provider,
+            ended_at=round(time.time() if ended is None else ended, 4), outcome=outcome, provider=provider,
             quantization=self.health.guard.quantization(provider) if self.health is not None else None,
             ttft_s=comp.ttft_s if comp is not None else None,
             completion_tokens=u.completion_tokens if u is not None else 0, cost=cost,
@@ -622,17 +631,19 @@ class Engine:
         st.ids_source[rec.ids_source] += 1
 
     async def _after_error(self, exc: APIError, attempts: int, part: PartitionPlan, limiter: AdaptiveLimiter,
-                           dataset: str, prompt: PromptRecord) -> bool:
-        """Decide what follows a failed attempt: True = try again (after the backoff), False = give up."""
+                           dataset: str, prompt: PromptRecord, *, keep: bool = False) -> _Step:
+        """Decide what follows a failed attempt: ``retry`` (after the backoff), ``stop`` (given up: a failure
+        is recorded, or the run is stopping), or ``keep`` (retries exhausted and ``keep``: the caller writes
+        the sample's last unusable response as its record, flagged, under ``keep_unusable``)."""
         sid = prompt.sample_id
         if isinstance(exc, AuthError):
             self.request_stop(f"{exc}", exit_code=exc.exit_code, hard=True)
-            return False
+            return "stop"
         if isinstance(exc, PaymentRequired):
             self._fail(dataset, prompt, part.name, exc.kind, str(exc), attempts, permanent=False, status=exc.status)
             self.request_stop(f"out of credits or over the key's limit ({exc.kind}); add credits and rerun to resume",
                               exit_code=exc.exit_code)
-            return False
+            return "stop"
         if isinstance(exc, RateLimited):
             if limiter.on_rate_limited():
                 self.stats.limit[part.name] = limiter.current
@@ -648,7 +659,7 @@ class Engine:
                 self.request_stop(f"cannot reach the server ({exc}); check endpoint.base_url", exit_code=1)
         if self._stopping:
             self.log.write(f"abandon {dataset}/{sid} attempt {attempts}: {exc} (stopping)")
-            return False
+            return "stop"
         if self.policy.should_retry(exc, attempts):
             delay = self.policy.delay(attempts, exc.retry_after)
             self.stats.retries[exc.kind] += 1
@@ -660,11 +671,17 @@ class Engine:
                 await asyncio.sleep(delay)
             finally:
                 self._backoff.discard(task)  # type: ignore[arg-type]
-            return not self._stopping
+            return "stop" if self._stopping else "retry"
         retryable = isinstance(exc, RetryableAPIError)
-        kind = f"retries_exhausted:{exc.kind}" if retryable else exc.kind
-        self._fail(dataset, prompt, part.name, kind, str(exc), attempts, permanent=not retryable, status=exc.status)
-        return False
+        if retryable and keep and self.keep_unusable:
+            self.log.write(f"kept {dataset}/{sid} after {attempts} attempt(s): its last unusable response is its "
+                           f"record, flagged unusable (quality.keep_unusable); last error: {exc}")
+            return "keep"
+        # An unusable response is no transient error: the failure says what was wrong with it.
+        kind = exc.kind if isinstance(exc, UnusableResponse) else f"retries_exhausted:{exc.kind}" if retryable else exc.kind
+        self._fail(dataset, prompt, part.name, kind, str(exc), attempts, permanent=not retryable, status=exc.status,
+                   provider=provider_of(exc))
+        return "stop"
 
     def _fail(self, dataset: str, prompt: PromptRecord, partition: str, kind: str, reason: str, attempts: int, *,
               permanent: bool, status: int | None = None, provider: str | None = None) -> None:

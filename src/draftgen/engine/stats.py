@@ -48,6 +48,9 @@ class RunStats:
     reserved: float = 0.0
     remaining: float | None = None
     stopping: str | None = None
+    cooling: list[str] = field(default_factory=list)  # providers in the run's cool-down now
+    cooldowns: Counter[str] = field(default_factory=Counter)  # provider → cool-downs this run
+    kept_unusable: Counter[str] = field(default_factory=Counter)  # kind → unusable responses kept as records
     _window: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=120))
 
     def dataset(self, name: str) -> DatasetCounts:

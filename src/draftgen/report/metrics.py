@@ -26,7 +26,6 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
@@ -274,6 +273,28 @@ def _prepared_ids(run_dir: Path, name: str) -> set[str] | None:
     return {r.sample_id for _, r in iter_jsonl(path, _IdRow)}
 
 
+def _scan(path: Path, prepared_ids: set[str] | None, done: set[str]) -> Iterator[tuple[str, _Row]]:
+    """Every response of one raw log, as ("done" | "duplicate" | "orphan", row); ``done`` collects the ids.
+
+    A sample is done by its first record; an orphan's sample is no longer in the prepared set."""
+    for _, row in iter_jsonl(path, _Row):
+        if row.sample_id in done:
+            yield "duplicate", row
+        elif prepared_ids is not None and row.sample_id not in prepared_ids:
+            yield "orphan", row
+        else:
+            done.add(row.sample_id)
+            yield "done", row
+
+
+def _lengths(row: _Row) -> tuple[int, int]:
+    """(completion, reasoning) tokens of a response: usage, or the output ids of a legacy row."""
+    u = row.usage
+    completion = u.completion_tokens if u is not None and u.completion_tokens else raw_ids_len(row.output_ids)
+    reasoning = min(u.reasoning_tokens, completion) if u is not None else 0
+    return completion, reasoning
+
+
 def _count(counter: Counter[str]) -> dict[str, int]:
     return dict(sorted(counter.items(), key=lambda kv: (-kv[1], kv[0])))
 
@@ -413,6 +434,9 @@ def compute_metrics(run_dir: Path, configured: list[str] | None = None) -> RunMe
     content_lens: list[int] = []
     events: list[tuple[float, int, float]] = []
     latest: float | None = None
+    providers = _ProviderAcc()
+    seq_lens: list[int] = []
+    fail_events: list[tuple[float, str]] = []
 
     for name in dataset_names(run_dir, configured):
         acc = _Acc(name)
@@ -420,21 +444,22 @@ def compute_metrics(run_dir: Path, configured: list[str] | None = None) -> RunMe
         raw = run_dir / "raw" / name
         prepared_ids = _prepared_ids(run_dir, name)
         done: set[str] = set()
-        for _, row in iter_jsonl(raw / "raw_responses.jsonl", _Row):
-            if row.sample_id in done:
+        for status, row in _scan(raw / "raw_responses.jsonl", prepared_ids, done):
+            if status == "duplicate":
                 acc.m.duplicates += 1
                 continue
-            if prepared_ids is not None and row.sample_id not in prepared_ids:
+            if status == "orphan":
                 acc.m.orphans += 1
                 acc.m.orphan_cost_usd += row_cost(row.usage)
                 continue
-            done.add(row.sample_id)
             u = row.usage
-            completion = u.completion_tokens if u is not None and u.completion_tokens else raw_ids_len(row.output_ids)
-            reasoning = min(u.reasoning_tokens, completion) if u is not None else 0
+            completion, reasoning = _lengths(row)
             acc.add(row, completion, reasoning)
+            providers.add(row, completion, reasoning)
             reasoning_lens.append(reasoning)
             content_lens.append(max(0, completion - reasoning))
+            seq_lens.append((u.prompt_tokens if u is not None and u.prompt_tokens else raw_ids_len(row.prompt_ids))
+                            + completion)
             if row.created_at:
                 events.append((row.created_at, completion, row_cost(u)))
         latest_failure: dict[str, FailureRecord] = {}
@@ -443,6 +468,7 @@ def compute_metrics(run_dir: Path, configured: list[str] | None = None) -> RunMe
             latest_failure[fail.sample_id] = fail
             if fail.created_at:
                 latest = fail.created_at if latest is None else max(latest, fail.created_at)
+                fail_events.append((fail.created_at, fail.kind))
         for sid, fail in latest_failure.items():
             if sid not in done:
                 acc.m.failed += 1
@@ -467,6 +493,16 @@ def compute_metrics(run_dir: Path, configured: list[str] | None = None) -> RunMe
         "reported": (run_dir / "report.html").is_file(),
     }
     elapsed = (total_m.last_at - total_m.first_at) if total_m.first_at is not None and total_m.last_at is not None else None
+    rd = RunDir(run_dir)
+    attempts = [a for _, a in iter_jsonl(rd.attempts, AttemptRecord)]
+    health = [h for _, h in iter_jsonl(rd.health, HealthEvent)]
+    if attempts:
+        last_attempt = max(a.ended_at for a in attempts)
+        latest = last_attempt if latest is None else max(latest, last_attempt)
+    providers_table = providers.finish(attempts, health)
+    files = _manifest_files(manifest_m)
+    seq = _seq_lengths(run_dir, seq_lens, files, _max_seq_len(manifest, manifest_m))
+    activity = _activity(attempts, fail_events, [t for t in (total_m.first_at, total_m.last_at) if t is not None])
     return RunMetrics(
         run_dir=str(run_dir),
         model=_manifest_str(manifest, "model", "id"),
@@ -483,6 +519,10 @@ def compute_metrics(run_dir: Path, configured: list[str] | None = None) -> RunMe
         latest_activity=latest,
         elapsed_s=elapsed,
         tokens_per_s=(total_m.completion_tokens / elapsed) if elapsed else None,
+        providers_table=providers_table,
+        activity=activity,
+        seq_lengths=seq,
+        verdict=_verdict(total_m, audit, merged, phases, providers_table),
     )
 
 
@@ -526,8 +566,347 @@ class ProviderMetrics(msgspec.Struct, kw_only=True):
     ttft_p50_s: float | None = None
     ttft_p95_s: float | None = None
     cooldowns: int = 0
+    share: float | None = None  # responses / all done responses
+    failure_rate: float | None = None  # retries / attempts
 
 
 def provider_metrics(run_dir: Path, configured: list[str] | None = None) -> list[ProviderMetrics]:
-    """Per-provider figures from the raw logs, ``logs/attempts.jsonl`` and ``logs/health.jsonl``."""
-    raise NotImplementedError("provider_metrics: being written (issue 11)")
+    """Per-provider figures from the raw logs, ``logs/attempts.jsonl`` and ``logs/health.jsonl``.
+
+    From the raw logs (done samples only, as the datasets table counts them: the first record per sample id
+    of the current prepared set): responses, completion tokens, cost, quantization, latency, TTFT, and
+    dropped reasoning (reasoning tokens billed, no reasoning text). From the attempts (absent in runs older
+    than issue 11: those figures stay 0 / None): attempts, failed attempts by kind (``retries``) and TTFT
+    (preferred over the records' when the attempts carry it). From the health log: cool-downs.
+    p50/p95 interpolate linearly between order statistics. One pass over each file; rows sorted by
+    responses, then attempts, then name. ``generate`` calls this at the end of a run.
+    """
+    run_dir = Path(run_dir)
+    rd = RunDir(run_dir)
+    acc = _ProviderAcc()
+    for name in dataset_names(run_dir, configured):
+        done: set[str] = set()
+        for status, row in _scan(rd.raw(name), _prepared_ids(run_dir, name), done):
+            if status == "done":
+                completion, reasoning = _lengths(row)
+                acc.add(row, completion, reasoning)
+    return acc.finish([a for _, a in iter_jsonl(rd.attempts, AttemptRecord)],
+                      [h for _, h in iter_jsonl(rd.health, HealthEvent)])
+
+
+_EMPTY_TEXT = (b"", b"null", b'""')
+
+
+def _dropped_reasoning(row: _Row, reasoning: int) -> bool:
+    """Reasoning tokens billed but no reasoning text came back (or reconstruction flagged it so)."""
+    if reasoning > 0 and bytes(row.reasoning).strip() in _EMPTY_TEXT:
+        return True
+    return any(f == "reasoning_dropped" or f == "unusable:reasoning_dropped" for f in row.recon_flags)
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    """The q-quantile of sorted ``values``, linear between order statistics (numpy's default)."""
+    if not values:
+        return None
+    pos = (len(values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
+class _Provider:
+    __slots__ = ("attempt_quants", "attempts", "completion", "cooldowns", "cost", "dropped", "kinds", "latencies",
+                 "quants", "responses", "retries", "ttft_attempts", "ttft_records")
+
+    def __init__(self) -> None:
+        self.responses = self.completion = self.dropped = self.attempts = self.retries = self.cooldowns = 0
+        self.cost = 0.0
+        self.latencies: list[float] = []
+        self.ttft_records: list[float] = []
+        self.ttft_attempts: list[float] = []
+        self.quants: Counter[str] = Counter()
+        self.attempt_quants: Counter[str] = Counter()
+        self.kinds: Counter[str] = Counter()
+
+
+class _ProviderAcc:
+    """Per-provider accumulator: responses fed one by one, then the attempts and health logs."""
+
+    def __init__(self) -> None:
+        self.by: dict[str, _Provider] = {}
+
+    def _get(self, name: str | None) -> _Provider:
+        key = name or "unknown"
+        p = self.by.get(key)
+        if p is None:
+            p = self.by[key] = _Provider()
+        return p
+
+    def add(self, row: _Row, completion: int, reasoning: int) -> None:
+        p = self._get(row.provider)
+        p.responses += 1
+        p.completion += completion
+        p.cost += row_cost(row.usage)
+        if _dropped_reasoning(row, reasoning):
+            p.dropped += 1
+        if row.quantization:
+            p.quants[row.quantization] += 1
+        if row.latency_s is not None:
+            p.latencies.append(row.latency_s)
+        if row.ttft_s is not None:
+            p.ttft_records.append(row.ttft_s)
+
+    def finish(self, attempts: list[AttemptRecord], health: list[HealthEvent]) -> list[ProviderMetrics]:
+        for a in attempts:
+            p = self._get(a.provider)
+            p.attempts += 1
+            if a.outcome != "ok":
+                p.retries += 1
+                p.kinds[a.outcome] += 1
+            if a.ttft_s is not None:
+                p.ttft_attempts.append(a.ttft_s)
+            if a.quantization:
+                p.attempt_quants[a.quantization] += 1
+        for h in health:
+            if h.event == "cooldown":
+                self._get(h.provider).cooldowns += 1
+        total = sum(p.responses for p in self.by.values())
+        out: list[ProviderMetrics] = []
+        for name, p in self.by.items():
+            p.latencies.sort()
+            ttft = sorted(p.ttft_attempts or p.ttft_records)
+            out.append(ProviderMetrics(
+                provider=name,
+                # what the records say, else what the attempts say (a provider that never delivered)
+                quantization=", ".join(_count(p.quants or p.attempt_quants)) or None,
+                responses=p.responses,
+                attempts=p.attempts,
+                retries=p.retries,
+                failures_by_kind=_count(p.kinds),
+                # every dropping is an attempt (kept or retried); older runs without attempts: the records
+                dropped_reasoning=p.kinds.get("reasoning_dropped", 0) if p.attempts else p.dropped,
+                completion_tokens=p.completion,
+                cost_usd=p.cost,
+                usd_per_m_output=p.cost / p.completion * 1e6 if p.completion else None,
+                latency_p50_s=_percentile(p.latencies, 0.5),
+                latency_p95_s=_percentile(p.latencies, 0.95),
+                ttft_p50_s=_percentile(ttft, 0.5),
+                ttft_p95_s=_percentile(ttft, 0.95),
+                cooldowns=p.cooldowns,
+                share=p.responses / total if total else None,
+                failure_rate=p.retries / p.attempts if p.attempts else None,
+            ))
+        out.sort(key=lambda m: (-m.responses, -m.attempts, m.provider))
+        return out
+
+
+# -- time axes, activity, sequence lengths and the verdict ----------------------------------------------
+
+_TIME_STEPS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
+               43200, 86400)
+
+
+def time_unit(span_s: float) -> str:
+    """The unit of a time axis over ``span_s`` seconds: seconds up to 2 minutes, minutes up to 2 hours,
+    then hours."""
+    if span_s <= 120:
+        return "s"
+    if span_s <= 7200:
+        return "min"
+    return "h"
+
+
+def _time_step(span_s: float, buckets: int = TIMELINE_BUCKETS) -> float:
+    want = span_s / buckets
+    for step in _TIME_STEPS:
+        if want <= step:
+            return float(step)
+    return 86400.0 * math.ceil(want / 86400)
+
+
+def _activity(attempts: list[AttemptRecord], failures: list[tuple[float, str]], others: list[float]) -> Activity:
+    """Bucket the attempts (started, failed by kind, in flight) and the failure records over the run's span.
+
+    ``others``: more timestamps of the run (first and last response) that widen the span."""
+    times = [a.started_at for a in attempts] + [max(a.started_at, a.ended_at) for a in attempts]
+    times += [t for t, _ in failures] + others
+    if not times:
+        return Activity()
+    t0, t1 = min(times), max(times)
+    span = t1 - t0
+    bucket = _time_step(max(span, 1.0))
+    n = int(span // bucket) + 1
+    act = Activity(t0=t0, span_s=span, unit=time_unit(span), bucket_s=bucket,
+                   offsets=[i * bucket for i in range(n)], attempts=[0] * n,
+                   in_flight_mean=[0.0] * n, in_flight_peak=[0] * n)
+
+    def index(t: float) -> int:
+        return min(n - 1, max(0, int((t - t0) // bucket)))
+
+    for t, kind in failures:
+        act.failures_by_kind.setdefault(kind, [0] * n)[index(t)] += 1
+    area = [0.0] * n
+    peak = act.in_flight_peak
+
+    def spread(a: float, b: float, level: int) -> None:
+        i = index(a)
+        while i < n:
+            lo = t0 + i * bucket
+            hi = lo + bucket
+            overlap = min(b, hi) - max(a, lo)
+            if overlap > 0:
+                area[i] += level * overlap
+                peak[i] = max(peak[i], level)
+            if hi >= b:
+                break
+            i += 1
+
+    edges: list[tuple[float, int]] = []
+    for a in attempts:
+        end = max(a.started_at, a.ended_at)
+        act.attempts[index(a.started_at)] += 1
+        if a.outcome != "ok":
+            act.retries_by_kind.setdefault(a.outcome, [0] * n)[index(end)] += 1
+        edges.append((a.started_at, 1))
+        edges.append((end, -1))
+    edges.sort()  # at equal times ends (-1) come first: back-to-back attempts do not overlap
+    level = 0
+    prev = t0
+    for t, delta in edges:
+        if t > prev and level > 0:
+            spread(prev, t, level)
+        prev = max(prev, t)
+        level += delta
+        if delta > 0:
+            i = index(t)
+            peak[i] = max(peak[i], level)
+    for i in range(n):
+        width = min(bucket, span - i * bucket) if span > 0 else bucket
+        act.in_flight_mean[i] = area[i] / width if width > 0 else 0.0
+    act.retries_by_kind = dict(sorted(act.retries_by_kind.items(), key=lambda kv: (-sum(kv[1]), kv[0])))
+    act.failures_by_kind = dict(sorted(act.failures_by_kind.items(), key=lambda kv: (-sum(kv[1]), kv[0])))
+    return act
+
+
+def _max_seq_len(manifest: RunManifest | None, merge_manifest: MergeManifest | None) -> int | None:
+    """``merge.max_seq_len``: what the merge used (its manifest), else the run's config (run.json)."""
+    for section in (merge_manifest.merge if merge_manifest else None,
+                    manifest.config.get("merge") if manifest else None):
+        if isinstance(section, dict):
+            value = section.get("max_seq_len")
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+def _merged_lengths(run_dir: Path, files: list[MergedFile]) -> list[int]:
+    """prompt_len + completion_len of every merged row (Parquet shards listed by the merge manifest)."""
+    parquet = [f for f in files if f.kind == "parquet"]
+    if not parquet:
+        return []
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    out: list[int] = []
+    for f in parquet:
+        path = run_dir / f.path
+        if not path.is_file() and (run_dir / "merged" / f.path).is_file():
+            path = run_dir / "merged" / f.path  # a manifest whose paths are relative to merged/
+        if not path.is_file():
+            continue
+        table = pq.read_table(path, columns=["prompt_len", "completion_len"])
+        out += pc.add(table["prompt_len"], table["completion_len"]).to_pylist()
+    return out
+
+
+def _seq_lengths(run_dir: Path, responses: list[int], files: list[MergedFile], max_seq_len: int | None) -> SeqLengths:
+    merged = _merged_lengths(run_dir, files)
+    longest = max([*responses, *merged, 0])
+    top = longest
+    if max_seq_len is not None and max_seq_len <= 2 * longest:
+        top = max(top, max_seq_len)  # show the cap unless it is far beyond every sample
+    step = _nice_step(float(top + 1), SEQ_BINS)
+    n = max(1, math.ceil((top + 1) / step))
+    out = SeqLengths(edges=[i * step for i in range(n + 1)], responses=[0] * n, merged=[0] * n if merged else [],
+                     max_seq_len=max_seq_len, merged_rows=len(merged), longest=longest)
+    for values, counts in ((responses, out.responses), (merged, out.merged)):
+        for v in values:
+            counts[min(n - 1, int(v // step))] += 1
+    if max_seq_len is not None:
+        out.over_max = sum(v > max_seq_len for v in responses)
+    return out
+
+
+_BENIGN_DROPS = frozenset({"duplicate_record"})
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
+def _kinds(counts: dict[str, int], limit: int = 4) -> str:
+    items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    text = ", ".join(f"{k} {v:,}" for k, v in items[:limit])
+    return text + (f", +{len(items) - limit} more" if len(items) > limit else "")
+
+
+def _verdict(t: DatasetMetrics, audit: AuditReport | None, merged: MergeStats | None, phases: dict[str, bool],
+             providers: list[ProviderMetrics]) -> Verdict:
+    """Red: an audit threshold is broken, or failures remain and nothing was merged (or merge wrote no row).
+    Amber: failures, exclusions (audit or merge), provider cool-downs or dropped reasoning, orphans, samples not
+    generated, audited or merged yet, merge notes. Green otherwise. ``reason`` is the first finding."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    rows = merged.total.samples if merged is not None else 0
+    if audit is not None and audit.thresholds_broken:
+        b = audit.thresholds_broken
+        problems.append(f"audit threshold broken: {b[0]}" if len(b) == 1 else
+                        f"{len(b)} audit thresholds broken, first {b[0]}")
+    if t.failed and not rows:
+        problems.append(f"{_n(t.failed, 'sample')} failed ({_kinds(t.failures_by_kind)}) and nothing was merged")
+    elif merged is not None and not rows:
+        problems.append("merge wrote no rows")
+    if t.failed and rows:
+        warnings.append(f"{_n(t.failed, 'sample')} failed ({_kinds(t.failures_by_kind)}); retried on the next run")
+    drops = {k: v for k, v in (merged.total.dropped if merged is not None else {}).items() if k not in _BENIGN_DROPS}
+    if drops:
+        warnings.append(f"merge excluded {_n(sum(drops.values()), 'sample')} ({_kinds(drops)})")
+    elif merged is None and audit is not None and audit.overall.excluded_by_reason:
+        ex = audit.overall.excluded_by_reason
+        warnings.append(f"the audit excludes {_n(sum(ex.values()), 'sample')} from the merge ({_kinds(ex)})")
+    elif merged is None and audit is not None and audit.overall.structural_failures:
+        warnings.append(f"{audit.overall.structural_failed_samples or sum(audit.overall.structural_failures.values()):,} "
+                        f"samples fail a structural check ({_kinds(audit.overall.structural_failures)})")
+    if audit is not None and audit.overall.kept_semantic_mismatch and not audit.thresholds_broken:
+        warnings.append(f"{audit.overall.kept_semantic_mismatch:,} kept samples decode to other text than the reference")
+    cooled = {p.provider: p.cooldowns for p in providers if p.cooldowns}
+    if cooled:
+        warnings.append(f"provider cool-downs: {_kinds(cooled)}")
+    dropped = {p.provider: p.dropped_reasoning for p in providers if p.dropped_reasoning}
+    if dropped:
+        warnings.append(f"{_n(sum(dropped.values()), 'response')} with dropped reasoning ({_kinds(dropped)})")
+    if t.orphans:
+        warnings.append(f"{t.orphans:,} records are no longer in the prepared set (orphans, not merged)")
+    pending = (t.prepared or 0) - t.done - t.failed
+    if pending > 0:
+        warnings.append(f"{pending:,} of {t.prepared:,} prepared samples not generated yet")
+    if t.done == 0 and not t.failed:
+        warnings.append("nothing generated yet")
+    elif t.done and not phases.get("audited"):
+        warnings.append("not audited yet")
+    if t.done and not phases.get("merged") and not problems:
+        warnings.append("not merged yet")
+    if audit is not None and audit.forced:
+        warnings.append("the audit accepted provenance differences with --force: " + "; ".join(audit.forced))
+    for note in merged.notes if merged is not None else []:
+        if "orphans" not in note:
+            warnings.append(f"merge: {note}")
+    if problems:
+        level, first, more = "red", problems[0], len(problems) - 1 + len(warnings)
+    elif warnings:
+        level, first, more = "amber", warnings[0], len(warnings) - 1
+    else:
+        audited = "audit passed" if audit is not None else "no audit"
+        return Verdict(level="green", reason=f"{_n(t.done, 'sample')} done, {audited}, {_n(rows, 'row')} merged")
+    return Verdict(level=level, reason=first + (f" (+{more} more)" if more else ""), problems=problems,
+                   warnings=warnings)

@@ -23,11 +23,14 @@ from rich.text import Text
 from ..errors import RunDirError
 from ..secrets import redact
 from .format import fmt_duration, fmt_int, fmt_pct, fmt_time, fmt_usd
-from .metrics import DatasetMetrics, RunMetrics, compute_metrics
+from .metrics import DatasetMetrics, ProviderMetrics, RunMetrics, compute_metrics
 
 __all__ = ["StatusReport", "render_status", "render_text", "resolve_target", "run_status"]
 
 PHASES = ("prepared", "generated", "audited", "merged", "reported")
+VERDICT_STYLE = {"green": ("GOOD", "bold green"), "amber": ("CHECK", "bold yellow"), "red": ("NOT USABLE", "bold red")}
+MAX_PROVIDERS = 6
+MAX_FINDINGS = 4
 
 
 class StatusReport(msgspec.Struct, kw_only=True):
@@ -69,6 +72,28 @@ def _row(table: Table, d: DatasetMetrics, *, style: str | None = None) -> None:
     )
 
 
+def _secs(x: float | None) -> str:
+    return "–" if x is None else (f"{x * 1000:.0f}ms" if x < 1 else f"{x:.1f}s")
+
+
+def _provider_line(p: ProviderMetrics) -> str:
+    """One provider in one line: share, quantization, latency, TTFT, and what went wrong."""
+    parts = [f"{p.provider} {fmt_int(p.responses)} ({fmt_pct(p.share, 0)})"]
+    if p.quantization:
+        parts.append(p.quantization)
+    if p.latency_p50_s is not None:
+        parts.append(f"latency p50 {_secs(p.latency_p50_s)} p95 {_secs(p.latency_p95_s)}")
+    if p.ttft_p50_s is not None:
+        parts.append(f"ttft p50 {_secs(p.ttft_p50_s)}")
+    if p.retries:
+        parts.append(f"retries {p.retries} ({', '.join(f'{k} {v}' for k, v in list(p.failures_by_kind.items())[:3])})")
+    if p.dropped_reasoning:
+        parts.append(f"dropped reasoning {p.dropped_reasoning}")
+    if p.cooldowns:
+        parts.append(f"cool-downs {p.cooldowns}")
+    return "  " + " · ".join(parts)
+
+
 def render_status(m: RunMetrics, *, now: float) -> RenderableType:
     head = Text()
     head.append("draftgen status ", style="bold")
@@ -83,10 +108,19 @@ def render_status(m: RunMetrics, *, now: float) -> RenderableType:
         done = m.phases.get(ph, False)
         meta.append(("✓ " if done else "· ") + ph + "  ", style="green" if done else "dim")
     activity = Text(f"latest activity: {_ago(now, m.latest_activity)}")
+    label, style = VERDICT_STYLE.get(m.verdict.level, ("?", "bold"))
+    verdict = Text()
+    verdict.append(f"verdict: {label}", style=style)
+    verdict.append(f"  {m.verdict.reason}")
+    findings = [*m.verdict.problems, *m.verdict.warnings][1:]
+    for x in findings[:MAX_FINDINGS]:
+        verdict.append(f"\n  · {x}", style="red" if x in m.verdict.problems else "dim")
+    if len(findings) > MAX_FINDINGS:
+        verdict.append(f"\n  · … {len(findings) - MAX_FINDINGS} more (report.html lists them)", style="dim")
 
     table = Table(show_edge=False, header_style="bold", pad_edge=False)
     for col, justify in (("dataset", "left"), ("done / prepared", "right"), ("progress", "right"),
-                         ("completion tok", "right"), ("reasoning", "right"), ("cost", "right"),
+                         ("completion tok", "right"), ("reasoning share", "right"), ("cost", "right"),
                          ("failed", "right"), ("truncated", "right")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for d in m.datasets:
@@ -96,7 +130,7 @@ def render_status(m: RunMetrics, *, now: float) -> RenderableType:
         _row(table, m.total, style="bold")
 
     t = m.total
-    lines: list[RenderableType] = [head, meta, activity, Text(""), table]
+    lines: list[RenderableType] = [head, meta, activity, verdict, Text(""), table]
     speed = Text(
         f"prompt tokens {fmt_int(t.prompt_tokens)} · completion tokens {fmt_int(t.completion_tokens)}"
         f" · {fmt_usd(t.usd_per_m_output)}/M output · elapsed {fmt_duration(m.elapsed_s)}"
@@ -109,9 +143,13 @@ def render_status(m: RunMetrics, *, now: float) -> RenderableType:
     if t.orphans:
         lines.append(Text(f"orphans: {fmt_int(t.orphans)} records are no longer in the prepared set "
                           f"({fmt_usd(t.orphan_cost_usd)} spent on them); they are not merged", style="yellow"))
-    if t.providers and t.done:
-        mix = ", ".join(f"{k} {v / t.done:.0%}" for k, v in list(t.providers.items())[:6])
-        lines.append(Text(f"providers: {mix}"))
+    if m.providers_table:
+        # the largest providers, and every provider that cooled down or dropped reasoning
+        shown = [p for i, p in enumerate(m.providers_table) if i < MAX_PROVIDERS or p.cooldowns or p.dropped_reasoning]
+        more = len(m.providers_table) - len(shown)
+        lines.append(Text("providers:" + (f" ({len(shown)} of {len(m.providers_table)})" if more else "")))
+        for p in shown:
+            lines.append(Text(_provider_line(p), style="yellow" if p.cooldowns or p.dropped_reasoning else ""))
     if m.audit is not None:
         o = m.audit.overall
         billed = o.billed_completion_tokens

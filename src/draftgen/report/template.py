@@ -24,7 +24,7 @@ header .sub { opacity: .8; font-size: 13px; }
 header dl { display: flex; flex-wrap: wrap; gap: 6px 28px; margin: 14px 0 0; font-size: 13px; }
 header dt { opacity: .65; text-transform: uppercase; font-size: 11px; letter-spacing: .06em; }
 header dd { margin: 0; font-family: ui-monospace, SFMono-Regular, Menlo, monospace; }
-main { max-width: 1280px; margin: 0 auto; padding: 24px 32px 48px; }
+main { max-width: 1360px; margin: 0 auto; padding: 24px 32px 48px; }
 h2 { font-size: 17px; margin: 34px 0 12px; font-weight: 650; }
 .phases { display: flex; gap: 8px; flex-wrap: wrap; margin-bottom: 18px; }
 .pill { border-radius: 999px; padding: 3px 12px; font-size: 12px; border: 1px solid var(--line); background: var(--card); color: var(--muted); }
@@ -51,6 +51,32 @@ figcaption { color: var(--muted); font-size: 12px; padding: 0 8px; }
 code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12.5px; }
 .ex td, .ex th { text-align: left; white-space: normal; }
 .tok { display: inline-block; border: 1px solid #d0d4dc; background: #f8f9fc; border-radius: 4px; padding: 0 4px; margin: 1px 2px 1px 0; }
+.tok.ours { border-color: #ffa8a8; background: #fff5f5; } .tok.ref { border-color: #8ce99a; background: #ebfbee; }
+.ctx { color: var(--muted); white-space: pre-wrap; }
+.verdict { display: flex; gap: 16px; align-items: flex-start; border-radius: 12px; padding: 14px 18px; margin: 0 0 18px;
+  border: 1px solid; }
+.verdict .badge { flex: none; font-weight: 750; letter-spacing: .08em; border-radius: 8px; padding: 4px 12px; color: #fff; font-size: 13px; }
+.verdict .reason { font-size: 15px; font-weight: 600; }
+.verdict ul { margin: 6px 0 0; padding-left: 18px; font-size: 13px; }
+.verdict.green { background: #ebfbee; border-color: #8ce99a; } .verdict.green .badge { background: var(--ok); }
+.verdict.amber { background: #fff9db; border-color: #ffd43b; } .verdict.amber .badge { background: #f08c00; }
+.verdict.red { background: #fff5f5; border-color: #ffa8a8; } .verdict.red .badge { background: var(--bad); }
+tr.broken td { background: #fff5f5; } td.broken { color: var(--bad); font-weight: 650; }
+tr.warn td { background: #fff9db; }
+#providers th, #providers td { padding: 7px 7px; }
+.sv { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12.5px; line-height: 1.9; white-space: pre-wrap;
+  word-break: break-word; padding: 10px 12px; }
+.sv .seg { display: block; margin: 0 0 6px; }
+.sv .seg-label { display: inline-block; font-family: system-ui, sans-serif; font-size: 11px; text-transform: uppercase;
+  letter-spacing: .06em; color: #fff; border-radius: 4px; padding: 0 6px; margin-right: 6px; }
+.sv .seg-prompt .seg-label { background: #868e96; } .sv .seg-reasoning .seg-label { background: var(--accent); }
+.sv .seg-content .seg-label { background: #16a394; }
+.sv .t { border-radius: 3px; padding: 1px 0; box-shadow: inset -1px 0 0 rgba(0,0,0,.12); }
+.sv .m0 { background: #f1f3f5; color: #495057; }
+.sv .seg-reasoning .m1 { background: #e5dbff; } .sv .seg-content .m1 { background: #c3fae8; }
+.sv .sp { font-weight: 700; color: #c2255c; }
+.sv .skip { font-family: system-ui, sans-serif; color: var(--muted); font-style: italic; margin: 0 6px; }
+.legend-chip { display: inline-block; width: 12px; height: 12px; border-radius: 3px; vertical-align: -2px; margin: 0 4px 0 12px; }
 footer { color: var(--muted); font-size: 12px; margin-top: 40px; }
 </style>
 <script>{{ plotly_js | safe }}</script>
@@ -67,9 +93,22 @@ footer { color: var(--muted); font-size: 12px; margin-top: 40px; }
 <div class="phases">
 {% for ph, done in m.phases.items() %}<span class="pill{{ ' done' if done else '' }}">{{ '✓' if done else '○' }} {{ ph }}</span>{% endfor %}
 </div>
-{% if m.audit and m.audit.thresholds_broken %}
-<div class="alert"><b>Audit thresholds broken:</b> {{ m.audit.thresholds_broken | join('; ') }}</div>
-{% endif %}
+{% set v = m.verdict %}
+<section class="verdict {{ v.level }}" id="verdict" data-level="{{ v.level }}">
+  <span class="badge">{{ {'green': 'GOOD', 'amber': 'CHECK', 'red': 'NOT USABLE'}[v.level] }}</span>
+  <div>
+    <div class="reason">{{ v.reason }}</div>
+    {% set shown = 1 if v.level != 'green' else 0 %}
+    {% if (v.problems | length) + (v.warnings | length) > shown %}<ul>
+    {% for x in v.problems %}{% if not (loop.first and v.level == 'red') %}<li class="bad">{{ x }}</li>{% endif %}{% endfor %}
+    {% for x in v.warnings %}{% if not (loop.first and v.level == 'amber') %}<li>{{ x }}</li>{% endif %}{% endfor %}
+    </ul>{% endif %}
+    {% if m.audit and m.audit.thresholds_broken %}<div class="bad" style="margin-top: 6px"><b>Audit thresholds broken:</b></div><ul>
+    {% for b in m.audit.thresholds_broken %}<li class="bad mono">{{ b }}</li>{% endfor %}
+    </ul>{% endif %}
+  </div>
+</section>
+{% for n in notes %}<div class="alert">{{ n }}</div>{% endfor %}
 
 <section class="kpis" id="kpis">
 {% for label, value, note in kpis %}
@@ -102,6 +141,38 @@ footer { color: var(--muted); font-size: 12px; margin-top: 40px; }
 </table>
 </div>
 
+<h2>Providers</h2>
+{% if m.providers_table %}
+<div class="card">
+<table id="providers">
+{% set att = (m.providers_table | sum(attribute='attempts')) > 0 %}
+{% set ttft = m.providers_table | selectattr('ttft_p50_s', 'ne', none) | list | length > 0 %}
+<thead><tr><th>provider</th><th>quantization</th><th>responses</th>{% if att %}<th>retries / attempts</th>
+<th>retries by kind</th>{% endif %}<th>dropped reasoning</th><th>cool-downs</th><th>completion tokens</th><th>cost</th><th>$/M output</th>
+<th>latency p50 / p95</th>{% if ttft %}<th>TTFT p50 / p95</th>{% endif %}</tr></thead>
+<tbody>
+{% for p in m.providers_table %}
+<tr{% if p.cooldowns or p.dropped_reasoning %} class="warn"{% endif %} data-provider="{{ p.provider }}">
+<td>{{ p.provider }}</td><td class="mono">{{ p.quantization or '–' }}</td>
+<td>{{ p.responses | int }} <span class="muted">({{ p.share | pct }})</span></td>
+{% if att %}<td>{{ p.retries | int }} / {{ p.attempts | int }}{% if p.failure_rate %} <span class="muted">({{ p.failure_rate | pct }})</span>{% endif %}</td>
+<td class="mono" style="white-space: normal; min-width: 150px">{% for k, n in p.failures_by_kind.items() %}{{ k }} {{ n }}{% if not loop.last %}, {% endif %}{% else %}–{% endfor %}</td>{% endif %}
+<td{% if p.dropped_reasoning %} class="broken"{% endif %}>{{ p.dropped_reasoning | int }}</td>
+<td{% if p.cooldowns %} class="broken"{% endif %}>{{ p.cooldowns | int }}</td>
+<td>{{ p.completion_tokens | int }}</td><td>{{ p.cost_usd | usd }}</td><td>{{ p.usd_per_m_output | usd }}</td>
+<td>{{ p.latency_p50_s | secs }} / {{ p.latency_p95_s | secs }}</td>{% if ttft %}<td>{{ p.ttft_p50_s | secs }} / {{ p.ttft_p95_s | secs }}</td>{% endif %}
+</tr>
+{% endfor %}
+</tbody>
+</table>
+</div>
+<p class="muted">{% if att %}Retries are failed attempts (logs/attempts.jsonl). {% else %}No logs/attempts.jsonl in this run:
+attempts and retries per provider are not known. {% endif %}Dropped reasoning: reasoning tokens billed but no reasoning
+text returned. Percentiles interpolate linearly{% if ttft %}; TTFT is the time to the first byte of the answer{% endif %}.</p>
+{% else %}
+<p class="muted">No responses yet.</p>
+{% endif %}
+
 <h2>Charts</h2>
 <div class="grid">
 {% for div, caption, fig in figures %}
@@ -129,29 +200,35 @@ footer { color: var(--muted); font-size: 12px; margin-top: 40px; }
 {% if audit %}
 <div class="card">
 <table id="audit">
-<thead><tr><th>dataset</th><th>records</th><th>structural failures</th><th>billed tokens</th><th>rebuilt tokens</th>
-<th>billing disagreement</th><th>mismatched samples</th><th>BPE compared</th><th>exact</th><th>tokenization</th><th>semantic</th></tr></thead>
+{% set kept_col = audit | selectattr('billing_disagreement_kept', 'ne', none) | list | length > 0 %}
+<thead><tr><th>dataset</th><th>records</th><th>excluded</th><th>structural failures</th><th>rebuilt / billed tokens</th>
+<th>billing disagreement</th>{% if kept_col %}<th>billing disagreement, kept rows</th>{% endif %}<th>mismatched samples</th><th>BPE compared</th><th>exact</th><th>tokenization</th><th>semantic</th></tr></thead>
 <tbody>
 {% for a in audit %}
-<tr{% if loop.last %} class="total"{% endif %}>
-<td>{{ a.dataset }}</td><td>{{ a.records | int }}</td>
-<td{% if a.structural_failures %} class="bad"{% endif %}>{{ a.structural_failures | int }}</td>
-<td>{{ a.billed | int }}</td><td>{{ a.rebuilt | int }}</td><td>{{ a.billing_disagreement | pct(3) }}</td>
+<tr class="{{ 'total' if loop.last else '' }}{{ ' broken' if a.broken else '' }}" data-audit="{{ a.dataset }}"{% if a.broken %} title="breaks the audit threshold of: {{ a.broken | join(', ') }}"{% endif %}>
+<td>{{ a.dataset }}</td><td>{{ a.records | int }}</td><td>{{ a.excluded | int }}</td>
+<td class="{{ 'broken' if 'structural' in a.broken else ('bad' if a.structural_failures else '') }}">{{ a.structural_failures | int }}</td>
+<td>{{ a.rebuilt | int }} / {{ a.billed | int }}</td>
+{% if kept_col %}<td>{{ a.billing_disagreement | pct(3) }}</td>
+<td{% if 'billing' in a.broken %} class="broken"{% endif %}>{{ a.billing_disagreement_kept | pct(3) }}</td>
+{% else %}<td{% if 'billing' in a.broken %} class="broken"{% endif %}>{{ a.billing_disagreement | pct(3) }}</td>{% endif %}
 <td>{{ a.billing_mismatched_samples | int }}</td><td>{{ a.reference_compared | int }}</td><td>{{ a.exact_match | int }}</td>
-<td>{{ a.tokenization_mismatch | int }}</td><td{% if a.semantic_mismatch %} class="bad"{% endif %}>{{ a.semantic_mismatch | int }}</td>
+<td{% if 'tokenization' in a.broken %} class="broken"{% endif %}>{{ a.tokenization_mismatch | int }}</td>
+<td class="{{ 'broken' if 'semantic' in a.broken else ('bad' if a.semantic_mismatch else '') }}">{{ a.semantic_mismatch | int }}</td>
 </tr>
 {% endfor %}
 </tbody>
 </table>
 </div>
-{% if m.audit.overall.examples %}
+{% if examples %}
 <h2>BPE mismatch examples</h2>
-<div class="card"><table class="ex">
-<thead><tr><th>sample</th><th>kind</th><th>position</th><th>ours</th><th>reference</th></tr></thead>
-<tbody>{% for e in m.audit.overall.examples[:10] %}
-<tr><td class="mono">{{ e.sample_id }}</td><td>{{ e.kind }}</td><td>{{ e.position }}</td>
-<td class="mono">{% for x in e.ours %}<span class="tok">{{ x | tok }}</span>{% endfor %}</td>
-<td class="mono">{% for x in e.reference %}<span class="tok">{{ x | tok }}</span>{% endfor %}</td></tr>
+<div class="card"><table class="ex" id="mismatches">
+<thead><tr><th>sample</th><th>kind</th><th>position</th><th>in context: ours (red) and the reference (green)</th></tr></thead>
+<tbody>{% for e in examples %}
+<tr><td class="mono">{{ e.sample_id }}{% if e.dataset %}<br><span class="muted">{{ e.dataset }}</span>{% endif %}</td>
+<td>{{ e.kind }}{% if e.cause %}<br><span class="muted">{{ e.cause }}</span>{% endif %}</td><td>{{ e.position }}</td>
+<td class="mono"><div><span class="ctx">{{ e.before | ctx }}</span>{% for x in e.ours %}<span class="tok ours">{{ x | tok }}</span>{% else %}<span class="tok ours muted">(nothing)</span>{% endfor %}<span class="ctx">{{ e.after | ctx }}</span></div>
+<div><span class="ctx">{{ e.before | ctx }}</span>{% for x in e.reference %}<span class="tok ref">{{ x | tok }}</span>{% else %}<span class="tok ref muted">(nothing)</span>{% endfor %}<span class="ctx">{{ e.after | ctx }}</span></div></td></tr>
 {% endfor %}</tbody></table></div>
 {% endif %}
 {% else %}
@@ -184,10 +261,26 @@ bf16 {{ h.by_dtype['bf16'] | bytes }}){% if h.cap_saved %}; the length cap of {{
 {% endif %}
 <div class="card"><table>
 <thead><tr><th>file</th><th>split</th><th>kind</th><th>rows</th><th>size</th></tr></thead>
-<tbody>{% for f in m.merged_files %}<tr><td class="mono">merged/{{ f.path }}</td><td>{{ f.split }}</td><td>{{ f.kind }}</td>
+<tbody>{% for f in m.merged_files %}<tr><td class="mono">{{ f.path }}</td><td>{{ f.split }}</td><td>{{ f.kind }}</td>
 <td>{{ f.rows | int }}</td><td>{{ f.bytes | bytes }}</td></tr>{% endfor %}</tbody>
 </table></div>
 {% for n in m.merged.notes %}<p class="muted">note: {{ n }}</p>{% endfor %}
+{% if sample %}{% set s = sample %}
+<h2>Sample</h2>
+<div class="card" id="sample-viewer">
+<p style="margin: 8px 12px 0"><span class="mono">{{ s.sample_id }}</span> <span class="muted">({{ s.dataset }}, {{ s.file }})</span>:
+{{ s.prompt_len | int }} prompt + {{ s.reasoning_len | int }} reasoning + {{ s.completion_len - s.reasoning_len }} content tokens,
+{{ s.supervised | int }} supervised{% if s.capped %}, cut at max_seq_len{% endif %}; {{ s.shown | int }} shown.
+<span class="legend-chip" style="background:#f1f3f5"></span>loss_mask 0
+<span class="legend-chip" style="background:#e5dbff"></span>1 (reasoning)
+<span class="legend-chip" style="background:#c3fae8"></span>1 (content)
+<span class="sv"><span class="t sp">&lt;control&gt;</span></span></p>
+<div class="sv">{% for seg in s.segments %}<span class="seg seg-{{ seg.name }}" data-segment="{{ seg.name }}"><span class="seg-label">{{ seg.name }} {{ seg.start }}–{{ seg.end }}</span>
+{%- for t in seg.head %}<span class="t m{{ t.mask }}{{ ' sp' if t.special else '' }}">{{ t.text }}</span>{% endfor -%}
+{% if seg.skipped %}<span class="skip">… {{ seg.skipped | int }} tokens …</span>{% endif -%}
+{% for t in seg.tail %}<span class="t m{{ t.mask }}{{ ' sp' if t.special else '' }}">{{ t.text }}</span>{% endfor %}</span>{% endfor %}</div>
+</div>
+{% endif %}
 {% else %}
 <p class="muted">Not merged yet: run <code>draftgen merge CONFIG</code> (or <code>draftgen run CONFIG</code>).</p>
 {% endif %}
