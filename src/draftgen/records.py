@@ -43,7 +43,6 @@ __all__ = [
     "Provenance",
     "ResponseRecord",
     "RunManifest",
-    "Sampling",
     "StructuralExample",
     "Tool",
     "ToolCall",
@@ -93,15 +92,6 @@ class Message(msgspec.Struct, omit_defaults=True):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
-
-
-class Sampling(msgspec.Struct, omit_defaults=True):
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: list[str] | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
 
 
 class PromptRecord(msgspec.Struct, omit_defaults=True):

@@ -31,7 +31,6 @@ from .wire import classify_http, translate_exception
 __all__ = [
     "Bounds",
     "HttpBackend",
-    "body_or_error",
     "check_base_url",
     "drop_none",
     "make_session",
@@ -244,12 +243,6 @@ def check_base_url(url: str, *, what: str = "base_url") -> str:
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"endpoint.{what} {url!r} must start with http:// or https://")
     return url.rstrip("/")
-
-
-def body_or_error(status: int, body: bytes, headers: Mapping[str, str], where: str) -> bytes:
-    if status != 200:
-        raise classify_http(status, body, headers=headers, where=where)
-    return body
 
 
 def drop_none(d: Mapping[str, Any]) -> dict[str, Any]:

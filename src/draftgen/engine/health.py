@@ -83,14 +83,15 @@ class RoutingGuard:
     def quantization(self, provider: str | None) -> str | None:
         return self._lookup(provider)[2] if provider else None
 
-    def _why(self, ep: EndpointInfo, extra: Sequence[str]) -> str | None:
+    def _why(self, ep: EndpointInfo, extra: Sequence[str], *, quantization_known: bool = True) -> str | None:
         if _matches(self.ignore, ep):
             return "in routing.ignore"
         if extra and _matches((x.lower() for x in extra), ep):
             return "in this request's provider.ignore"
         if self.only is not None and not _matches(self.only, ep):
             return "not in routing.only"
-        if self.quantizations is not None and (ep.quantization or "unknown").lower() not in self.quantizations:
+        if (quantization_known and self.quantizations is not None
+                and (ep.quantization or "unknown").lower() not in self.quantizations):
             return f"quantization {ep.quantization or 'unknown'} not in routing.quantizations"
         return None
 
@@ -104,14 +105,7 @@ class RoutingGuard:
         extra = list(extra_ignore or ())
         if not matched:
             # Not in the endpoint list: judged by its name alone (its quantization is unknown).
-            ep = EndpointInfo(provider_name=provider)
-            if _matches(self.ignore, ep):
-                return "in routing.ignore"
-            if extra and _matches((x.lower() for x in extra), ep):
-                return "in this request's provider.ignore"
-            if self.only is not None and not _matches(self.only, ep):
-                return "not in routing.only"
-            return None
+            return self._why(EndpointInfo(provider_name=provider), extra, quantization_known=False)
         reasons = [self._why(ep, extra) for ep in matched]
         if all(r is not None for r in reasons):
             return reasons[0]
