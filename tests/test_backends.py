@@ -5,12 +5,24 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from _generate_helpers import emulator, fast, make_config, prompt
-from draftgen.backends import Balanced, CompletionRequest, open_backend
+from _generate_helpers import claim, emulator, fast, make_config, prompt, responses, write_prompts
+from draftgen.backends import (
+    BACKENDS,
+    EMULATOR_KEY,
+    BackendKind,
+    Balanced,
+    CompletionRequest,
+    api_key_for,
+    capabilities,
+    management_key_for,
+    open_backend,
+)
 from draftgen.backends.sglang import sglang_root
-from draftgen.errors import AuthError, RetryableAPIError
+from draftgen.config import EndpointConfig
+from draftgen.errors import AuthError, ConfigError, RetryableAPIError
 from draftgen.records import GroundTruthRecord
 from draftgen.store import iter_jsonl
 
@@ -150,3 +162,88 @@ def test_idle_timeout_not_total_timeout(tmp_path: Path) -> None:
                 assert ei.value.kind in ("idle_timeout", "connection_reset")
 
         asyncio.run(go())
+
+
+def test_registry_covers_every_endpoint_kind() -> None:
+    import typing
+
+    kinds = set(typing.get_args(typing.get_type_hints(EndpointConfig)["kind"]))
+    assert kinds and kinds == set(BACKENDS)
+    for kind in kinds:
+        entry = BACKENDS[kind]
+        assert isinstance(entry, BackendKind) and callable(entry.factory)
+        assert capabilities(kind) is entry.capabilities
+    # what the protocols declare (behaviour is decided from these, not from the names)
+    assert capabilities("sglang").needs_prompt_ids and capabilities("sglang").output_is_raw_ids
+    assert not any(capabilities(k).needs_prompt_ids for k in kinds - {"sglang"})
+    assert {k for k in kinds if capabilities(k).exact_ids} == {"vllm", "sglang"}
+    assert {k for k in kinds if capabilities(k).account} == {"openrouter", "emulator"}
+    with pytest.raises(ConfigError, match="not a known backend"):
+        capabilities("tgi")
+
+
+@pytest.mark.parametrize("kind", ["openrouter", "emulator", "openai", "vllm", "sglang"])
+def test_built_backend_carries_its_kinds_capabilities(tmp_path: Path, kind: str) -> None:
+    cfg = make_config(tmp_path, ["b"], kind=kind, base_url="http://127.0.0.1:9/v1")
+
+    async def go() -> None:
+        async with open_backend(cfg, "sk-or-test") as be:
+            assert be.capabilities is BACKENDS[kind].capabilities  # type: ignore[attr-defined]
+
+    asyncio.run(go())
+
+
+def test_capabilities_drive_the_key_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
+    monkeypatch.delenv("DG_MGMT", raising=False)
+    cfg = make_config(tmp_path, ["b"], kind="openai", base_url="http://127.0.0.1:9/v1",
+                      endpoint={"management_key_env": "DG_MGMT"})
+    assert api_key_for(cfg) is None and management_key_for(cfg) is None
+    assert api_key_for(make_config(tmp_path, ["b"], kind="emulator")) == EMULATOR_KEY
+    with pytest.raises(ConfigError, match="no API key"):
+        api_key_for(make_config(tmp_path, ["b"], kind="openrouter"))
+    base = BACKENDS["openai"]
+    monkeypatch.setitem(BACKENDS, "openai", BackendKind(msgspec.structs.replace(base.capabilities, requires_key=True),
+                                                        base.factory))
+    with pytest.raises(ConfigError, match="no API key"):
+        api_key_for(cfg)
+    monkeypatch.setitem(BACKENDS, "openai", BackendKind(
+        msgspec.structs.replace(base.capabilities, placeholder_key="sk-placeholder"), base.factory))
+    assert api_key_for(cfg) == "sk-placeholder"
+    monkeypatch.setenv("OPENROUTER_API_KEY", " sk-real ")
+    monkeypatch.setenv("DG_MGMT", " sk-mgmt ")
+    assert api_key_for(cfg) == "sk-real" and management_key_for(cfg) == "sk-mgmt"
+
+
+@pytest.mark.parametrize("needs", [False, True])
+def test_capabilities_drive_prompt_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, needs: bool) -> None:
+    from draftgen.generate import GenerateOptions, run_generate
+
+    sent: list[list[int] | None] = []
+    base = BACKENDS["vllm"]
+
+    def factory(cfg, session, url, bounds):  # type: ignore[no-untyped-def]
+        be = base.factory(cfg, session, url, bounds)
+        send = be.send
+
+        async def recording(req: CompletionRequest):  # type: ignore[no-untyped-def]
+            sent.append(req.prompt_ids)
+            return await send(req)
+
+        be.send = recording  # type: ignore[method-assign]
+        return be
+
+    caps = msgspec.structs.replace(base.capabilities, needs_prompt_ids=needs)
+    monkeypatch.setitem(BACKENDS, "vllm", BackendKind(caps, factory))
+    run_dir = claim(make_config(tmp_path, ["a"]))
+    write_prompts(run_dir, "a", 4)
+    with emulator() as emu:
+        cfg = make_config(tmp_path, ["a"], kind="vllm", base_url=emu.root_url + "/v1")
+        rep = run_generate(cfg, GenerateOptions(), echo=lambda line: None)
+    assert rep.done == 4 and len(sent) >= 4
+    recs = {r.sample_id: r for r in responses(run_dir, "a")}
+    if needs:
+        assert all(ids for ids in sent)
+        assert {tuple(ids or []) for ids in sent} == {tuple(r.prompt_ids or []) for r in recs.values()}
+    else:
+        assert all(ids is None for ids in sent)

@@ -35,8 +35,8 @@ from typing import Any
 import msgspec
 
 from . import rundir
-from .backends import Backend, EndpointInfo, open_backend
-from .config import RunConfig, resolve_api_key
+from .backends import Backend, EndpointInfo, api_key_for, capabilities, management_key_for, open_backend
+from .config import RunConfig
 from .emulator.embedded import embedded_emulator
 from .engine import (
     Assembler,
@@ -69,8 +69,6 @@ __all__ = [
     "routed_prices",
     "run_generate",
 ]
-
-EMULATOR_KEY = "sk-or-emulator-local"
 
 Echo = Callable[[str], object]
 
@@ -120,14 +118,7 @@ def _raise_fd_limit(needed: int) -> None:
 
 
 def _api_keys(cfg: RunConfig) -> tuple[str | None, str | None]:
-    kind = cfg.endpoint.kind
-    key = resolve_api_key(cfg, required=kind == "openrouter")
-    if kind == "emulator" and not key:
-        key = EMULATOR_KEY
-    mgmt = None
-    if cfg.endpoint.management_key_env:
-        mgmt = os.environ.get(cfg.endpoint.management_key_env, "").strip() or None
-    return key, mgmt
+    return api_key_for(cfg), management_key_for(cfg)
 
 
 def _prepared(cfg: RunConfig, rd: rundir.RunDir, names: list[str], echo: Echo) -> None:
@@ -436,6 +427,7 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
                 log: RunLog, rd: rundir.RunDir) -> tuple[int, str | None]:
     display = make_display(cfg.progress, stats, log)
     conns = sum(p.concurrency for p in partitions) + 16
+    caps = capabilities(cfg.endpoint.kind)
     async with open_backend(cfg, api_key, base_urls=base_urls, connections=conns) as backend:
         key_usage, credits_usage, eps = await _account(backend, cfg, mgmt, governor, log)
         stats.remaining = governor.remaining
@@ -443,10 +435,10 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
             return 1, (f"the dollar budget is spent (${governor.spent:.4f} of ${cfg.budget.max_spend_usd}); "
                        "raise --max-spend to continue")
         engine = Engine(
-            backend=backend, assembler=Assembler(profile, provenance=provenance), datasets=plans, partitions=partitions, governor=governor,
+            backend=backend, assembler=Assembler(profile, provenance=provenance, parse_ids=caps.output_is_raw_ids), datasets=plans, partitions=partitions, governor=governor,
             policy=RetryPolicy(cfg.retry), stats=stats, log=log, display=display,
             adaptive=cfg.retry.adaptive_concurrency, grace_s=cfg.retry.shutdown_grace_s,
-            needs_prompt_ids=cfg.endpoint.kind == "sglang", cpu_workers=max(1, min(4, (os.cpu_count() or 2))),
+            needs_prompt_ids=caps.needs_prompt_ids, cpu_workers=max(1, min(4, (os.cpu_count() or 2))),
             attempts_path=rd.attempts, health_path=rd.health, health=_health(cfg, eps),
             keep_unusable=cfg.quality.keep_unusable, require_reasoning=not cfg.reasoning.exclude,
         )

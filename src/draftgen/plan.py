@@ -23,18 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 
-from .backends import EndpointInfo, open_backend
+from .backends import EndpointInfo, api_key_for, capabilities, management_key_for, open_backend
 from .config import RunConfig
 from .errors import APIError, AuthError
 from .hidden import DatasetTokens, format_bytes, format_hidden_report, hidden_states_report
 from .pricing import PriceEstimate, eligible_endpoints, estimate_price
-from .probe import api_key_for, embedded_endpoint
+from .probe import embedded_endpoint
 from .records import DatasetStats, GroundTruthRecord, HiddenStatesReport, PromptRecord
 from .report.format import fmt_duration, fmt_int, fmt_usd
 from .report.metrics import DatasetMetrics, compute_metrics
@@ -209,7 +208,7 @@ async def _account(cfg: RunConfig, base_urls: list[str] | None) -> tuple[list[En
         info = await get_key() if get_key is not None else None
         if info is not None and info.limit_remaining is not None:
             remaining.append(info.limit_remaining)
-        mgmt = os.environ.get(cfg.endpoint.management_key_env or "", "") or None
+        mgmt = management_key_for(cfg)
         get_credits = getattr(backend, "get_credits", None)
         if mgmt and get_credits is not None:
             credits = await get_credits(mgmt)
@@ -261,7 +260,7 @@ def _line(cfg: RunConfig, name: str, obs: DatasetMetrics, prices: PriceEstimate 
         per = line.avg_prompt_tokens * prices.prompt + line.avg_output_tokens * prices.completion + prices.request
         line.cost_usd = per * new_samples
         line.cost_basis = "prices"
-    elif cfg.endpoint.kind in ("vllm", "sglang"):
+    elif capabilities(cfg.endpoint.kind).self_hosted:
         line.cost_usd = 0.0
         line.cost_basis = "local server"
     if obs.done and obs.mean_latency_s is not None:

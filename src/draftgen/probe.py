@@ -18,7 +18,6 @@ and writes no run-directory files. The API key is never printed.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,15 +25,18 @@ from contextlib import contextmanager
 import msgspec
 
 from .backends import (
+    EMULATOR_KEY,
     Completion,
     CompletionRequest,
     Credits,
     EndpointInfo,
     KeyInfo,
+    api_key_for,
     endpoint_urls,
+    management_key_for,
     open_backend,
 )
-from .config import RunConfig, resolve_api_key
+from .config import RunConfig
 from .emulator.embedded import embedded_emulator
 from .errors import APIError, AuthError, DraftgenError, PaymentRequired
 from .pricing import eligible_endpoints, endpoint_matches, matching_endpoints
@@ -43,9 +45,6 @@ from .records import Message
 __all__ = ["EMULATOR_KEY", "ProbeReport", "api_key_for", "embedded_endpoint", "run_probe"]
 
 Echo = Callable[[str], object]
-
-#: Key sent to the embedded emulator when none is configured (it accepts any ``sk-or-`` key).
-EMULATOR_KEY = "sk-or-v1-draftgen-emulator"
 
 
 class ProbeReport(msgspec.Struct, kw_only=True):
@@ -86,21 +85,6 @@ def embedded_endpoint(cfg: RunConfig, *, ground_truth: bool = False) -> Iterator
     """Base URLs to use: the configured ones (None), or those of the embedded emulator for the block."""
     with embedded_emulator(cfg, ground_truth=ground_truth) as url:
         yield [url] if url else None
-
-
-def api_key_for(cfg: RunConfig) -> str | None:
-    """The configured key; the embedded emulator accepts a placeholder when none is set."""
-    if cfg.endpoint.kind in ("openrouter",):
-        return resolve_api_key(cfg, required=True)
-    key = resolve_api_key(cfg, required=False)
-    if key is None and cfg.endpoint.kind == "emulator":
-        return EMULATOR_KEY
-    return key
-
-
-def _management_key(cfg: RunConfig) -> str | None:
-    env = cfg.endpoint.management_key_env
-    return (os.environ.get(env) or None) if env else None
 
 
 def _usd(x: float | None) -> str:
@@ -151,7 +135,7 @@ class _Probe:
                 self.fail("the key's limit is used up; raise it on openrouter.ai/settings/keys")
         elif get_key is not None and rep.key_valid is None and not rep.errors:
             self.line("key", "not checked (this endpoint has no /key)")
-        mgmt = _management_key(self.cfg)
+        mgmt = management_key_for(self.cfg)
         get_credits = getattr(backend, "get_credits", None)
         if mgmt and get_credits is not None:
             try:

@@ -2,62 +2,125 @@
 
 Entry point::
 
-    async with open_backend(cfg, api_key) as backend:
+    async with open_backend(cfg, api_key_for(cfg)) as backend:
         comp = await backend.complete(CompletionRequest(sample_id=..., messages=..., max_tokens=...))
-        key = await backend.get_key_info()            # OpenRouter only, else None
-        credits = await backend.get_credits(mgmt_key)  # OpenRouter + management key, else None
-        eps = await backend.get_model_endpoints(cfg.model.id)  # OpenRouter only, else None
+        key = await backend.get_key_info()            # capabilities.account, else None
+        credits = await backend.get_credits(mgmt_key)  # capabilities.account + management key, else None
+        eps = await backend.get_model_endpoints(cfg.model.id)  # capabilities.prices, else None
 
-``endpoint.kind`` picks the protocol: ``openrouter``/``emulator`` → ``openrouter.OpenAIChatBackend``
-(with routing and reasoning), ``openai`` → the same without OpenRouter-only fields, ``vllm`` →
-``vllm.VLLMBackend`` (exact ids), ``sglang`` → ``sglang.SGLangBackend`` (exact ids). Each base URL gets
-one aiohttp session (one connection pool); several URLs (``endpoint.base_urls``) are load-balanced by
-fewest requests in flight. Every request is bounded by ``http.Bounds`` (``endpoint.request_timeout_s``,
-``idle_timeout_s``, ``max_body_bytes``).
+``BACKENDS`` maps each ``endpoint.kind`` to a ``BackendKind``: its ``Capabilities`` and its factory.
+``openrouter``/``emulator`` → ``openrouter.OpenAIChatBackend`` (with routing and reasoning), ``openai`` →
+the same without OpenRouter-only fields, ``vllm`` → ``vllm.VLLMBackend`` (exact ids), ``sglang`` →
+``sglang.SGLangBackend`` (exact ids, prompt ids in). Callers decide behaviour from ``capabilities(kind)``,
+never from a kind's or backend's name; adding a backend is its module plus one line in ``BACKENDS``.
+
+Each base URL gets one aiohttp session (one connection pool); several URLs (``endpoint.base_urls``) are
+load-balanced by fewest requests in flight. Every request is bounded by ``http.Bounds``
+(``endpoint.request_timeout_s``, ``idle_timeout_s``, ``max_body_bytes``).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
-import msgspec
-
-from ..config import RunConfig
+from ..config import RunConfig, resolve_api_key
 from ..errors import ConfigError
-from ..tokens import profile_class
-from .base import Backend, Completion, CompletionRequest, Credits, EndpointInfo, KeyInfo, LogprobToken
+from .base import (
+    Backend,
+    BackendKind,
+    Capabilities,
+    Completion,
+    CompletionRequest,
+    Credits,
+    EndpointInfo,
+    KeyInfo,
+    LogprobToken,
+)
 from .http import Bounds, HttpBackend, check_base_url, make_session
-from .openrouter import OpenAIChatBackend
-from .sglang import SGLangBackend
-from .vllm import VLLMBackend
+from .openrouter import (
+    EMULATOR_CAPABILITIES,
+    EMULATOR_KEY,
+    OPENAI_CAPABILITIES,
+    OPENROUTER_CAPABILITIES,
+    OPENROUTER_URL,
+    build_openai,
+    build_openrouter,
+)
+from .sglang import SGLANG_CAPABILITIES, build_sglang
+from .vllm import VLLM_CAPABILITIES, build_vllm
 
 __all__ = [
+    "BACKENDS",
+    "EMULATOR_KEY",
     "OPENROUTER_URL",
     "Backend",
+    "BackendKind",
     "Balanced",
     "Bounds",
+    "Capabilities",
     "Completion",
     "CompletionRequest",
     "Credits",
     "EndpointInfo",
     "KeyInfo",
     "LogprobToken",
+    "api_key_for",
+    "capabilities",
     "endpoint_urls",
+    "management_key_for",
     "open_backend",
 ]
 
-OPENROUTER_URL = "https://openrouter.ai/api/v1"
+#: ``endpoint.kind`` → its capabilities and factory. One line per backend.
+BACKENDS: dict[str, BackendKind] = {
+    "openrouter": BackendKind(OPENROUTER_CAPABILITIES, build_openrouter),
+    "emulator": BackendKind(EMULATOR_CAPABILITIES, build_openrouter),
+    "openai": BackendKind(OPENAI_CAPABILITIES, build_openai),
+    "vllm": BackendKind(VLLM_CAPABILITIES, build_vllm),
+    "sglang": BackendKind(SGLANG_CAPABILITIES, build_sglang),
+}
+
+
+def backend_kind(kind: str) -> BackendKind:
+    """The registered ``BackendKind`` of ``endpoint.kind``; a ConfigError naming the known kinds."""
+    try:
+        return BACKENDS[kind]
+    except KeyError:
+        raise ConfigError(f"endpoint.kind {kind!r} is not a known backend; use one of {', '.join(BACKENDS)}") from None
+
+
+def capabilities(kind: str) -> Capabilities:
+    """What a backend of ``endpoint.kind`` can do."""
+    return backend_kind(kind).capabilities
+
+
+def api_key_for(cfg: RunConfig) -> str | None:
+    """The API key to send: the configured one (required where the backend ``requires_key``), else the
+    backend's ``placeholder_key`` (the embedded emulator accepts any ``sk-or-`` key), else None."""
+    caps = capabilities(cfg.endpoint.kind)
+    key = resolve_api_key(cfg, required=caps.requires_key)
+    if not key and caps.placeholder_key:
+        return caps.placeholder_key
+    return key
+
+
+def management_key_for(cfg: RunConfig) -> str | None:
+    """The management key (``endpoint.management_key_env``) for ``GET /credits``; None when unset or empty."""
+    env = cfg.endpoint.management_key_env
+    return (os.environ.get(env, "").strip() or None) if env else None
 
 
 def endpoint_urls(cfg: RunConfig) -> list[str]:
-    """The configured base URLs (``base_urls`` wins over ``base_url``; OpenRouter has a default)."""
+    """The configured base URLs (``base_urls`` wins over ``base_url``; some backends have a default)."""
     ep = cfg.endpoint
     urls = list(ep.base_urls) or ([ep.base_url] if ep.base_url else [])
     if not urls:
-        if ep.kind == "openrouter":
-            urls = [OPENROUTER_URL]
+        default = capabilities(ep.kind).default_url
+        if default:
+            urls = [default]
         else:
             raise ConfigError(f"endpoint.base_url is required for endpoint kind {ep.kind!r} (or pass --base-url URL)")
     return [check_base_url(u) for u in urls]
@@ -72,6 +135,7 @@ class Balanced:
         self.backends = list(backends)
         self.name = self.backends[0].name
         self.reports_cost = self.backends[0].reports_cost
+        self.capabilities = self.backends[0].capabilities
         self.in_flight = [0] * len(self.backends)
         self._rr = itertools.cycle(range(len(self.backends)))
         self.sent = [0] * len(self.backends)
@@ -111,7 +175,9 @@ class Balanced:
 
 def _build(cfg: RunConfig, url: str, api_key: str | None, connections: int) -> HttpBackend:
     ep = cfg.endpoint
-    headers = {"HTTP-Referer": "https://github.com/draftgen/draftgen", "X-Title": "draftgen"} if ep.kind in ("openrouter", "emulator") else None
+    kind = backend_kind(ep.kind)
+    headers = ({"HTTP-Referer": "https://github.com/draftgen/draftgen", "X-Title": "draftgen"}
+               if kind.capabilities.attribution_headers else None)
     session = make_session(
         api_key=api_key, connections=connections, connect_timeout_s=ep.connect_timeout_s,
         idle_timeout_s=ep.idle_timeout_s, extra_headers=headers,
@@ -121,22 +187,9 @@ def _build(cfg: RunConfig, url: str, api_key: str | None, connections: int) -> H
         request_timeout_s=ep.request_timeout_s, slow_tokens_per_s=ep.slow_tokens_per_s,
         max_body_bytes=ep.max_body_bytes,
     )
-    sampling = msgspec.to_builtins(cfg.sampling)
-    reasoning = msgspec.to_builtins(cfg.reasoning)
-    if not cfg.model.thinking and not reasoning:
-        # The target profile says the model does not reason: ask the server for that prompt variant.
-        reasoning = {"enabled": False}
-    if ep.kind in ("openrouter", "emulator", "openai"):
-        return OpenAIChatBackend(
-            session, url, model=cfg.model.id, stream=ep.stream, openrouter=ep.kind != "openai",
-            routing=msgspec.to_builtins(cfg.routing), reasoning=reasoning, sampling=sampling, bounds=bounds,
-        )
-    if ep.kind == "vllm":
-        kwarg = profile_class(cfg.model.profile).thinking_kwarg
-        extra = {"chat_template_kwargs": {kwarg: cfg.model.thinking}} if kwarg else None
-        return VLLMBackend(session, url, model=cfg.model.id, stream=ep.stream, sampling=sampling, extra=extra,
-                           bounds=bounds)
-    return SGLangBackend(session, url, stream=ep.stream, sampling=sampling, bounds=bounds)
+    backend = kind.factory(cfg, session, url, bounds)
+    backend.capabilities = kind.capabilities  # one class may serve several kinds (openrouter, emulator)
+    return backend
 
 
 @asynccontextmanager

@@ -10,14 +10,23 @@ of requests per second.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import msgspec
 
 from ..records import Message, Tool, ToolCall, Usage
 
+if TYPE_CHECKING:
+    import aiohttp
+
+    from ..config import RunConfig
+    from .http import Bounds, HttpBackend
+
 __all__ = [
     "Backend",
+    "BackendKind",
+    "Capabilities",
     "Completion",
     "CompletionRequest",
     "Credits",
@@ -25,8 +34,63 @@ __all__ = [
     "EndpointPricing",
     "KeyInfo",
     "LogprobToken",
+    "run_reasoning",
+    "run_sampling",
     "token_limit",
 ]
+
+
+class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
+    """What a backend kind can do; callers decide behaviour from these, never from a backend's name.
+
+    ``exact_ids``: the server returns the generated token ids. ``needs_prompt_ids``: requests must carry
+    ``CompletionRequest.prompt_ids`` (a token-level API). ``output_is_raw_ids``: the reasoning/content text
+    is absent or untrusted and must be parsed from the output ids by the model profile. ``logprobs``: the
+    protocol can return per-token logprobs. ``account``: ``GET /key`` and ``/credits`` (a key with money on
+    it). ``prices``: a model's provider endpoints with prices. ``hidden_states``: the server can return
+    hidden states. ``requires_key``: no request without an API key; ``placeholder_key``: the key sent when
+    none is configured. ``default_url``: the base URL when none is configured. ``attribution_headers``:
+    send the app's ``HTTP-Referer``/``X-Title``. ``self_hosted``: a server of one's own; requests cost
+    nothing.
+    """
+
+    exact_ids: bool = False
+    needs_prompt_ids: bool = False
+    output_is_raw_ids: bool = False
+    logprobs: bool = False
+    account: bool = False
+    prices: bool = False
+    hidden_states: bool = False
+    requires_key: bool = False
+    placeholder_key: str | None = None
+    default_url: str | None = None
+    attribution_headers: bool = False
+    self_hosted: bool = False
+
+
+#: ``factory(cfg, session, base_url, bounds)``: one backend bound to one base URL and its pool.
+BackendFactory = Callable[["RunConfig", "aiohttp.ClientSession", str, "Bounds"], "HttpBackend"]
+
+
+class BackendKind(msgspec.Struct, frozen=True):
+    """One ``endpoint.kind``: its capabilities and how to build a backend for it."""
+
+    capabilities: Capabilities
+    factory: BackendFactory
+
+
+def run_sampling(cfg: RunConfig) -> dict[str, Any]:
+    """The run's sampling fields as plain data."""
+    out: dict[str, Any] = msgspec.to_builtins(cfg.sampling)
+    return out
+
+
+def run_reasoning(cfg: RunConfig) -> dict[str, Any]:
+    """The run's reasoning fields; a target profile that does not reason asks for that prompt variant."""
+    reasoning: dict[str, Any] = msgspec.to_builtins(cfg.reasoning)
+    if not cfg.model.thinking and not reasoning:
+        reasoning = {"enabled": False}
+    return reasoning
 
 
 def token_limit(max_tokens: int) -> int:

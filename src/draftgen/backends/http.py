@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 
 from ..errors import ConfigError, RetryableAPIError
-from .base import Completion, CompletionRequest, Credits, EndpointInfo, KeyInfo
+from .base import Capabilities, Completion, CompletionRequest, Credits, EndpointInfo, KeyInfo
 from .sse import SSEParser
 from .wire import classify_http, translate_exception
 
@@ -188,6 +188,7 @@ class HttpBackend:
     the request's total deadline. Account calls default to None."""
 
     name = "http"
+    capabilities = Capabilities()
     reports_cost = False
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, *, bounds: Bounds | None = None) -> None:

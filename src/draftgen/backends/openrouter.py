@@ -19,13 +19,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import msgspec
 
 from ..errors import APIError
-from .base import Completion, CompletionRequest, Credits, EndpointInfo, KeyInfo
+from .base import (
+    Capabilities,
+    Completion,
+    CompletionRequest,
+    Credits,
+    EndpointInfo,
+    KeyInfo,
+    run_reasoning,
+    run_sampling,
+)
 from .http import Bounds, HttpBackend, drop_none, read_body, read_error_body, read_events
 from .sse import ChatStream, SSEParser
 from .wire import (
@@ -39,6 +48,23 @@ from .wire import (
     decode_key_info,
     translate_exception,
 )
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+
+OPENROUTER_URL = "https://openrouter.ai/api/v1"
+
+#: The key sent to the embedded emulator when none is configured (it accepts any ``sk-or-`` key).
+EMULATOR_KEY = "sk-or-v1-draftgen-emulator"
+
+#: A plain OpenAI-compatible chat server: text only, logprobs when asked.
+OPENAI_CAPABILITIES = Capabilities(logprobs=True)
+#: OpenRouter: a key with money on it, provider endpoints with prices, routing.
+OPENROUTER_CAPABILITIES = Capabilities(logprobs=True, account=True, prices=True, requires_key=True,
+                                       default_url=OPENROUTER_URL, attribution_headers=True)
+#: The offline OpenRouter emulator: the same protocol; any ``sk-or-`` key, none needed.
+EMULATOR_CAPABILITIES = Capabilities(logprobs=True, account=True, prices=True, placeholder_key=EMULATOR_KEY,
+                                     attribution_headers=True)
 
 __all__ = ["OpenAIChatBackend", "chat_body_prefix"]
 
@@ -54,6 +80,8 @@ def chat_body_prefix(const: Mapping[str, Any]) -> bytes:
 
 class OpenAIChatBackend(HttpBackend):
     """OpenAI-compatible chat completions; ``openrouter`` adds routing/reasoning and account calls."""
+
+    capabilities = OPENAI_CAPABILITIES
 
     def __init__(
         self,
@@ -76,6 +104,8 @@ class OpenAIChatBackend(HttpBackend):
         self.model = model
         self.stream = stream
         self.openrouter = openrouter
+        if openrouter:
+            self.capabilities = OPENROUTER_CAPABILITIES
         const: dict[str, Any] = {"model": model, "stream": stream}
         if stream:
             const["stream_options"] = {"include_usage": True}
@@ -184,3 +214,22 @@ class OpenAIChatBackend(HttpBackend):
             return None
         slug = model.split(":", 1)[0]
         return decode_endpoints(await self.get_json(f"/models/{slug}/endpoints"))
+
+
+def _chat(cfg: RunConfig, session: aiohttp.ClientSession, url: str, bounds: Bounds, *,
+          openrouter: bool) -> OpenAIChatBackend:
+    return OpenAIChatBackend(
+        session, url, model=cfg.model.id, stream=cfg.endpoint.stream, openrouter=openrouter,
+        routing=msgspec.to_builtins(cfg.routing), reasoning=run_reasoning(cfg), sampling=run_sampling(cfg),
+        bounds=bounds,
+    )
+
+
+def build_openrouter(cfg: RunConfig, session: aiohttp.ClientSession, url: str, bounds: Bounds) -> OpenAIChatBackend:
+    """``endpoint.kind`` ``openrouter`` and ``emulator``: routing, reasoning and account calls."""
+    return _chat(cfg, session, url, bounds, openrouter=True)
+
+
+def build_openai(cfg: RunConfig, session: aiohttp.ClientSession, url: str, bounds: Bounds) -> OpenAIChatBackend:
+    """``endpoint.kind`` ``openai``: the protocol without OpenRouter-only fields."""
+    return _chat(cfg, session, url, bounds, openrouter=False)

@@ -25,18 +25,24 @@ deadline rather than by its total size.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import msgspec
 
 from ..errors import ConfigError, RetryableAPIError
 from ..records import Usage
-from .base import Completion, CompletionRequest, token_limit
+from .base import Capabilities, Completion, CompletionRequest, run_sampling, token_limit
 from .http import Bounds, HttpBackend, drop_none, read_body, read_error_body, read_events
 from .wire import WireError, check_completion, classify_http, error_from_wire, translate_exception
 
-__all__ = ["SGLangBackend", "sglang_root"]
+if TYPE_CHECKING:
+    from ..config import RunConfig
+
+__all__ = ["SGLANG_CAPABILITIES", "SGLangBackend", "build_sglang", "sglang_root"]
+
+#: Token ids in (rendered by the target's profile), exact ids out; reasoning/content parsed from the ids.
+SGLANG_CAPABILITIES = Capabilities(exact_ids=True, needs_prompt_ids=True, output_is_raw_ids=True, self_hosted=True)
 
 _enc = msgspec.json.Encoder()
 _TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
@@ -91,6 +97,7 @@ def _decode(data: bytes, where: str) -> _GenOut:
 
 class SGLangBackend(HttpBackend):
     name = "sglang"
+    capabilities = SGLANG_CAPABILITIES
 
     def __init__(
         self,
@@ -236,3 +243,8 @@ class _StreamIds:
 
     def text(self) -> str | None:
         return "".join(self._parts) if self.mode == "incremental" else self._text
+
+
+def build_sglang(cfg: RunConfig, session: aiohttp.ClientSession, url: str, bounds: Bounds) -> SGLangBackend:
+    """``endpoint.kind`` ``sglang``."""
+    return SGLangBackend(session, url, stream=cfg.endpoint.stream, sampling=run_sampling(cfg), bounds=bounds)

@@ -24,16 +24,23 @@ rather than recorded as exact.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from ..errors import RetryableAPIError
-from .base import Completion, CompletionRequest
+from ..tokens import profile_class
+from .base import Capabilities, Completion, CompletionRequest, run_sampling
 from .http import Bounds
 from .openrouter import OpenAIChatBackend
 
-__all__ = ["VLLMBackend"]
+if TYPE_CHECKING:
+    from ..config import RunConfig
+
+__all__ = ["VLLM_CAPABILITIES", "VLLMBackend", "build_vllm"]
+
+#: A server of one's own returning exact prompt and output ids.
+VLLM_CAPABILITIES = Capabilities(exact_ids=True, logprobs=True, self_hosted=True)
 
 
 class VLLMBackend(OpenAIChatBackend):
@@ -53,6 +60,7 @@ class VLLMBackend(OpenAIChatBackend):
             session, base_url, model=model, stream=stream, openrouter=False, reasoning=reasoning,
             sampling=sampling, extra={"return_token_ids": True, **(extra or {})}, name="vllm", bounds=bounds,
         )
+        self.capabilities = VLLM_CAPABILITIES
 
     async def send(self, req: CompletionRequest) -> Completion:
         comp = await super().send(req)
@@ -67,3 +75,11 @@ class VLLMBackend(OpenAIChatBackend):
                     f"bad_response ({len(comp.prompt_ids)} prompt_token_ids but usage.prompt_tokens "
                     f"{u.prompt_tokens}, {self._where})", kind="bad_response")
         return comp
+
+
+def build_vllm(cfg: RunConfig, session: aiohttp.ClientSession, url: str, bounds: Bounds) -> VLLMBackend:
+    """``endpoint.kind`` ``vllm``: the profile's thinking switch goes in ``chat_template_kwargs``."""
+    kwarg = profile_class(cfg.model.profile).thinking_kwarg
+    extra = {"chat_template_kwargs": {kwarg: cfg.model.thinking}} if kwarg else None
+    return VLLMBackend(session, url, model=cfg.model.id, stream=cfg.endpoint.stream, sampling=run_sampling(cfg),
+                       extra=extra, bounds=bounds)

@@ -94,10 +94,16 @@ def check_reasoning(comp: Completion) -> None:
 
 
 class Assembler:
-    """Builds records for one run: one profile, one backend kind."""
+    """Builds records for one run: one profile, one backend kind.
 
-    def __init__(self, profile: Profile, *, use_logprobs: bool = True, provenance: Provenance | None = None) -> None:
+    ``parse_ids``: the backend's text is not to be trusted, its exact output ids are
+    (``Capabilities.output_is_raw_ids``); reasoning and content are parsed from the ids by the profile.
+    """
+
+    def __init__(self, profile: Profile, *, use_logprobs: bool = True, provenance: Provenance | None = None,
+                 parse_ids: bool = False) -> None:
         self.profile = profile
+        self.parse_ids = parse_ids
         self.use_logprobs = use_logprobs
         self.provenance = provenance
 
@@ -123,7 +129,7 @@ class Assembler:
         if comp.output_ids is not None:
             ids = comp.output_ids
             source = "exact"
-            if comp.backend == "sglang":
+            if self.parse_ids:
                 parsed = self.profile.parse_output(ids)
                 reasoning, content = parsed.reasoning, parsed.content
                 field = None
