@@ -43,6 +43,7 @@ TIMEOUTS: dict[str, tuple[int, int]] = {
     "bench_generate": (480, 200),
     "bench_scale": (450, 120),
     "bench_peers": (420, 180),
+    "bench_replay": (600, 600),
 }
 DEFAULT_TIMEOUT = (180, 90)
 # Smoke-size flags for scripts that neither read DRAFTGEN_BENCH_QUICK nor accept --quick.
@@ -52,7 +53,7 @@ QUICK_ARGS: dict[str, list[str]] = {
 }
 # Run order: cheap and independent first, the long engine runs after.
 ORDER = ["bench_resume", "bench_reconstruct", "bench_emulator", "bench_report", "bench_merge", "bench_generate",
-         "bench_scale", "bench_peers"]
+         "bench_scale", "bench_peers", "bench_replay"]
 RAW_TAIL_CHARS = 12_000
 
 
@@ -90,6 +91,10 @@ TARGETS = [
            ("max_sustained_tokens_per_s",), ">=", 460_000, "issue 7"),
     Target("10x reference rate on one core: client tokens per CPU second", ("bench_scale",),
            ("client_tokens_per_cpu_s",), ">=", 460_000, "issue 7"),
+    Target("reference job replay: occupancy until budgets bind (token_policy expected)", ("bench_replay",),
+           ("expected_occupancy",), ">=", 0.95, "issue 13"),
+    Target("reference job replay: wall time vs ideal API-bound time (expected)", ("bench_replay",),
+           ("expected_time_vs_ideal",), "<=", 1.1, "issue 13"),
 ]
 
 

@@ -43,9 +43,11 @@ __all__ = [
     "package_versions",
     "parse_results",
     "peak_rss_mb",
+    "pin_cpu",
     "pinned_cpu",
     "quick_mode",
     "stop_process",
+    "wait_for_emulator",
 ]
 
 RESULT_PREFIX = "RESULT-JSON: "
@@ -130,6 +132,33 @@ class CpuTimer:
     def __exit__(self, *exc: object) -> None:
         self.wall_s = time.perf_counter() - self._w0
         self.cpu_s = cpu_seconds() - self._c0
+
+
+def pin_cpu(cpu: int) -> None:
+    """Pin this process to one core for good (a ``preexec_fn`` or a worker's first line); a no-op on a
+    one-core machine or where unsupported."""
+    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
+        try:
+            os.sched_setaffinity(0, {cpu})
+        except OSError:
+            pass
+
+
+def wait_for_emulator(url: str, key: str, proc: subprocess.Popen[Any], log: Path, timeout_s: float = 60.0) -> None:
+    """Wait until an emulator started as ``proc`` answers ``GET {url}/key``; SystemExit with its log's tail
+    when it dies or does not answer within ``timeout_s``."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            req = urllib.request.Request(url + "/key", headers={"Authorization": f"Bearer {key}"})
+            urllib.request.urlopen(req, timeout=2).read()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the emulator did not start: " + log.read_text(errors="replace")[-1000:]) from None
+            time.sleep(0.2)
 
 
 @contextmanager

@@ -34,9 +34,17 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from bench._common import REPO_ROOT, emit_result, free_port, peak_rss_mb, quick_mode, stop_process
+    from bench._common import (
+        REPO_ROOT,
+        emit_result,
+        free_port,
+        peak_rss_mb,
+        pin_cpu,
+        quick_mode,
+        stop_process,
+    )
 except ModuleNotFoundError:  # run as `python bench/bench_peers.py`
-    from _common import REPO_ROOT, emit_result, free_port, peak_rss_mb, quick_mode, stop_process  # type: ignore[no-redef,import-not-found]
+    from _common import REPO_ROOT, emit_result, free_port, peak_rss_mb, pin_cpu, quick_mode, stop_process  # type: ignore[no-redef,import-not-found]
 
 KEY = "sk-or-v1-" + "B3NCH" * 8
 MODEL = "qwen/qwen3-8b"
@@ -55,13 +63,6 @@ providers:
   - {name: Emu, tag: emu/bf16, quantization: bf16, ttft_s: [1.0, 1.0], tokens_per_s: [0, 0]}
 """
 
-
-def _pin(cpu: int) -> None:
-    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
-        try:
-            os.sched_setaffinity(0, {cpu})
-        except OSError:
-            pass
 
 
 # -- workers (each runs in its own process; prints one JSON line) ----------------------------------------
@@ -248,8 +249,8 @@ def start_emulator(work: Path) -> tuple[subprocess.Popen[bytes], str]:
     log = open(work / "emulator.log", "wb")  # noqa: SIM115 (kept open for the emulator's life)
     proc = subprocess.Popen(
         [sys.executable, "-m", "draftgen.cli", "emulate", "--port", str(port), "--scenario", str(scen),
-         "--api-key", KEY, "--credits", "1000000000"],
-        stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: _pin(0),
+         "--credits", "1000000000"],
+        env={**os.environ, "DRAFTGEN_EMULATOR_API_KEY": KEY}, stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: pin_cpu(0),
     )
     url = f"http://127.0.0.1:{port}/api/v1"
     import urllib.request
@@ -299,7 +300,7 @@ def write_inputs(work: Path, n: int, concurrency: int, url: str) -> dict[str, An
 
 def main() -> None:
     if len(sys.argv) >= 4 and sys.argv[1] == "--worker":
-        _pin(1)
+        pin_cpu(1)
         print(json.dumps(WORKERS[sys.argv[2]](json.loads(sys.argv[3]))), flush=True)
         return
     quick = quick_mode()

@@ -24,14 +24,31 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 try:
-    from bench._common import REPO_ROOT, emit_result, free_port, peak_rss_mb, quick_mode, stop_process
+    from bench._common import (
+        REPO_ROOT,
+        emit_result,
+        free_port,
+        peak_rss_mb,
+        pin_cpu,
+        quick_mode,
+        stop_process,
+        wait_for_emulator,
+    )
 except ModuleNotFoundError:  # run as `python bench/bench_scale.py`
-    from _common import REPO_ROOT, emit_result, free_port, peak_rss_mb, quick_mode, stop_process  # type: ignore[no-redef,import-not-found]
+    from _common import (  # type: ignore[no-redef,import-not-found]
+        REPO_ROOT,
+        emit_result,
+        free_port,
+        peak_rss_mb,
+        pin_cpu,
+        quick_mode,
+        stop_process,
+        wait_for_emulator,
+    )
 
 KEY = "sk-or-v1-" + "SC4L3" * 8
 REFERENCE_TOKENS_PER_S = 90.9e6 / (33 * 60)  # 45.9k
@@ -46,13 +63,6 @@ runaway_rate: 0.0
 max_generated_tokens: 10000
 """
 
-
-def _pin(cpu: int) -> None:
-    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
-        try:
-            os.sched_setaffinity(0, {cpu})
-        except OSError:
-            pass
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -71,7 +81,7 @@ def worker(config: str, base_url: str) -> dict[str, Any]:
     from draftgen.generate import GenerateOptions, run_generate
     from draftgen.prepare import run_prepare
 
-    _pin(1)
+    pin_cpu(1)
     os.environ["OPENROUTER_API_KEY"] = KEY
     cfg = load_config(config)
     run_prepare(cfg, echo=lambda s: None)
@@ -135,19 +145,9 @@ def main() -> None:
         (work / "config.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
         log = open(work / "emulator.log", "wb")  # noqa: SIM115 (the emulator's stdout for its lifetime)
         emu = subprocess.Popen([sys.executable, "-m", "draftgen.cli", "emulate", "--port", str(port), "--scenario",
-                                str(work / "scenario.yaml"), "--api-key", KEY, "--credits", "1000000000"],
-                               stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: _pin(0))
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                req = urllib.request.Request(url + "/key", headers={"Authorization": f"Bearer {KEY}"})
-                urllib.request.urlopen(req, timeout=2).read()
-                break
-            except OSError:
-                if emu.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("the emulator did not start: "
-                                     + (work / "emulator.log").read_text(errors="replace")[-1000:]) from None
-                time.sleep(0.2)
+                                str(work / "scenario.yaml"), "--credits", "1000000000"],
+                               env={**os.environ, "DRAFTGEN_EMULATOR_API_KEY": KEY}, stdout=log, stderr=subprocess.STDOUT, preexec_fn=lambda: pin_cpu(0))
+        wait_for_emulator(url, KEY, emu, work / "emulator.log")
         emu_cpu0 = _proc_cpu_s(emu.pid)
         res = subprocess.run([sys.executable, __file__, "--worker", str(work / "config.yaml"), url],
                              capture_output=True, text=True, check=False, timeout=1500,

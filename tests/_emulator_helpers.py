@@ -1,4 +1,5 @@
-"""A tiny blocking HTTP client and SSE parser for the emulator tests (standard library only)."""
+"""A tiny blocking HTTP client and SSE parser for the emulator tests (standard library only, plus the
+suite's one fake key)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
-KEY = "sk-or-v1-test"
+from _common_helpers import FAKE_KEY
+
+KEY = FAKE_KEY  # the one fake key (_common_helpers)
 
 
 @dataclass

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from _common_helpers import FAKE_KEY, config_dict
 from draftgen import rundir
 from draftgen.config import RunConfig, config_from_mapping
 from draftgen.emulator import EmulatorOptions, RunningEmulator, Scenario, builtin_scenario, start_in_thread
@@ -22,7 +23,7 @@ from draftgen.records import (
 from draftgen.store import JsonlWriter, iter_jsonl
 from draftgen.tokens import profile_from_config
 
-SECRET_KEY = "sk-or-v1-" + "SECRET" * 3 + "0123456789abcdef"  # fake, recognisable in a scan
+SECRET_KEY = FAKE_KEY  # the one fake key (_common_helpers), recognisable in a scan
 
 TOOLS = [Tool(function=ToolFunction(name="lookup_order", description="Find an order by id",
                                     parameters={"type": "object", "properties": {"id": {"type": "string"}}}))]
@@ -64,20 +65,18 @@ def write_prompts(run_dir: Path, dataset: str, n: int, *, long_every: int = 0, t
 
 def make_config(tmp: Path, datasets: list[str], *, base_url: str | None = None, kind: str = "emulator",
                 **sections: Any) -> RunConfig:
-    """A config over prepared datasets in ``tmp/run`` (paths are placeholders: prompts are prepared)."""
+    """A config over prepared datasets in ``tmp/run`` (paths are placeholders: prompts are prepared):
+    ``_common_helpers.config_dict`` with short timeouts, fast retries and no display; ``sections`` merge in."""
     endpoint: dict[str, Any] = {"kind": kind, "idle_timeout_s": 5.0, "connect_timeout_s": 5.0}
     if base_url:
         endpoint["base_url"] = base_url
     endpoint.update(sections.pop("endpoint", {}))
-    data: dict[str, Any] = {
-        "run_dir": str(tmp / "run"),
-        "model": {"id": "qwen/qwen3-8b", "profile": "qwen3", "tokenizer": "bundled:qwen3"},
-        "endpoint": endpoint,
+    defaults: dict[str, Any] = {
         "partitions": {"short": {"concurrency": 16, "max_tokens": 2048}, "long": {"concurrency": 4, "max_tokens": 4096}},
         "retry": {"max_attempts": 8, "base_delay_s": 0.01, "max_delay_s": 0.2, "shutdown_grace_s": 5.0},
-        "datasets": [{"name": d, "path": f"{d}.jsonl"} for d in datasets],
         "progress": "off",
     }
+    data = config_dict(tmp, datasets, endpoint=endpoint, **defaults)
     for k, v in sections.items():
         if isinstance(v, dict) and isinstance(data.get(k), dict):
             data[k] = {**data[k], **v}

@@ -9,12 +9,11 @@ import random
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from _common_helpers import config_dict, load, write_config
 from draftgen import rundir
-from draftgen.config import RunConfig, load_config
+from draftgen.config import RunConfig
 from draftgen.importer import run_import
-from draftgen.prepare import prepared_prompts_path, run_prepare
+from draftgen.prepare import run_prepare
 from draftgen.records import PromptRecord, ResponseRecord, Usage
 from draftgen.store import JsonlWriter, iter_jsonl
 from draftgen.tokens import profile_from_config
@@ -29,12 +28,10 @@ def write_jsonl(path: Path, rows: list[Any]) -> Path:
 
 
 def make_config(tmp: Path, datasets: list[dict[str, Any]], **sections: Any) -> RunConfig:
-    data: dict[str, Any] = {"run_dir": "run", "endpoint": "emulator", "datasets": datasets,
-                            "model": {"profile": "qwen3", "tokenizer": "bundled:qwen3"}}
-    data.update(sections)
-    path = tmp / "cfg.yaml"
-    path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
-    return load_config(path)
+    """``tmp/cfg.yaml`` over ``datasets`` with run_dir ``run`` (relative to it), loaded; every section given
+    replaces its default whole (``_common_helpers.config_dict`` with ``replace``)."""
+    sections = {"run_dir": "run", "model": {"profile": "qwen3", "tokenizer": "bundled:qwen3"}, **sections}
+    return load(write_config(tmp, config_dict(tmp, datasets, replace=True, **sections)))
 
 
 def chat_rows(prefix: str, n: int) -> list[dict[str, Any]]:
@@ -65,7 +62,7 @@ def _fake_generate(cfg: RunConfig, *, seed: int, truncate_every: int, with_promp
         out.parent.mkdir(parents=True, exist_ok=True)
         out.unlink(missing_ok=True)
         recs: list[ResponseRecord] = []
-        for i, (_, p) in enumerate(iter_jsonl(prepared_prompts_path(cfg.run_path, ds.name), PromptRecord)):
+        for i, (_, p) in enumerate(iter_jsonl(rundir.RunDir(cfg.run_path).prepared(ds.name), PromptRecord)):
             words = rng.randint(3, 40) * (50 if long_every and i % long_every == 0 else 1)
             reasoning = f"\nThe user asks about item {i}; think it through.\n"
             content = "\n\nAnswer: " + " ".join(rng.choice(["red", "green", "blue", "sky"]) for _ in range(words))

@@ -6,6 +6,9 @@ import contextlib
 import random
 from pathlib import Path
 
+import yaml
+
+from _common_helpers import config_dict, write_config
 from draftgen import rundir
 from draftgen.config import RunConfig, config_from_mapping
 from draftgen.records import (
@@ -29,21 +32,17 @@ QUANT = {"SiliconFlow": "fp8", "DeepInfra": "bf16"}  # Chutes: quantization unkn
 
 
 def make_config(tmp: Path, run_dir: Path, datasets: tuple[str, ...] = ("chat", "code"), extra: str = "") -> Path:
-    """cfg.yaml for ``run_dir``; ``extra``: more YAML appended (e.g. a ``merge:`` section)."""
-    lines = [f"run_dir: {run_dir}", "endpoint: emulator", "datasets:"]
-    for name in datasets:
-        lines += [f"  - name: {name}", f"    path: {name}.jsonl"]
+    """cfg.yaml for ``run_dir`` (``_common_helpers.config_dict``); ``extra``: more top-level YAML keys
+    (e.g. a ``merge:`` section), each replacing the default of its key."""
+    data = config_dict(tmp, datasets, run_dir=str(run_dir))
     if extra:
-        lines.append(extra.rstrip("\n"))
-    path = tmp / "cfg.yaml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+        data.update(yaml.safe_load(extra) or {})
+    return write_config(tmp, data)
 
 
 def run_config(run_dir: Path, datasets: tuple[str, ...] = ("chat", "code")) -> RunConfig:
     """The config ``make_config`` writes, as a RunConfig (the default model: qwen/qwen3-8b, qwen3)."""
-    return config_from_mapping({"run_dir": str(run_dir), "endpoint": "emulator",
-                                "datasets": [{"name": n, "path": f"{n}.jsonl"} for n in datasets]},
+    return config_from_mapping(config_dict(run_dir.parent, datasets, run_dir=str(run_dir)),
                                where="test", base_dir=run_dir.parent)
 
 

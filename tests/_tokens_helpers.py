@@ -1,5 +1,5 @@
-"""Helpers for the token tests: cached profiles over the shared tokenizer assets, a synthetic Kimi folder,
-adversarial text, and a synthetic run directory with ground truth for the audit tests."""
+"""Helpers for the token tests: cached profiles over the tokenizer assets (``DRAFTGEN_TEST_ASSETS``), a
+synthetic Kimi folder, adversarial text, and a synthetic run directory with ground truth for the audit tests."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
+from _common_helpers import ASSETS, need_assets
 from draftgen import rundir
 from draftgen.config import RunConfig, load_config
 from draftgen.records import GroundTruthRecord, Message, PromptRecord, ResponseRecord, Usage
@@ -20,9 +20,7 @@ from draftgen.store import JsonlWriter
 from draftgen.tokens import LoadedTokenizer, Profile, load_tokenizer, profile_class
 from draftgen.tokens.kimi_tiktoken import write_synthetic_kimi_folder
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-ASSETS = SHARED / "assets" / "tokenizers"
-
+# ASSETS: the tokenizer assets folder (DRAFTGEN_TEST_ASSETS; see _common_helpers).
 # profile name -> (tokenizer folder under ASSETS or a spec, chat template override under ASSETS or None)
 PROFILE_SOURCES: dict[str, tuple[str, str | None]] = {
     "qwen3": ("qwen3", None),
@@ -38,8 +36,8 @@ ALL_PROFILES = tuple(PROFILE_SOURCES)
 
 
 def need_shared() -> None:
-    if not ASSETS.is_dir():
-        pytest.skip("../shared/assets/tokenizers is not present beside the checkout")
+    """Skip the calling test when the tokenizer assets are not on this machine (counted at the end)."""
+    need_assets()
 
 
 @functools.cache

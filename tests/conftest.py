@@ -1,25 +1,27 @@
-"""Shared fixtures: the shared assets folder and a loaded Qwen3 profile (bundled, offline)."""
+"""Shared fixtures (the tokenizer assets folder, a loaded Qwen3 profile, a free port) and the end-of-run
+line that counts the tests skipped for something missing on this machine, with how to provide it.
+
+The assets folder is ``DRAFTGEN_TEST_ASSETS`` (default ``<checkout>/../shared/assets/tokenizers``); see
+``_common_helpers``. pytest's default import mode puts this folder (``tests/``) on ``sys.path``, which is
+what lets every test file, ``tests/reliability/`` included, import ``_common_helpers`` and the others.
+"""
 
 from __future__ import annotations
 
-import socket
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+from _common_helpers import SKIP_HINTS, need_assets
+from _common_helpers import free_port as _free_port
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    if not (SHARED / "assets" / "tokenizers").is_dir():
-        pytest.skip("../shared/assets/tokenizers is not present beside the checkout")
-    return SHARED
-
-
-@pytest.fixture(scope="session")
-def tokenizer_assets(shared_dir: Path) -> Path:
-    return shared_dir / "assets" / "tokenizers"
+def tokenizer_assets() -> Path:
+    """The folder holding ``qwen3/``, ``deepseek-r1/``, …; skips the test when it is not there."""
+    return need_assets()
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +33,27 @@ def qwen3_profile():  # type: ignore[no-untyped-def]
 
 @pytest.fixture()
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return _free_port()
+
+
+def _skip_reason(report: Any) -> str:
+    """The reason of a skip report (test or collection; also after a trip through pytest-xdist)."""
+    longrepr = report.longrepr
+    reason = str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr or "")
+    return reason.removeprefix("Skipped: ")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One line per known cause of skips, e.g. ``draftgen: 87 tests skipped: tokenizer assets not found at
+    /x (set DRAFTGEN_TEST_ASSETS ...)``. ``write_line`` prints at any verbosity, ``-q -q`` included."""
+    counts: Counter[str] = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = _skip_reason(report)
+        for prefix in SKIP_HINTS:
+            if reason.startswith(prefix):
+                counts[reason] += 1
+                break
+    for reason, n in sorted(counts.items()):
+        hint = next(h for p, h in SKIP_HINTS.items() if reason.startswith(p))
+        noun = "test" if n == 1 else "tests"
+        terminalreporter.write_line(f"draftgen: {n} {noun} skipped: {reason} ({hint})")

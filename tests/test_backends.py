@@ -21,7 +21,6 @@ from draftgen.backends import (
     open_backend,
 )
 from draftgen.backends.sglang import sglang_root
-from draftgen.config import EndpointConfig
 from draftgen.errors import AuthError, ConfigError, RetryableAPIError
 from draftgen.records import GroundTruthRecord
 from draftgen.store import iter_jsonl
@@ -164,11 +163,22 @@ def test_idle_timeout_not_total_timeout(tmp_path: Path) -> None:
         asyncio.run(go())
 
 
-def test_registry_covers_every_endpoint_kind() -> None:
-    import typing
+def test_registry_covers_every_endpoint_kind(tmp_path: Path) -> None:
+    from draftgen.config import load_config
+    from draftgen.docgen import config_reference
+    from draftgen.extensions import check_config
 
-    kinds = set(typing.get_args(typing.get_type_hints(EndpointConfig)["kind"]))
-    assert kinds and kinds == set(BACKENDS)
+    kinds = set(BACKENDS)
+    assert kinds == {"openrouter", "emulator", "openai", "vllm", "sglang"}
+    # the config accepts exactly the registered kinds, and the reference lists them
+    (tmp_path / "c.yaml").write_text("endpoint: {kind: tgi}\ndatasets: [{name: a, path: a.jsonl}]\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"endpoint\.kind 'tgi' is not registered; use one of "
+                                          + ", ".join(BACKENDS)) as info:
+        check_config(load_config(tmp_path / "c.yaml"), "c.yaml")
+    assert "\n" not in str(info.value)
+    row = next(line for line in config_reference().splitlines() if line.startswith("| `endpoint.kind` |"))
+    assert all(f"``{k}``" in row for k in kinds)
+    assert {k for k in kinds if capabilities(k).embedded_server} == {"emulator"}
     for kind in kinds:
         entry = BACKENDS[kind]
         assert isinstance(entry, BackendKind) and callable(entry.factory)

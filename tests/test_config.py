@@ -48,7 +48,6 @@ def test_overrides_apply(tmp_path: Path) -> None:
         ("run_dir: x\ndatasets: []\n", r"'datasets' is empty"),
         (BASE + "  - name: chat\n    path: other\n", r"used twice"),
         ("datasets:\n  - name: a\n", r"needs exactly one of 'path' or 'hf'"),
-        (BASE + "endpoint: {kind: nope}\n", r"Invalid enum value 'nope'"),
         (BASE + "merge: {val_fraction: 1.5}\n", r"val_fraction"),
     ],
 )
@@ -82,3 +81,36 @@ def test_api_key_from_env_and_file(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     cfg2 = load_config(_write(tmp_path, BASE), {"endpoint.api_key_file": str(keyfile)})
     assert resolve_api_key(cfg2) == "sk-or-v1-fromfile"
     assert "sk-or" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (BASE + "partitons: {}\n", "unknown key 'partitons' (did you mean 'partitions'?)"),
+        (BASE + "    formt: x\n", "unknown key 'datasets[0].formt' (did you mean 'format'?)"),
+        (BASE + "partitions: {long: {max_token: 5}}\n",
+         "unknown key 'partitions.long.max_token' (did you mean 'max_tokens'?)"),
+        (BASE + "budget: {max_spnd_usd: 3}\n", "(did you mean 'max_spend_usd'?)"),
+        (BASE + "zzzz: 1\n", "unknown key 'zzzz'; check the spelling; valid keys: datasets, run_dir, model"),
+    ],
+)
+def test_unknown_key_suggests_the_nearest(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, text))
+    msg = str(info.value)
+    assert expected in msg and "\n" not in msg and "base_dir" not in msg
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (BASE + "progress: fancy\n", "Invalid enum value 'fancy' at 'progress'; valid values: auto, rich, plain, off"),
+        (BASE + "    format: csv\n",
+         "at 'datasets[0].format'; valid values: auto, messages, sharegpt, alpaca, prompt, glaive"),
+        (BASE + "    multi_turn: first\n", "at 'datasets[0].multi_turn'; valid values: last, all"),
+    ],
+)
+def test_enum_error_lists_the_valid_values(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, text))
+    assert expected in str(info.value) and "\n" not in str(info.value)

@@ -55,3 +55,49 @@ def test_cli_reference_has_every_command_and_check_mode(tmp_path: Path) -> None:
     assert main(["--out", str(tmp_path), "--check"]) == 0
     (tmp_path / "cli.md").write_text("stale\n", encoding="utf-8")
     assert main(["--out", str(tmp_path), "--check"]) == 1
+
+
+def _documented_defaults(text: str) -> dict[str, str]:
+    """key → default cell of every row of docs/config.md's tables."""
+    import re
+
+    row = re.compile(r"^\| `([^`]+)` \| `(?:[^`]*)` \| (\*\*required\*\*|\(section\)|–|`[^`]*`) \| ", re.M)
+    return {m.group(1): m.group(2) for m in row.finditer(text)}
+
+
+def test_every_documented_default_is_the_codes_default(tmp_path: Path) -> None:
+    """Each default in docs/config.md is what the loader fills in when the file leaves the key out; each
+    key marked required is one whose absence the loader refuses."""
+    import msgspec
+    import pytest
+
+    from draftgen.config import DatasetConfig, config_from_mapping
+    from draftgen.errors import ConfigError
+
+    minimal = {"datasets": [{"name": "a", "path": "x"}]}
+    cfg = config_from_mapping(minimal, where="c.yaml", base_dir=tmp_path)
+    dataset = DatasetConfig(name="a")  # the dataset's own defaults (minimal sets its path)
+    documented = _documented_defaults((DOCS / "config.md").read_text(encoding="utf-8"))
+    assert len(documented) > 50 and "partitions.long.max_tokens" in documented
+    for key, cell in documented.items():
+        if cell == "**required**":
+            data: dict[str, object] = {}
+            if key.startswith("datasets[]."):
+                field = key.split(".", 1)[1]
+                data = {"datasets": [{k: v for k, v in minimal["datasets"][0].items() if k != field}]}
+            else:
+                data = {k: v for k, v in minimal.items() if k != key}
+            with pytest.raises(ConfigError):
+                config_from_mapping(data, where="c.yaml", base_dir=tmp_path)
+            continue
+        obj: object = dataset if key.startswith("datasets[].") else cfg
+        for part in key.removeprefix("datasets[].").split("."):
+            obj = getattr(obj, part)
+        if cell == "(section)":
+            assert isinstance(obj, msgspec.Struct), key
+        elif cell == "–":
+            assert obj is None, key
+        else:
+            assert cell == f"`{msgspec.json.encode(msgspec.to_builtins(obj)).decode()}`", key
+    assert documented["partitions.long.max_tokens"] == "`16384`"
+    assert documented["partitions.short.concurrency"] == "`2000`"

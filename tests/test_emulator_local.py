@@ -120,11 +120,11 @@ def test_vllm_legacy_reasoning_content(qwen3_profile: Profile) -> None:
     assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
 
 
-def test_kimi_k25_on_a_synthetic_vocab(tmp_path: Path, shared_dir: Path) -> None:
+def test_kimi_k25_on_a_synthetic_vocab(tmp_path: Path, tokenizer_assets: Path) -> None:
     from draftgen.tokens import load_profile
     from draftgen.tokens.kimi_tiktoken import write_synthetic_kimi_folder
 
-    folder = write_synthetic_kimi_folder(tmp_path / "kimi", shared_kimi_dir=shared_dir / "assets/tokenizers/kimi-k2.5")
+    folder = write_synthetic_kimi_folder(tmp_path / "kimi", shared_kimi_dir=tokenizer_assets / "kimi-k2.5")
     profile = load_profile("kimi-k2.5", str(folder))
     gt = tmp_path / "gt.jsonl"
     sc = builtin_scenario("fast").replace(tool_call_rate=0.5)

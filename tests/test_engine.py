@@ -343,7 +343,8 @@ def test_engine_retries_oversized_responses_and_prices_missing_costs(tmp_path: P
     backend = _ScriptedBackend()
     engine = Engine(
         backend=backend, assembler=Assembler(qwen3_profile),  # type: ignore[arg-type]
-        datasets=[DatasetPlan("d", tmp_path / "prepared" / "d" / "prompts.jsonl", tmp_path / "raw" / "d",
+        datasets=[DatasetPlan("d", tmp_path / "prepared" / "d" / "prompts.jsonl",
+                              tmp_path / "raw" / "d" / "raw_responses.jsonl", tmp_path / "raw" / "d" / "failures.jsonl",
                               pending={"short": 6})],
         partitions=[PartitionPlan("short", 2, 64)], governor=gov,
         policy=RetryPolicy(RetryConfig(max_attempts=3, base_delay_s=0.001, max_delay_s=0.01)), stats=stats,

@@ -1,4 +1,5 @@
-"""The example configs shipped in examples/ stay valid as the config schema changes."""
+"""The example configs shipped in examples/ stay valid as the config schema changes, and the quickstart
+writes its run directory where the README says (./runs/quickstart)."""
 
 from __future__ import annotations
 
@@ -21,3 +22,26 @@ def test_example_config_loads(path: Path) -> None:
 
 def test_examples_exist() -> None:
     assert {p.name for p in EXAMPLES} >= {"quickstart.yaml", "openrouter-kimi.yaml"}
+
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml"
+
+
+def test_quickstart_writes_its_run_dir_under_the_working_directory(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """README: ``draftgen run examples/quickstart.yaml --run-dir runs/quickstart`` writes ./runs/quickstart
+    (a command-line path is relative to the working directory), and never into examples/."""
+    from click.testing import CliRunner
+
+    from draftgen.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(cli, ["prepare", str(QUICKSTART), "--run-dir", "runs/quickstart"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "runs" / "quickstart" / "run.json").is_file()
+    assert not (QUICKSTART.parent / "runs").exists()
+
+
+def test_quickstart_run_dir_in_the_file_is_beside_examples_not_inside() -> None:
+    cfg = load_config(QUICKSTART)
+    assert cfg.run_path.resolve() == QUICKSTART.parents[1] / "runs" / "quickstart"

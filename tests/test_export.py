@@ -11,10 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from _merge_helpers import chat_rows, prepared_run
-from draftgen.errors import InputError
+from draftgen.errors import ConfigError
 from draftgen.export import EXPORTERS, MergedRow, file_digest, loss_mask_bytes
-from draftgen.merge import raw_responses_path, run_merge
-from draftgen.prepare import prepared_prompts_path
+from draftgen.merge import run_merge
 from draftgen.records import (
     MergeManifest,
     MergeStats,
@@ -107,8 +106,8 @@ def test_specforge_conversations_round_trip_prompt_and_response_text(tmp_path: P
     cfg = prepared_run(tmp_path, {"a": [*chat_rows("a", 5), conv]})
     cfg.merge.exports = ALL_EXPORTS
     run_merge(cfg, echo=_quiet)
-    prompts = {p.sample_id: p for _, p in iter_jsonl(prepared_prompts_path(cfg.run_path, "a"), PromptRecord)}
-    raw = {r.sample_id: r for _, r in iter_jsonl(raw_responses_path(cfg.run_path, "a"), ResponseRecord)}
+    prompts = {p.sample_id: p for _, p in iter_jsonl(RunDir(cfg.run_path).prepared("a"), PromptRecord)}
+    raw = {r.sample_id: r for _, r in iter_jsonl(RunDir(cfg.run_path).raw("a"), ResponseRecord)}
     rows = _export(cfg, "specforge-conversations", "train", SpecForgeConversationRow)
     assert sorted(r.id for r in rows) == sorted(prompts)
     for r in rows:
@@ -127,7 +126,7 @@ def test_specforge_conversations_carry_tools_and_never_an_empty_assistant_conten
     cfg = prepared_run(tmp_path, {"a": rows_in})
     cfg.merge.exports = ALL_EXPORTS
     # One response with no content at all (say, a tool call only): SpecForge rejects an empty assistant turn.
-    raw_path = raw_responses_path(cfg.run_path, "a")
+    raw_path = RunDir(cfg.run_path).raw("a")
     recs = [r for _, r in iter_jsonl(raw_path, ResponseRecord)]
     empty = recs[0].sample_id
     recs[0] = msgspec.structs.replace(recs[0], content="")
@@ -178,7 +177,7 @@ def test_an_unknown_export_format_is_refused_before_anything_is_removed(tmp_path
     rd = RunDir(cfg.run_path)
     before = sorted(p for p in rd.root.rglob("*") if p.is_file() and p.name != ".draftgen.lock")
     cfg.merge.exports = ["speculators", "axolotl"]
-    with pytest.raises(InputError, match=r"merge\.exports: unknown format 'axolotl'"):
+    with pytest.raises(ConfigError, match=r"merge\.exports 'axolotl' is not registered"):
         run_merge(cfg, echo=_quiet)
     assert sorted(p for p in rd.root.rglob("*") if p.is_file() and p.name != ".draftgen.lock") == before
 
@@ -250,3 +249,30 @@ def test_loss_mask_bytes() -> None:
                     is_tool_call=False, raw_offset=0, prompt_offset=0, key="k")
     assert list(loss_mask_bytes(row, False)) == [0, 0, 0, 1, 1, 1, 1]
     assert list(loss_mask_bytes(row, True)) == [0, 0, 0, 0, 0, 1, 1]
+
+
+def test_parquet_schema_and_speculators_metadata_come_from_the_column_table(tmp_path: Path) -> None:
+    import dataclasses
+
+    import pyarrow as pa
+
+    from draftgen.columns import MERGED_COLUMNS, SpeculatorsMetadata, parquet_columns
+    from draftgen.export import parquet_schema
+
+    cfg = prepared_run(tmp_path, {"a": chat_rows("a", 4)})
+    run_merge(cfg, echo=_quiet)
+    rd = RunDir(cfg.run_path)
+    card = rd.dataset_card.read_text()
+    for f in sorted(rd.merged.glob("train-*.parquet")):
+        schema = pq.read_schema(f).remove_metadata()
+        assert schema.equals(parquet_schema())
+        assert schema.names == [c.name for c in parquet_columns()]
+        assert schema.field("input_ids").type == pa.list_(pa.int32())
+    assert all(f"- `{c.name}` ({c.arrow}):" in card for c in parquet_columns())
+    meta = [c for c in MERGED_COLUMNS if c.meta is not None]
+    assert [(f.name, f.type) for f in msgspec.structs.fields(SpeculatorsMetadata)] == [(c.name, c.meta) for c in meta]
+    row_fields = {f.name for f in dataclasses.fields(MergedRow)} | {"row_id"}
+    assert all((c.attr is None or c.attr in row_fields) and (c.meta_attr or c.name) in row_fields | {"input_ids",
+               "loss_mask"} for c in MERGED_COLUMNS)
+    spec = _export(cfg, "speculators", "train", SpeculatorsRow)
+    assert spec and set(msgspec.to_builtins(spec[0].metadata)) == {c.name for c in meta}

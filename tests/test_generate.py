@@ -8,6 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from _common_helpers import free_port
 from _generate_helpers import (
     SECRET_KEY,
     claim,
@@ -126,7 +127,8 @@ def test_dollar_budget_stops_within_reservation(tmp_path: Path) -> None:
     run_dir = claim(make_config(tmp_path, ["a"]))
     write_prompts(run_dir, "a", 200)
     with emulator() as emu:
-        cfg = make_config(tmp_path, ["a"], base_url=emu.base_url, budget={"max_spend_usd": 0.08},
+        cfg = make_config(tmp_path, ["a"], base_url=emu.base_url,
+                          budget={"max_spend_usd": 0.08, "token_policy": "strict"},
                           partitions={"short": {"concurrency": 8, "max_tokens": 2048}})
         rep = run_generate(cfg, GenerateOptions(), **quiet)
         spent = emu.state.spend_usd
@@ -173,7 +175,7 @@ def test_token_budgets(tmp_path: Path) -> None:
                                      provenance=provenance(claimed))])
     lines: list[str] = []
     with emulator() as emu:
-        cfg = make_config(tmp_path, ["a", "b"], base_url=emu.base_url, budget={"token_budget": 5000},
+        cfg = make_config(tmp_path, ["a", "b"], base_url=emu.base_url, budget={"token_budget": 5000, "token_policy": "strict"},
                           partitions={"short": {"concurrency": 4, "max_tokens": 1000}})
         rep = run_generate(cfg, GenerateOptions(), echo=lines.append)
     by = {d.name: d for d in rep.datasets}
@@ -289,7 +291,7 @@ def test_logprobs_path_gives_the_true_ids(tmp_path: Path) -> None:
 def test_routed_prices_take_the_worst_case_of_allowed_endpoints(tmp_path: Path) -> None:
     from draftgen.backends import EndpointInfo
     from draftgen.backends.base import EndpointPricing
-    from draftgen.generate import routed_prices
+    from draftgen.pricing import routed_prices
 
     eps = [
         EndpointInfo(provider_name="DeepInfra", tag="deepinfra/fp4", quantization="fp4",
@@ -312,11 +314,7 @@ def test_routed_prices_take_the_worst_case_of_allowed_endpoints(tmp_path: Path) 
 
 
 def test_unreachable_server_stops_instead_of_failing_every_sample(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nobody listens on
     run_dir = claim(make_config(tmp_path, ["a"]))
     write_prompts(run_dir, "a", 500)
     cfg = make_config(tmp_path, ["a"], base_url=f"http://127.0.0.1:{port}/api/v1")

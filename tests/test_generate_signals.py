@@ -9,8 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
+from _common_helpers import FAKE_KEY, config_dict, write_config
 from _generate_helpers import claim, emulator, fast, responses, write_prompts
 from draftgen.config import load_config
 from draftgen.emulator import Scenario
@@ -26,23 +25,20 @@ def _slow(ttft: tuple[float, float] = (0.05, 0.3)) -> Scenario:
 
 
 def _config(tmp: Path, base_url: str, **extra: object) -> Path:
-    data = {
-        "run_dir": "run",
-        "model": {"id": "qwen/qwen3-8b", "profile": "qwen3", "tokenizer": "bundled:qwen3"},
+    """The emulator at ``base_url``, dataset ``a``, fast retries, plain progress; ``extra`` sections replace
+    the defaults whole."""
+    sections = {
         "endpoint": {"kind": "emulator", "base_url": base_url, "idle_timeout_s": 60},
         "partitions": {"short": {"concurrency": 6, "max_tokens": 1024}, "long": {"concurrency": 2, "max_tokens": 1024}},
-        "datasets": [{"name": "a", "path": "a.jsonl"}],
         "retry": {"base_delay_s": 0.01, "max_delay_s": 0.1, "shutdown_grace_s": 20},
         "progress": "plain",
         **extra,
     }
-    path = tmp / "cfg.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    return write_config(tmp, config_dict(tmp, ["a"], replace=True, **sections))
 
 
 def _start(cfg: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "OPENROUTER_API_KEY": "sk-or-test-key"}
+    env = {**os.environ, "OPENROUTER_API_KEY": FAKE_KEY}
     return subprocess.Popen([sys.executable, "-m", "draftgen.cli", "generate", str(cfg)], cwd=cfg.parent, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 

@@ -13,8 +13,7 @@ from click.testing import CliRunner
 from _merge_helpers import chat_rows, fake_generate, prepared_run
 from draftgen.cli import cli
 from draftgen.errors import InputError
-from draftgen.merge import raw_responses_path, run_merge
-from draftgen.prepare import prepared_prompts_path
+from draftgen.merge import run_merge
 from draftgen.records import (
     AuditReport,
     DatasetAudit,
@@ -23,6 +22,7 @@ from draftgen.records import (
     PromptRecord,
     ResponseRecord,
 )
+from draftgen.rundir import RunDir
 from draftgen.store import atomic_write_json, iter_jsonl, read_json
 
 
@@ -39,7 +39,7 @@ def _rows(cfg: Any, split: str = "train") -> list[dict[str, Any]]:
 
 
 def _raw(cfg: Any, name: str) -> dict[str, ResponseRecord]:
-    return {r.sample_id: r for _, r in iter_jsonl(raw_responses_path(cfg.run_path, name), ResponseRecord)}
+    return {r.sample_id: r for _, r in iter_jsonl(RunDir(cfg.run_path).raw(name), ResponseRecord)}
 
 
 def _files(cfg: Any) -> dict[str, bytes]:
@@ -62,7 +62,7 @@ def test_merge_is_deterministic_and_independent_of_raw_line_order(tmp_path: Path
     run_merge(cfg, echo=_quiet)
     assert _files(cfg) == first
     # Responses finished in another order (a resumed run): same bytes.
-    raw = raw_responses_path(cfg.run_path, "a")
+    raw = RunDir(cfg.run_path).raw("a")
     lines = raw.read_bytes().splitlines(keepends=True)
     random.Random(1).shuffle(lines)
     raw.write_bytes(b"".join(lines))
@@ -81,7 +81,7 @@ def test_loss_mask_starts_at_the_prompt_boundary_and_covers_the_output(tmp_path:
     cfg = prepared_run(tmp_path, {"a": chat_rows("a", 12)}, with_prompt_ids=False)
     run_merge(cfg, echo=_quiet)
     raw = _raw(cfg, "a")
-    prompts = {p.sample_id: p for _, p in iter_jsonl(prepared_prompts_path(cfg.run_path, "a"), PromptRecord)}
+    prompts = {p.sample_id: p for _, p in iter_jsonl(RunDir(cfg.run_path).prepared("a"), PromptRecord)}
     rows = _rows(cfg)
     assert len(rows) == 12
     for row in rows:
@@ -197,7 +197,7 @@ def test_cross_dataset_dedupe_weights_caps_and_split(tmp_path: Path) -> None:
 
 def test_legacy_rows_rebuild_prompt_ids_and_missing_prompts_are_orphans(tmp_path: Path, qwen3_profile: Any) -> None:
     cfg = prepared_run(tmp_path, {"a": chat_rows("a", 5)}, legacy=True)  # imported {sample_id, output_ids} rows
-    prompts = {p.sample_id: p for _, p in iter_jsonl(prepared_prompts_path(cfg.run_path, "a"), PromptRecord)}
+    prompts = {p.sample_id: p for _, p in iter_jsonl(RunDir(cfg.run_path).prepared("a"), PromptRecord)}
     run_merge(cfg, echo=_quiet)
     rows = _rows(cfg)
     assert len(rows) == 5
@@ -207,7 +207,7 @@ def test_legacy_rows_rebuild_prompt_ids_and_missing_prompts_are_orphans(tmp_path
         assert row["prompt_len"] == n and row["loss_mask"].index(1) == n
         assert row["finish_reason"] is None and row["ids_source"] == "exact"
     # Without the prepared prompts no record is in the prepared set: all orphans, none merged.
-    prepared_prompts_path(cfg.run_path, "a").unlink()
+    RunDir(cfg.run_path).prepared("a").unlink()
     notes: list[str] = []
     run_merge(cfg, echo=notes.append)
     stats = read_json(cfg.run_path / "merged" / "stats.json", MergeStats)
@@ -245,7 +245,7 @@ def test_merged_parquet_loads_with_datasets_and_manifest_is_last(tmp_path: Path)
 
 def test_merge_without_raw_responses_is_an_input_error(tmp_path: Path) -> None:
     cfg = prepared_run(tmp_path, {"a": chat_rows("a", 2)})
-    raw_responses_path(cfg.run_path, "a").unlink()
+    RunDir(cfg.run_path).raw("a").unlink()
     with pytest.raises(InputError, match="run `draftgen generate` first"):
         run_merge(cfg, echo=_quiet)
 

@@ -10,8 +10,11 @@ import time
 from pathlib import Path
 
 import msgspec
+import yaml
 from click.testing import CliRunner
 
+from _common_helpers import config_dict
+from _common_helpers import write_config as write_shared_config
 from draftgen.cli import cli
 from draftgen.config import load_config
 from draftgen.pipeline import run_pipeline
@@ -33,17 +36,14 @@ def write_config(tmp: Path, *, n: int = 12, scenario: str = "fast", extra: str =
     if scenario == "slow":
         (tmp / "slow.yaml").write_text(SLOW_SCENARIO, encoding="utf-8")
         scenario = "slow.yaml"
-    cfg = tmp / "cfg.yaml"
-    cfg.write_text(
-        "run_dir: run\n"
-        f"endpoint: {{kind: emulator, emulator: {{scenario: {scenario}}}}}\n"
-        f"partitions: {{short: {{concurrency: {concurrency}, max_tokens: 256}}, long: {{concurrency: 2, max_tokens: 256}}}}\n"
-        "progress: \"off\"\n"
-        + extra
-        + "datasets:\n  - {name: ideas, path: prompts.jsonl}\n",
-        encoding="utf-8",
-    )
-    return cfg
+    sections = {
+        "endpoint": {"kind": "emulator", "emulator": {"scenario": scenario}},
+        "partitions": {"short": {"concurrency": concurrency, "max_tokens": 256},
+                       "long": {"concurrency": 2, "max_tokens": 256}},
+        "progress": "off",
+        **(yaml.safe_load(extra) or {}),
+    }
+    return write_shared_config(tmp, config_dict(tmp, [{"name": "ideas", "path": "prompts.jsonl"}], **sections))
 
 
 def _ids(run: Path) -> list[str]:

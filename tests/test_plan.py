@@ -7,8 +7,11 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import yaml
 from click.testing import CliRunner
 
+from _common_helpers import config_dict
+from _common_helpers import write_config as write_shared_config
 from draftgen.backends import EndpointInfo
 from draftgen.backends.base import EndpointPricing
 from draftgen.cli import cli
@@ -29,20 +32,20 @@ def emulator() -> Iterator[RunningEmulator]:
 
 
 def write_config(tmp: Path, *, base_url: str | None = None, n: int = 10, extra: str = "", key: str = "sk-or-v1-t") -> Path:
+    """Two datasets (``a`` of ``n`` prompts, ``b`` of half as many), the emulator keyed by ``tmp/key``;
+    ``extra`` is YAML text whose top-level sections are added to (or replace) the config's. The key file
+    lies in pytest's temp folder, so it never holds ``FAKE_KEY`` (the reliability suite scans for it)."""
     rows = [msgspec.json.encode({"messages": [{"role": "user", "content": f"Tell me about topic {i}."}]}) for i in range(n)]
     (tmp / "a.jsonl").write_bytes(b"\n".join(rows) + b"\n")
     (tmp / "b.jsonl").write_bytes(b"\n".join(rows[: n // 2]) + b"\n")
     (tmp / "key").write_text(key, encoding="utf-8")
-    endpoint = f"{{kind: emulator, api_key_file: key{', base_url: ' + repr(base_url) if base_url else ''}}}"
-    cfg = tmp / "cfg.yaml"
-    cfg.write_text(
-        f"run_dir: run\nendpoint: {endpoint}\nprogress: 'off'\n"
-        "partitions: {short: {concurrency: 4, max_tokens: 300}, long: {concurrency: 2, max_tokens: 600}}\n"
-        + extra
-        + "datasets:\n  - {name: a, path: a.jsonl}\n  - {name: b, path: b.jsonl}\n",
-        encoding="utf-8",
-    )
-    return cfg
+    sections = {
+        "endpoint": {"kind": "emulator", "api_key_file": "key", **({"base_url": base_url} if base_url else {})},
+        "progress": "off",
+        "partitions": {"short": {"concurrency": 4, "max_tokens": 300}, "long": {"concurrency": 2, "max_tokens": 600}},
+        **(yaml.safe_load(extra) or {}),
+    }
+    return write_shared_config(tmp, config_dict(tmp, ["a", "b"], **sections))
 
 
 def _records(run: Path, name: str) -> list[ResponseRecord]:

@@ -12,8 +12,9 @@ from click.testing import CliRunner
 from _merge_helpers import chat_rows, make_config, write_jsonl
 from draftgen.cli import cli
 from draftgen.errors import InputError
-from draftgen.prepare import prepared_prompts_path, prepared_stats_path, run_prepare
+from draftgen.prepare import run_prepare
 from draftgen.records import DatasetStats, PromptRecord
+from draftgen.rundir import RunDir
 from draftgen.store import iter_jsonl, read_json
 
 
@@ -22,7 +23,7 @@ def _quiet(_: str) -> None:
 
 
 def _prompts(cfg: Any, name: str) -> list[PromptRecord]:
-    return [r for _, r in iter_jsonl(prepared_prompts_path(cfg.run_path, name), PromptRecord)]
+    return [r for _, r in iter_jsonl(RunDir(cfg.run_path).prepared(name), PromptRecord)]
 
 
 def test_prepare_writes_prompts_then_stats_with_stable_ids(tmp_path: Path, qwen3_profile: Any) -> None:
@@ -42,7 +43,7 @@ def test_prepare_writes_prompts_then_stats_with_stable_ids(tmp_path: Path, qwen3
     assert [p.source for p in p1][:2] == [f"{tmp_path / 'one' / 'p.jsonl'}:1", f"{tmp_path / 'one' / 'p.jsonl'}:2"]
     for p in p1:
         assert p.prompt_tokens == len(qwen3_profile.prompt_ids(p.messages, p.tools))
-    stats = read_json(prepared_stats_path(cfg1.run_path, "mix"), DatasetStats)
+    stats = read_json(RunDir(cfg1.run_path).prepared_stats("mix"), DatasetStats)
     assert (stats.samples, stats.duplicates_removed, stats.rows_read) == (6, 1, 7)
     assert stats.prompt_tokens == sum(p.prompt_tokens or 0 for p in p1)
     assert rep.datasets[0] == stats and rep.samples == 6
@@ -52,7 +53,7 @@ def test_rerun_is_a_noop_and_a_changed_source_rewrites_identical_bytes(tmp_path:
     src = write_jsonl(tmp_path / "p.jsonl", chat_rows("x", 4))
     cfg = make_config(tmp_path, [{"name": "d", "path": "p.jsonl"}])
     run_prepare(cfg, echo=_quiet)
-    out = prepared_prompts_path(cfg.run_path, "d")
+    out = RunDir(cfg.run_path).prepared("d")
     before, mtime = out.read_bytes(), out.stat().st_mtime_ns
     rep = run_prepare(cfg, echo=_quiet)
     assert rep.unchanged == ["d"] and out.stat().st_mtime_ns == mtime
@@ -92,7 +93,7 @@ def test_multi_turn_last_is_default_and_all_makes_one_sample_per_turn(tmp_path: 
     assert [p.turn_index for p in both] == [0, 1]
     assert [m.content for m in both[0].messages] == ["S", "u1"]
     assert both[1].content_hash == last.content_hash  # the same prompt in both datasets
-    assert read_json(prepared_stats_path(cfg.run_path, "all"), DatasetStats).multi_turn == "all"
+    assert read_json(RunDir(cfg.run_path).prepared_stats("all"), DatasetStats).multi_turn == "all"
 
 
 def test_max_samples_is_a_seeded_stable_draw(tmp_path: Path) -> None:
@@ -101,7 +102,7 @@ def test_max_samples_is_a_seeded_stable_draw(tmp_path: Path) -> None:
     run_prepare(cfg, echo=_quiet)
     first = [p.sample_id for p in _prompts(cfg, "d")]
     assert len(first) == 10
-    st = read_json(prepared_stats_path(cfg.run_path, "d"), DatasetStats)
+    st = read_json(RunDir(cfg.run_path).prepared_stats("d"), DatasetStats)
     assert st.not_selected == 30
     # source order is kept
     order = [int(p.source.rsplit(":", 1)[1]) for p in _prompts(cfg, "d") if p.source]
@@ -130,7 +131,7 @@ def test_partitions_by_prompt_length_or_dataset_rule(tmp_path: Path) -> None:
     assert [p.partition for p in auto] == ["short", "long"]
     assert (auto[1].prompt_tokens or 0) >= 200 > (auto[0].prompt_tokens or 0)
     assert [p.partition for p in _prompts(cfg, "forced")] == ["long", "long"]
-    st = read_json(prepared_stats_path(cfg.run_path, "auto"), DatasetStats)
+    st = read_json(RunDir(cfg.run_path).prepared_stats("auto"), DatasetStats)
     assert (st.short, st.long) == (1, 1)
 
 
@@ -143,11 +144,11 @@ def test_bad_line_stops_with_file_line_or_is_skipped_and_counted(tmp_path: Path)
         run_prepare(cfg, echo=_quiet)
     msg = str(err.value)
     assert msg.startswith(f"{p}:2: not valid JSON") and msg.endswith("; fix or pass --skip-bad")
-    assert not prepared_stats_path(cfg.run_path, "d").exists()
+    assert not RunDir(cfg.run_path).prepared_stats("d").exists()
     cfg_skip = make_config(tmp_path, [{"name": "d", "path": "p.jsonl"}], prepare={"skip_bad": True})
     notes: list[str] = []
     run_prepare(cfg_skip, echo=notes.append)
-    st = read_json(prepared_stats_path(cfg.run_path, "d"), DatasetStats)
+    st = read_json(RunDir(cfg.run_path).prepared_stats("d"), DatasetStats)
     assert (st.samples, st.bad_lines_skipped, st.rows_read) == (2, 2, 4)
     assert any(f"{p}:3: the conversation has no user message" in n for n in notes)
 

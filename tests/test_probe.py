@@ -6,14 +6,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
+from _common_helpers import config_dict, write_config
 from draftgen.backends import Completion, EndpointInfo
 from draftgen.cli import cli
 from draftgen.config import load_config
 from draftgen.emulator.server import EmulatorOptions, RunningEmulator, start_in_thread
 from draftgen.probe import _Probe, run_probe
 from draftgen.records import Usage
+from draftgen.tokens import profile_from_config
 
 
 @pytest.fixture(scope="module")
@@ -23,18 +26,14 @@ def emulator() -> Iterator[RunningEmulator]:
 
 
 def _cfg(tmp_path: Path, base_url: str | None, extra: str = "", key: str = "sk-or-v1-test") -> Path:
+    """The emulator keyed by ``tmp_path/key`` (management key from ``DRAFTGEN_TEST_MGMT``), dataset ``a``;
+    ``extra`` is YAML text whose top-level sections are added to (or replace) the config's. The key file
+    lies in pytest's temp folder, so it never holds ``FAKE_KEY`` (the reliability suite scans for it)."""
     (tmp_path / "key").write_text(key, encoding="utf-8")
-    text = (
-        "endpoint:\n  kind: emulator\n"
-        + (f"  base_url: {base_url}\n" if base_url else "")
-        + "  api_key_file: key\n  management_key_env: DRAFTGEN_TEST_MGMT\n"
-        + "probe:\n  max_tokens: 2048\n"
-        + extra
-        + "datasets:\n  - name: a\n    path: a.jsonl\n"
-    )
-    path = tmp_path / "cfg.yaml"
-    path.write_text(text, encoding="utf-8")
-    return path
+    endpoint = {"kind": "emulator", **({"base_url": base_url} if base_url else {}),
+                "api_key_file": "key", "management_key_env": "DRAFTGEN_TEST_MGMT"}
+    sections = {"endpoint": endpoint, "probe": {"max_tokens": 2048}, **(yaml.safe_load(extra) or {})}
+    return write_config(tmp_path, config_dict(tmp_path, ["a"], **sections))
 
 
 def test_probe_reports_everything(tmp_path: Path, emulator: RunningEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,7 +121,7 @@ def test_probe_warns_on_missing_reasoning_and_truncation(tmp_path: Path) -> None
     probe.response(Completion(backend="openrouter", content="Blue light scatters more.", finish_reason="length",
                               usage=Usage(completion_tokens=10, reasoning_tokens=0, cost=0.00002)), 0.5)
     probe.rebuild(Completion(backend="openrouter", content="Blue light scatters more.", finish_reason="length",
-                             usage=Usage(completion_tokens=10)))
+                             usage=Usage(completion_tokens=10)), profile_from_config(cfg))
     assert any("no reasoning" in w for w in probe.rep.warnings)
     assert any("truncated" in w for w in probe.rep.warnings)
     assert probe.rep.usd_per_m_output == pytest.approx(2.0)

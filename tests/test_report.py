@@ -147,7 +147,7 @@ from draftgen.records import (  # noqa: E402
     Usage,
 )
 from draftgen.report.html import audit_rows, example_rows  # noqa: E402
-from draftgen.report.metrics import provider_metrics  # noqa: E402
+from draftgen.report.providers import provider_metrics  # noqa: E402
 from draftgen.rundir import RunDir  # noqa: E402
 from draftgen.store import atomic_write_json  # noqa: E402
 

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import yaml
 from click.testing import CliRunner
 
+from _common_helpers import config_dict, write_config
 from _report_helpers import T0, write_run_dir
 from draftgen.backends import wire
 from draftgen.cli import _argv_key_problem, cli
@@ -144,20 +146,12 @@ def test_url_credentials(url: str, what: str | None) -> None:
 
 # -- config validation (before anything is written) ---------------------------------------------------------
 
-BASE = """
-run_dir: runs/x
-endpoint:
-  kind: openrouter
-datasets:
-  - name: chat
-    path: bundled:chat
-"""
-
-
 def _cfg(tmp_path: Path, endpoint: str = "") -> Path:
-    p = tmp_path / "c.yaml"
-    p.write_text(BASE.replace("  kind: openrouter\n", "  kind: openrouter\n" + endpoint), encoding="utf-8")
-    return p
+    """An ``openrouter`` config over the bundled chat prompts in ``tmp_path/c.yaml``; ``endpoint`` is YAML
+    text (indented two spaces) of extra ``endpoint`` keys."""
+    sections = {"run_dir": "runs/x", "endpoint": {"kind": "openrouter", **(yaml.safe_load(endpoint) or {})}}
+    return write_config(tmp_path, config_dict(tmp_path, [{"name": "chat", "path": "bundled:chat"}], **sections),
+                        "c.yaml")
 
 
 def _config_error(path: Path, overrides: dict[str, object] | None = None) -> str:
@@ -266,8 +260,8 @@ def test_argv_with_a_key_is_refused(args: list[str]) -> None:
 @pytest.mark.parametrize(
     "args",
     [
-        ["emulate", "--api-key", FAKE_KEY, "--management-key", OTHER_FAKE_KEY],
-        ["-v", "emulate", f"--api-key={FAKE_KEY}"],
+        ["emulate", "--api-key-file", "emulator.key", "--management-key-file", "mgmt.key"],
+        ["-v", "emulate", "--port", "0", "-v"],
         ["generate", "c.yaml", "--api-key-file", "~/.config/openrouter.key", "--token-budget", "100"],
         ["generate", "c.yaml", "--base-url", "http://127.0.0.1:8000/api/v1", "--dataset", "sk-learn"],
         ["status", "runs/moonshotai-kimi-k2.5"],

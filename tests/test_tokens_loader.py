@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from _common_helpers import free_port
 from _tokens_helpers import ASSETS, need_shared, profile, synthetic_kimi_dir
 from draftgen.config import load_config
 from draftgen.errors import ConfigError, TokenizerError
@@ -133,6 +134,8 @@ def test_hub_spec_through_snapshot_download(monkeypatch: pytest.MonkeyPatch) -> 
         raise OSError("offline")
 
     monkeypatch.setattr(hub, "snapshot_download", failing)
+    # the stand-in hub has no endpoint to check (the real constants module may be loaded by earlier tests)
+    monkeypatch.setattr("draftgen.tokens.loader._hub_endpoint", lambda: None)
     with pytest.raises(TokenizerError, match=r"hf:org/name: download failed \(OSError\)"):
         load_tokenizer("hf:org/name")
     with pytest.raises(TokenizerError, match="expected hf:org/name"):
@@ -212,3 +215,65 @@ def test_unknown_vocab_file_type_is_refused() -> None:
     need_shared()
     with pytest.raises(TokenizerError, match="unknown tokenizer file type"):
         load_tokenizer(str(ASSETS / "gpt-oss" / "o200k_base.tiktoken"))
+
+
+# -- the hub offline: one quick line that names the way out ---------------------------------------------------
+
+
+KIMI_SHA = "b6c497a7469b33ced9c38afb1ad6e47f03f5e5dc05f15930799210ec050c5103"
+
+
+def test_kimi_hub_offline_fails_fast_in_one_line(tmp_path: Path) -> None:
+    """``plan`` on a Kimi ``hf:`` tokenizer with the hub unreachable and an empty cache: one line, in seconds,
+    naming the network-once option, the local folder's three files and the pinned sha256; no retry spam."""
+    import os
+    import subprocess
+    import time
+
+    pytest.importorskip("huggingface_hub")
+    cfg = tmp_path / "kimi.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "run_dir": "run",
+        "model": {"id": "moonshotai/kimi-k2.5", "profile": "kimi-k2.5",
+                  "tokenizer": "hf:moonshotai/Kimi-K2.5@4d01dfe0332d63057c186e0b262165819efb6611",
+                  "tokenizer_sha256": KIMI_SHA},
+        "endpoint": "emulator",
+        "datasets": [{"name": "chat", "path": "bundled:chat"}],
+    }), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env.update(HF_ENDPOINT=f"http://127.0.0.1:{free_port()}", HF_HOME=str(tmp_path / "hf"),
+               OPENROUTER_API_KEY="sk-or-v1-test")
+    start = time.monotonic()
+    res = subprocess.run([sys.executable, "-m", "draftgen.cli", "plan", str(cfg)], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, check=False)
+    took = time.monotonic() - start
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode != 0 and len(lines) == 1, res.stderr[-3000:]
+    line = lines[0]
+    assert line.startswith("Error: hf:moonshotai/Kimi-K2.5@") and "unreachable" in line
+    assert "network" in line and "downloads once" in line
+    for needed in ("tiktoken.model", "tokenizer_config.json", "chat_template.jinja", KIMI_SHA):
+        assert needed in line, needed
+    assert "Retry" not in res.stderr and "Traceback" not in res.stderr
+    assert took < 10, f"took {took:.1f} s"
+
+
+def test_hub_offline_mode_and_unreachable_endpoint_in_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    constants = pytest.importorskip("huggingface_hub.constants")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"), raising=False)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    start = time.monotonic()
+    with pytest.raises(TokenizerError) as info:
+        load_tokenizer("hf:Qwen/Qwen3-8B@main", sha256="ab" * 32)
+    msg = str(info.value)
+    assert time.monotonic() - start < 10 and "\n" not in msg
+    assert "is unreachable" in msg and "tokenizer.json, tokenizer_config.json and chat_template.jinja" in msg
+    assert "sha256 " + "ab" * 32 in msg and "tiktoken.model" not in msg
+    monkeypatch.setattr(constants, "is_offline_mode", lambda: True, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(TokenizerError, match="HF_HUB_OFFLINE is set"):
+        load_tokenizer("hf:moonshotai/Kimi-K2.5")
+    assert "Retry" not in capsys.readouterr().err

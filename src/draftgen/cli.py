@@ -2,6 +2,11 @@
 
 Every command catches ``DraftgenError`` and prints ``Error: <message>`` on one line (no traceback), then
 exits with the error's exit code. Ctrl-C exits 130 with a one-line message. Nothing here holds logic.
+
+One convention for every command: ``-v/--verbose`` before or after the subcommand; every command that talks
+to an endpoint (generate, run, plan, probe) takes the same ``--base-url`` (default ``$DRAFTGEN_BASE_URL``) and
+``--api-key-file``. Keys never travel on the command line: they come from a file or the environment,
+``emulate``'s included (``--api-key-file`` or ``$DRAFTGEN_EMULATOR_API_KEY``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,10 @@ from . import __version__
 from .errors import DraftgenError
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: where ``draftgen emulate`` reads the key it accepts, and the management key, when no file is given
+EMULATOR_API_KEY_ENV = "DRAFTGEN_EMULATOR_API_KEY"
+EMULATOR_MANAGEMENT_KEY_ENV = "DRAFTGEN_EMULATOR_MANAGEMENT_KEY"
 
 
 def _fail(message: str, code: int) -> None:
@@ -64,11 +73,16 @@ def friendly(fn: F) -> F:
 
 def _load(config: str, overrides: dict[str, Any] | None = None) -> Any:
     from .config import load_config
+    from .extensions import check_config
 
-    return load_config(config, overrides)
+    cfg = load_config(config, overrides)
+    check_config(cfg, config)
+    return cfg
 
 
 def _setup_logging(verbose: bool) -> None:
+    """Log to stderr; ``verbose`` turns on debug logging. Idempotent: ``-v`` before the subcommand (the group)
+    and after it (the command) set the same state, and once on it stays on."""
     import logging
 
     logging.basicConfig(
@@ -76,17 +90,66 @@ def _setup_logging(verbose: bool) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if verbose:
+        logging.getLogger().setLevel(logging.DEBUG)
+
+
+_VERBOSE_HELP = "Debug logging on stderr (also accepted before the subcommand)."
+
+
+def _verbose_callback(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        _setup_logging(True)
+
+
+#: ``-v/--verbose`` after the subcommand; added to every command below (see the end of the module)
+verbose_option = click.option("-v", "--verbose", is_flag=True, expose_value=False, callback=_verbose_callback,
+                              help=_VERBOSE_HELP)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="draftgen")
-@click.option("-v", "--verbose", is_flag=True, help="Debug logging on stderr.")
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging on stderr (also accepted after the subcommand).")
 def cli(verbose: bool) -> None:
     """Generate exact-token-ID training data for speculative-decoding drafters."""
     _setup_logging(verbose)
 
 
-run_dir_option = click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (overrides run_dir).")
+def _from_cwd(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A path typed on the command line is relative to the working directory (run_dir in a config file is
+    relative to the file's folder); the absolute path goes into the config overrides."""
+    return str(Path(value).resolve()) if value else value
+
+
+#: the environment variable that gives ``--base-url`` when the flag is absent
+BASE_URL_ENV = "DRAFTGEN_BASE_URL"
+
+
+def endpoint_options(fn: F) -> F:
+    """``--api-key-file`` and ``--base-url``, the same on every command that talks to an endpoint."""
+    opts = [
+        click.option("--api-key-file", type=click.Path(dir_okay=False),
+                     help="File holding only the API key (default: the variable named by endpoint.api_key_env, "
+                          "OPENROUTER_API_KEY). Keys are never passed on the command line."),
+        click.option("--base-url", envvar=BASE_URL_ENV,
+                     help=f"API root, e.g. https://openrouter.ai/api/v1 or http://127.0.0.1:PORT/api/v1 "
+                          f"(default: ${BASE_URL_ENV}, else endpoint.base_url of the config)."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def endpoint_overrides(api_key_file: str | None, base_url: str | None) -> dict[str, Any]:
+    """Config overrides of the two endpoint options (a key file's path is made absolute here)."""
+    return {
+        "endpoint.api_key_file": str(Path(api_key_file).resolve()) if api_key_file else None,
+        "endpoint.base_url": base_url or None,
+    }
+
+
+run_dir_option = click.option("--run-dir", type=click.Path(file_okay=False), callback=_from_cwd,
+                              help="Run directory (overrides run_dir; relative to the working directory).")
 force_option = click.option("--force", is_flag=True,
                             help="Accept records made by another model, profile or tokenizer (the outputs record it).")
 
@@ -101,18 +164,15 @@ def generate_options(fn: F) -> F:
         click.option("--long-concurrency", type=int, help="Requests in flight for the long partition."),
         click.option("--short-max-tokens", type=int, help="max_tokens for short prompts."),
         click.option("--long-max-tokens", type=int, help="max_tokens for long prompts."),
-        click.option("--api-key-file", type=click.Path(dir_okay=False), help="File holding the API key (else OPENROUTER_API_KEY)."),
-        click.option("--base-url", help="API root, e.g. https://openrouter.ai/api/v1 or http://127.0.0.1:PORT/api/v1."),
         run_dir_option,
         force_option,
     ]
     for opt in reversed(opts):
         fn = opt(fn)
-    return fn
+    return endpoint_options(fn)
 
 
 def generate_overrides(kw: dict[str, Any]) -> dict[str, Any]:
-    base_url = kw.get("base_url")
     out: dict[str, Any] = {
         "run_dir": kw.get("run_dir"),
         "budget.token_budget": kw.get("token_budget"),
@@ -121,8 +181,7 @@ def generate_overrides(kw: dict[str, Any]) -> dict[str, Any]:
         "partitions.long.concurrency": kw.get("long_concurrency"),
         "partitions.short.max_tokens": kw.get("short_max_tokens"),
         "partitions.long.max_tokens": kw.get("long_max_tokens"),
-        "endpoint.api_key_file": str(Path(kw["api_key_file"]).resolve()) if kw.get("api_key_file") else None,
-        "endpoint.base_url": base_url,
+        **endpoint_overrides(kw.get("api_key_file"), kw.get("base_url")),
     }
     return out
 
@@ -200,19 +259,14 @@ def import_(config: str, file: str, dataset: str, run_dir: str | None, force: bo
 
 @cli.command()
 @click.argument("config", type=click.Path(dir_okay=False))
-@click.option("--api-key-file", type=click.Path(dir_okay=False))
-@click.option("--base-url")
+@endpoint_options
 @click.option("--prompt", help="Prompt to send (overrides probe.prompt).")
 @friendly
 def probe(config: str, api_key_file: str | None, base_url: str | None, prompt: str | None) -> None:
     """One request that checks key, credits, provider, reasoning field, cost and reconstruction."""
     from .probe import run_probe
 
-    cfg = _load(config, {
-        "endpoint.api_key_file": str(Path(api_key_file).resolve()) if api_key_file else None,
-        "endpoint.base_url": base_url,
-        "probe.prompt": prompt,
-    })
+    cfg = _load(config, {**endpoint_overrides(api_key_file, base_url), "probe.prompt": prompt})
     report = run_probe(cfg, echo=click.echo)
     if not report.ok:
         sys.exit(1)
@@ -221,20 +275,14 @@ def probe(config: str, api_key_file: str | None, base_url: str | None, prompt: s
 @cli.command()
 @click.argument("config", type=click.Path(dir_okay=False))
 @run_dir_option
-@click.option("--api-key-file", type=click.Path(dir_okay=False))
-@click.option("--base-url")
+@endpoint_options
 @click.option("--pilot", type=int, help="Prompts per dataset to send as a pilot (overrides plan.pilot).")
 @friendly
 def plan(config: str, run_dir: str | None, api_key_file: str | None, base_url: str | None, pilot: int | None) -> None:
     """Estimate tokens, dollars, time and hidden-state disk before spending."""
     from .plan import run_plan
 
-    cfg = _load(config, {
-        "run_dir": run_dir,
-        "endpoint.api_key_file": str(Path(api_key_file).resolve()) if api_key_file else None,
-        "endpoint.base_url": base_url,
-        "plan.pilot": pilot,
-    })
+    cfg = _load(config, {"run_dir": run_dir, **endpoint_overrides(api_key_file, base_url), "plan.pilot": pilot})
     run_plan(cfg, echo=click.echo)
 
 
@@ -283,50 +331,63 @@ def report(config: str, run_dir: str | None, output: str | None) -> None:
 @click.option("--scenario", default="fast", show_default=True, help="fast | realistic | chaos | path to a scenario YAML.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--ground-truth", type=click.Path(dir_okay=False), help="Append {generation_id, output_ids, prompt_ids} per response.")
-@click.option("--api-key", help="Accept only this key (default: any sk-or-… key).")
-@click.option("--management-key", help="The key that may read /credits.")
+@click.option("--api-key-file", type=click.Path(dir_okay=False),
+              help=f"File holding only the key to accept (default: ${EMULATOR_API_KEY_ENV}; neither: any sk-or-… key).")
+@click.option("--management-key-file", type=click.Path(dir_okay=False),
+              help=f"File holding only the key that may read /credits (default: ${EMULATOR_MANAGEMENT_KEY_ENV}).")
 @click.option("--credits", type=float, default=100.0, show_default=True, help="Starting credits in USD.")
 @click.option("--profile", default="qwen3", show_default=True, help="Token profile of the emulated model.")
 @click.option("--tokenizer", default="bundled:qwen3", show_default=True, help="Tokenizer of the emulated model.")
 @friendly
-def emulate(**kw: Any) -> None:
+def emulate(api_key_file: str | None, management_key_file: str | None, **kw: Any) -> None:
     """Serve a local OpenRouter emulator (also SGLang /generate and vLLM token-id modes)."""
+    from .emulator.core import emulator_key
     from .emulator.server import EmulatorOptions, serve_forever
 
-    serve_forever(EmulatorOptions(**kw), echo=click.echo)
+    api_key = emulator_key(api_key_file, EMULATOR_API_KEY_ENV, flag="--api-key-file")
+    management_key = emulator_key(management_key_file, EMULATOR_MANAGEMENT_KEY_ENV, flag="--management-key-file")
+    serve_forever(EmulatorOptions(api_key=api_key, management_key=management_key, **kw), echo=click.echo)
 
 
-#: flags that would carry a key on the command line (only ``emulate`` has a real ``--api-key``)
+#: flags that would carry a key on the command line (no command has one)
 _KEY_FLAGS = ("--api-key", "--api_key", "--apikey", "--key", "--openrouter-api-key", "--openrouter-key",
               "--management-key", "--token")
 _NO_KEY_ON_ARGV = ("keys are never passed on the command line; set OPENROUTER_API_KEY (or the variable named "
                    "by endpoint.api_key_env) to the key, or pass --api-key-file PATH (a file holding only the key)")
+_NO_KEY_ON_EMULATE = (f"keys are never passed on the command line; set {EMULATOR_API_KEY_ENV} (the key to accept) "
+                      f"or {EMULATOR_MANAGEMENT_KEY_ENV} (the key that may read /credits), or pass --api-key-file "
+                      "PATH / --management-key-file PATH (a file holding only the key)")
 
 
 def _argv_key_problem(args: list[str]) -> str | None:
     """Why ``args`` must be refused before click parses them (a key on the command line), or None.
-    Never includes the key. ``emulate`` is exempt: its ``--api-key`` names the key it accepts."""
+    Never includes the key. ``emulate`` too reads its keys from files or the environment only."""
     from .secrets import contains_key, looks_like_key
 
     command = next((a for a in args if not a.startswith("-")), None)
-    if command == "emulate":
-        return None
+    how = _NO_KEY_ON_EMULATE if command == "emulate" else _NO_KEY_ON_ARGV
     for i, arg in enumerate(args):
         flag, eq, value = arg.partition("=")
         if flag in _KEY_FLAGS:
-            return f"{flag} is not an option: {_NO_KEY_ON_ARGV}"
-        if flag == "--api-key-file":
+            return f"{flag} is not an option: {how}"
+        if flag in ("--api-key-file", "--management-key-file"):
             path = value if eq else (args[i + 1] if i + 1 < len(args) else "")
             parts = [path, *Path(path).parts] if path else []
             if any(looks_like_key(p) or contains_key(p) for p in parts) and not Path(path).is_file():
-                return ("--api-key-file takes the PATH of a file holding only the key, and its value looks like "
-                        "the key itself; write the key to a file and pass that file's path, or set "
-                        "OPENROUTER_API_KEY to the key")
+                env = EMULATOR_API_KEY_ENV if command == "emulate" else "OPENROUTER_API_KEY"
+                return (f"{flag} takes the PATH of a file holding only the key, and its value looks like "
+                        f"the key itself; write the key to a file and pass that file's path, or set "
+                        f"{env} to the key")
         if flag == "--base-url" or (i > 0 and args[i - 1] == "--base-url"):
             continue  # config validation names what in the URL is a credential
         if looks_like_key(arg) or contains_key(arg):
-            return f"an argument looks like an API key; {_NO_KEY_ON_ARGV}"
+            return f"an argument looks like an API key; {how}"
     return None
+
+
+# -v/--verbose after the subcommand as well as before it, on every command (keep this after the last command)
+for _command in cli.commands.values():
+    verbose_option(_command)
 
 
 def main() -> None:

@@ -20,9 +20,12 @@ Shape (every section optional except ``datasets``)::
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import re
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -67,7 +70,7 @@ class ModelConfig(_C):
     id: str = "qwen/qwen3-8b"
     """API model slug sent as ``model`` (OpenRouter: ``moonshotai/kimi-k2.5``)."""
     profile: str = "qwen3"
-    """Token profile: kimi-k2.5, kimi-k2-thinking, qwen3, qwen3-thinking-2507, deepseek-r1, deepseek-v3.1, glm-4.5, gpt-oss, generic."""
+    """Token profile, one of those registered in ``draftgen.tokens.PROFILE_TABLE``."""
     tokenizer: str = "bundled:qwen3"
     """Tokenizer: ``bundled:qwen3``, a local folder, or ``hf:org/name@revision``."""
     tokenizer_sha256: str | None = None
@@ -101,8 +104,8 @@ class EmulatorConfig(_C):
 class EndpointConfig(_C):
     """Where requests go."""
 
-    kind: Literal["emulator", "openrouter", "openai", "vllm", "sglang"] = "openrouter"
-    """Backend protocol: ``emulator`` (embedded, offline), ``openrouter``, ``openai`` (any compatible server), ``vllm`` (exact ids via return_token_ids), ``sglang`` (native /generate, exact output_ids)."""
+    kind: str = "openrouter"
+    """Backend protocol, one of the kinds registered in ``draftgen.backends.BACKENDS``."""
     base_url: str | None = None
     """API root. OpenRouter: https://openrouter.ai/api/v1 (the default for kind openrouter)."""
     base_urls: list[str] = msgspec.field(default_factory=list)
@@ -247,9 +250,11 @@ class PrepareConfig(_C):
 
 class BudgetConfig(_C):
     max_spend_usd: float | None = None
-    """Dollar budget for the run directory; each request reserves max_tokens × price before it is sent."""
+    """Dollar budget for the run directory, hard: each request reserves its cost before it is sent (under ``token_policy: expected``: at the mean observed output length while the money left after reservations is at least the worst case of a tenth of the slots, else max_tokens × price). Spend never passes it by more than the worst case of the requests in flight (strict: never)."""
     token_budget: int | None = None
     """Default per-dataset completion-token budget."""
+    token_policy: Literal["strict", "expected"] = "expected"
+    """What a request reserves against its dataset's token budget. ``strict``: ``max_tokens``; a request is admitted only if done + reserved + max_tokens <= budget, so the budget is never passed (a 10M budget at max_tokens 10,240 holds at most 976 requests in flight). ``expected``: the running p90 of the completion lengths seen for that dataset and partition (``max_tokens`` until 20 responses are in); admission stops when done + reserved reaches the budget, so the overshoot is at most what was in flight beyond its reservations (≤ concurrency × max_tokens) and is reported."""
     allow_unpriced: bool = False
     """Run with ``max_spend_usd`` even when neither ``usage.cost`` nor the model's prices are known (the dollar budget then cannot be enforced)."""
 
@@ -311,9 +316,8 @@ class MergeConfig(_C):
     """Share of distinct samples put in the validation split."""
     mask_reasoning: bool = False
     """loss_mask 0 over the reasoning tokens (through the end-of-think marker) as well as the prompt."""
-    exports: list[Literal["speculators", "specforge", "specforge-conversations"]] = msgspec.field(
-        default_factory=lambda: ["speculators", "specforge"])
-    """Peer formats written to exports/<format>/ beside merged/: ``speculators`` (pre-tokenized rows for ``speculators prepare-data --data exports/speculators/``), ``specforge`` (pre-tokenized ``{input_ids, loss_mask}`` JSONL for SpecForge ``data.prompts_path``: the exact ids; set its ``data.max_length`` >= ``merge.max_seq_len``), ``specforge-conversations`` (conversation rows for SpecForge ``data.train_data_path``; SpecForge re-renders and re-tokenizes them, so their ids are not exact)."""
+    exports: list[str] = msgspec.field(default_factory=lambda: ["speculators", "specforge"])
+    """Peer formats written to exports/<format>/ beside merged/, each one of those registered in ``draftgen.export.EXPORTERS``."""
 
 
 class QualityConfig(_C):
@@ -407,15 +411,72 @@ class RunConfig(_C):
 _PATH_RE = re.compile(r"\$\.?(.*)`?$")
 
 
+_HIDDEN_KEYS = frozenset({"base_dir"})  # set by the loader, never by the file
+
+
+def _unwrap(tp: Any) -> Any:
+    """The Struct (or Literal) inside ``X | None`` and ``list[X]``; other types unchanged."""
+    while True:
+        origin = typing.get_origin(tp)
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if (origin is list and args) or (origin in (typing.Union, types.UnionType) and len(args) == 1):
+            tp = args[0]
+        else:
+            return tp
+
+
+def _type_at(key: str) -> Any:
+    """The declared type at a dotted key path of the config (``datasets[0].format`` → its Literal), or None
+    when the path leaves the typed structure (a free-form mapping, an unknown key)."""
+    tp: Any = RunConfig
+    for part in filter(None, re.sub(r"\[\d+\]", "", key).split(".")):
+        tp = _unwrap(tp)
+        if not (isinstance(tp, type) and issubclass(tp, msgspec.Struct)):
+            return None
+        field = next((f for f in msgspec.structs.fields(tp) if f.name == part), None)
+        if field is None:
+            return None
+        tp = field.type
+    return _unwrap(tp)
+
+
+def _valid_keys(section: str) -> list[str]:
+    tp = _type_at(section)
+    if not (isinstance(tp, type) and issubclass(tp, msgspec.Struct)):
+        return []
+    return [f.name for f in msgspec.structs.fields(tp) if f.name not in _HIDDEN_KEYS]
+
+
+def _literal_values(key: str) -> list[str]:
+    tp = _type_at(key)
+    if typing.get_origin(tp) is Literal:
+        return [str(v) for v in typing.get_args(tp)]
+    return []
+
+
 def _explain(exc: msgspec.ValidationError, where: str) -> ConfigError:
+    """One line from msgspec's validation error: the key path, and what to write instead. An unknown key gets
+    the nearest valid key of its section ("did you mean"), a bad enum value the list of valid values."""
     msg = str(exc)
     m = re.search(r"- at `\$(.*)`", msg)
     key = m.group(1).lstrip(".") if m else ""
     head = msg.split(" - at ")[0]
     unknown = re.match(r"Object contains unknown field `(.+)`", head)
     if unknown:
-        field_path = f"{key}.{unknown.group(1)}" if key else unknown.group(1)
-        return ConfigError(f"{where}: unknown key {field_path!r}; check the spelling (see docs/config.md)")
+        name = unknown.group(1)
+        field_path = f"{key}.{name}" if key else name
+        valid = _valid_keys(key)
+        close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+        if close:
+            return ConfigError(f"{where}: unknown key {field_path!r} (did you mean {close[0]!r}?); "
+                               "see docs/config.md")
+        listed = f"; valid keys{' in ' + repr(key) if key else ''}: {', '.join(valid)}" if valid else ""
+        return ConfigError(f"{where}: unknown key {field_path!r}; check the spelling{listed} (see docs/config.md)")
+    if head.startswith("Invalid enum value"):
+        values = _literal_values(key)
+        if values:
+            return ConfigError(f"{where}: {head}" + (f" at {key!r}" if key else "")
+                               + f"; valid values: {', '.join(values)}")
     return ConfigError(f"{where}: {head}" + (f" at {key!r}" if key else "") + "; see docs/config.md")
 
 

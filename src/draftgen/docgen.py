@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 
 from .errors import EXIT_CODES
+from .extensions import registered
 
 __all__ = ["cli_reference", "config_reference", "generate_docs", "main"]
 
@@ -70,16 +71,36 @@ def _struct_of(tp: Any) -> tuple[type[msgspec.Struct] | None, bool]:
     return None, False
 
 
-def _default(info: msgspec.structs.FieldInfo) -> str:
+_REQUIRED = "**required**"
+
+
+def _default_value(info: msgspec.structs.FieldInfo, parent: msgspec.Struct | None) -> Any:
+    """The value a field takes when the file leaves it out, or ``NODEFAULT`` when it must be given.
+
+    ``parent``: the section's own default value, when the section has one. It wins over the field's
+    declared default, so a section built by a factory with per-instance values (``partitions.long`` is
+    ``PartitionConfig(concurrency=500, max_tokens=16384)``, whose fields declare no default) shows the
+    values the loader really fills in.
+    """
+    if parent is not None:
+        return getattr(parent, info.name)
     if info.default is not msgspec.NODEFAULT:
-        value = info.default
-    elif info.default_factory is not msgspec.NODEFAULT:
-        value = info.default_factory()
-    else:
-        return "**required**"
+        return info.default
+    if info.default_factory is not msgspec.NODEFAULT:
+        return info.default_factory()
+    return msgspec.NODEFAULT
+
+
+def _render_default(value: Any) -> str:
+    if value is msgspec.NODEFAULT:
+        return _REQUIRED
     if value is None:
         return "–"
     return f"`{msgspec.json.encode(msgspec.to_builtins(value)).decode()}`"
+
+
+def _default(info: msgspec.structs.FieldInfo, parent: msgspec.Struct | None = None) -> str:
+    return _render_default(_default_value(info, parent))
 
 
 def _cell(text: str) -> str:
@@ -101,10 +122,11 @@ def config_reference() -> str:
         "the key. `endpoint` may also be given as a bare kind (`endpoint: emulator`).",
         "",
     ]
-    sections: list[tuple[str, type[msgspec.Struct]]] = [("", config.RunConfig)]
+    # (key prefix, section class, the section's default value when it has one: see _default_value)
+    sections: list[tuple[str, type[msgspec.Struct], msgspec.Struct | None]] = [("", config.RunConfig, None)]
     seen: set[str] = set()
     while sections:
-        prefix, cls = sections.pop(0)
+        prefix, cls, instance = sections.pop(0)
         if prefix in seen:
             continue
         seen.add(prefix)
@@ -114,23 +136,24 @@ def config_reference() -> str:
         if class_doc:
             lines += [_cell(class_doc), ""]
         lines += ["| key | type | default | description |", "|---|---|---|---|"]
-        nested: list[tuple[str, type[msgspec.Struct]]] = []
+        nested: list[tuple[str, type[msgspec.Struct], msgspec.Struct | None]] = []
         for info in msgspec.structs.fields(cls):
             if info.name in _HIDDEN_KEYS:
                 continue
             fd = field_docs.get(info.name, _FieldDoc(annotation=str(info.type), doc=""))
             key = f"{prefix}.{info.name}" if prefix else info.name
             sub, is_list = _struct_of(info.type)
-            desc = fd.doc
+            desc = f"{fd.doc} {registered(key)}".strip()
             if sub is not None:
                 child = f"{key}[]" if is_list else key
-                nested.append((child, sub))
+                value = None if is_list else _default_value(info, instance)
+                nested.append((child, sub, value if isinstance(value, msgspec.Struct) else None))
                 anchor = child.replace(".", "").replace("[]", "")
                 link = f"see [`{child}`](#{anchor})"
                 desc = f"{desc} {link}".strip() if desc else (_cell(docs.get(sub.__name__, ("", {}))[0]) + " " + link).strip()
-                default = "**required**" if _default(info) == "**required**" else "(section)"
+                default = _REQUIRED if _default(info, instance) == _REQUIRED else "(section)"
             else:
-                default = _default(info)
+                default = _default(info, instance)
             lines.append(f"| `{key}` | `{_cell(fd.annotation)}` | {default} | {_cell(desc)} |")
         lines.append("")
         sections = nested + sections

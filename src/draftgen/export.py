@@ -4,14 +4,15 @@ Reads the selected, shuffled rows that ``merge`` hands over (``MergedRow``: wher
 one Arrow list array, its lengths and metadata, and the byte offsets of its raw response and prepared
 prompt lines) and writes, per split (``train``, ``validation``), at the paths ``rundir.RunDir`` spells:
 
-- ``merged/<split>-NNNNN-of-MMMMM.parquet``: ``input_ids`` list<int32>, ``loss_mask`` list<int8> (0 over the
-  prompt, 1 over the completion; 0 over the reasoning too with ``mask_reasoning``), ``sample_id``,
-  ``dataset``, ``finish_reason``, ``provider``, ``ids_source``, ``prompt_len``, ``completion_len``,
-  ``reasoning_len``, ``capped``. zstd, row groups of at most 2,048 rows, shards of at most 256M tokens.
+- ``merged/<split>-NNNNN-of-MMMMM.parquet``: the columns of ``columns.MERGED_COLUMNS`` (``input_ids``
+  list<int32>, ``loss_mask`` list<int8>: 0 over the prompt, 1 over the completion, 0 over the reasoning too
+  with ``mask_reasoning``; then the row's id, lengths and metadata). The schema, the arrays and the card's
+  column list are built from that table. zstd, row groups of at most 2,048 rows, shards of at most 256M tokens.
 - ``merged/README.md`` (``write_card``): the Hugging Face dataset card; its YAML ``configs`` list the shards
   of each split, so ``datasets.load_dataset("<run>/merged")`` and ``datasets.load_dataset("parquet",
   data_dir="<run>/merged")`` both load every row and nothing else (merged/ holds no other data file).
-- one folder per export format in ``merge.exports`` (``EXPORTERS``), ``exports/<format>/train.jsonl`` and
+- one folder per export format in ``merge.exports`` (``EXPORTERS``, filled by ``@register_exporter``: a
+  format is a row builder plus that one line), ``exports/<format>/train.jsonl`` and
   ``exports/validation/<format>/validation.jsonl``:
 
   ``speculators``  ``records.SpeculatorsRow`` ``{id, primary_id, input_ids, loss_mask, text, metadata}``, as
@@ -44,12 +45,14 @@ import hashlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from .errors import InputError, StorageError
+from .columns import MERGED_COLUMNS, SpeculatorsMetadata, parquet_columns
+from .errors import ConfigError, StorageError
 from .records import (
     MergedFile,
     PromptRecord,
@@ -57,7 +60,6 @@ from .records import (
     SpecForgeConversationRow,
     SpecForgeMessage,
     SpecForgePromptRow,
-    SpeculatorsMetadata,
     SpeculatorsRow,
     Tool,
     ToolCall,
@@ -70,14 +72,20 @@ __all__ = [
     "CHUNK_ROWS",
     "EXPORTERS",
     "SHARD_TOKENS",
+    "Builder",
+    "ExportContext",
     "Exporter",
     "MergedRow",
     "RowSource",
     "check_exports",
     "export_usage",
+    "exporter",
     "file_digest",
     "file_entry",
     "loss_mask_bytes",
+    "parquet_schema",
+    "register_exporter",
+    "speculators_metadata",
     "write_card",
     "write_split",
 ]
@@ -152,49 +160,38 @@ def _shards(rows: Sequence[MergedRow]) -> list[Sequence[MergedRow]]:
     return out
 
 
-def _schema() -> Any:
+def _arrow_type(name: str) -> Any:
     import pyarrow as pa
 
-    return pa.schema([
-        ("input_ids", pa.list_(pa.int32())),
-        ("loss_mask", pa.list_(pa.int8())),
-        ("sample_id", pa.string()),
-        ("dataset", pa.string()),
-        ("finish_reason", pa.string()),
-        ("provider", pa.string()),
-        ("ids_source", pa.string()),
-        ("prompt_len", pa.int32()),
-        ("completion_len", pa.int32()),
-        ("reasoning_len", pa.int32()),
-        ("capped", pa.bool_()),
-    ])
+    if name.startswith("list<"):
+        return pa.list_(_arrow_type(name[5:-1]))
+    return {"string": pa.string(), "int32": pa.int32(), "int8": pa.int8(), "bool": pa.bool_()}[name]
+
+
+def parquet_schema() -> Any:
+    """The Arrow schema of the merged Parquet files, from ``columns.MERGED_COLUMNS``."""
+    import pyarrow as pa
+
+    return pa.schema([(c.name, _arrow_type(c.arrow)) for c in parquet_columns() if c.arrow is not None])
 
 
 def _table(chunk: Sequence[MergedRow], ids: Any, mask_reasoning: bool) -> Any:
     import pyarrow as pa
 
-    input_ids = ids.take(pa.array([r.buf_index for r in chunk], pa.int64())).cast(pa.list_(pa.int32()))
+    schema = parquet_schema()
     offsets = [0]
     mask = bytearray()
     for r in chunk:
         mask += loss_mask_bytes(r, mask_reasoning)
         offsets.append(len(mask))
     values = pa.Array.from_buffers(pa.int8(), len(mask), [None, pa.py_buffer(bytes(mask))])
-    loss_mask = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
-    cols = [
-        input_ids,
-        loss_mask,
-        pa.array([r.row_id for r in chunk], pa.string()),
-        pa.array([r.dataset for r in chunk], pa.string()),
-        pa.array([r.finish_reason for r in chunk], pa.string()),
-        pa.array([r.provider for r in chunk], pa.string()),
-        pa.array([r.ids_source for r in chunk], pa.string()),
-        pa.array([r.prompt_len for r in chunk], pa.int32()),
-        pa.array([r.completion_len for r in chunk], pa.int32()),
-        pa.array([r.reasoning_len for r in chunk], pa.int32()),
-        pa.array([r.capped for r in chunk], pa.bool_()),
-    ]
-    return pa.Table.from_arrays(cols, schema=_schema())
+    computed = {  # the columns without a MergedRow attribute
+        "input_ids": ids.take(pa.array([r.buf_index for r in chunk], pa.int64())).cast(schema.field("input_ids").type),
+        "loss_mask": pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values),
+    }
+    cols = [computed[c.name] if c.attr is None else pa.array(list(map(attrgetter(c.attr), chunk)), schema.field(c.name).type)
+            for c in parquet_columns()]
+    return pa.Table.from_arrays(cols, schema=schema)
 
 
 def file_digest(path: Path) -> str:
@@ -244,14 +241,23 @@ class _Readers:
 
 
 @dataclass
-class _Context:
+class ExportContext:
+    """What a row builder may use besides the row: the target's profile, and the row's response and prompt
+    records read back from disk by byte offset (only when asked: most formats need the ids alone)."""
+
     profile: Profile
     readers: _Readers
+
+    def response(self, row: MergedRow) -> ResponseRecord:
+        return self.readers.response(row)
+
+    def prompt(self, row: MergedRow) -> PromptRecord | None:
+        return self.readers.prompt(row)
 
 
 # A builder turns one merged row (its ids and loss mask as lists) into the format's record, or returns the
 # reason it is left out of that format.
-Builder = Callable[[_Context, MergedRow, list[int], list[int]], "msgspec.Struct | str"]
+Builder = Callable[[ExportContext, MergedRow, list[int], list[int]], "msgspec.Struct | str"]
 
 
 @dataclass(frozen=True)
@@ -262,20 +268,61 @@ class Exporter:
     build: Builder
     pretokenized: bool  # rows carry input_ids + loss_mask: rows without a supervised token are left out
     usage: str  # how the consumer reads it; {dir} and {file} are the train split's folder and file
+    doc: str = ""  # one line for docs/config.md (``merge.exports``)
 
 
-def _speculators(ctx: _Context, row: MergedRow, ids: list[int], mask: list[int]) -> msgspec.Struct | str:
-    meta = SpeculatorsMetadata(
-        sample_id=row.sample_id, dataset=row.dataset, finish_reason=row.finish_reason or "",
-        provider=row.provider or "", ids_source=row.ids_source, prompt_len=row.prompt_len,
-        completion_len=row.completion_len, reasoning_len=row.reasoning_len, capped=row.capped,
-        is_tool_call=row.is_tool_call,
-    )
+EXPORTERS: dict[str, Exporter] = {}
+"""The export formats by ``merge.exports`` name, in registration order: the one list of them (config
+validation, docs/config.md, merge and the dataset card read it). A format is a builder + ``@register_exporter``."""
+
+
+def exporter(name: str) -> Exporter:
+    """The registered format ``name``; a ConfigError naming ``merge.exports`` and the registered formats."""
+    try:
+        return EXPORTERS[name]
+    except KeyError:
+        raise ConfigError(f"merge.exports {name!r} is not registered; use one of {', '.join(EXPORTERS)} "
+                          "(see docs/config.md)") from None
+
+
+def register_exporter(name: str, *, pretokenized: bool, usage: str, doc: str = "") -> Callable[[Builder], Builder]:
+    """Register the decorated builder as export format ``name`` (written to ``exports/<name>/<split>.jsonl``).
+
+    ``pretokenized``: its rows carry ``input_ids`` + ``loss_mask``, so rows without a supervised token are
+    left out. ``usage``: how its consumer reads it (``{dir}``/``{file}``: the train split's folder and file).
+    ``EXPORTERS.pop(name)`` removes it again."""
+    def deco(build: Builder) -> Builder:
+        if name in EXPORTERS:
+            raise ValueError(f"export format {name!r} is registered twice")
+        EXPORTERS[name] = Exporter(name, build, pretokenized, usage, doc)
+        return build
+
+    return deco
+
+
+def speculators_metadata(row: MergedRow) -> msgspec.Struct:
+    """``SpeculatorsMetadata`` of a row: each of its columns read from the row, None as the column's default."""
+    values: dict[str, Any] = {}
+    for c in _META_COLUMNS:
+        v = getattr(row, c.meta_attr or c.attr or c.name)
+        values[c.name] = c.meta_default if v is None else v
+    return SpeculatorsMetadata(**values)
+
+
+_META_COLUMNS = tuple(c for c in MERGED_COLUMNS if c.meta is not None)
+
+
+@register_exporter("speculators", pretokenized=True, usage="speculators prepare-data --data {dir}/",
+                   doc="pre-tokenized rows for ``speculators prepare-data --data exports/speculators/``")
+def _speculators(ctx: ExportContext, row: MergedRow, ids: list[int], mask: list[int]) -> msgspec.Struct | str:
     return SpeculatorsRow(id=row.row_id, primary_id=row.sample_id, input_ids=ids, loss_mask=mask,
-                          text=ctx.profile.tokenizer.decode(ids), metadata=meta)
+                          text=ctx.profile.tokenizer.decode(ids), metadata=speculators_metadata(row))
 
 
-def _specforge(ctx: _Context, row: MergedRow, ids: list[int], mask: list[int]) -> msgspec.Struct | str:
+@register_exporter("specforge", pretokenized=True, usage="SpecForge data.prompts_path: {file}",
+                   doc="pre-tokenized ``{input_ids, loss_mask}`` JSONL for SpecForge ``data.prompts_path``: the "
+                       "exact ids; set its ``data.max_length`` >= ``merge.max_seq_len``")
+def _specforge(ctx: ExportContext, row: MergedRow, ids: list[int], mask: list[int]) -> msgspec.Struct | str:
     return SpecForgePromptRow(id=row.row_id, input_ids=ids, loss_mask=mask)
 
 
@@ -308,12 +355,16 @@ def _message(role: str, content: str | None, reasoning: str | None, tool_calls: 
                             tool_calls=_tool_calls_text(tool_calls), tool_call_id=tool_call_id or "")
 
 
-def _specforge_conversation(ctx: _Context, row: MergedRow, ids: list[int],
+@register_exporter("specforge-conversations", pretokenized=False,
+                   usage="SpecForge data.train_data_path: {file} (re-tokenized by SpecForge: not the exact ids)",
+                   doc="conversation rows for SpecForge ``data.train_data_path``; SpecForge re-renders and "
+                       "re-tokenizes them, so their ids are not exact")
+def _specforge_conversation(ctx: ExportContext, row: MergedRow, ids: list[int],
                             mask: list[int]) -> msgspec.Struct | str:
-    prompt = ctx.readers.prompt(row)
+    prompt = ctx.prompt(row)
     if prompt is None:
         return "no prepared prompt to take the messages from"
-    rec = ctx.readers.response(row)
+    rec = ctx.response(row)
     reasoning, content = rec.reasoning, rec.content
     if row.capped or (content is None and reasoning is None):
         parsed = ctx.profile.parse_output(ids[row.prompt_len:])
@@ -325,24 +376,10 @@ def _specforge_conversation(ctx: _Context, row: MergedRow, ids: list[int],
     return SpecForgeConversationRow(id=row.row_id, conversations=conv, tools=_tools_text(prompt.tools))
 
 
-EXPORTERS: dict[str, Exporter] = {}
-"""The export formats by ``merge.exports`` name. A new format is a builder plus one line here."""
-
-
-def _register(e: Exporter) -> None:
-    EXPORTERS[e.name] = e
-
-
-_register(Exporter("speculators", _speculators, True, "speculators prepare-data --data {dir}/"))
-_register(Exporter("specforge", _specforge, True, "SpecForge data.prompts_path: {file}"))
-_register(Exporter("specforge-conversations", _specforge_conversation, False,
-                   "SpecForge data.train_data_path: {file} (re-tokenized by SpecForge: not the exact ids)"))
-
-
 def check_exports(names: Sequence[str]) -> None:
-    unknown = [n for n in names if n not in EXPORTERS]
-    if unknown:
-        raise InputError(f"merge.exports: unknown format {unknown[0]!r}; formats: {', '.join(EXPORTERS)}")
+    """Every name is a registered format (``exporter``); merge calls this before it removes anything."""
+    for name in names:
+        exporter(name)
 
 
 @dataclass
@@ -381,7 +418,7 @@ def write_split(
     outs: list[_Out] = []
     tmp_paths: list[Path] = []
     readers = _Readers(sources)
-    ctx = _Context(profile=profile, readers=readers)
+    ctx = ExportContext(profile=profile, readers=readers)
     try:
         for kind in exports:
             final = rd.export_file(kind, split)
@@ -389,12 +426,12 @@ def write_split(
             tmp.parent.mkdir(parents=True, exist_ok=True)
             tmp.unlink(missing_ok=True)
             tmp_paths.append(tmp)
-            outs.append(_Out(EXPORTERS[kind], tmp, final, JsonlWriter(tmp, fsync=False)))
+            outs.append(_Out(exporter(kind), tmp, final, JsonlWriter(tmp, fsync=False)))
         for s, shard in enumerate(shards):
             final = rd.merged_shard(split, s, len(shards))
             tmp = final.with_name(f".{final.name}.tmp")
             tmp_paths.append(tmp)
-            with pq.ParquetWriter(tmp, _schema(), compression="zstd") as pw:
+            with pq.ParquetWriter(tmp, parquet_schema(), compression="zstd") as pw:
                 for chunk in _chunks(shard):
                     table = _table(chunk, ids, mask_reasoning)
                     pw.write_table(table, row_group_size=max(len(chunk), 1))
@@ -420,7 +457,7 @@ def write_split(
     return files
 
 
-def _export_chunk(ctx: _Context, outs: list[_Out], chunk: Sequence[MergedRow], id_lists: list[list[int]],
+def _export_chunk(ctx: ExportContext, outs: list[_Out], chunk: Sequence[MergedRow], id_lists: list[list[int]],
                   mask_reasoning: bool) -> None:
     batches: list[list[msgspec.Struct]] = [[] for _ in outs]
     for row, row_ids in zip(chunk, id_lists, strict=True):
@@ -442,7 +479,7 @@ def _export_chunk(ctx: _Context, outs: list[_Out], chunk: Sequence[MergedRow], i
 
 def export_usage(rd: RunDir, kind: str) -> str:
     """How the consumer of an export format reads the train split, with this run's paths."""
-    return EXPORTERS[kind].usage.format(dir=rd.export_dir(kind).relative_to(rd.root).as_posix(),
+    return exporter(kind).usage.format(dir=rd.export_dir(kind).relative_to(rd.root).as_posix(),
                                         file=rd.export_file(kind, "train").relative_to(rd.root).as_posix())
 
 
@@ -479,11 +516,10 @@ def write_card(rd: RunDir, files: Sequence[MergedFile], *, model: str, profile: 
         "|---|---|---|",
         *(f"| {s} | {rows[s]:,} | {len(names)} |" for s, names in shards.items()),
         "",
-        "Columns: `input_ids` (int32, prompt then completion), `loss_mask` (int8, same length: 0 over the "
-        "prompt" + (" and the reasoning" if mask_reasoning else "") + ", 1 over the completion), `sample_id` "
-        "(`#repN` marks a repeat from a dataset weight > 1), `dataset`, `finish_reason`, `provider`, "
-        "`ids_source` (`exact`, `logprobs` or `reconstructed`), `prompt_len`, `completion_len`, "
-        "`reasoning_len`, `capped` (cut to `merge.max_seq_len`).",
+        "Columns:",
+        "",
+        *(f"- `{c.name}` ({c.arrow}): " + c.doc.format(reasoning=" and the reasoning" if mask_reasoning else "")
+          for c in parquet_columns()),
         "",
         "Load: `datasets.load_dataset(\"path/to/merged\")` or "
         "`datasets.load_dataset(\"parquet\", data_dir=\"path/to/merged\")`.",

@@ -13,7 +13,7 @@ Quality (``quality.*``): unusable responses (dropped reasoning, a provider the r
 retried elsewhere and never written, unless ``keep_unusable``; failing providers are cooled down
 (``engine.health``). At the end a per-provider table (responses, $/M output, latency and TTFT
 percentiles, retries, dropped reasoning, quantization, cool-downs), computed from the files by
-``report.metrics.provider_metrics``, is printed and logged.
+``report.providers.provider_metrics``, is printed and logged.
 
 A run directory written by another config (different ``config_hash``: model, reasoning, sampling or
 datasets) is refused with a RunDirError. The engine itself lives in ``draftgen.engine``.
@@ -35,9 +35,9 @@ from typing import Any
 import msgspec
 
 from . import rundir
+from .account import read_account
 from .backends import Backend, EndpointInfo, api_key_for, capabilities, management_key_for, open_backend
 from .config import RunConfig
-from .emulator.embedded import embedded_emulator
 from .engine import (
     Assembler,
     BudgetGovernor,
@@ -45,7 +45,6 @@ from .engine import (
     Engine,
     HealthPolicy,
     PartitionPlan,
-    Prices,
     ProviderHealth,
     RetryPolicy,
     RoutingGuard,
@@ -57,16 +56,15 @@ from .engine import (
     summary_lines,
 )
 from .errors import EXIT_FAILURES, APIError, ConfigError, DraftgenError, InputError
+from .pricing import routable_endpoints
 from .records import Provenance
 from .store import scan_responses
-from .tokens import profile_from_config
+from .tokens import Profile, profile_from_config
 
 __all__ = [
     "DatasetSummary",
     "GenerateOptions",
     "GenerateReport",
-    "routable_endpoints",
-    "routed_prices",
     "run_generate",
 ]
 
@@ -90,6 +88,10 @@ class DatasetSummary(msgspec.Struct, kw_only=True):
     completion_tokens: int = 0
     cost: float = 0.0
     skipped: str | None = None
+    token_budget: int | None = None
+    #: completion tokens done beyond ``token_budget`` (``budget.token_policy: expected`` only; at most what
+    #: was in flight when admission stopped)
+    tokens_over_budget: int = 0
 
 
 class GenerateReport(msgspec.Struct, kw_only=True):
@@ -104,6 +106,8 @@ class GenerateReport(msgspec.Struct, kw_only=True):
     spend_total: float = 0.0
     elapsed_s: float = 0.0
     requests: int = 0
+    #: dollars spent beyond ``budget.max_spend_usd`` (at most the worst case of what was in flight)
+    spend_over_budget: float = 0.0
 
 
 # -- set-up ----------------------------------------------------------------------------------------------
@@ -121,66 +125,48 @@ def _api_keys(cfg: RunConfig) -> tuple[str | None, str | None]:
     return api_key_for(cfg), management_key_for(cfg)
 
 
-def _prepared(cfg: RunConfig, rd: rundir.RunDir, names: list[str], echo: Echo) -> None:
+def _prepared(cfg: RunConfig, rd: rundir.RunDir, names: list[str], echo: Echo,
+              profile: Profile | None) -> Profile | None:
+    """Prepare the selected datasets not prepared yet; returns the profile, loaded here when prepare ran."""
     missing = [n for n in names if not rd.prepared(n).is_file()]
     if not missing:
-        return
+        return profile
     from .prepare import run_prepare
 
     echo(f"preparing prompts first ({', '.join(missing)} not prepared yet)")
-    run_prepare(cfg, echo=echo)
+    profile = profile if profile is not None else profile_from_config(cfg)
+    run_prepare(cfg, echo=echo, profile=profile)
     still = [n for n in missing if not rd.prepared(n).is_file()]
     if still:
         raise InputError(f"{rd.prepared(still[0])}: not found after prepare; "
                          "run `draftgen prepare CONFIG` and check its messages")
-
-
-def routable_endpoints(cfg: RunConfig, endpoints: list[EndpointInfo]) -> list[EndpointInfo]:
-    """The endpoints routing may choose (``pricing.eligible_endpoints``, and only the ``order`` ones when
-    fallbacks are off)."""
-    from .pricing import eligible_endpoints, endpoint_matches
-
-    r = cfg.routing
-    eps = eligible_endpoints(list(endpoints), r)
-    if r.order and r.allow_fallbacks is False:
-        eps = [e for e in eps if any(endpoint_matches(o, e) for o in r.order)]
-    return eps
-
-
-def routed_prices(cfg: RunConfig, endpoints: list[EndpointInfo]) -> tuple[Prices, list[str]]:
-    """The worst-case prices over the endpoints routing may choose (``routable_endpoints``); all endpoints
-    when the filters leave none."""
-    chosen = routable_endpoints(cfg, endpoints) or list(endpoints)
-    if not chosen:
-        return Prices(), []
-    prices = Prices(
-        prompt=max(e.pricing.prompt for e in chosen),
-        completion=max(max(e.pricing.completion, e.pricing.internal_reasoning) for e in chosen),
-        request=max(e.pricing.request for e in chosen),
-    )
-    return prices, [e.tag or e.provider_name for e in chosen]
+    return profile
 
 
 # -- the run ---------------------------------------------------------------------------------------------
 
 
-def run_generate(cfg: RunConfig, opts: GenerateOptions, *, echo: Echo | None = None) -> GenerateReport:
-    """Generate every pending sample of the selected datasets and partitions (see module docstring)."""
+def run_generate(cfg: RunConfig, opts: GenerateOptions, *, echo: Echo | None = None,
+                 profile: Profile | None = None) -> GenerateReport:
+    """Generate every pending sample of the selected datasets and partitions (see module docstring).
+    ``profile``: the already loaded profile of ``cfg.model`` (default: loaded here, once, and shared with
+    prepare and the embedded emulator)."""
     names = opts.datasets or [d.name for d in cfg.datasets]
     for n in names:
         cfg.dataset(n)  # ConfigError naming the known datasets
     if opts.partition not in ("short", "long", "all"):
         raise ConfigError(f"--partition {opts.partition!r}: use short, long or all")
     with rundir.writer(cfg, "generate", argv=opts.argv, force=opts.force, same_config=True) as rd:
-        return _run_generate(cfg, opts, rd, names, echo if echo is not None else (lambda line: print(line, flush=True)))
+        return _run_generate(cfg, opts, rd, names, echo if echo is not None else (lambda line: print(line, flush=True)),
+                             profile)
 
 
 def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, names: list[str],
-                  out: Echo) -> GenerateReport:
+                  out: Echo, loaded: Profile | None) -> GenerateReport:
     run_dir = rd.root
-    _prepared(cfg, rd, names, out)
+    loaded = _prepared(cfg, rd, names, out, loaded)
     api_key, mgmt = _api_keys(cfg)
-    profile = profile_from_config(cfg)
+    profile = loaded if loaded is not None else profile_from_config(cfg)
     provenance = rundir.expected_provenance(cfg, profile.tokenizer_sha256)
     forced: set[str] = set()
 
@@ -193,13 +179,12 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
 
     log = RunLog(rd.log("generate"))
     stats = RunStats()
-    governor = BudgetGovernor(max_spend=cfg.budget.max_spend_usd)
+    governor = BudgetGovernor(max_spend=cfg.budget.max_spend_usd, token_policy=cfg.budget.token_policy)
     plans: list[DatasetPlan] = []
     table: list[str] = []
     try:
         log.write(f"generate: {' '.join(rundir.scrub_argv(list(opts.argv)))}")
         for d in cfg.datasets:
-            raw_dir = rd.raw_dir(d.name)
             idx = scan_responses(rd.raw(d.name), check=check)
             governor.prior += idx.spend_usd
             if d.name not in names:
@@ -218,12 +203,14 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
                 log.write(f"{d.name}: skipped, {counts.skipped}")
                 continue
             counts.to_do = sum(pending.values())
-            plans.append(DatasetPlan(d.name, rd.prepared(d.name), raw_dir,
+            plans.append(DatasetPlan(d.name, rd.prepared(d.name), rd.raw(d.name), rd.failures(d.name),
                                      done=idx.done, pending=pending))
         stats.spend_prior = governor.prior
         for f in sorted(forced):
             log.write(f"--force: accepted records whose {f}")
-        with embedded_emulator(cfg, api_key=api_key, management_key=mgmt) as emu_url:
+        from .emulator.embedded import embedded_emulator  # here, so `import draftgen.generate` stays light
+
+        with embedded_emulator(cfg, api_key=api_key, management_key=mgmt, profile=profile) as emu_url:
             base_urls = [emu_url] if emu_url else None
             result_code, message = asyncio.run(_main(cfg, api_key, mgmt, base_urls, profile, provenance, plans,
                                                      partitions, governor, stats, log, rd))
@@ -233,7 +220,7 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
             message = (f"{stats.failed:,} samples failed ({where} says why); rerun to retry them")
         table = _provider_table(run_dir, names) if plans else []
     finally:
-        summary = summary_lines(stats) + table
+        summary = summary_lines(stats) + table + _overshoot_lines(governor)
         for line in summary:
             log.write(line)
         log.close()
@@ -244,17 +231,30 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
     return GenerateReport(
         run_dir=str(run_dir), exit_code=result_code, message=message,
         datasets=[DatasetSummary(name=c.name, done_before=c.done_before, done=c.done, failed=c.failed,
-                                 completion_tokens=c.completion_tokens, cost=c.cost, skipped=c.skipped)
+                                 completion_tokens=c.completion_tokens, cost=c.cost, skipped=c.skipped,
+                                 token_budget=c.token_budget, tokens_over_budget=governor.token_budget(c.name).overshoot)
                   for c in stats.datasets.values()],
         done=stats.done, failed=stats.failed, completion_tokens=stats.completion_tokens,
         spend_session=stats.spend_session, spend_total=stats.spend_prior + stats.spend_session,
         elapsed_s=round(stats.elapsed, 3), requests=stats.requests,
+        spend_over_budget=round(max(0.0, governor.spent - cfg.budget.max_spend_usd), 6)
+        if cfg.budget.max_spend_usd is not None else 0.0,
     )
 
 
+def _overshoot_lines(governor: BudgetGovernor) -> list[str]:
+    """What passed a budget (``budget.token_policy: expected`` lets in-flight requests finish past it)."""
+    lines = [f"{name}: {tb.overshoot:,} completion tokens over its budget of {tb.budget:,} (what was in flight)"
+             for name, tb in governor.tokens.items() if tb.overshoot > 0 and tb.budget is not None]
+    if governor.max_spend is not None and governor.spent > governor.max_spend:
+        lines.append(f"spend: ${governor.spent - governor.max_spend:.4f} over the budget of ${governor.max_spend:g} "
+                     "(what was in flight)")
+    return lines
+
+
 def _provider_table(run_dir: Path, datasets: list[str]) -> list[str]:
-    """Per-provider figures of the run directory, from its files (``report.metrics.provider_metrics``)."""
-    from .report.metrics import provider_metrics
+    """Per-provider figures of the run directory, from its files (``report.providers.provider_metrics``)."""
+    from .report.providers import provider_metrics
 
     try:
         rows = provider_metrics(run_dir, datasets)
@@ -280,10 +280,10 @@ def _provider_table(run_dir: Path, datasets: list[str]) -> list[str]:
             line(head), *(line(r) for r in body)]
 
 
-async def _account(backend: Backend, cfg: RunConfig, mgmt: str | None, governor: BudgetGovernor,
+async def _account(backend: Backend, cfg: RunConfig, governor: BudgetGovernor,
                    log: RunLog) -> tuple[float | None, float | None, list[EndpointInfo] | None]:
-    """Prices and account caps before the run; returns (key usage, credits usage) for reconciliation, and
-    the model's endpoints when the backend lists them.
+    """Prices and account caps before the run (``account.read_account``); returns (key usage, credits
+    usage) for reconciliation, and the model's endpoints when the backend lists them.
 
     A dollar budget needs the cost of every response: ``usage.cost`` where the backend reports it, else
     usage × the routed prices (``governor.priced``). Prices also size each request's reservation. Without
@@ -291,24 +291,14 @@ async def _account(backend: Backend, cfg: RunConfig, mgmt: str | None, governor:
     ``budget.allow_unpriced``) unless ``budget.allow_unpriced`` is true; then a warning says what cannot be
     enforced.
     """
-    key_usage = credits_usage = None
-    why = ""
-    try:
-        eps = await backend.get_model_endpoints(cfg.model.id)
-    except APIError as exc:
-        why = f"the price list could not be read: {exc}"
-        eps = None
-    if eps is None and not why:
-        why = f"the {backend.name} endpoint publishes no prices"
-    if eps is not None:
-        prices, used = routed_prices(cfg, eps)
-        if used:
-            governor.prices, governor.priced = prices, True
-            log.write(f"prices (worst case over {', '.join(used)}): ${prices.prompt * 1e6:.4f}/M prompt, "
-                      f"${prices.completion * 1e6:.4f}/M completion, ${prices.request:.6f}/request")
-        else:
-            why = f"no endpoint serves {cfg.model.id}"
-    if not governor.priced:
+    snap = await read_account(backend, cfg)
+    if snap.prices is not None:
+        prices = snap.prices
+        governor.prices, governor.priced = prices, True
+        log.write(f"prices (worst case over {', '.join(snap.priced_over)}): ${prices.prompt * 1e6:.4f}/M prompt, "
+                  f"${prices.completion * 1e6:.4f}/M completion, ${prices.request:.6f}/request")
+    else:
+        why = snap.prices_missing(cfg.model.id)
         reports_cost = bool(getattr(backend, "reports_cost", False))
         budget = cfg.budget.max_spend_usd
         if budget is None:
@@ -333,33 +323,20 @@ async def _account(backend: Backend, cfg: RunConfig, mgmt: str | None, governor:
                        + ("is enforced from usage.cost only, after the fact" if reports_cost else "cannot be enforced"))
             log.write(warning)
             print(warning, file=sys.stderr, flush=True)
-    caps: list[float] = []
-    try:
-        key = await backend.get_key_info()
-    except APIError as exc:
-        if exc.kind == "auth":
-            raise
-        log.write(f"GET /key failed: {exc}")
-        key = None
+    if snap.key_error is not None:
+        log.write(f"GET /key failed: {snap.key_error}")
+    key = snap.key
     if key is not None:
-        key_usage = key.usage
-        if key.limit_remaining is not None:
-            caps.append(key.limit_remaining)
         log.write(f"key: usage ${key.usage:.4f}, limit remaining "
                   f"{'none' if key.limit_remaining is None else f'${key.limit_remaining:.4f}'}")
-    if mgmt:
-        try:
-            cr = await backend.get_credits(mgmt)
-        except APIError as exc:
-            log.write(f"GET /credits failed: {exc}")
-            cr = None
-        if cr is not None:
-            credits_usage = cr.total_usage
-            caps.append(cr.remaining)
-            log.write(f"credits: ${cr.total_credits:.4f} total, ${cr.total_usage:.4f} used")
-    if caps:
-        governor.session_cap = min(caps)
-    return key_usage, credits_usage, eps
+    if snap.credits_error is not None:
+        log.write(f"GET /credits failed: {snap.credits_error}")
+    cr = snap.credits
+    if cr is not None:
+        log.write(f"credits: ${cr.total_credits:.4f} total, ${cr.total_usage:.4f} used")
+    if snap.remaining is not None:
+        governor.session_cap = snap.remaining
+    return (key.usage if key is not None else None), (cr.total_usage if cr is not None else None), snap.endpoints
 
 
 async def _reconcile(backend: Backend, mgmt: str | None, key_usage: float | None, credits_usage: float | None,
@@ -429,7 +406,7 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
     conns = sum(p.concurrency for p in partitions) + 16
     caps = capabilities(cfg.endpoint.kind)
     async with open_backend(cfg, api_key, base_urls=base_urls, connections=conns) as backend:
-        key_usage, credits_usage, eps = await _account(backend, cfg, mgmt, governor, log)
+        key_usage, credits_usage, eps = await _account(backend, cfg, governor, log)
         stats.remaining = governor.remaining
         if governor.remaining is not None and governor.remaining <= 0:
             return 1, (f"the dollar budget is spent (${governor.spent:.4f} of ${cfg.budget.max_spend_usd}); "

@@ -29,7 +29,7 @@ import msgspec
 from . import rundir
 from .config import RunConfig
 from .errors import InputError
-from .records import ResponseRecord, check_ids
+from .records import PromptIdView, ResponseRecord, check_ids
 from .store import JsonlWriter, iter_jsonl, scan_responses
 from .tokens import profile_from_config
 
@@ -37,10 +37,6 @@ __all__ = ["ImportReport", "run_import"]
 
 Echo = Callable[[str], object]
 _BATCH = 512
-
-
-class _Id(msgspec.Struct):
-    sample_id: str
 
 
 class ImportReport(msgspec.Struct, kw_only=True):
@@ -62,7 +58,7 @@ def run_import(cfg: RunConfig, dataset: str, source: Path, *, force: bool = Fals
             from .prepare import run_prepare
 
             run_prepare(cfg, echo=echo)
-        prepared = {r.sample_id for _, r in iter_jsonl(rd.prepared(dataset), _Id)}
+        prepared = {r.sample_id for _, r in iter_jsonl(rd.prepared(dataset), PromptIdView)}
         profile = profile_from_config(cfg)
         want = rundir.expected_provenance(cfg, profile.tokenizer_sha256)
         forced: set[str] = set()

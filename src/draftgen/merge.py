@@ -48,26 +48,33 @@ import msgspec
 
 from .config import RunConfig
 from .errors import InputError
-from .export import MergedRow, RowSource, check_exports, export_usage, file_entry, write_card, write_split
+from .export import (
+    MergedRow,
+    RowSource,
+    check_exports,
+    export_usage,
+    file_entry,
+    write_card,
+    write_split,
+)
 from .hidden import DatasetTokens, format_hidden_report, hidden_states_report, tokens_under_cap
-from .prepare import prepared_prompts_path
 from .records import (
     MANIFEST_LAYOUT,
-    SCHEMA_VERSION,
     AuditReport,
     MergedDatasetStats,
     MergedFile,
     MergeManifest,
     MergeStats,
+    PromptIdView,
     PromptRecord,
-    Provenance,
+    ResponseMergeView,
     check_ids,
 )
 from .rundir import RunDir, check_provenance, expected_provenance, writer
 from .store import JsonlReader, atomic_write_json, iter_jsonl_offsets, read_json
 from .tokens import Profile, profile_from_config
 
-__all__ = ["MergeReport", "merged_dir", "raw_responses_path", "reasoning_length", "run_merge"]
+__all__ = ["MergeReport", "reasoning_length", "run_merge"]
 
 Echo = Callable[[str], object]
 _WHAT_IF_CAPS = (4096, 8192, 16384, 32768)
@@ -80,35 +87,6 @@ class MergeReport:
     files: list[MergedFile] = field(default_factory=list)
     train_rows: int = 0
     validation_rows: int = 0
-
-
-def merged_dir(run_dir: Path) -> Path:
-    return RunDir(run_dir).merged
-
-
-def raw_responses_path(run_dir: Path, dataset: str) -> Path:
-    return RunDir(run_dir).raw(dataset)
-
-
-class _RespScan(msgspec.Struct):
-    """The fields of a ResponseRecord that merge needs; text stays on disk (read back by offset)."""
-
-    sample_id: str
-    finish_reason: str | None = None
-    provider: str | None = None
-    ids_source: str = "exact"
-    recon_flags: list[str] = msgspec.field(default_factory=list)
-    output_ids: list[int] | None = None
-    prompt_ids: list[int] | None = None
-    content: msgspec.Raw = msgspec.Raw()
-    tool_calls: msgspec.Raw = msgspec.Raw()
-    provenance: Provenance | None = None
-    schema_version: int = SCHEMA_VERSION
-
-
-class _PromptScan(msgspec.Struct):
-    sample_id: str
-    content_hash: str = ""
 
 
 def reasoning_length(profile: Profile, output_ids: Sequence[int], *, has_content: bool) -> int:
@@ -149,7 +127,7 @@ class _Scanner:
         self.audit_checked = False
 
     def load_audit(self) -> None:
-        path = self.cfg.run_path / "audit" / "audit.json"
+        path = RunDir(self.cfg.run_path).audit_json
         if not self.cfg.merge.drop_audit_failed:
             return
         if not path.is_file():
@@ -164,7 +142,7 @@ class _Scanner:
             reasons.update((e.sample_id, e.reason) for e in d.excluded)
 
     def _prompt_index(self, path: Path) -> dict[str, tuple[int, str]]:
-        return {rec.sample_id: (off, rec.content_hash) for _, off, rec in iter_jsonl_offsets(path, _PromptScan)}
+        return {rec.sample_id: (off, rec.content_hash) for _, off, rec in iter_jsonl_offsets(path, PromptIdView)}
 
     def scan(self, name: str) -> None:
         cfg, m = self.cfg, self.cfg.merge
@@ -172,11 +150,12 @@ class _Scanner:
         self.stats[name] = st
         rows: list[MergedRow] = []
         self.rows[name] = rows
-        raw_path = raw_responses_path(cfg.run_path, name)
+        rd = RunDir(cfg.run_path)
+        raw_path = rd.raw(name)
         if not raw_path.is_file():
             self.notes.append(f"{name}: no {raw_path.relative_to(cfg.run_path)}; nothing to merge from it")
             return
-        ppath = prepared_prompts_path(cfg.run_path, name)
+        ppath = rd.prepared(name)
         pindex = self._prompt_index(ppath) if ppath.is_file() else {}
         preader = JsonlReader(ppath, PromptRecord) if pindex else None
         failed = self.failed.get(name, {})
@@ -193,7 +172,7 @@ class _Scanner:
             self.notes.append(f"{name}: {ppath.relative_to(cfg.run_path)} is missing or empty; only samples of "
                               "the prepared set are merged (run `draftgen prepare`)")
         try:
-            for lineno, off, rec in iter_jsonl_offsets(raw_path, _RespScan):
+            for lineno, off, rec in iter_jsonl_offsets(raw_path, ResponseMergeView):
                 where = f"{raw_path}:{lineno}"
                 check_provenance(rec.provenance, self.provenance, where, force=self.force, forced=self.forced)
                 check_ids(rec.output_ids, vocab, where, "output_ids")
@@ -412,17 +391,19 @@ def _clear(rd: RunDir) -> None:
         rd.exports.rmdir()
 
 
-def run_merge(cfg: RunConfig, *, echo: Echo = print, force: bool = False) -> MergeReport:
-    """Build merged/ from the run directory (see the module docstring)."""
+def run_merge(cfg: RunConfig, *, echo: Echo = print, force: bool = False,
+              profile: Profile | None = None) -> MergeReport:
+    """Build merged/ from the run directory (see the module docstring). ``profile``: the already loaded
+    profile of ``cfg.model`` (default: loaded here)."""
     with writer(cfg, "merge", force=force) as rd:
-        return _merge(cfg, rd, echo, force)
+        return _merge(cfg, rd, echo, force, profile)
 
 
-def _merge(cfg: RunConfig, rd: RunDir, echo: Echo, force: bool) -> MergeReport:
-    run_dir = rd.root
+def _merge(cfg: RunConfig, rd: RunDir, echo: Echo, force: bool, profile: Profile | None) -> MergeReport:
     if not any(rd.raw(ds.name).is_file() for ds in cfg.datasets):
-        raise InputError(f"{run_dir / 'raw'}: no raw_responses.jsonl for any dataset; run `draftgen generate` first")
-    profile = profile_from_config(cfg)
+        raise InputError(f"{rd.raw_root}: no raw_responses.jsonl for any dataset; run `draftgen generate` first")
+    if profile is None:
+        profile = profile_from_config(cfg)
     scanner = _Scanner(cfg, profile, echo, force=force)
     scanner.load_audit()
     for ds in cfg.datasets:
@@ -441,9 +422,7 @@ def _merge(cfg: RunConfig, rd: RunDir, echo: Echo, force: bool) -> MergeReport:
     out_dir.mkdir(parents=True, exist_ok=True)
     _clear(rd)
     ids = scanner.id_array()
-    sources = {ds.name: RowSource(raw_responses_path(run_dir, ds.name),
-                                  prepared_prompts_path(run_dir, ds.name)
-                                  if prepared_prompts_path(run_dir, ds.name).is_file() else None)
+    sources = {ds.name: RowSource(rd.raw(ds.name), rd.prepared(ds.name) if rd.prepared(ds.name).is_file() else None)
                for ds in cfg.datasets}
     files: list[MergedFile] = []
     for split, rows in (("train", train), ("validation", val)):

@@ -24,19 +24,19 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from pathlib import Path
 
 import msgspec
 
-from .backends import EndpointInfo, api_key_for, capabilities, management_key_for, open_backend
+from .account import read_account_at
+from .backends import EndpointInfo, capabilities
 from .config import RunConfig
-from .errors import APIError, AuthError
 from .hidden import DatasetTokens, format_bytes, format_hidden_report, hidden_states_report
 from .pricing import PriceEstimate, eligible_endpoints, estimate_price
 from .probe import embedded_endpoint
-from .records import DatasetStats, GroundTruthRecord, HiddenStatesReport, PromptRecord
+from .records import DatasetStats, GroundTruthRecord, HiddenStatesReport, PromptRecord, ResponseScanView
+from .report.datasets import DatasetMetrics
 from .report.format import fmt_duration, fmt_int, fmt_usd
-from .report.metrics import DatasetMetrics, compute_metrics
+from .report.metrics import compute_metrics
 from .rundir import RunDir, writer
 from .store import (
     JsonlWriter,
@@ -47,6 +47,7 @@ from .store import (
     read_json,
     scan_responses,
 )
+from .tokens import Profile, profile_from_config
 
 __all__ = ["ASSUMED_TOKENS_PER_S", "DatasetPlanLine", "PlanReport", "run_pilot", "run_plan"]
 
@@ -98,27 +99,17 @@ class PlanReport(msgspec.Struct, kw_only=True):
     notes: list[str] = msgspec.field(default_factory=list)
 
 
-class _Len(msgspec.Struct):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class _LenRow(msgspec.Struct):
-    sample_id: str
-    usage: _Len | None = None
-
-
 # -- pilot -----------------------------------------------------------------------------------------------
 
 
 def _pilot_prompts(cfg: RunConfig, name: str, n: int) -> list[PromptRecord]:
-    raw = cfg.run_path / "raw" / name / "raw_responses.jsonl"
-    done = scan_responses(raw).done
+    rd = RunDir(cfg.run_path)
+    done = scan_responses(rd.raw(name)).done
     need = n - len(done)
     picked: list[PromptRecord] = []
     if need <= 0:
         return picked
-    for _, rec in iter_jsonl(cfg.run_path / "prepared" / name / "prompts.jsonl", PromptRecord):
+    for _, rec in iter_jsonl(rd.prepared(name), PromptRecord):
         if rec.sample_id not in done:
             picked.append(rec)
             if len(picked) == need:
@@ -126,14 +117,14 @@ def _pilot_prompts(cfg: RunConfig, name: str, n: int) -> list[PromptRecord]:
     return picked
 
 
-def _adopt(pilot_dir: Path, run_dir: Path, names: list[str]) -> int:
+def _adopt(pilot: RunDir, run: RunDir, names: list[str]) -> int:
     """Append the pilot's records (and ground truth) to the run's logs, each sample once."""
     added = 0
     for name in names:
-        src = pilot_dir / "raw" / name / "raw_responses.jsonl"
+        src = pilot.raw(name)
         if not src.is_file():
             continue
-        dst = run_dir / "raw" / name / "raw_responses.jsonl"
+        dst = run.raw(name)
         done = scan_responses(dst).done
         new = []
         for r in iter_responses(src):
@@ -144,9 +135,9 @@ def _adopt(pilot_dir: Path, run_dir: Path, names: list[str]) -> int:
             with JsonlWriter(dst) as w:
                 w.write_many(new)
             added += len(new)
-    gt_src = pilot_dir / "emulator" / "ground_truth.jsonl"
+    gt_src = pilot.ground_truth
     if gt_src.is_file():
-        gt_dst = run_dir / "emulator" / "ground_truth.jsonl"
+        gt_dst = run.ground_truth
         have = {g.generation_id for _, g in iter_jsonl(gt_dst, GroundTruthRecord)}
         gts = [g for _, g in iter_jsonl(gt_src, GroundTruthRecord) if g.generation_id not in have]
         if gts:
@@ -155,19 +146,22 @@ def _adopt(pilot_dir: Path, run_dir: Path, names: list[str]) -> int:
     return added
 
 
-def run_pilot(cfg: RunConfig, n: int, *, echo: Echo = print) -> tuple[int, str | None]:
+def run_pilot(cfg: RunConfig, n: int, *, echo: Echo = print,
+              profile: Profile | None = None) -> tuple[int, str | None]:
     """Generate up to ``n`` responses per dataset through ``run_generate`` and keep them in the run's raw
-    logs. Returns the number of records added to the run, and why the pilot stopped early (or None)."""
+    logs. Returns the number of records added to the run, and why the pilot stopped early (or None).
+    ``profile``: the command's already loaded profile of ``cfg.model`` (default: generate loads it)."""
     pilot_dir = RunDir(cfg.run_path).pilot
     pilot_cfg = msgspec.structs.replace(cfg, run_dir=str(pilot_dir.resolve()), progress="off")
     with writer(pilot_cfg, "plan --pilot"):
-        return _pilot(cfg, pilot_cfg, RunDir(pilot_dir), n, echo)
+        return _pilot(cfg, pilot_cfg, RunDir(pilot_dir), n, echo, profile)
 
 
-def _pilot(cfg: RunConfig, pilot_cfg: RunConfig, pilot: RunDir, n: int, echo: Echo) -> tuple[int, str | None]:
+def _pilot(cfg: RunConfig, pilot_cfg: RunConfig, pilot: RunDir, n: int, echo: Echo,
+           profile: Profile | None) -> tuple[int, str | None]:
     from .generate import GenerateOptions, run_generate
 
-    pilot_dir = pilot.root
+    run = RunDir(cfg.run_path)
     names: list[str] = []
     stopped: str | None = None
     for d in cfg.datasets:
@@ -179,50 +173,28 @@ def _pilot(cfg: RunConfig, pilot_cfg: RunConfig, pilot: RunDir, n: int, echo: Ec
     if names:
         if cfg.budget.max_spend_usd is not None:
             # The pilot's own governor sees only the pilot's spend; leave it what the run has not spent.
-            spent_run = sum(scan_responses(cfg.run_path / "raw" / d.name / "raw_responses.jsonl").spend_usd
-                            for d in cfg.datasets)
-            spent_pilot = sum(scan_responses(pilot_dir / "raw" / d.name / "raw_responses.jsonl").spend_usd
-                              for d in cfg.datasets)
+            spent_run = sum(scan_responses(run.raw(d.name)).spend_usd for d in cfg.datasets)
+            spent_pilot = sum(scan_responses(pilot.raw(d.name)).spend_usd for d in cfg.datasets)
             left = max(0.0, cfg.budget.max_spend_usd - max(0.0, spent_run - spent_pilot))
             pilot_cfg = msgspec.structs.replace(
                 pilot_cfg, budget=msgspec.structs.replace(cfg.budget, max_spend_usd=left))
         echo(f"pilot: {n} prompts per dataset ({', '.join(names)})")
         rep = run_generate(pilot_cfg, GenerateOptions(datasets=names, argv=["draftgen", "plan", "--pilot", str(n)]),
-                           echo=lambda line: echo(f"  pilot: {line}"))
+                           echo=lambda line: echo(f"  pilot: {line}"), profile=profile)
         if rep.exit_code:
             stopped = rep.message or f"exit code {rep.exit_code}"
             echo("  pilot: planning with what came back")
     # Adopt also what an interrupted earlier pilot left behind.
-    return _adopt(pilot_dir, cfg.run_path, [d.name for d in cfg.datasets]), stopped
+    return _adopt(pilot, run, [d.name for d in cfg.datasets]), stopped
 
 
 # -- estimate --------------------------------------------------------------------------------------------
 
 
-async def _account(cfg: RunConfig, base_urls: list[str] | None) -> tuple[list[EndpointInfo] | None, float | None]:
-    """The model's endpoints and the money the key may still spend (key limit or credits, if known).
-    A rejected key raises AuthError: planning a run the key cannot make is pointless."""
-    remaining: list[float] = []
-    async with open_backend(cfg, api_key_for(cfg), base_urls=base_urls, connections=2) as backend:
-        get_key = getattr(backend, "get_key_info", None)
-        info = await get_key() if get_key is not None else None
-        if info is not None and info.limit_remaining is not None:
-            remaining.append(info.limit_remaining)
-        mgmt = management_key_for(cfg)
-        get_credits = getattr(backend, "get_credits", None)
-        if mgmt and get_credits is not None:
-            credits = await get_credits(mgmt)
-            if credits is not None:
-                remaining.append(credits.remaining)
-        get_eps = getattr(backend, "get_model_endpoints", None)
-        eps: list[EndpointInfo] | None = await get_eps(cfg.model.id) if get_eps is not None else None
-    return eps, (min(remaining) if remaining else None)
-
-
 def _lengths(cfg: RunConfig, name: str) -> list[int]:
     out: list[int] = []
     seen: set[str] = set()
-    for _, row in iter_jsonl(cfg.run_path / "raw" / name / "raw_responses.jsonl", _LenRow):
+    for _, row in iter_jsonl(RunDir(cfg.run_path).raw(name), ResponseScanView):
         if row.sample_id in seen or row.usage is None:
             continue
         seen.add(row.sample_id)
@@ -232,7 +204,7 @@ def _lengths(cfg: RunConfig, name: str) -> list[int]:
 
 def _line(cfg: RunConfig, name: str, obs: DatasetMetrics, prices: PriceEstimate | None, notes: list[str]) -> DatasetPlanLine:
     ds = cfg.dataset(name)
-    stats = read_json(cfg.run_path / "prepared" / name / "stats.json", DatasetStats)
+    stats = read_json(RunDir(cfg.run_path).prepared_stats(name), DatasetStats)
     line = DatasetPlanLine(dataset=name, prompts=stats.samples, short=stats.short, long=stats.long, done=obs.done)
     line.remaining = max(0, stats.samples - obs.done)
     line.avg_prompt_tokens = stats.prompt_tokens / stats.samples if stats.samples else 0.0
@@ -356,6 +328,8 @@ def _print(rep: PlanReport, cfg: RunConfig, echo: Echo) -> None:
             if ln.cap_samples is not None:
                 echo(f"  {ln.dataset}: about {ln.cap_samples:,} of {ln.prompts:,} samples "
                      f"→ datasets[{[d.name for d in cfg.datasets].index(ln.dataset)}].token_budget: {ln.cap_tokens}")
+    if rep.budget_usd is not None:
+        echo(_budget_bound(cfg, rep))
     if rep.hidden is not None:
         for text in format_hidden_report(rep.hidden):
             echo(text)
@@ -371,6 +345,21 @@ def _print(rep: PlanReport, cfg: RunConfig, echo: Echo) -> None:
         echo(f"note: {note}")
 
 
+def _budget_bound(cfg: RunConfig, rep: PlanReport) -> str:
+    """How far spend may pass ``budget.max_spend_usd`` (``engine.budget``): never under ``strict``; under
+    ``expected`` at most the worst case of the requests in flight, a full set of slots at max_tokens."""
+    budget = fmt_usd(rep.budget_usd)
+    if cfg.budget.token_policy == "strict":
+        return f"budget bound: spend never passes {budget} (token_policy strict: every request reserves its worst case)"
+    parts = [(getattr(cfg.partitions, n).concurrency, getattr(cfg.partitions, n).max_tokens) for n in ("short", "long")]
+    slots = " + ".join(f"{c:,} × {m:,}" for c, m in parts)
+    price = (rep.prices.max_completion or rep.prices.completion) if rep.prices is not None else None
+    worst = f" = {fmt_usd(sum(c * m for c, m in parts) * price)} at the dearest routable price" if price else ""
+    return (f"budget bound: spend stays under {budget} plus at most the worst case of the requests in flight "
+            f"({slots} completion tokens{worst}, plus their prompts); token_policy expected reserves the p90 "
+            "output length and switches to worst cases near the cap")
+
+
 def run_plan(cfg: RunConfig, *, echo: Echo = print) -> PlanReport:
     """Estimate what the run will cost and take (see the module docstring). Holds the run directory's
     writer lock: prepare and the pilot write into it."""
@@ -380,24 +369,29 @@ def run_plan(cfg: RunConfig, *, echo: Echo = print) -> PlanReport:
 
 def _plan(cfg: RunConfig, echo: Echo) -> PlanReport:
     names = [d.name for d in cfg.datasets]
-    if any(not (cfg.run_path / "prepared" / n / "stats.json").is_file() for n in names):
+    rd = RunDir(cfg.run_path)
+    profile = profile_from_config(cfg)  # the command's one load: prepare, the pilot and the emulator share it
+    if any(not rd.prepared_stats(n).is_file() for n in names):
         from .prepare import run_prepare
 
-        run_prepare(cfg, echo=echo)
+        run_prepare(cfg, echo=echo, profile=profile)
     notes: list[str] = []
-    pilot_added, stopped = run_pilot(cfg, cfg.plan.pilot, echo=echo) if cfg.plan.pilot > 0 else (0, None)
+    pilot_added, stopped = (run_pilot(cfg, cfg.plan.pilot, echo=echo, profile=profile) if cfg.plan.pilot > 0
+                            else (0, None))
     if stopped:
         notes.append(f"the pilot stopped early (its reason is above); the estimates use the {pilot_added} "
                      "responses it added")
-    eps: list[EndpointInfo] | None = None
-    account: float | None = None
-    try:
-        with embedded_endpoint(cfg) as urls:
-            eps, account = asyncio.run(_account(cfg, urls))
-    except AuthError:
-        raise
-    except APIError as exc:
-        notes.append(f"prices not available ({exc}); costs use observed responses only")
+    # The account and price list (``account.read_account``): a rejected key raises AuthError, planning a
+    # run the key cannot make is pointless; other failures are notes.
+    with embedded_endpoint(cfg, profile=profile) as urls:
+        snap = asyncio.run(read_account_at(cfg, urls))
+    eps: list[EndpointInfo] | None = snap.endpoints
+    account: float | None = snap.remaining
+    for what, why in (("GET /key", snap.key_error), ("GET /credits", snap.credits_error)):
+        if why is not None:
+            notes.append(f"{what} failed ({why}); the money left on the account is not known from it")
+    if snap.endpoints_error is not None:
+        notes.append(f"prices not available ({snap.endpoints_error}); costs use observed responses only")
     prices: PriceEstimate | None = None
     eligible: list[EndpointInfo] = []
     if eps is not None:

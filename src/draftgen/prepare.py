@@ -54,12 +54,11 @@ from .datasets import (
 )
 from .errors import ConfigError, DraftgenError, InputError, TokenizerError
 from .records import DatasetStats, PromptRecord
-from .rundir import writer
+from .rundir import RunDir, writer
 from .store import JsonlWriter, atomic_write_json, publish, read_json
 from .tokens import DEFAULT_CONTEXT_LENGTH, Profile, context_length_of, profile_from_config
 
-__all__ = ["PrepareReport", "prepare_dataset", "prepared_prompts_path",
-           "prepared_stats_path", "run_prepare"]
+__all__ = ["PrepareReport", "prepare_dataset", "run_prepare"]
 
 Echo = Callable[[str], object]
 
@@ -74,16 +73,6 @@ class PrepareReport:
     @property
     def samples(self) -> int:
         return sum(s.samples for s in self.datasets)
-
-
-def prepared_prompts_path(run_dir: Path, dataset: str) -> Path:
-    return run_dir / "prepared" / dataset / "prompts.jsonl"
-
-
-def prepared_stats_path(run_dir: Path, dataset: str) -> Path:
-    return run_dir / "prepared" / dataset / "stats.json"
-
-
 
 
 def _fingerprint(cfg: RunConfig, ds: DatasetConfig) -> str:
@@ -228,8 +217,9 @@ def prepare_dataset(cfg: RunConfig, ds: DatasetConfig, profile: Profile, *, echo
                f"{stats.duplicates_removed:,} duplicates removed" if stats.rows_read else "no rows")
         raise _no_prompts(ds, base, got)
 
-    out = prepared_prompts_path(cfg.run_path, ds.name)
-    stats_path = prepared_stats_path(cfg.run_path, ds.name)
+    rd = RunDir(cfg.run_path)
+    out = rd.prepared(ds.name)
+    stats_path = rd.prepared_stats(ds.name)
     out.parent.mkdir(parents=True, exist_ok=True)
     stats_path.unlink(missing_ok=True)  # the dataset is incomplete until the new stats.json exists
     # A temp file of this writer's own: two runs never write, fsync or rename the same one.
@@ -292,8 +282,9 @@ def prepare_dataset(cfg: RunConfig, ds: DatasetConfig, profile: Profile, *, echo
 
 
 def _is_current(cfg: RunConfig, ds: DatasetConfig) -> DatasetStats | None:
-    stats_path = prepared_stats_path(cfg.run_path, ds.name)
-    if not (stats_path.is_file() and prepared_prompts_path(cfg.run_path, ds.name).is_file()):
+    rd = RunDir(cfg.run_path)
+    stats_path = rd.prepared_stats(ds.name)
+    if not (stats_path.is_file() and rd.prepared(ds.name).is_file()):
         return None
     try:
         st = read_json(stats_path, DatasetStats)
@@ -302,16 +293,16 @@ def _is_current(cfg: RunConfig, ds: DatasetConfig) -> DatasetStats | None:
     return st if st.fingerprint == _fingerprint(cfg, ds) else None
 
 
-def run_prepare(cfg: RunConfig, *, echo: Echo = print) -> PrepareReport:
-    """Prepare every dataset of ``cfg`` under the run directory's writer lock (``rundir.writer``)."""
-    with writer(cfg, "prepare"):
-        return _run_prepare(cfg, echo=echo)
+def run_prepare(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None) -> PrepareReport:
+    """Prepare every dataset of ``cfg`` under the run directory's writer lock (``rundir.writer``).
+    ``profile``: the already loaded profile of ``cfg.model`` (default: loaded here, only if a dataset needs it)."""
+    with writer(cfg, "prepare") as rd:
+        return _run_prepare(cfg, rd, echo, profile)
 
 
-def _run_prepare(cfg: RunConfig, *, echo: Echo = print) -> PrepareReport:
+def _run_prepare(cfg: RunConfig, rd: RunDir, echo: Echo, profile: Profile | None) -> PrepareReport:
     """Prepare every dataset of the config whose prepared files are missing or out of date."""
     report = PrepareReport(run_dir=cfg.run_path)
-    profile: Profile | None = None
     for ds in cfg.datasets:
         current = _is_current(cfg, ds)
         if current is not None:
@@ -330,6 +321,6 @@ def _run_prepare(cfg: RunConfig, *, echo: Echo = print) -> PrepareReport:
             extra.append(f"{st.not_selected} left out by max_samples")
         echo(
             f"{ds.name}: {st.samples} prompts ({', '.join(extra)}), {st.prompt_tokens:,} prompt tokens, "
-            f"{st.short} short / {st.long} long → {prepared_prompts_path(cfg.run_path, ds.name)}"
+            f"{st.short} short / {st.long} long → {rd.prepared(ds.name)}"
         )
     return report

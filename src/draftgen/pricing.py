@@ -16,12 +16,23 @@ OpenRouter's default load balancing, which picks endpoints with weight 1/price²
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import msgspec
 
 from .backends.base import EndpointInfo
-from .config import RoutingConfig
+from .config import RoutingConfig, RunConfig
 
-__all__ = ["PriceEstimate", "eligible_endpoints", "endpoint_matches", "estimate_price", "matching_endpoints"]
+__all__ = [
+    "PriceEstimate",
+    "Prices",
+    "eligible_endpoints",
+    "endpoint_matches",
+    "estimate_price",
+    "matching_endpoints",
+    "routable_endpoints",
+    "routed_prices",
+]
 
 
 def endpoint_matches(pattern: str, ep: EndpointInfo) -> bool:
@@ -111,3 +122,43 @@ def estimate_price(eligible: list[EndpointInfo], routing: RoutingConfig) -> Pric
         min_completion=lo,
         max_completion=hi,
     )
+
+
+@dataclass(frozen=True)
+class Prices:
+    """USD per token (and per request)."""
+
+    prompt: float = 0.0
+    completion: float = 0.0
+    request: float = 0.0
+
+    def worst_case(self, prompt_tokens: int, max_tokens: int) -> float:
+        return max_tokens * self.completion + prompt_tokens * self.prompt + self.request
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """What a response with these token counts costs at these prices."""
+        return completion_tokens * self.completion + prompt_tokens * self.prompt + self.request
+
+
+def routable_endpoints(cfg: RunConfig, endpoints: list[EndpointInfo]) -> list[EndpointInfo]:
+    """The endpoints routing may choose (``pricing.eligible_endpoints``, and only the ``order`` ones when
+    fallbacks are off)."""
+    r = cfg.routing
+    eps = eligible_endpoints(list(endpoints), r)
+    if r.order and r.allow_fallbacks is False:
+        eps = [e for e in eps if any(endpoint_matches(o, e) for o in r.order)]
+    return eps
+
+
+def routed_prices(cfg: RunConfig, endpoints: list[EndpointInfo]) -> tuple[Prices, list[str]]:
+    """The worst-case prices over the endpoints routing may choose (``routable_endpoints``); all endpoints
+    when the filters leave none."""
+    chosen = routable_endpoints(cfg, endpoints) or list(endpoints)
+    if not chosen:
+        return Prices(), []
+    prices = Prices(
+        prompt=max(e.pricing.prompt for e in chosen),
+        completion=max(max(e.pricing.completion, e.pricing.internal_reasoning) for e in chosen),
+        request=max(e.pricing.request for e in chosen),
+    )
+    return prices, [e.tag or e.provider_name for e in chosen]

@@ -2,7 +2,7 @@
 
 It checks, in order: the key (``GET /key``: valid, limit remaining), the account's credits
 (``GET /credits``, only with a management key), the model's endpoints (``GET /models/{model}/endpoints``),
-then sends ``probe.prompt`` with ``probe.max_tokens`` and reports which provider and quantization served
+all read by ``account.read_account`` where the backend's capabilities have them, then sends ``probe.prompt`` with ``probe.max_tokens`` and reports which provider and quantization served
 it, which field carried the reasoning, the content, the cost and implied $/M output tokens, the
 reasoning-token share, and whether the target profile rebuilds as many token ids as were billed.
 
@@ -21,26 +21,27 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import msgspec
 
+from .account import AccountSnapshot, read_account
 from .backends import (
     EMULATOR_KEY,
     Completion,
     CompletionRequest,
-    Credits,
     EndpointInfo,
-    KeyInfo,
     api_key_for,
     endpoint_urls,
-    management_key_for,
     open_backend,
 )
 from .config import RunConfig
-from .emulator.embedded import embedded_emulator
 from .errors import APIError, AuthError, DraftgenError, PaymentRequired
 from .pricing import eligible_endpoints, endpoint_matches, matching_endpoints
 from .records import Message
+
+if TYPE_CHECKING:
+    from .tokens import Profile
 
 __all__ = ["EMULATOR_KEY", "ProbeReport", "api_key_for", "embedded_endpoint", "run_probe"]
 
@@ -81,9 +82,13 @@ class ProbeReport(msgspec.Struct, kw_only=True):
 
 
 @contextmanager
-def embedded_endpoint(cfg: RunConfig, *, ground_truth: bool = False) -> Iterator[list[str] | None]:
-    """Base URLs to use: the configured ones (None), or those of the embedded emulator for the block."""
-    with embedded_emulator(cfg, ground_truth=ground_truth) as url:
+def embedded_endpoint(cfg: RunConfig, *, ground_truth: bool = False,
+                      profile: Profile | None = None) -> Iterator[list[str] | None]:
+    """Base URLs to use: the configured ones (None), or those of the embedded emulator for the block.
+    ``profile``: the command's already loaded profile, handed to the emulator (default: it loads one)."""
+    from .emulator.embedded import embedded_emulator  # here, so importing probe loads no emulator module
+
+    with embedded_emulator(cfg, ground_truth=ground_truth, profile=profile) as url:
         yield [url] if url else None
 
 
@@ -109,22 +114,13 @@ class _Probe:
     def line(self, label: str, text: str) -> None:
         self.echo(f"  {label:<12} {text}")
 
-    async def account(self, backend: object) -> bool:
-        """Key and credits. False when nothing more can be checked (the key is rejected)."""
+    def account(self, snap: AccountSnapshot) -> bool:
+        """Key and credits from the account snapshot. False when nothing more can be checked."""
         rep = self.rep
-        get_key = getattr(backend, "get_key_info", None)
-        info: KeyInfo | None = None
-        if get_key is not None:
-            try:
-                info = await get_key()
-            except AuthError as exc:
-                rep.key_valid = False
-                self.fail(f"the API key was rejected ({exc}); check {self.cfg.endpoint.api_key_env} "
-                          "or --api-key-file")
-                return False
-            except APIError as exc:
-                self.fail(f"GET /key failed: {exc}")
-                return False
+        if snap.key_error is not None:
+            self.fail(f"GET /key failed: {snap.key_error}")
+            return False
+        info = snap.key
         if info is not None:
             rep.key_valid = True
             rep.key_limit, rep.key_limit_remaining, rep.key_usage = info.limit, info.limit_remaining, info.usage
@@ -133,32 +129,25 @@ class _Probe:
             self.line("key", f"valid ({limit}; used {_usd(info.usage)})")
             if info.limit_remaining is not None and info.limit_remaining <= 0:
                 self.fail("the key's limit is used up; raise it on openrouter.ai/settings/keys")
-        elif get_key is not None and rep.key_valid is None and not rep.errors:
+        elif not rep.errors:
             self.line("key", "not checked (this endpoint has no /key)")
-        mgmt = management_key_for(self.cfg)
-        get_credits = getattr(backend, "get_credits", None)
-        if mgmt and get_credits is not None:
-            try:
-                credits: Credits | None = await get_credits(mgmt)
-            except APIError as exc:
-                self.warn(f"GET /credits failed ({exc}); is {self.cfg.endpoint.management_key_env} a management key?")
-                credits = None
-            if credits is not None:
-                rep.credits_remaining = credits.remaining
-                self.line("credits", f"{_usd(credits.remaining)} remaining of {_usd(credits.total_credits)}")
-                if credits.remaining <= 0:
-                    self.fail("no credits left; add credits on openrouter.ai/settings/credits")
+        if snap.credits_error is not None:
+            self.warn(f"GET /credits failed ({snap.credits_error}); "
+                      f"is {self.cfg.endpoint.management_key_env} a management key?")
+        credits = snap.credits
+        if credits is not None:
+            rep.credits_remaining = credits.remaining
+            self.line("credits", f"{_usd(credits.remaining)} remaining of {_usd(credits.total_credits)}")
+            if credits.remaining <= 0:
+                self.fail("no credits left; add credits on openrouter.ai/settings/credits")
         return True
 
-    async def endpoints(self, backend: object) -> list[EndpointInfo] | None:
-        get_eps = getattr(backend, "get_model_endpoints", None)
-        if get_eps is None:
+    def endpoints(self, snap: AccountSnapshot) -> list[EndpointInfo] | None:
+        """The model's endpoints from the snapshot, checked against the routing."""
+        if snap.endpoints_error is not None:
+            self.fail(f"model {self.cfg.model.id!r}: cannot list its endpoints ({snap.endpoints_error}); check model.id")
             return None
-        try:
-            eps: list[EndpointInfo] | None = await get_eps(self.cfg.model.id)
-        except APIError as exc:
-            self.fail(f"model {self.cfg.model.id!r}: cannot list its endpoints ({exc}); check model.id")
-            return None
+        eps = snap.endpoints
         if eps is None:
             return None
         ok = eligible_endpoints(eps, self.cfg.routing)
@@ -240,11 +229,8 @@ class _Probe:
             self.line("share", f"{u.reasoning_tokens:,} of {u.completion_tokens:,} completion tokens are reasoning "
                       f"({rep.reasoning_share:.1%})")
 
-    def rebuild(self, comp: Completion) -> None:
-        from .tokens import profile_from_config
-
+    def rebuild(self, comp: Completion, profile: Profile) -> None:
         rep = self.rep
-        profile = profile_from_config(self.cfg)
         billed = comp.usage.completion_tokens if comp.usage else None
         if comp.output_ids is not None:
             rep.rebuilt_tokens = len(comp.output_ids)
@@ -265,15 +251,21 @@ class _Probe:
             self.warn(f"rebuilt {rep.rebuilt_tokens} ids but {billed} completion tokens were billed; "
                       "check model.profile/tokenizer (a difference of 1-2 can be a provider's end token)")
 
-    async def run(self, base_urls: list[str] | None) -> None:
+    async def run(self, base_urls: list[str] | None, profile: Profile) -> None:
         cfg = self.cfg
         key = api_key_for(cfg)
         self.rep.base_url = (base_urls or endpoint_urls(cfg))[0]
         self.echo(f"probe {cfg.model.id} at {self.rep.base_url}")
         async with open_backend(cfg, key, base_urls=base_urls, connections=4) as backend:
-            if not await self.account(backend):
+            try:
+                snap = await read_account(backend, cfg)
+            except AuthError as exc:
+                self.rep.key_valid = False
+                self.fail(f"the API key was rejected ({exc}); check {cfg.endpoint.api_key_env} or --api-key-file")
                 return
-            eps = await self.endpoints(backend)
+            if not self.account(snap):
+                return
+            eps = self.endpoints(snap)
             if self.rep.errors:
                 return
             req = CompletionRequest(sample_id="probe", messages=[Message(role="user", content=cfg.probe.prompt)],
@@ -294,15 +286,18 @@ class _Probe:
             latency = time.monotonic() - t0
         self.served_by(comp, eps)
         self.response(comp, latency)
-        self.rebuild(comp)
+        self.rebuild(comp, profile)
 
 
 def run_probe(cfg: RunConfig, *, echo: Echo = print) -> ProbeReport:
     """Send one request and report what came back; ``ok`` is false on any failure."""
     probe = _Probe(cfg, echo)
     try:
-        with embedded_endpoint(cfg) as urls:
-            asyncio.run(probe.run(urls))
+        from .tokens import profile_from_config
+
+        profile = profile_from_config(cfg)  # once: the embedded emulator and the rebuild share it
+        with embedded_endpoint(cfg, profile=profile) as urls:
+            asyncio.run(probe.run(urls, profile))
     except DraftgenError as exc:
         probe.fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     rep = probe.rep

@@ -17,14 +17,17 @@ InputError naming the file, line and field.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
+from .columns import SpeculatorsMetadata
 from .errors import InputError
 
 __all__ = [
+    "MANIFEST_LAYOUT",
     "SCHEMA_VERSION",
+    "VIEWS",
     "AttemptRecord",
     "AuditReport",
     "BillingExample",
@@ -35,14 +38,32 @@ __all__ = [
     "FunctionCall",
     "GroundTruthRecord",
     "HealthEvent",
+    "HiddenDatasetLine",
+    "HiddenStatesReport",
     "IdsSource",
     "LockHolder",
+    "MergeManifest",
+    "MergeStats",
+    "MergedDatasetStats",
+    "MergedFile",
     "Message",
     "MismatchExample",
+    "PromptIdView",
     "PromptRecord",
     "Provenance",
+    "ReferenceRow",
+    "ResponseFields",
+    "ResponseIdsView",
+    "ResponseMergeView",
+    "ResponseMetricsView",
     "ResponseRecord",
+    "ResponseScanView",
     "RunManifest",
+    "SpecForgeConversationRow",
+    "SpecForgeMessage",
+    "SpecForgePromptRow",
+    "SpeculatorsMetadata",
+    "SpeculatorsRow",
     "StructuralExample",
     "Tool",
     "ToolCall",
@@ -50,6 +71,7 @@ __all__ = [
     "Usage",
     "check_ids",
     "spend_usd",
+    "view_mismatches",
 ]
 
 SCHEMA_VERSION = 2
@@ -149,15 +171,15 @@ class Provenance(msgspec.Struct, omit_defaults=True, kw_only=True):
     imported_from: str | None = None
 
 
-class ResponseRecord(msgspec.Struct, omit_defaults=True):
-    """One finished sample. A sample is done iff a ResponseRecord with its id is in raw_responses.jsonl.
+class ResponseFields(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """What came back for one request: the fields a ``backends.base.Completion`` (as the server sent them)
+    and a ``ResponseRecord`` (as written) share. Both derive from this one Struct, and
+    ``ResponseRecord.from_completion`` is the one place a record is built from a completion.
 
-    Legacy local-SGLang rows carry only ``sample_id`` and ``output_ids``; every other field is optional.
+    ``reasoning`` is the first non-empty of the ``reasoning``, ``reasoning_content`` and joined
+    ``reasoning_details[].text`` fields; ``reasoning_field`` names which one carried it.
     """
 
-    sample_id: str
-    dataset: str = ""
-    partition: str = "short"
     reasoning: str | None = None
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
@@ -170,6 +192,20 @@ class ResponseRecord(msgspec.Struct, omit_defaults=True):
     usage: Usage | None = None
     output_ids: list[int] | None = None
     prompt_ids: list[int] | None = None
+    ttft_s: float | None = None  # time to the first byte of the answer (streams only)
+
+
+class ResponseRecord(ResponseFields, omit_defaults=True):
+    """One finished sample. A sample is done iff a ResponseRecord with its id is in raw_responses.jsonl.
+
+    Legacy local-SGLang rows carry only ``sample_id`` and ``output_ids``; every other field is optional.
+    The fields of ``ResponseFields`` are keyword-only and come after the record's own in the encoded line
+    (key order carries no meaning: every reader decodes by name).
+    """
+
+    sample_id: str
+    dataset: str = ""
+    partition: str = "short"
     ids_source: IdsSource = "exact"
     recon_flags: list[str] = msgspec.field(default_factory=list)
     request_hash: str | None = None
@@ -177,11 +213,17 @@ class ResponseRecord(msgspec.Struct, omit_defaults=True):
     backend: str | None = None
     attempts: int = 1
     latency_s: float | None = None
-    ttft_s: float | None = None  # time to the first byte of the answer (streams only)
     quantization: str | None = None  # of the provider that served it, when the run knows it (routing metadata)
     created_at: float = 0.0
     provenance: Provenance | None = None
     schema_version: int = SCHEMA_VERSION
+
+    @classmethod
+    def from_completion(cls, comp: ResponseFields, **record: Any) -> ResponseRecord:
+        """The record of ``comp``: every ``ResponseFields`` field taken from it, then ``record`` (the
+        record's own fields, and any shared field rebuilt from the completion, e.g. ``output_ids``)."""
+        shared = {name: getattr(comp, name) for name in ResponseFields.__struct_fields__}
+        return cls(**{**shared, **record})
 
 
 class FailureRecord(msgspec.Struct, omit_defaults=True):
@@ -359,6 +401,118 @@ class RunManifest(msgspec.Struct, omit_defaults=True):
     schema_version: int = SCHEMA_VERSION
 
 
+# -- partial views: the fields a fast scan decodes, kept beside their record ---------------------------------
+# A view decodes a record's lines reading only some fields; the rest are skipped (``msgspec.Raw``: left
+# undecoded). msgspec fills a missing field with its default, so a view whose field no longer matches its
+# record (renamed, retyped) would silently mislabel rows: every view is registered in ``VIEWS`` and
+# ``view_mismatches`` (run by tests/test_records.py) checks each against its record.
+
+
+class ResponseScanView(msgspec.Struct):
+    """``ResponseRecord`` for resume (``store.scan_responses``) and the planner's observed lengths."""
+
+    sample_id: str
+    usage: Usage | None = None
+    output_ids: msgspec.Raw = msgspec.Raw(b"")
+    provenance: Provenance | None = None
+    schema_version: int = SCHEMA_VERSION
+
+
+class ResponseMergeView(msgspec.Struct):
+    """``ResponseRecord`` for merge's scan: ids and flags; the text stays on disk (read back by offset)."""
+
+    sample_id: str
+    finish_reason: str | None = None
+    provider: str | None = None
+    ids_source: IdsSource = "exact"
+    recon_flags: list[str] = msgspec.field(default_factory=list)
+    output_ids: list[int] | None = None
+    prompt_ids: list[int] | None = None
+    content: msgspec.Raw = msgspec.Raw()
+    tool_calls: msgspec.Raw = msgspec.Raw()
+    provenance: Provenance | None = None
+    schema_version: int = SCHEMA_VERSION
+
+
+class ResponseMetricsView(msgspec.Struct):
+    """``ResponseRecord`` for the report's metrics; text and id arrays are skipped."""
+
+    sample_id: str
+    reasoning_field: str | None = None
+    finish_reason: str | None = None
+    provider: str | None = None
+    usage: Usage | None = None
+    output_ids: msgspec.Raw = msgspec.Raw(b"")
+    prompt_ids: msgspec.Raw = msgspec.Raw(b"")
+    reasoning: msgspec.Raw = msgspec.Raw(b"")
+    ids_source: IdsSource = "exact"
+    recon_flags: list[str] = msgspec.field(default_factory=list)
+    latency_s: float | None = None
+    ttft_s: float | None = None
+    quantization: str | None = None
+    created_at: float = 0.0
+
+
+class ResponseIdsView(msgspec.Struct):
+    """``ResponseRecord``: a sample's output ids (the report's mismatch examples)."""
+
+    sample_id: str
+    output_ids: list[int] | None = None
+
+
+class PromptIdView(msgspec.Struct):
+    """``PromptRecord``: the id and content hash of a prepared prompt (indexes of prompts.jsonl)."""
+
+    sample_id: str
+    content_hash: str = ""
+
+
+VIEWS: dict[type[msgspec.Struct], type[msgspec.Struct]] = {
+    ResponseScanView: ResponseRecord,
+    ResponseMergeView: ResponseRecord,
+    ResponseMetricsView: ResponseRecord,
+    ResponseIdsView: ResponseRecord,
+    PromptIdView: PromptRecord,
+}
+"""Every partial view → the record it reads. A new view is registered here."""
+
+
+def view_mismatches(view: type[msgspec.Struct], record: type[msgspec.Struct]) -> list[str]:
+    """How ``view`` disagrees with ``record`` (empty: it is a faithful view): a field the record lacks, a
+    different type, or a different default. A ``msgspec.Raw`` field stands for any type (left undecoded)."""
+    rec = {f.name: f for f in msgspec.structs.fields(record)}
+    out: list[str] = []
+    for f in msgspec.structs.fields(view):
+        r = rec.get(f.name)
+        if r is None:
+            out.append(f"{view.__name__}.{f.name}: not a field of {record.__name__}")
+            continue
+        if f.type is msgspec.Raw:
+            continue
+        if f.type != r.type:
+            out.append(f"{view.__name__}.{f.name}: type {f.type!r}, {record.__name__} has {r.type!r}")
+        if f.required != r.required or (
+                not f.required and (f.default, _factory_value(f)) != (r.default, _factory_value(r))):
+            out.append(f"{view.__name__}.{f.name}: default differs from {record.__name__}'s")
+    return out
+
+
+def _factory_value(f: msgspec.structs.FieldInfo) -> Any:
+    return f.default_factory() if f.default_factory is not msgspec.NODEFAULT else msgspec.NODEFAULT
+
+
+class ReferenceRow(msgspec.Struct):
+    """A line of a reference-ids file for the BPE audit (``audit.reference``): either a
+    ``GroundTruthRecord`` (keyed by ``generation_id``) or a record with exact ids keyed by ``sample_id``
+    (a ``ResponseRecord`` of a vLLM/SGLang run). Not a view of one record: it reads both."""
+
+    output_ids: list[int] | None = None
+    generation_id: str | None = None
+    sample_id: str | None = None
+    prompt_ids: list[int] | None = None
+    non_canonical: bool = False
+
+
 # -- merge outputs: merged/stats.json, merged/manifest.json and the export rows -------------------------
 
 
@@ -449,17 +603,12 @@ class MergeManifest(msgspec.Struct, omit_defaults=True):
 # (no omit_defaults, "" rather than null, nested lists as JSON text).
 
 
-class SpeculatorsMetadata(msgspec.Struct):
-    sample_id: str
-    dataset: str
-    finish_reason: str = ""  # "" when the record has none (imported rows)
-    provider: str = ""
-    ids_source: str = "exact"
-    prompt_len: int = 0
-    completion_len: int = 0
-    reasoning_len: int = 0
-    capped: bool = False
-    is_tool_call: bool = False
+# SpeculatorsMetadata is generated from the merged columns (``columns.MERGED_COLUMNS``); the type checker
+# sees a plain Struct, msgspec (which resolves the annotation at runtime) the generated one.
+if TYPE_CHECKING:
+    _SpeculatorsMetadata = msgspec.Struct
+else:
+    _SpeculatorsMetadata = SpeculatorsMetadata
 
 
 class SpeculatorsRow(msgspec.Struct):
@@ -473,7 +622,7 @@ class SpeculatorsRow(msgspec.Struct):
     input_ids: list[int]
     loss_mask: list[int]
     text: str
-    metadata: SpeculatorsMetadata
+    metadata: _SpeculatorsMetadata
 
 
 class SpecForgePromptRow(msgspec.Struct):
@@ -503,19 +652,3 @@ class SpecForgeConversationRow(msgspec.Struct):
     conversations: list[SpecForgeMessage]
     tools: str = "[]"  # JSON text of the prompt's tool definitions (row-level, as SpecForge reads it)
     status: str = "success"
-
-
-__all__ += [
-    "MANIFEST_LAYOUT",
-    "HiddenDatasetLine",
-    "HiddenStatesReport",
-    "MergeManifest",
-    "MergeStats",
-    "MergedDatasetStats",
-    "MergedFile",
-    "SpecForgeConversationRow",
-    "SpecForgeMessage",
-    "SpecForgePromptRow",
-    "SpeculatorsMetadata",
-    "SpeculatorsRow",
-]

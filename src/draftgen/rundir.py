@@ -18,6 +18,11 @@ Layout (paths relative to the run directory)::
     logs/attempts.jsonl                AttemptRecord: every request attempt (provider health, report timelines)
     logs/health.jsonl                  HealthEvent: providers sent to and back from the cool-down
     report.html, logs/<command>.log, emulator/ground_truth.jsonl, plan/pilot/ (a run directory of its own)
+    hidden/                            (coming) the extract phase's hidden states: per-sample files, index, manifest
+    train/                             (coming) the train phase's drafter checkpoints, vocab mapping, training log
+
+Every name above is spelled once, in the constants below; ``LAYOUT_NAMES`` holds them all and
+tests/test_rundir_layout.py fails on any of them written as a string anywhere else in the package.
 
 Rules (ARCHITECTURE.md, invariants):
 
@@ -53,6 +58,9 @@ from .secrets import redact, redact_obj
 from .store import atomic_write_json, decode_json, encode_json, read_json
 
 __all__ = [
+    "LAYOUT_DIRS",
+    "LAYOUT_FILES",
+    "LAYOUT_NAMES",
     "LOCK_NAME",
     "MARKER",
     "RunDir",
@@ -63,14 +71,41 @@ __all__ = [
     "writer",
 ]
 
+# The layout's names, each spelled once (RunDir joins them; nothing else in the package spells them).
 MARKER = "run.json"
 LOCK_NAME = ".draftgen.lock"
+_PIPELINE = "pipeline.json"
+_REPORT = "report.html"
+_LOGS, _ATTEMPTS, _HEALTH = "logs", "attempts.jsonl", "health.jsonl"
+_PREPARED, _PROMPTS, _STATS = "prepared", "prompts.jsonl", "stats.json"
+_RAW, _RESPONSES, _FAILURES = "raw", "raw_responses.jsonl", "failures.jsonl"
+_AUDIT, _AUDIT_JSON = "audit", "audit.json"
+_MERGED, _CARD, _MANIFEST = "merged", "README.md", "manifest.json"
+_EXPORTS = "exports"
+_EMULATOR, _GROUND_TRUTH = "emulator", "ground_truth.jsonl"
+_PLAN, _PILOT = "plan", "pilot"
+_HIDDEN = "hidden"
+_TRAIN = "train"
+
+#: every file name of the layout
+LAYOUT_FILES: frozenset[str] = frozenset({
+    MARKER, LOCK_NAME, _PIPELINE, _REPORT, _ATTEMPTS, _HEALTH, _PROMPTS, _STATS, _RESPONSES, _FAILURES,
+    _AUDIT_JSON, _CARD, _MANIFEST, _GROUND_TRUTH,
+})
+#: every folder name of the layout (some are also ordinary words: ``train`` is a split, ``audit`` a command)
+LAYOUT_DIRS: frozenset[str] = frozenset({
+    _LOGS, _PREPARED, _RAW, _AUDIT, _MERGED, _EXPORTS, _EMULATOR, _PLAN, _PILOT, _HIDDEN, _TRAIN,
+})
+LAYOUT_NAMES: frozenset[str] = LAYOUT_FILES | LAYOUT_DIRS
 # Files a failed first claim may leave behind; a folder holding only these still counts as empty.
 _CLAIM_LEFTOVERS = frozenset({LOCK_NAME})
 
 
 class RunDir:
-    """Every path of one run directory. Nothing else spells a file name of the layout."""
+    """Every path of one run directory. Nothing else spells a file name of the layout.
+
+    A pilot run (``plan --pilot``) is a run directory of its own: ``RunDir(rd.pilot)`` spells its paths.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -86,47 +121,61 @@ class RunDir:
 
     @property
     def pipeline(self) -> Path:
-        return self.root / "pipeline.json"
+        return self.root / _PIPELINE
 
     @property
     def report_html(self) -> Path:
-        return self.root / "report.html"
+        return self.root / _REPORT
+
+    @property
+    def logs(self) -> Path:
+        return self.root / _LOGS
 
     def log(self, command: str) -> Path:
-        return self.root / "logs" / f"{command}.log"
+        return self.logs / f"{command}.log"
 
     @property
     def attempts(self) -> Path:
-        return self.root / "logs" / "attempts.jsonl"
+        return self.logs / _ATTEMPTS
 
     @property
     def health(self) -> Path:
-        return self.root / "logs" / "health.jsonl"
+        return self.logs / _HEALTH
 
     # -- per dataset
+    @property
+    def prepared_root(self) -> Path:
+        """``prepared/``: one folder per dataset."""
+        return self.root / _PREPARED
+
     def prepared(self, dataset: str) -> Path:
-        return self.root / "prepared" / dataset / "prompts.jsonl"
+        return self.prepared_root / dataset / _PROMPTS
 
     def prepared_stats(self, dataset: str) -> Path:
-        return self.root / "prepared" / dataset / "stats.json"
+        return self.prepared_root / dataset / _STATS
+
+    @property
+    def raw_root(self) -> Path:
+        """``raw/``: one folder per dataset."""
+        return self.root / _RAW
 
     def raw_dir(self, dataset: str) -> Path:
-        return self.root / "raw" / dataset
+        return self.raw_root / dataset
 
     def raw(self, dataset: str) -> Path:
-        return self.raw_dir(dataset) / "raw_responses.jsonl"
+        return self.raw_dir(dataset) / _RESPONSES
 
     def failures(self, dataset: str) -> Path:
-        return self.raw_dir(dataset) / "failures.jsonl"
+        return self.raw_dir(dataset) / _FAILURES
 
     # -- phase outputs
     @property
     def audit_json(self) -> Path:
-        return self.root / "audit" / "audit.json"
+        return self.root / _AUDIT / _AUDIT_JSON
 
     @property
     def merged(self) -> Path:
-        return self.root / "merged"
+        return self.root / _MERGED
 
     def merged_shard(self, split: str, index: int, count: int) -> Path:
         """One Parquet shard of a split (the Hugging Face ``<split>-NNNNN-of-MMMMM`` naming)."""
@@ -134,19 +183,19 @@ class RunDir:
 
     @property
     def dataset_card(self) -> Path:
-        return self.merged / "README.md"
+        return self.merged / _CARD
 
     @property
     def merged_manifest(self) -> Path:
-        return self.merged / "manifest.json"
+        return self.merged / _MANIFEST
 
     @property
     def merged_stats(self) -> Path:
-        return self.merged / "stats.json"
+        return self.merged / _STATS
 
     @property
     def exports(self) -> Path:
-        return self.root / "exports"
+        return self.root / _EXPORTS
 
     def export_dir(self, kind: str, split: str = "train") -> Path:
         """The folder of one export format's split: ``exports/<kind>/`` holds the train split only (a peer
@@ -158,12 +207,25 @@ class RunDir:
         return self.export_dir(kind, split) / f"{split}.jsonl"
 
     @property
+    def hidden(self) -> Path:
+        """``hidden/``: the extract phase's output (per-sample hidden states, index, manifest)."""
+        return self.root / _HIDDEN
+
+    @property
+    def train(self) -> Path:
+        """``train/``: the train phase's output (drafter checkpoints, vocab mapping, training log)."""
+        return self.root / _TRAIN
+
+    # -- around the phases
+    @property
     def ground_truth(self) -> Path:
-        return self.root / "emulator" / "ground_truth.jsonl"
+        """What the embedded emulator really generated (``GroundTruthRecord``), for ``audit``."""
+        return self.root / _EMULATOR / _GROUND_TRUTH
 
     @property
     def pilot(self) -> Path:
-        return self.root / "plan" / "pilot"
+        """``plan --pilot``'s run directory (a run directory of its own, inside this one)."""
+        return self.root / _PLAN / _PILOT
 
 
 # -- run.json --------------------------------------------------------------------------------------------

@@ -24,17 +24,22 @@ from typing import Any, TypeVar
 import msgspec
 
 from .errors import InputError, StorageError
-from .records import SCHEMA_VERSION, FailureRecord, Provenance, ResponseRecord, spend_usd
+from .records import SCHEMA_VERSION, FailureRecord, Provenance, ResponseRecord, ResponseScanView, spend_usd
 
 __all__ = [
+    "JsonlReader",
     "JsonlWriter",
     "ResumeIndex",
     "atomic_write_bytes",
     "atomic_write_json",
     "decode_json",
     "encode_json",
+    "first_records",
     "iter_jsonl",
+    "iter_jsonl_offsets",
+    "iter_responses",
     "publish",
+    "raw_ids_len",
     "read_json",
     "repair_partial_tail",
     "scan_failures",
@@ -234,21 +239,6 @@ def iter_jsonl(path: Path, type: type[T], *, skip_partial_tail: bool = True) -> 
             yield lineno, rec
 
 
-class _UsageScan(msgspec.Struct):
-    completion_tokens: int = 0
-    cost: float = 0.0
-    upstream_cost: float | None = None
-    is_byok: bool = False
-
-
-class _ResponseScan(msgspec.Struct):
-    sample_id: str
-    usage: _UsageScan | None = None
-    output_ids: msgspec.Raw = msgspec.Raw(b"")
-    provenance: Provenance | None = None
-    schema_version: int = SCHEMA_VERSION
-
-
 def raw_ids_len(raw: msgspec.Raw) -> int:
     """Length of a JSON int array left undecoded (``msgspec.Raw``), counted without parsing it."""
     data = bytes(raw)
@@ -274,7 +264,7 @@ def scan_responses(path: Path, *, check: Callable[[Provenance | None, str], None
     ``check(provenance, "file:line")`` is called per record and raises to refuse one.
     """
     idx = ResumeIndex(done=set())
-    for lineno, row in iter_jsonl(path, _ResponseScan):
+    for lineno, row in iter_jsonl(path, ResponseScanView):
         if check is not None:
             check(row.provenance, f"{path}:{lineno}")
         if row.sample_id in idx.done:
@@ -301,9 +291,6 @@ def scan_failures(path: Path) -> dict[str, FailureRecord]:
 def iter_responses(path: Path) -> Iterator[ResponseRecord]:
     for _, rec in iter_jsonl(path, ResponseRecord):
         yield rec
-
-
-__all__ += ["iter_responses", "raw_ids_len"]
 
 
 def iter_jsonl_offsets(path: Path, type: type[T]) -> Iterator[tuple[int, int, T]]:
@@ -337,6 +324,33 @@ def iter_jsonl_offsets(path: Path, type: type[T]) -> Iterator[tuple[int, int, T]
             yield lineno, start, rec
 
 
+def first_records(path: Path, type: type[T], sample_ids: Iterable[str]) -> dict[str, T]:
+    """The first record of each of ``sample_ids`` in a JSONL file, as ``type`` (a view with a
+    ``sample_id``), found by a byte search: only lines holding a wanted id's JSON string are decoded. It
+    stops at the partial tail or once all are found; undecodable lines are skipped (a best-effort lookup
+    for display, never for data)."""
+    decoder = msgspec.json.Decoder(type)
+    tags = {sid: msgspec.json.encode(sid) for sid in sample_ids}
+    found: dict[str, T] = {}
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 (closed by the with below)
+    except OSError:
+        return found
+    with fh:
+        for line in fh:
+            if not line.endswith(b"\n") or len(found) == len(tags):
+                break
+            for sid, tag in tags.items():
+                if sid not in found and tag in line:
+                    try:
+                        rec = decoder.decode(line)
+                    except msgspec.DecodeError:
+                        continue
+                    if getattr(rec, "sample_id", None) == sid:
+                        found[sid] = rec
+    return found
+
+
 class JsonlReader:
     """Random access to the lines of one JSONL file by byte offset (from ``iter_jsonl_offsets``)."""
 
@@ -365,5 +379,3 @@ class JsonlReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-__all__ += ["JsonlReader", "iter_jsonl_offsets"]

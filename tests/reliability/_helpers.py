@@ -7,10 +7,10 @@ must never appear in a run directory, a log or an output (``conftest`` scans for
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import yaml
 
+from _common_helpers import FAKE_KEY, config_dict, free_port
+from _common_helpers import write_config as _write_config
 from draftgen.records import FailureRecord, ResponseRecord
 
 LARGE = os.environ.get("DRAFTGEN_RELIABILITY_SCALE", "").lower() == "large"
-FAKE_KEY = "sk-or-v1-" + "S3CR3T" * 8
+# FAKE_KEY and free_port come from _common_helpers (the one fake key, the one free-port helper).
 OTHER_FAKE_KEY = "sk-or-v1-" + "W4R0NG" * 8
 SECRETS = (FAKE_KEY, OTHER_FAKE_KEY, "S3CR3TS3CR3T", "W4R0NGW4R0NG")
 
@@ -38,12 +39,6 @@ def scaled(ci: int, large: int) -> int:
 
 def fuzz_examples(ci: int) -> int:
     return ci * 10 if LARGE else ci
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- inputs -------------------------------------------------------------------------------------------
@@ -64,26 +59,20 @@ def write_prompts(path: Path, n: int, *, seed: int = 0) -> Path:
 
 
 def write_config(folder: Path, data: dict[str, Any], name: str = "config.yaml") -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / name
-    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    return path
+    return _write_config(folder, data, name)
 
 
 def base_config(prompts: Path, run_dir: Path, *, base_url: str | None = None, concurrency: int = 64,
                 max_tokens: int = 512, **extra: Any) -> dict[str, Any]:
-    """An ``openrouter``-kind config pointed at an emulator (``base_url``) over one prompt file."""
-    cfg: dict[str, Any] = {
-        "run_dir": str(run_dir),
-        "model": {"id": "qwen/qwen3-8b", "profile": "qwen3", "tokenizer": "bundled:qwen3"},
-        "endpoint": {"kind": "openrouter", "base_url": base_url, "idle_timeout_s": 5.0, "connect_timeout_s": 5.0},
-        "partitions": {"short": {"concurrency": concurrency, "max_tokens": max_tokens},
-                       "long": {"concurrency": max(1, concurrency // 4), "max_tokens": max_tokens}},
-        "datasets": [{"name": "rel", "path": str(prompts)}],
-        "progress": "plain",
-    }
-    if base_url is None:
-        del cfg["endpoint"]["base_url"]
+    """An ``openrouter``-kind config pointed at an emulator (``base_url``) over one prompt file
+    (``_common_helpers.config_dict`` with the suite's endpoint, partitions and plain progress)."""
+    endpoint: dict[str, Any] = {"kind": "openrouter", "idle_timeout_s": 5.0, "connect_timeout_s": 5.0}
+    if base_url is not None:
+        endpoint["base_url"] = base_url
+    cfg = config_dict(run_dir.parent, [{"name": "rel", "path": str(prompts)}], run_dir=str(run_dir),
+                      endpoint=endpoint, progress="plain",
+                      partitions={"short": {"concurrency": concurrency, "max_tokens": max_tokens},
+                                  "long": {"concurrency": max(1, concurrency // 4), "max_tokens": max_tokens}})
     for k, v in extra.items():
         if isinstance(v, dict) and isinstance(cfg.get(k), dict):
             cfg[k] = {**cfg[k], **v}
@@ -156,9 +145,10 @@ class EmulatorProcess:
 
 
 def start_emulator(*args: str, log: Path | None = None, key: str = FAKE_KEY) -> EmulatorProcess:
-    """``draftgen emulate --port P --api-key KEY ARGS`` in a subprocess; returns once it answers."""
+    """``DRAFTGEN_EMULATOR_API_KEY=KEY draftgen emulate --port P ARGS`` in a subprocess; returns once it answers."""
     port = free_port()
-    proc = start_cli(["emulate", "--host", "127.0.0.1", "--port", str(port), "--api-key", key, *args], log=log)
+    proc = start_cli(["emulate", "--host", "127.0.0.1", "--port", str(port), *args],
+                     env=cli_env(DRAFTGEN_EMULATOR_API_KEY=key), log=log)
     emu = EmulatorProcess(proc, port)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -223,12 +213,18 @@ def _holds(path: Path, needles: list[bytes]) -> bytes | None:
 
 
 def files_holding(root: Path, secrets: Sequence[str] = SECRETS) -> list[str]:
-    """Every file under ``root`` whose bytes contain one of ``secrets``."""
+    """Every file under ``root`` whose bytes contain one of ``secrets``.
+
+    A key file a test wrote on purpose (its whole text is one key, as ``--api-key-file`` reads it) is
+    not a leak and is not listed; a key inside any other text is."""
     needles = [s.encode() for s in secrets]
     hits = []
     for p in root.rglob("*"):
         if not p.is_file() or p.is_symlink():
             continue
+        with contextlib.suppress(OSError):
+            if p.stat().st_size <= 512 and p.read_bytes().strip() in needles:
+                continue
         try:
             found = _holds(p, needles)
         except OSError:

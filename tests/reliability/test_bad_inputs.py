@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
+from _common_helpers import ASSETS
+
 from ._helpers import FAKE_KEY, base_config, cli_env, error_lines, run_cli, write_prompts
 
 Files = dict[str, bytes | str]
@@ -116,7 +118,7 @@ CASES = [
     Case("bad_val_fraction", ("val_fraction",), patch=_set("merge.val_fraction", 1.5)),
     Case("unknown_format", ("format",), patch=_dataset(format="csv")),
     # -- tokenizer and profile ------------------------------------------------------------------------
-    Case("unknown_profile", ("unknown profile", "llama9"), patch=_set("model.profile", "llama9")),
+    Case("unknown_profile", ("model.profile", "llama9", "not registered"), patch=_set("model.profile", "llama9")),
     Case("unknown_bundled_tokenizer", ("bundled:llama",), patch=_set("model.tokenizer", "bundled:llama")),
     Case("tokenizer_folder_missing", ("no_such_tok", "not found"), patch=_set("model.tokenizer", "no_such_tok")),
     Case("tokenizer_folder_empty", ("empty_tok", "tokenizer.json"), patch=_set("model.tokenizer", "empty_tok"),
@@ -210,8 +212,8 @@ CASES = [
 ]
 
 
-SHARED_TOKENIZERS = Path(__file__).resolve().parents[3] / "shared" / "assets" / "tokenizers"
-if (SHARED_TOKENIZERS / "deepseek-r1").is_dir():  # CI has ../shared; a bare checkout runs the rest
+SHARED_TOKENIZERS = ASSETS  # DRAFTGEN_TEST_ASSETS (see _common_helpers)
+if (SHARED_TOKENIZERS / "deepseek-r1").is_dir():  # CI has the assets; a bare checkout runs the rest
     CASES.append(Case("tokenizer_of_another_model", ("tokenizer", "qwen3"),
                       patch=_set("model.tokenizer", str(SHARED_TOKENIZERS / "deepseek-r1"))))
 

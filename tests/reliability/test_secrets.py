@@ -215,9 +215,12 @@ def test_api_key_on_the_command_line_is_refused(tmp_path: Path, command: str) ->
     assert not run.exists()
 
 
-def test_emulate_keeps_its_api_key_option() -> None:
-    res = run_cli(["emulate", "--api-key", FAKE_KEY, "--help"], timeout=60)
-    assert res.returncode == 0 and "--api-key" in res.stdout, res.stderr[-2000:]
+def test_emulate_takes_its_keys_from_files_or_the_environment() -> None:
+    for flag in (["--api-key", FAKE_KEY, "--help"], ["--management-key", FAKE_KEY]):
+        line = _one_error_line(run_cli(["emulate", *flag], timeout=60))
+        assert "never passed on the command line" in line and "DRAFTGEN_EMULATOR_API_KEY" in line
+    res = run_cli(["emulate", "--help"], timeout=60)
+    assert res.returncode == 0 and "--api-key-file" in res.stdout and "--api-key " not in res.stdout
 
 
 def test_a_key_as_any_argument_is_refused(tmp_path: Path) -> None:

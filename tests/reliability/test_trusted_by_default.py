@@ -13,6 +13,7 @@ import msgspec
 import pyarrow.parquet as pq
 import pytest
 
+from _common_helpers import config_dict
 from draftgen.records import AuditReport, FailureRecord, MergeStats, ResponseRecord
 from draftgen.rundir import RunDir
 
@@ -23,15 +24,14 @@ def _config(tmp: Path, scenario: str, n: int) -> Path:
     (tmp / "scenario.yaml").write_text(f"base: {scenario}\ntime_scale: 0.002\nmax_faulty_attempts: 3\n",
                                        encoding="utf-8")
     prompts = write_prompts(tmp / "prompts.jsonl", n)
-    cfg: dict[str, Any] = {
-        "run_dir": str(tmp / "run"),
-        "endpoint": {"kind": "emulator", "idle_timeout_s": 20,
-                     "emulator": {"scenario": str(tmp / "scenario.yaml"), "seed": 3}},
-        "partitions": {"short": {"concurrency": 32, "max_tokens": 2048}, "long": {"concurrency": 4, "max_tokens": 2048}},
-        "retry": {"max_attempts": 8, "base_delay_s": 0.01, "max_delay_s": 0.1},
-        "datasets": [{"name": "rel", "path": str(prompts)}],
-        "progress": "plain",
-    }
+    cfg = config_dict(
+        tmp, [{"name": "rel", "path": str(prompts)}],
+        endpoint={"kind": "emulator", "idle_timeout_s": 20,
+                  "emulator": {"scenario": str(tmp / "scenario.yaml"), "seed": 3}},
+        partitions={"short": {"concurrency": 32, "max_tokens": 2048}, "long": {"concurrency": 4, "max_tokens": 2048}},
+        retry={"max_attempts": 8, "base_delay_s": 0.01, "max_delay_s": 0.1},
+        progress="plain",
+    )
     return write_config(tmp, cfg)
 
 

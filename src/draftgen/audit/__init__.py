@@ -26,8 +26,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import msgspec
-
 from ..config import RunConfig
 from ..errors import RunDirError, ThresholdBroken
 from ..records import (
@@ -35,6 +33,7 @@ from ..records import (
     BillingExample,
     DatasetAudit,
     ExcludedSample,
+    PromptIdView,
     PromptRecord,
     Provenance,
     ResponseRecord,
@@ -42,7 +41,7 @@ from ..records import (
     check_ids,
 )
 from ..rundir import RunDir, check_provenance, expected_provenance, writer
-from ..store import atomic_write_json, iter_jsonl
+from ..store import JsonlReader, atomic_write_json, iter_jsonl, iter_jsonl_offsets
 from ..tokens import Profile, profile_from_config
 from .checks import RecordFindings, audit_record, billing_cause, compare_reference, first_diff_span
 from .reference import ReferenceIndex, ids_digest, load_reference
@@ -61,46 +60,26 @@ __all__ = [
 _MAX_EXAMPLES = 20
 
 
-class _IdOnly(msgspec.Struct):
-    sample_id: str
-
-
 class _PromptIndex:
-    """sample_id → byte offset in prompts.jsonl; records are read back one at a time."""
+    """sample_id → byte offset in prompts.jsonl (the first line of each id); records are read back one at a
+    time through the store's reader."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
         self.offsets: dict[str, int] = {}
-        self._dec = msgspec.json.Decoder(PromptRecord)
-        dec = msgspec.json.Decoder(_IdOnly)
-        try:
-            fh = open(path, "rb")  # noqa: SIM115 - held for the dataset's audit, closed by close()
-        except FileNotFoundError:
-            self._fh = None
-            return
-        offset = 0
-        for raw in fh:
-            if raw.endswith(b"\n") and raw.strip():
-                try:
-                    self.offsets.setdefault(dec.decode(raw).sample_id, offset)
-                except (msgspec.ValidationError, msgspec.DecodeError):
-                    pass  # prepare validated this file; a bad line simply cannot be used to check prompts
-            offset += len(raw)
-        self._fh = fh
+        for _, off, row in iter_jsonl_offsets(path, PromptIdView):
+            self.offsets.setdefault(row.sample_id, off)
+        self._reader = JsonlReader(path, PromptRecord) if self.offsets else None
 
     def get(self, sample_id: str) -> PromptRecord | None:
         off = self.offsets.get(sample_id)
-        if off is None or self._fh is None:
+        if off is None or self._reader is None:
             return None
-        self._fh.seek(off)
-        try:
-            return self._dec.decode(self._fh.readline())
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            return None
+        rec: PromptRecord = self._reader.at(off)
+        return rec
 
     def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
+        if self._reader is not None:
+            self._reader.close()
 
 
 def _add_failure(da: DatasetAudit, sample_id: str, kind: str, detail: str) -> None:

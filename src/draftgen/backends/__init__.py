@@ -74,13 +74,14 @@ __all__ = [
     "open_backend",
 ]
 
-#: ``endpoint.kind`` → its capabilities and factory. One line per backend.
+#: ``endpoint.kind`` → its capabilities, factory and doc. One line per backend: the config accepts exactly
+#: these kinds (``config._validate``) and docs/config.md lists them (``docgen``).
 BACKENDS: dict[str, BackendKind] = {
-    "openrouter": BackendKind(OPENROUTER_CAPABILITIES, build_openrouter),
-    "emulator": BackendKind(EMULATOR_CAPABILITIES, build_openrouter),
-    "openai": BackendKind(OPENAI_CAPABILITIES, build_openai),
-    "vllm": BackendKind(VLLM_CAPABILITIES, build_vllm),
-    "sglang": BackendKind(SGLANG_CAPABILITIES, build_sglang),
+    "emulator": BackendKind(EMULATOR_CAPABILITIES, build_openrouter, "the offline OpenRouter emulator, embedded"),
+    "openrouter": BackendKind(OPENROUTER_CAPABILITIES, build_openrouter, "OpenRouter, with routing and account"),
+    "openai": BackendKind(OPENAI_CAPABILITIES, build_openai, "any OpenAI-compatible chat server"),
+    "vllm": BackendKind(VLLM_CAPABILITIES, build_vllm, "vLLM, exact ids via return_token_ids"),
+    "sglang": BackendKind(SGLANG_CAPABILITIES, build_sglang, "SGLang native /generate, exact output_ids"),
 }
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import msgspec
 
-from ..records import Message, Tool, ToolCall, Usage
+from ..records import Message, ResponseFields, Tool
 
 if TYPE_CHECKING:
     import aiohttp
@@ -51,7 +51,8 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     hidden states. ``requires_key``: no request without an API key; ``placeholder_key``: the key sent when
     none is configured. ``default_url``: the base URL when none is configured. ``attribution_headers``:
     send the app's ``HTTP-Referer``/``X-Title``. ``self_hosted``: a server of one's own; requests cost
-    nothing.
+    nothing. ``embedded_server``: with no base URL configured, draftgen starts the offline emulator in
+    process and points the backend at it (``emulator.embedded``).
     """
 
     exact_ids: bool = False
@@ -66,6 +67,7 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     default_url: str | None = None
     attribution_headers: bool = False
     self_hosted: bool = False
+    embedded_server: bool = False
 
 
 #: ``factory(cfg, session, base_url, bounds)``: one backend bound to one base URL and its pool.
@@ -73,10 +75,12 @@ BackendFactory = Callable[["RunConfig", "aiohttp.ClientSession", str, "Bounds"],
 
 
 class BackendKind(msgspec.Struct, frozen=True):
-    """One ``endpoint.kind``: its capabilities and how to build a backend for it."""
+    """One ``endpoint.kind``: its capabilities, how to build a backend for it, and a few words for the
+    config reference (``docs/config.md`` lists every registered kind with its ``doc``)."""
 
     capabilities: Capabilities
     factory: BackendFactory
+    doc: str = ""
 
 
 def run_sampling(cfg: RunConfig) -> dict[str, Any]:
@@ -123,11 +127,11 @@ class LogprobToken(msgspec.Struct, array_like=True):
     bytes: list[int] | None = None
 
 
-class Completion(msgspec.Struct, kw_only=True):
+class Completion(ResponseFields, kw_only=True):
     """What one successful request returned, with the text exactly as the server sent it.
 
-    ``reasoning`` is the first non-empty of the ``reasoning``, ``reasoning_content`` and joined
-    ``reasoning_details[].text`` fields; ``reasoning_field`` names which one carried it.
+    The fields it shares with the record it becomes (reasoning, content, finish reasons, provider, usage,
+    ids, ...) are ``records.ResponseFields``; ``ResponseRecord.from_completion`` builds the record.
     ``output_ids``/``prompt_ids`` are set only when the server returned token ids (vLLM, SGLang).
     ``cost_missing``: ``usage`` came without a ``cost`` (plain servers, some providers); the engine then
     computes it from the token counts and the routed prices.
@@ -135,21 +139,8 @@ class Completion(msgspec.Struct, kw_only=True):
     """
 
     backend: str
-    reasoning: str | None = None
-    content: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    reasoning_field: str | None = None
-    finish_reason: str | None = None
-    native_finish_reason: str | None = None
-    provider: str | None = None
-    model: str | None = None
-    generation_id: str | None = None
-    usage: Usage | None = None
-    output_ids: list[int] | None = None
-    prompt_ids: list[int] | None = None
     logprobs: list[LogprobToken] | None = None
     cost_missing: bool = False
-    ttft_s: float | None = None
 
 
 class KeyInfo(msgspec.Struct, kw_only=True):

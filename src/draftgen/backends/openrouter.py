@@ -62,9 +62,10 @@ OPENAI_CAPABILITIES = Capabilities(logprobs=True)
 #: OpenRouter: a key with money on it, provider endpoints with prices, routing.
 OPENROUTER_CAPABILITIES = Capabilities(logprobs=True, account=True, prices=True, requires_key=True,
                                        default_url=OPENROUTER_URL, attribution_headers=True)
-#: The offline OpenRouter emulator: the same protocol; any ``sk-or-`` key, none needed.
+#: The offline OpenRouter emulator: the same protocol; any ``sk-or-`` key, none needed; started in process
+#: when no base URL is configured.
 EMULATOR_CAPABILITIES = Capabilities(logprobs=True, account=True, prices=True, placeholder_key=EMULATOR_KEY,
-                                     attribution_headers=True)
+                                     attribution_headers=True, embedded_server=True)
 
 __all__ = ["OpenAIChatBackend", "chat_body_prefix"]
 

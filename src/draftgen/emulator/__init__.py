@@ -12,14 +12,37 @@ Modules: ``server`` (routes, lifecycle), ``core`` (options, auth, prompt cache, 
 ``openrouter`` (chat completions), ``responses`` (wire shapes, quirks), ``metadata`` (/key, /credits,
 /generation, /models, /endpoints), ``routing``, ``accounting``, ``envelopes`` (error shapes), ``model``
 (deterministic outputs through a token profile), ``textgen``, ``scenarios``, ``local_servers``.
+
+The names below are loaded on first use (PEP 562), so importing ``draftgen.emulator`` (or a phase that
+may start it, such as ``generate``) loads neither the server modules nor ``aiohttp.web``.
+``tests/test_imports.py`` holds that line.
 """
 
 from __future__ import annotations
 
-from .accounting import EmulatorState
-from .core import EmulatorOptions
-from .scenarios import FAULT_KINDS, ModelInfo, Provider, Scenario, builtin_scenario, load_scenario
-from .server import RunningEmulator, serve_forever, start_in_thread
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .accounting import EmulatorState
+    from .core import EmulatorOptions
+    from .scenarios import FAULT_KINDS, ModelInfo, Provider, Scenario, builtin_scenario, load_scenario
+    from .server import RunningEmulator, serve_forever, start_in_thread
+
+# Each public name and the submodule that defines it; every name in __all__ is here and vice versa.
+_HOME = {
+    "EmulatorState": "accounting",
+    "EmulatorOptions": "core",
+    "FAULT_KINDS": "scenarios",
+    "ModelInfo": "scenarios",
+    "Provider": "scenarios",
+    "Scenario": "scenarios",
+    "builtin_scenario": "scenarios",
+    "load_scenario": "scenarios",
+    "RunningEmulator": "server",
+    "serve_forever": "server",
+    "start_in_thread": "server",
+}
 
 __all__ = [
     "FAULT_KINDS",
@@ -34,3 +57,16 @@ __all__ = [
     "serve_forever",
     "start_in_thread",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -37,7 +37,7 @@ from .envelopes import ApiError
 from .model import EmulatedModel, Output, stable_hash
 from .scenarios import ALL_FAULT_KINDS, Provider, Scenario, load_scenario
 
-__all__ = ["CORE", "EmulatorCore", "EmulatorOptions", "shared_profile"]
+__all__ = ["CORE", "EmulatorCore", "EmulatorOptions", "emulator_key", "shared_profile"]
 
 
 @dataclass
@@ -57,6 +57,29 @@ class EmulatorOptions:
     in_flight_budget_usd: float | None = None  # None: scenario's
     thinking: bool = True  # the profile variant when a request does not switch reasoning off
     profile_obj: Profile | None = None  # an already loaded profile (embedding); wins over profile/tokenizer
+
+
+def emulator_key(path: str | None, env: str, *, flag: str) -> str | None:
+    """A key for ``EmulatorOptions.api_key``/``management_key`` (``draftgen emulate``): the content of the file
+    ``path`` (holding only the key), else environment variable ``env``, else None. Keys never come from the
+    command line, and no message here ever holds one."""
+    import os
+
+    from ..errors import ConfigError
+
+    if path:
+        where = Path(path).expanduser()
+        try:
+            key = where.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            raise ConfigError(f"{flag} {path}: cannot read the key file; check the path and permissions, "
+                              f"or set {env} to the key") from None
+        if not key:
+            raise ConfigError(f"{flag} {path}: the key file is empty")
+        if len(key.split()) > 1:
+            raise ConfigError(f"{flag} {path}: the key file must hold only the key (one line, nothing else)")
+        return key
+    return os.environ.get(env, "").strip() or None
 
 
 _PROFILES: dict[tuple[str, str, bool], Profile] = {}

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from ..config import RunConfig
+from ..rundir import RunDir
 
-__all__ = ["BUILTIN_SCENARIOS", "embedded_emulator", "ground_truth_path"]
+if TYPE_CHECKING:
+    from ..tokens import Profile
+
+__all__ = ["BUILTIN_SCENARIOS", "embedded_emulator"]
 
 BUILTIN_SCENARIOS = ("fast", "realistic", "chaos")
-
-
-def ground_truth_path(cfg: RunConfig) -> str:
-    return str(cfg.run_path / "emulator" / "ground_truth.jsonl")
 
 
 @contextlib.contextmanager
@@ -30,9 +31,14 @@ def embedded_emulator(
     api_key: str | None = None,
     management_key: str | None = None,
     ground_truth: bool = True,
+    profile: Profile | None = None,
 ) -> Iterator[str | None]:
+    """``profile``: the command's already loaded profile of ``cfg.model`` (default: loaded here, if the
+    emulator starts)."""
+    from ..backends import capabilities
+
     ep = cfg.endpoint
-    if ep.kind != "emulator" or ep.base_url or ep.base_urls:
+    if not capabilities(ep.kind).embedded_server or ep.base_url or ep.base_urls:
         yield None
         return
     from .server import EmulatorOptions, start_in_thread
@@ -44,16 +50,20 @@ def embedded_emulator(
         tokenizer = str(cfg.path(tokenizer))
     gt = None
     if ground_truth and em.ground_truth:
-        gt = ground_truth_path(cfg)
-        cfg.run_path.joinpath("emulator").mkdir(parents=True, exist_ok=True)
-    from ..tokens import profile_from_config
+        gt_path = RunDir(cfg.run_path).ground_truth
+        gt_path.parent.mkdir(parents=True, exist_ok=True)
+        gt = str(gt_path)
+    if profile is None:
+        from ..tokens import profile_from_config
+
+        profile = profile_from_config(cfg)
 
     opts = EmulatorOptions(
         host="127.0.0.1", port=0, scenario=scenario, seed=em.seed, ground_truth=gt,
         api_key=api_key, management_key=management_key, credits=em.credits,
         profile=cfg.model.profile, tokenizer=tokenizer, thinking=cfg.model.thinking,
         # The same profile object as the run's, so custom templates and kwargs render identically.
-        profile_obj=profile_from_config(cfg),
+        profile_obj=profile,
     )
     with start_in_thread(opts) as emu:
         yield emu.base_url

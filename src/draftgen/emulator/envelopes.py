@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-__all__ = ["USER_ID", "ApiError", "error_json", "error_response", "format_retry_after"]
+__all__ = ["USER_ID", "ApiError", "availability", "error_json", "error_response", "format_retry_after"]
 
 USER_ID = "user_emulator"
 
@@ -75,6 +75,3 @@ def availability(code: str, retryable: bool, *, retry_after: float | None = None
     out.update(extra)
     out["docs_url"] = "https://openrouter.ai/docs/api-reference/errors"
     return out
-
-
-__all__ += ["availability"]

@@ -166,17 +166,13 @@ class EmulatedModel:
         self._outputs: OrderedDict[tuple[bool, int, int], Output] = OrderedDict()
         self._cache_size = cache_size
         self._tinfo: dict[int, TokenInfo] = {}
-        gen = set(profile.generated_specials) & set(self.tokenizer.special_tokens)
-        self.tool_style: str | None = None
-        if "<|tool_calls_section_begin|>" in gen:
-            self.tool_style = "kimi"
-        elif "<tool_call>" in gen:
-            self.tool_style = "glm" if "<arg_key>" in self.tokenizer.special_tokens else "qwen3"
-        # Field edges real models write beyond the profile's junctions (research: providers-and-quirks §2):
-        # Kimi K2.5's reasoning and content begin with a space, GLM-4.5's reasoning with a newline.
-        name = profile.name
-        self.reasoning_edge = " " if name.startswith("kimi") else "\n" if name.startswith("glm") else ""
-        self.content_edge = " " if name.startswith("kimi") else ""
+        # Per-family behaviour is declared by the profile (``Profile.tool_markup``, ``reasoning_edge``,
+        # ``content_edge``), never guessed from its name. Tool markup is written only when the tokenizer in
+        # use has every control token of it (a profile on a foreign test tokenizer writes none).
+        markup_ok = set(profile.generated_specials) <= set(self.tokenizer.special_tokens)
+        self.tool_style: str | None = profile.tool_markup if markup_ok else None
+        self.reasoning_edge = profile.reasoning_edge
+        self.content_edge = profile.content_edge
 
     def profile(self, thinking: bool) -> Profile:
         p = self.profiles.get(thinking)

@@ -52,7 +52,7 @@ from .responses import (
 from .routing import ProviderPrefs, parse_prefs, route, used_parameters
 from .scenarios import FALLBACK_FAULTS, Provider
 
-__all__ = ["chat_completions", "reset_connection"]
+__all__ = ["chat_completions", "error_json", "parse_chat", "reset_connection"]
 
 
 @dataclass
@@ -586,6 +586,3 @@ class _Delivery:
         buf += DONE
         self.complete(streamed=True)  # before the last byte leaves (see whole())
         return await finish()
-
-
-__all__ += ["error_json", "parse_chat"]

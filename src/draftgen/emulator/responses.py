@@ -31,7 +31,23 @@ import orjson
 from .model import Output
 from .scenarios import Provider
 
-__all__ = ["Piece", "View", "chunk", "completion_body", "sse", "usage_obj", "view_of"]
+__all__ = [
+    "DONE",
+    "KEEPALIVE",
+    "PADDING",
+    "Piece",
+    "View",
+    "chunk",
+    "chunk_prefix",
+    "completion_body",
+    "delta_choice",
+    "delta_frags",
+    "finish_choice",
+    "message_obj",
+    "sse",
+    "usage_obj",
+    "view_of",
+]
 
 KEEPALIVE = b": OPENROUTER PROCESSING\n\n"
 DONE = b"data: [DONE]\n\n"
@@ -237,7 +253,3 @@ def chunk_prefix(gen_id: str, created: int, provider: Provider, model: str) -> b
 def finish_choice(finish_reason: str) -> dict[str, Any]:
     return {"index": 0, "delta": {"content": "", "reasoning": None}, "finish_reason": finish_reason,
             "native_finish_reason": finish_reason, "logprobs": None}
-
-
-__all__ += ["DONE", "KEEPALIVE", "PADDING", "chunk_prefix", "delta_choice", "delta_frags", "finish_choice",
-            "message_obj"]

@@ -3,8 +3,10 @@
 ``reasoning_text(rng, n)`` and ``content_text(rng, n)`` write about ``n`` tokens of text (estimated,
 not counted) from a ``random.Random``; the same generator state always gives the same text. Output is
 NFC-normalised (Qwen's tokenizer applies NFC, so text that is not NFC would not survive a round trip).
-``tool_call_markup(rng, style)`` writes one raw tool call in the model's own markup (Qwen3 ``<tool_call>``,
-GLM's ``<arg_key>``/``<arg_value>`` or Kimi's section tokens), as providers without a tool parser return it inside ``content``.
+``tool_call_markup(rng, style)`` writes one raw tool call in the model's own markup, the style a profile
+declares in ``Profile.tool_markup`` (``TOOL_MARKUP_STYLES``: Qwen3 ``<tool_call>``, GLM's
+``<arg_key>``/``<arg_value>`` or Kimi's section tokens), as providers without a tool parser return it
+inside ``content``.
 Nothing here knows token ids; the model module encodes the text with the profile's tokenizer.
 """
 
@@ -15,7 +17,7 @@ import random
 import unicodedata
 from collections.abc import Callable
 
-__all__ = ["content_text", "reasoning_text", "tool_call_markup"]
+__all__ = ["TOOL_MARKUP_STYLES", "content_text", "reasoning_text", "tool_call_markup"]
 
 _WORD_TEXT = (
     "the a an of to and in that is for it as with was on be by this are from at or which have not but "
@@ -211,23 +213,39 @@ def content_text(rng: random.Random, n_tokens: int) -> str:
 _TOOL_NAMES = ("get_weather", "search_web", "run_sql", "read_file")
 
 
-def tool_call_markup(rng: random.Random, style: str, index: int = 0) -> str:
-    """One raw tool call as the model writes it. ``style``: ``qwen3``, ``glm`` or ``kimi``."""
-    name = rng.choice(_TOOL_NAMES)
-    args = {"query": _sentence(rng), "limit": rng.randrange(1, 50), "city": rng.choice(("Florence", "東京", "São Paulo"))}
+def _qwen3_markup(name: str, args: dict[str, object], index: int) -> str:
+    call = json.dumps({"name": name, "arguments": args}, ensure_ascii=False)
+    return f"<tool_call>\n{call}\n</tool_call>"
+
+
+def _glm_markup(name: str, args: dict[str, object], index: int) -> str:
+    kv = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v if isinstance(v, str) else json.dumps(v)}</arg_value>\n"
+                 for k, v in args.items())
+    return f"<tool_call>{name}\n{kv}</tool_call>"
+
+
+def _kimi_markup(name: str, args: dict[str, object], index: int) -> str:
     payload = json.dumps(args, ensure_ascii=False)
-    if style == "qwen3":
-        call = json.dumps({"name": name, "arguments": args}, ensure_ascii=False)
-        return unicodedata.normalize("NFC", f"<tool_call>\n{call}\n</tool_call>")
-    if style == "glm":
-        kv = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v if isinstance(v, str) else json.dumps(v)}</arg_value>\n"
-                     for k, v in args.items())
-        return unicodedata.normalize("NFC", f"<tool_call>{name}\n{kv}</tool_call>")
-    if style == "kimi":
-        return unicodedata.normalize(
-            "NFC",
-            "<|tool_calls_section_begin|><|tool_call_begin|>"
+    return ("<|tool_calls_section_begin|><|tool_call_begin|>"
             f"functions.{name}:{index}<|tool_call_argument_begin|>{payload}<|tool_call_end|>"
-            "<|tool_calls_section_end|>",
-        )
-    raise ValueError(f"unknown tool-call markup style {style!r}")
+            "<|tool_calls_section_end|>")
+
+
+#: ``Profile.tool_markup`` style → writer of one raw call (``name``, ``args``, call index). One line per
+#: style; a profile declaring a style not listed here gets a ValueError when the emulator writes a call.
+TOOL_MARKUP_STYLES: dict[str, Callable[[str, dict[str, object], int], str]] = {
+    "qwen3": _qwen3_markup,
+    "glm": _glm_markup,
+    "kimi": _kimi_markup,
+}
+
+
+def tool_call_markup(rng: random.Random, style: str, index: int = 0) -> str:
+    """One raw tool call as the model writes it, in a ``TOOL_MARKUP_STYLES`` style (NFC)."""
+    name = rng.choice(_TOOL_NAMES)
+    args: dict[str, object] = {"query": _sentence(rng), "limit": rng.randrange(1, 50),
+                               "city": rng.choice(("Florence", "東京", "São Paulo"))}
+    writer = TOOL_MARKUP_STYLES.get(style)
+    if writer is None:
+        raise ValueError(f"unknown tool-call markup style {style!r}; known: {', '.join(TOOL_MARKUP_STYLES)}")
+    return unicodedata.normalize("NFC", writer(name, args, index))

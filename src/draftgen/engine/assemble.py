@@ -147,30 +147,23 @@ class Assembler:
             p_ids = prompt_ids
         else:
             p_ids = self.prompt_ids(prompt)
-        return ResponseRecord(
+        return ResponseRecord.from_completion(
+            comp,
             sample_id=prompt.sample_id,
             dataset=prompt.dataset,
             partition=partition,
             reasoning=reasoning,
             content=content,
-            tool_calls=comp.tool_calls,
             reasoning_field=field,
-            finish_reason=comp.finish_reason,
-            native_finish_reason=comp.native_finish_reason,
-            provider=comp.provider,
-            model=comp.model,
-            generation_id=comp.generation_id,
-            usage=comp.usage,
             output_ids=ids,
             prompt_ids=p_ids,
-            ids_source=source,  # type: ignore[arg-type]
+            ids_source=source,
             recon_flags=flags + extra_flags if extra_flags else flags,
             request_hash=request_hash(prompt, max_tokens),
             max_tokens=max_tokens,
             backend=comp.backend,
             attempts=attempts,
             latency_s=round(latency_s, 4),
-            ttft_s=comp.ttft_s,
             quantization=quantization,
             created_at=round(time.time(), 3),
             provenance=self.provenance,

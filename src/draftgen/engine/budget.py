@@ -1,48 +1,84 @@
 """Budget governor: per-dataset completion-token budgets and the run's dollar budget, with reservations.
 
+Every admitted request holds a ``Reservation`` until it is settled (its record is booked) or released
+(no record): ``tokens`` against its dataset's token budget, ``usd`` against ``max_spend`` and
+``worst_usd`` (its worst case, ``max_tokens · completion price + prompt_tokens · prompt price + request
+price``) against the account caps.
+
 Tokens (per dataset): ``done`` (completion tokens already in the raw log, from resume plus this run) plus
-``reserved`` (``max_tokens`` of every admitted request not yet finished). A request is admitted only if
-``done + reserved + max_tokens <= budget``; a dataset whose remainder can never admit one is finished.
+``reserved`` (the ``tokens`` of every admitted request not yet finished). A request reserving ``r`` tokens
+is admitted only if ``done + reserved + r <= budget``; a dataset whose remainder can never admit one
+(``done + r > budget``) is finished. What ``r`` is depends on ``budget.token_policy``:
+
+- ``strict``: ``r = max_tokens``. Even if every request in flight runs to ``max_tokens``, ``done`` never
+  passes the budget. With a 10M budget and ``max_tokens`` 10,240, at most 976 requests of a dataset are
+  in flight, and fewer as tokens are done.
+- ``expected`` (the default): ``r`` = the running p90 (``QUANTILE``) of the completion lengths observed
+  for that dataset and partition in this run, and ``max_tokens`` until ``MIN_SAMPLES`` (20) responses
+  are in (``LengthEstimate``). Admission stops once ``done + reserved`` reaches the budget, so the
+  overshoot is at most what was in flight beyond its reservations: ``done - budget <= Σ in flight
+  (max_tokens - r) <= concurrency × max_tokens``. With lengths of mean 2,600 and p90 ≈ 5,500, a 10M
+  budget admits about 1,800 requests at once instead of 976. ``TokenBudget.overshoot`` is reported.
 
 Dollars (whole run directory): ``prior`` (spend in the raw logs before this run) + ``session`` (spend of
-this run: ``usage.cost``, plus ``upstream_cost`` only when ``is_byok``) + ``reserved`` (the worst case of
-every admitted request, ``max_tokens · completion price + prompt_tokens · prompt price + request price``).
-A request is admitted only if that sum plus its own worst case fits under ``max_spend`` and under the
-account caps read at start (key ``limit_remaining``, credits remaining), so spend can never pass the budget
-by more than the prices were wrong. Releasing a reservation wakes producers waiting for room.
+this run: ``usage.cost``, plus ``upstream_cost`` only when ``is_byok``) + ``reserved`` (the ``usd`` of every
+admitted request). A request is admitted only if that sum plus its own reservation fits under
+``max_spend``. Under ``strict`` the reservation is the worst case, so spend never passes ``max_spend``
+by more than the prices were wrong. Under ``expected``, while far from the cap, it is the cost of the
+request at the same length estimate, taken at its mean (``prompt · prompt price + mean · completion
+price + request price``; ``max_tokens`` while warming up): the dollar budget is one pool over every slot,
+and the cost of N requests in flight concentrates at N × mean (its spread grows as √N), so the p90 per
+request would hold about twice the money idle (on the reference job, $45 of $100 for one set of 2,500
+slots). Near the cap it reserves the worst case: once the money left after reservations
+(``max_spend - spent - reserved``) is below ``(1 - QUANTILE) × slots_worst``, the worst case of a tenth
+of the configured slots (``slots_worst``: ``Σ partitions concurrency × max_tokens · completion price``,
+set by the engine; $8.6 on the reference job), a margin far above the spread of the in-flight total.
+Either way spend never passes ``max_spend`` by more than the worst case of the requests
+in flight (``slots_worst`` at most, plus their prompts): ``spent <= max_spend + Σ in flight (worst_usd -
+usd)``; ``plan`` states that bound. The account caps read at start (key ``limit_remaining``, credits
+remaining: ``session_cap``) are always checked against the worst cases (``reserved_worst``), never over.
+Releasing a reservation wakes producers waiting for room.
 
 A response without ``usage.cost`` (plain servers, some providers) is priced here when the routed prices
 are known (``priced``): ``prompt_tokens · prompt + completion_tokens · completion + request``, stored in
 the record's usage with ``cost_computed`` so a resume scan adds it up like a reported cost.
+
+Lengths read at resume are not fed to the estimate (the resume scan keeps totals, not lengths): a resumed
+run warms up again over its first ``MIN_SAMPLES`` responses per dataset and partition.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Literal
 
 import msgspec
 
+from ..pricing import Prices
 from ..records import Usage, spend_usd
 
-__all__ = ["Admission", "BudgetGovernor", "Prices", "TokenBudget", "usage_cost"]
+__all__ = [
+    "MIN_SAMPLES",
+    "QUANTILE",
+    "Admission",
+    "BudgetGovernor",
+    "LengthEstimate",
+    "Prices",
+    "Reservation",
+    "TokenBudget",
+    "TokenPolicy",
+    "usage_cost",
+]
 
+TokenPolicy = Literal["strict", "expected"]
 
-@dataclass(frozen=True)
-class Prices:
-    """USD per token (and per request)."""
-
-    prompt: float = 0.0
-    completion: float = 0.0
-    request: float = 0.0
-
-    def worst_case(self, prompt_tokens: int, max_tokens: int) -> float:
-        return max_tokens * self.completion + prompt_tokens * self.prompt + self.request
-
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
-        """What a response with these token counts costs at these prices."""
-        return completion_tokens * self.completion + prompt_tokens * self.prompt + self.request
+#: responses of a dataset and partition observed before their quantile replaces ``max_tokens``
+MIN_SAMPLES = 20
+#: the quantile of the observed completion lengths each request reserves under ``expected``
+QUANTILE = 0.9
 
 
 def usage_cost(u: Usage | None) -> float:
@@ -62,10 +98,58 @@ class TokenBudget:
     done: int = 0
     reserved: int = 0
 
-    def check(self, max_tokens: int) -> Admission:
-        if self.budget is None or self.done + self.reserved + max_tokens <= self.budget:
+    def check(self, tokens: int) -> Admission:
+        """Admission of a request reserving ``tokens`` (``max_tokens`` or the estimate)."""
+        if self.budget is None or self.done + self.reserved + tokens <= self.budget:
             return Admission.OK
-        return Admission.WAIT if self.reserved > 0 and self.done + max_tokens <= self.budget else Admission.NEVER
+        return Admission.WAIT if self.reserved > 0 and self.done + tokens <= self.budget else Admission.NEVER
+
+    @property
+    def overshoot(self) -> int:
+        """Completion tokens done beyond the budget (0 when within it or unbudgeted)."""
+        return 0 if self.budget is None else max(0, self.done - self.budget)
+
+
+@dataclass
+class LengthEstimate:
+    """Running ``QUANTILE`` of the completion lengths of one dataset and partition (sorted, all kept:
+    one int per response)."""
+
+    max_tokens: int
+    lengths: list[int] = field(default_factory=list)
+    total: int = 0
+
+    def add(self, completion_tokens: int) -> None:
+        bisect.insort(self.lengths, max(0, completion_tokens))
+        self.total += max(0, completion_tokens)
+
+    @property
+    def mean(self) -> int:
+        """``max_tokens`` until ``MIN_SAMPLES`` lengths are in; then their mean (1..max_tokens)."""
+        n = len(self.lengths)
+        if n < MIN_SAMPLES:
+            return self.max_tokens
+        return max(1, min(self.max_tokens, -(-self.total // n)))
+
+    @property
+    def value(self) -> int:
+        """``max_tokens`` until ``MIN_SAMPLES`` lengths are in; then their ``QUANTILE`` (1..max_tokens)."""
+        n = len(self.lengths)
+        if n < MIN_SAMPLES:
+            return self.max_tokens
+        return max(1, min(self.max_tokens, self.lengths[min(n - 1, int(QUANTILE * n))]))
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What one admitted request holds until settled or released."""
+
+    dataset: str
+    tokens: int  # against the dataset's token budget
+    usd: float  # against max_spend
+    worst_usd: float  # its worst case: against the account caps
+    partition: str = ""
+    max_tokens: int = 0
 
 
 @dataclass
@@ -78,8 +162,15 @@ class BudgetGovernor:
     #: caps on this session's spend from the account (key limit remaining, credits remaining)
     session_cap: float | None = None
     session: float = 0.0
+    #: dollars reserved against ``max_spend`` (the reservations' ``usd``)
     reserved: float = 0.0
+    #: the worst cases of the requests in flight (against the account caps)
+    reserved_worst: float = 0.0
     tokens: dict[str, TokenBudget] = field(default_factory=dict)
+    token_policy: TokenPolicy = "strict"
+    #: the completion worst case of a full set of slots (``Σ concurrency × max_tokens · completion price``)
+    slots_worst: float = 0.0
+    estimates: dict[tuple[str, str], LengthEstimate] = field(default_factory=dict)
     _waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
     # -- dollars ---------------------------------------------------------------------------------------
@@ -95,14 +186,63 @@ class BudgetGovernor:
         if self.max_spend is not None:
             caps.append(self.max_spend - self.spent - self.reserved)
         if self.session_cap is not None:
-            caps.append(self.session_cap - self.session - self.reserved)
+            caps.append(self.session_cap - self.session - self.reserved_worst)
         return min(caps) if caps else None
 
-    def check_dollars(self, worst_case: float) -> Admission:
-        rem = self.remaining
-        if rem is None or worst_case <= rem + 1e-12:
+    def check_dollars(self, usd: float, worst_usd: float | None = None) -> Admission:
+        """Admission of a request reserving ``usd`` against ``max_spend`` and ``worst_usd`` (default
+        ``usd``) against the account caps."""
+        worst = usd if worst_usd is None else worst_usd
+        fits = wait = True
+        if self.max_spend is not None:
+            rem = self.max_spend - self.spent - self.reserved
+            if usd > rem + 1e-12:
+                fits = False
+                wait = wait and self.reserved > 0 and usd <= rem + self.reserved + 1e-12
+        if self.session_cap is not None:
+            rem = self.session_cap - self.session - self.reserved_worst
+            if worst > rem + 1e-12:
+                fits = False
+                wait = wait and self.reserved_worst > 0 and worst <= rem + self.reserved_worst + 1e-12
+        if fits:
             return Admission.OK
-        return Admission.WAIT if self.reserved > 0 and worst_case <= rem + self.reserved else Admission.NEVER
+        return Admission.WAIT if wait else Admission.NEVER
+
+    def near_cap(self) -> bool:
+        """The money left under ``max_spend`` after reservations is below ``(1 - QUANTILE) × slots_worst``:
+        reserve worst cases from now on."""
+        if self.max_spend is None:
+            return False
+        return self.max_spend - self.spent - self.reserved < (1.0 - QUANTILE) * self.slots_worst
+
+    # -- estimates -------------------------------------------------------------------------------------
+
+    def estimate(self, dataset: str, partition: str, max_tokens: int) -> int:
+        """Tokens a request of this dataset and partition reserves under the token policy."""
+        if self.token_policy == "strict":
+            return max_tokens
+        est = self.estimates.get((dataset, partition))
+        if est is None:
+            est = self.estimates[(dataset, partition)] = LengthEstimate(max_tokens)
+        return min(est.value, max_tokens)
+
+    def reservation(self, dataset: str, partition: str, max_tokens: int, prompt_tokens: int) -> Reservation:
+        """What a request would reserve now (nothing is booked; ``check_*`` then ``reserve``): tokens at the
+        estimate; dollars at the estimate's mean while far from the cap, else the worst case."""
+        tokens = self.estimate(dataset, partition, max_tokens)
+        worst = self.prices.worst_case(prompt_tokens, max_tokens)
+        usd = worst
+        if tokens < max_tokens and not self.near_cap():
+            est = self.estimates.get((dataset, partition))
+            usd = self.prices.worst_case(prompt_tokens, min(tokens, est.mean if est is not None else max_tokens))
+        return Reservation(dataset, tokens, usd, worst, partition, max_tokens)
+
+    def observe(self, dataset: str, partition: str, max_tokens: int, completion_tokens: int) -> None:
+        """Feed one finished response's completion length to its estimate."""
+        est = self.estimates.get((dataset, partition))
+        if est is None:
+            est = self.estimates[(dataset, partition)] = LengthEstimate(max_tokens)
+        est.add(completion_tokens)
 
     # -- both ------------------------------------------------------------------------------------------
 
@@ -112,23 +252,42 @@ class BudgetGovernor:
             tb = self.tokens[dataset] = TokenBudget(None)
         return tb
 
-    def reserve(self, dataset: str, max_tokens: int, worst_case: float) -> None:
-        self.token_budget(dataset).reserved += max_tokens
-        self.reserved += worst_case
+    def reserve(self, dataset: str, tokens: int, usd: float, *, worst_usd: float | None = None) -> None:
+        self.token_budget(dataset).reserved += tokens
+        self.reserved += usd
+        self.reserved_worst += usd if worst_usd is None else worst_usd
 
-    def settle(self, dataset: str, max_tokens: int, worst_case: float, usage: Usage | None,
-               completion_tokens: int | None = None, charged: float = 0.0) -> float:
+    def hold(self, res: Reservation) -> None:
+        """Book ``res`` (after its checks passed)."""
+        self.reserve(res.dataset, res.tokens, res.usd, worst_usd=res.worst_usd)
+
+    def _unreserve(self, dataset: str, tokens: int, usd: float, worst_usd: float | None) -> TokenBudget:
+        tb = self.token_budget(dataset)
+        tb.reserved -= tokens
+        self.reserved = max(0.0, self.reserved - usd)
+        self.reserved_worst = max(0.0, self.reserved_worst - (usd if worst_usd is None else worst_usd))
+        return tb
+
+    def settle(self, dataset: str, tokens: int, usd: float, usage: Usage | None,
+               completion_tokens: int | None = None, charged: float = 0.0, *, worst_usd: float | None = None) -> float:
         """Release a reservation and book what the request really used. Returns its cost. ``charged``: what
         ``charge`` already booked for this very response (one first rejected, then kept), not booked twice."""
-        tb = self.token_budget(dataset)
-        tb.reserved -= max_tokens
+        tb = self._unreserve(dataset, tokens, usd, worst_usd)
         if completion_tokens is None:
             completion_tokens = usage.completion_tokens if usage is not None else 0
         tb.done += completion_tokens
-        self.reserved = max(0.0, self.reserved - worst_case)
         cost = usage_cost(usage)
         self.session += cost - charged
         self._notify()
+        return cost
+
+    def settle_res(self, res: Reservation, usage: Usage | None, completion_tokens: int | None = None,
+                   charged: float = 0.0) -> float:
+        """``settle`` of ``res``; its completion length also feeds the estimate of its dataset and partition."""
+        cost = self.settle(res.dataset, res.tokens, res.usd, usage, completion_tokens, charged, worst_usd=res.worst_usd)
+        if completion_tokens is None:
+            completion_tokens = usage.completion_tokens if usage is not None else 0
+        self.observe(res.dataset, res.partition, res.max_tokens, completion_tokens)
         return cost
 
     def priced_usage(self, usage: Usage | None, *, prompt_tokens: int, completion_tokens: int) -> Usage | None:
@@ -148,12 +307,15 @@ class BudgetGovernor:
             self.session += cost
             self._notify()
 
-    def release(self, dataset: str, max_tokens: int, worst_case: float, cost: float = 0.0) -> None:
+    def release(self, dataset: str, tokens: int, usd: float, cost: float = 0.0, *,
+                worst_usd: float | None = None) -> None:
         """Release a reservation of a request that produced no record (failed or cancelled)."""
-        self.token_budget(dataset).reserved -= max_tokens
-        self.reserved = max(0.0, self.reserved - worst_case)
+        self._unreserve(dataset, tokens, usd, worst_usd)
         self.session += cost
         self._notify()
+
+    def release_res(self, res: Reservation, cost: float = 0.0) -> None:
+        self.release(res.dataset, res.tokens, res.usd, cost, worst_usd=res.worst_usd)
 
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, []

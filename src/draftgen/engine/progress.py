@@ -21,11 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from ..report.format import fmt_duration  # a leaf (standard library only): one duration format everywhere
 from ..secrets import redact
 from ..store import storage_error
 from .stats import RunStats
 
-__all__ = ["Display", "RunLog", "fmt_duration", "make_display", "status_line", "summary_lines"]
+__all__ = ["Display", "RunLog", "make_display", "status_line", "summary_lines"]
 
 
 class RunLog:
@@ -68,17 +69,6 @@ class RunLog:
                 self._fh = None
                 raise storage_error(self.path or Path("?"), exc) from None
             self._fh = None
-
-
-def fmt_duration(s: float | None) -> str:
-    if s is None:
-        return "-"
-    s = int(s)
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s}s"
 
 
 def _k(n: float) -> str:

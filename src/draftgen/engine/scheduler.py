@@ -15,7 +15,10 @@ Invariants:
   one task per prompt.
 - A sample is done iff its ResponseRecord is in ``raw_responses.jsonl``; each id is scheduled at most once
   per run and never if already done, so no id is appended twice.
-- Every reservation is released exactly once (settled on success, released on failure or cancel).
+- Every reservation is released exactly once (settled on success, released on failure or cancel). What
+  it holds follows ``budget.token_policy`` (``budget.BudgetGovernor.reservation``): max_tokens and the
+  worst case under ``strict``; the dataset and partition's p90 length (dollars: its mean, the worst case
+  near the cap) under ``expected``; each settled length feeds that estimate.
 - A response with more tokens than it was allowed (``assemble.check_tokens``/``check_record_tokens``) is
   retried like a retryable error, never written; what it was billed is booked all the same. A response
   without ``usage.cost`` is priced from the routed prices before it is booked and written.
@@ -50,7 +53,7 @@ from ..backends.wire import attribute, provider_of
 from ..errors import APIError, AuthError, DraftgenError, PaymentRequired, RateLimited, RetryableAPIError
 from ..records import AttemptRecord, FailureRecord, HealthEvent, PromptRecord, ResponseRecord
 from .assemble import Assembler, UnusableResponse, check_reasoning, check_record_tokens, check_tokens
-from .budget import Admission, BudgetGovernor, usage_cost
+from .budget import Admission, BudgetGovernor, Reservation, usage_cost
 from .health import ProviderHealth
 from .limiter import AdaptiveLimiter
 from .progress import Display, RunLog
@@ -73,19 +76,15 @@ class PartitionPlan:
 
 @dataclass
 class DatasetPlan:
+    """One dataset's work: where its prompts are read and its records and failures written (the caller
+    spells the paths, ``rundir.RunDir``; the engine sees plans, not the run directory)."""
+
     name: str
     prompts_path: Path
-    raw_dir: Path
+    raw_path: Path
+    failures_path: Path
     done: set[str] = field(default_factory=set)
     pending: dict[str, int] = field(default_factory=dict)  # partition → prompts left
-
-    @property
-    def raw_path(self) -> Path:
-        return self.raw_dir / "raw_responses.jsonl"
-
-    @property
-    def failures_path(self) -> Path:
-        return self.raw_dir / "failures.jsonl"
 
 
 @dataclass
@@ -214,6 +213,9 @@ class Engine:
             if self.attempts_path is not None:
                 self._attempt_sink = RecordSink(self.attempts_path, executor=self._io, fsync=False)
                 self._attempt_sink.start()
+            if not self.governor.slots_worst:  # near the dollar cap: see budget.BudgetGovernor.near_cap
+                self.governor.slots_worst = sum(p.concurrency * self.governor.prices.worst_case(0, p.max_tokens)
+                                                for p in self.partitions)
             for part in self.partitions:
                 lim = AdaptiveLimiter(part.concurrency, adaptive=self.adaptive)
                 self.limiters[part.name] = lim
@@ -340,14 +342,15 @@ class Engine:
                 limiter.release()
                 alive.release()
                 return
-            dataset, prompt, worst = picked
+            dataset, prompt, res = picked
             self.stats.in_flight[part.name] = limiter.in_use
             spawned += 1
-            task = loop.create_task(self._sample(part, limiter, alive, dataset, prompt, worst))
+            task = loop.create_task(self._sample(part, limiter, alive, dataset, prompt, res))
             self._tasks.add(task)
             task.add_done_callback(self._task_done)
 
-    async def _pick(self, part: PartitionPlan, cursors: list[PromptCursor]) -> tuple[str, PromptRecord, float] | None:
+    async def _pick(self, part: PartitionPlan,
+                    cursors: list[PromptCursor]) -> tuple[str, PromptRecord, Reservation] | None:
         gov = self.governor
         mt = part.max_tokens
         while not self._stopping:
@@ -356,7 +359,7 @@ class Engine:
                 if cur.exhausted:
                     continue
                 tb = gov.token_budget(cur.dataset)
-                adm = tb.check(mt)
+                adm = tb.check(gov.estimate(cur.dataset, part.name, mt))  # max_tokens under strict
                 if adm is Admission.NEVER:
                     self._budget_reached(cur)
                     continue
@@ -366,19 +369,19 @@ class Engine:
                 prompt = cur.peek()
                 if prompt is None:
                     continue
-                worst = gov.prices.worst_case(estimate_prompt_tokens(prompt), mt)
-                dadm = gov.check_dollars(worst)
+                res = gov.reservation(cur.dataset, part.name, mt, estimate_prompt_tokens(prompt))
+                dadm = gov.check_dollars(res.usd, res.worst_usd)
                 if dadm is Admission.OK:
                     cur.take()
-                    gov.reserve(cur.dataset, mt, worst)
+                    gov.hold(res)
                     self.stats.reserved = gov.reserved
-                    return cur.dataset, prompt, worst
+                    return cur.dataset, prompt, res
                 if dadm is Admission.WAIT:
                     waiting = True
                     break
                 rem = gov.remaining or 0.0
                 self.request_stop(
-                    f"dollar budget: ${max(rem, 0.0):.4f} left cannot cover the next request (worst case ${worst:.4f}); "
+                    f"dollar budget: ${max(rem, 0.0):.4f} left cannot cover the next request (${res.usd:.4f}); "
                     "raise --max-spend to continue",
                     exit_code=1,
                 )
@@ -409,9 +412,10 @@ class Engine:
     # -- one sample ----------------------------------------------------------------------------------------
 
     async def _sample(self, part: PartitionPlan, limiter: AdaptiveLimiter, alive: asyncio.Semaphore, dataset: str,
-                      prompt: PromptRecord, worst: float) -> None:
+                      prompt: PromptRecord, res: Reservation) -> None:
         loop = asyncio.get_running_loop()
         mt = part.max_tokens
+        worst = res.worst_usd
         settled = False
         slot = True
         try:
@@ -523,11 +527,11 @@ class Engine:
             else:
                 self.stats.kept_unusable[unusable] += 1
             settled = True
-            self._book(dataset, comp, rec, mt, worst, latency, charged=charged)
+            self._book(dataset, comp, rec, res, latency, charged=charged)
             self._sink(dataset).put(rec)
         finally:
             if not settled:
-                self.governor.release(dataset, mt, worst)
+                self.governor.release_res(res)
                 self.stats.reserved = self.governor.reserved
             if slot:
                 limiter.release()
@@ -613,11 +617,11 @@ class Engine:
             self.stats.remaining = self.governor.remaining
         return max(cost, 0.0)
 
-    def _book(self, dataset: str, comp: Completion, rec: ResponseRecord, mt: int, worst: float, latency: float,
+    def _book(self, dataset: str, comp: Completion, rec: ResponseRecord, res: Reservation, latency: float,
               charged: float = 0.0) -> None:
         u = rec.usage  # the completion's, with a computed cost where it had none
         tokens = u.completion_tokens if u is not None and u.completion_tokens else len(rec.output_ids or ())
-        cost = self.governor.settle(dataset, mt, worst, u, completion_tokens=tokens, charged=charged)
+        cost = self.governor.settle_res(res, u, completion_tokens=tokens, charged=charged)
         st = self.stats
         counts = st.dataset(dataset)
         counts.completion_tokens += tokens

@@ -1,2 +1,3 @@
-"""The run's dashboards: ``metrics`` (every figure, from the run directory), ``status`` (terminal) and
-``html`` (the self-contained ``report.html``). Imports are per module so ``draftgen status`` stays light."""
+"""The run's dashboards: ``metrics`` (every figure, from the run directory, with ``datasets``, ``providers``,
+``charts`` and ``verdict``), ``status`` (terminal) and ``html`` (the self-contained ``report.html``). Imports
+are per module so ``draftgen status`` stays light."""

@@ -1,4 +1,9 @@
-"""Number formatting shared by the terminal status and the HTML report (so both print the same)."""
+"""Number formatting shared by the terminal status, the generate progress line and log, ``plan`` and the
+HTML report (so all print the same).
+
+A leaf: it imports only the standard library, so any layer (``engine`` included) may import it without
+pulling in the rest of ``report``. Unknown values print as an en dash.
+"""
 
 from __future__ import annotations
 
@@ -32,6 +37,10 @@ def fmt_usd(x: float | None) -> str:
 
 
 def fmt_duration(seconds: float | None) -> str:
+    """A duration for people: ``7.3s`` (under 10 s), ``42s``, ``3m 07s``, ``5h 02m``, ``2d 03h``; ``–`` if unknown.
+
+    Two units at most, the second zero-padded, so a status line's width stays steady as it counts down.
+    """
     if seconds is None:
         return "–"
     s = round(seconds)

@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..config import RunConfig
-from ..records import DatasetAudit, MismatchExample
-from ..rundir import writer
+from ..records import DatasetAudit, MismatchExample, ResponseIdsView
+from ..rundir import RunDir, writer
 from ..secrets import redact
-from ..store import atomic_write_bytes
+from ..store import atomic_write_bytes, first_records
+from .charts import TIME_UNITS, SeqLengths
 from .format import fmt_duration, fmt_float, fmt_int, fmt_pct, fmt_time, fmt_usd
-from .metrics import TIME_UNITS, RunMetrics, SeqLengths, compute_metrics
+from .metrics import RunMetrics, compute_metrics
 
 if TYPE_CHECKING:
     from ..tokens import Profile, Tokenizer
@@ -144,7 +145,7 @@ _KINDS = ["#e03131", "#f59f00", "#c2255c", "#1c7ed6", "#5c940d", "#6d5dfc", "#e8
 
 def _time_axis(m: RunMetrics) -> tuple[float, float, str, dict[str, Any]]:
     """(t0, seconds per unit, unit, plotly x axis) shared by every time chart: time since the run's first
-    activity in seconds, minutes or hours (``metrics.time_unit``), never epoch floats."""
+    activity in seconds, minutes or hours (``charts.time_unit``), never epoch floats."""
     act = m.activity
     t0 = act.t0 if act.t0 is not None else (m.timeline.start[0] if m.timeline.start else 0.0)
     unit = act.unit
@@ -400,8 +401,8 @@ def sample_view(run_dir: Path, m: RunMetrics, profile: Profile) -> SampleView | 
                     key=lambda f: (f.split != "train", f.path))
     for f in shards:
         path = run_dir / f.path
-        if not path.is_file() and (run_dir / "merged" / f.path).is_file():
-            path = run_dir / "merged" / f.path  # a manifest whose paths are relative to merged/
+        if not path.is_file() and (RunDir(run_dir).merged / f.path).is_file():
+            path = RunDir(run_dir).merged / f.path  # a manifest whose paths are relative to merged/
         if path.is_file():
             break
     else:
@@ -456,33 +457,7 @@ _CONTEXT_CHARS = 90
 
 def _output_ids(raw: Path, wanted: set[str]) -> dict[str, list[int]]:
     """output_ids of the ``wanted`` sample ids (first record each), found by a byte search of the log."""
-
-    class _Ids(msgspec.Struct):
-        sample_id: str
-        output_ids: list[int] | None = None
-
-    found: dict[str, list[int]] = {}
-    tags = {sid: msgspec.json.encode(sid) for sid in wanted}
-    decoder = msgspec.json.Decoder(_Ids)
-    try:
-        fh = open(raw, "rb")  # noqa: SIM115 (closed by the with below)
-    except OSError:
-        return found
-    with fh:
-        for line in fh:
-            if not line.endswith(b"\n"):
-                break
-            for sid, tag in tags.items():
-                if sid not in found and tag in line:
-                    try:
-                        rec = decoder.decode(line)
-                    except msgspec.DecodeError:
-                        continue
-                    if rec.sample_id == sid:
-                        found[sid] = rec.output_ids or []
-            if len(found) == len(wanted):
-                break
-    return found
+    return {sid: rec.output_ids or [] for sid, rec in first_records(raw, ResponseIdsView, wanted).items()}
 
 
 def example_rows(run_dir: Path, m: RunMetrics, profile: Profile | None, limit: int = 10) -> list[ExampleRow]:
@@ -500,7 +475,7 @@ def example_rows(run_dir: Path, m: RunMetrics, profile: Profile | None, limit: i
     if profile is not None:
         for dataset in {d for d, _ in picked if d}:
             wanted = {e.sample_id for d, e in picked if d == dataset}
-            for sid, found in _output_ids(run_dir / "raw" / dataset / "raw_responses.jsonl", wanted).items():
+            for sid, found in _output_ids(RunDir(run_dir).raw(dataset), wanted).items():
                 ids[(dataset, sid)] = found
     rows: list[ExampleRow] = []
     for dataset, e in picked:
@@ -581,18 +556,21 @@ def _redact_page(page: str, verbatim: str) -> str:
     return redact(page[:i]) + verbatim + redact(page[i + len(verbatim):])
 
 
-def run_report(cfg: RunConfig, *, output: Path | None = None, echo: Any = None) -> Path:
-    """Compute the run's metrics and write the page (under the run directory's writer lock); returns its path."""
-    with writer(cfg, "report"):
-        return _report(cfg, output, echo)
+def run_report(cfg: RunConfig, *, output: Path | None = None, echo: Any = None,
+               profile: Profile | None = None) -> Path:
+    """Compute the run's metrics and write the page (under the run directory's writer lock); returns its path.
+    ``profile``: the already loaded profile of ``cfg.model`` for the token views (default: loaded here when
+    the page has token views; a profile that does not load leaves them out)."""
+    with writer(cfg, "report") as rd:
+        return _report(cfg, rd, output, echo, profile)
 
 
-def _report(cfg: RunConfig, output: Path | None, echo: Any) -> Path:
+def _report(cfg: RunConfig, rd: RunDir, output: Path | None, echo: Any, loaded: Profile | None) -> Path:
     run_dir = cfg.run_path
-    out = output if output is not None else run_dir / "report.html"
+    out = output if output is not None else rd.report_html
     m = compute_metrics(run_dir, [d.name for d in cfg.datasets])
     # The page marks the run reported when it lands where compute_metrics looks for it.
-    if out.resolve() == (run_dir / "report.html").resolve():
+    if out.resolve() == rd.report_html.resolve():
         m.phases["reported"] = True
     settings = {
         "model": m.model or cfg.model.id,
@@ -604,8 +582,11 @@ def _report(cfg: RunConfig, output: Path | None, echo: Any) -> Path:
     notes: list[str] = []
     sample: SampleView | None = None
     profile: Profile | None = None
-    if m.phases.get("merged") or (m.audit is not None and (m.audit.overall.examples
-                                                             or any(a.examples for a in m.audit.datasets))):
+    wants_tokens = m.phases.get("merged") or (m.audit is not None and (m.audit.overall.examples
+                                                                        or any(a.examples for a in m.audit.datasets)))
+    if wants_tokens and loaded is not None:
+        profile = loaded
+    elif wants_tokens:
         try:
             from ..tokens import profile_from_config
 

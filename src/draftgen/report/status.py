@@ -22,8 +22,10 @@ from rich.text import Text
 
 from ..errors import RunDirError
 from ..secrets import redact
+from .datasets import DatasetMetrics
 from .format import fmt_duration, fmt_int, fmt_pct, fmt_time, fmt_usd
-from .metrics import DatasetMetrics, ProviderMetrics, RunMetrics, compute_metrics
+from .metrics import RunMetrics, compute_metrics
+from .providers import ProviderMetrics
 
 __all__ = ["StatusReport", "render_status", "render_text", "resolve_target", "run_status"]
 

@@ -4,18 +4,17 @@
 profile that renders prompts and rebuilds generated ids for that model family.
 ``profile_from_config(cfg)`` does the same from a run configuration's ``model`` section.
 
-Profiles: kimi-k2.5, kimi-k2-thinking, qwen3, qwen3-thinking-2507, deepseek-r1, deepseek-v3.1, glm-4.5,
-gpt-oss, generic.
+Profiles are registered in ``PROFILE_TABLE`` (name → ``"module:Class"`` in this package, imported on first
+use): adding a profile is its module plus one line there. ``register_profile(cls)`` adds one at run time
+(a plugin, a test) and ``unregister_profile(name)`` removes it; ``profile_names()`` lists them all.
 """
 
 from __future__ import annotations
 
-import contextlib
+import importlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import msgspec
 
 from ..errors import TokenizerError
 from .loader import DEFAULT_CONTEXT_LENGTH, LoadedTokenizer, context_length_of, load_tokenizer
@@ -28,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_CONTEXT_LENGTH",
     "PROFILES",
+    "PROFILE_TABLE",
     "Field",
     "Lit",
     "LoadedTokenizer",
@@ -41,49 +41,61 @@ __all__ = [
     "load_tokenizer",
     "profile_class",
     "profile_from_config",
+    "profile_names",
+    "register_profile",
+    "unregister_profile",
 ]
 
-PROFILES: tuple[str, ...] = (
-    "kimi-k2.5",
-    "kimi-k2-thinking",
-    "qwen3",
-    "qwen3-thinking-2507",
-    "deepseek-r1",
-    "deepseek-v3.1",
-    "glm-4.5",
-    "gpt-oss",
-    "generic",
-)
+#: profile name → ``"module:Class"`` of this package, imported on first use. One line per profile.
+PROFILE_TABLE: dict[str, str] = {
+    "kimi-k2.5": "kimi:KimiK25Profile",
+    "kimi-k2-thinking": "kimi:KimiK2ThinkingProfile",
+    "qwen3": "qwen3:Qwen3Profile",
+    "qwen3-thinking-2507": "qwen3:Qwen3ThinkingProfile",
+    "deepseek-r1": "deepseek:DeepSeekR1Profile",
+    "deepseek-v3.1": "deepseek:DeepSeekV31Profile",
+    "glm-4.5": "glm:Glm45Profile",
+    "gpt-oss": "gpt_oss:GptOssProfile",
+    "generic": "generic:GenericProfile",
+}
+
+#: The built-in profiles' names (``PROFILE_TABLE``); ``profile_names()`` adds those registered at run time.
+PROFILES: tuple[str, ...] = tuple(PROFILE_TABLE)
+
+#: Profiles registered at run time (``register_profile``), name → class.
+_RUNTIME: dict[str, type[Profile]] = {}
 
 
-def _registry() -> dict[str, type[Profile]]:
-    from .deepseek import DeepSeekR1Profile, DeepSeekV31Profile
-    from .generic import GenericProfile
-    from .glm import Glm45Profile
-    from .gpt_oss import GptOssProfile
-    from .kimi import KimiK2ThinkingProfile, KimiK25Profile
-    from .qwen3 import Qwen3Profile, Qwen3ThinkingProfile
+def register_profile(cls: type[Profile]) -> type[Profile]:
+    """Register ``cls`` under ``cls.name`` (usable as a decorator). A name already taken is a TokenizerError."""
+    if cls.name in PROFILE_TABLE or cls.name in _RUNTIME:
+        raise TokenizerError(f"profile {cls.name!r} is already registered")
+    _RUNTIME[cls.name] = cls
+    return cls
 
-    classes: list[type[Profile]] = [
-        KimiK25Profile,
-        KimiK2ThinkingProfile,
-        Qwen3Profile,
-        Qwen3ThinkingProfile,
-        DeepSeekR1Profile,
-        DeepSeekV31Profile,
-        Glm45Profile,
-        GptOssProfile,
-        GenericProfile,
-    ]
-    return {c.name: c for c in classes}
+
+def unregister_profile(name: str) -> None:
+    """Remove a profile registered with ``register_profile`` (built-in ones stay)."""
+    _RUNTIME.pop(name, None)
+
+
+def profile_names() -> tuple[str, ...]:
+    """Every registered profile's name: the built-in ones, then those registered at run time."""
+    return PROFILES + tuple(_RUNTIME)
 
 
 def profile_class(name: str) -> type[Profile]:
-    reg = _registry()
-    try:
-        return reg[name]
-    except KeyError:
-        raise TokenizerError(f"unknown profile {name!r}; known profiles: {', '.join(PROFILES)}") from None
+    """The profile class registered as ``name``; a TokenizerError naming the known profiles."""
+    if name in _RUNTIME:
+        return _RUNTIME[name]
+    target = PROFILE_TABLE.get(name)
+    if target is None:
+        raise TokenizerError(f"unknown profile {name!r}; known profiles: {', '.join(profile_names())}")
+    module, _, attr = target.partition(":")
+    cls: type[Profile] = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    if cls.name != name:  # the table and the class must agree, or records would carry another name
+        raise TokenizerError(f"PROFILE_TABLE[{name!r}] names {cls.__name__}, whose name is {cls.name!r}")
+    return cls
 
 
 def _template_text(chat_template: str, base_dir: Path | None, folder: Path | None) -> str:
@@ -138,35 +150,20 @@ def load_profile(
 def profile_from_config(cfg: RunConfig) -> Profile:
     """The profile described by ``cfg.model`` (gpt-oss also takes ``reasoning.effort`` as its effort).
 
-    Every phase loads the target's profile through here. The last one is kept for reuse (a run has one
-    target), keyed by everything that shapes it, including the template file's modification time.
+    Loads afresh on every call (nothing is cached here): a command loads it once and passes it on, as
+    ``pipeline`` does to every phase (each ``run_<phase>`` takes ``profile=``).
     """
     m = cfg.model
     kwargs = dict(m.template_kwargs)
     if m.profile == "gpt-oss" and cfg.reasoning.effort and "reasoning_effort" not in kwargs:
         kwargs["reasoning_effort"] = cfg.reasoning.effort
-    base_dir = Path(cfg.base_dir) if cfg.base_dir else None
-    stamp: int | None = None
-    if m.chat_template:
-        with contextlib.suppress(OSError):
-            stamp = cfg.path(m.chat_template).stat().st_mtime_ns
-    key = msgspec.json.encode([msgspec.to_builtins(m), kwargs, str(base_dir), stamp], order="sorted")
-    cached = _LAST_PROFILE.get(key)
-    if cached is not None:
-        return cached
-    prof = load_profile(
+    return load_profile(
         m.profile,
         m.tokenizer,
         sha256=m.tokenizer_sha256,
         thinking=m.thinking,
-        base_dir=base_dir,
+        base_dir=Path(cfg.base_dir) if cfg.base_dir else None,
         chat_template=m.chat_template,
         template_kwargs=kwargs,
         options=m.profile_options,
     )
-    _LAST_PROFILE.clear()
-    _LAST_PROFILE[key] = prof
-    return prof
-
-
-_LAST_PROFILE: dict[bytes, Profile] = {}

@@ -37,6 +37,7 @@ _EOS = "<｜end▁of▁sentence｜>"
 
 class DeepSeekR1Profile(Profile):
     name = "deepseek-r1"
+    tool_markup = None  # the emulator writes no DeepSeek tool-call markup
     thinking_suffix: tuple[Piece, ...] = (
         Field("reasoning", trail="\n"),
         Special("</think>"),

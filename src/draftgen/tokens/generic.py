@@ -36,6 +36,7 @@ _KEYS = (*_STR_KEYS, *_LIST_KEYS, "expected_ids")
 
 class GenericProfile(Profile):
     name = "generic"
+    tool_markup = None  # markers come from model.profile_options; the emulator writes no tool calls
 
     def configure(self, options: Mapping[str, Any]) -> None:
         unknown = sorted(set(options) - set(_KEYS))

@@ -39,6 +39,10 @@ _KIMI_CALL_ID = re.compile(r"functions\.[^:\s]+:\d+")
 
 class KimiK25Profile(Profile):
     name = "kimi-k2.5"
+    # research: providers-and-quirks §2, K2.5's reasoning and content often begin with a space
+    tool_markup = "kimi"
+    reasoning_edge = " "
+    content_edge = " "
     thinking_suffix: tuple[Piece, ...] = (
         Field("reasoning"),
         Special("</think>"),

@@ -11,7 +11,9 @@ Specs:
   when exactly one ``tokenizer_config*.json`` / ``chat_template*.jinja`` is present.
 - a file inside such a folder (``…/tokenizer.json``, ``…/tiktoken.model``): that file, with the folder's
   config and template.
-- ``hf:org/name[@revision]``: downloaded through ``huggingface_hub`` (online only), then loaded as a folder.
+- ``hf:org/name[@revision]``: downloaded once through ``huggingface_hub`` (then read from its cache, offline
+  too), then loaded as a folder. Without network and cache it fails in seconds with one line that names
+  the way out: a local folder and the files it needs.
 
 A ``sha256`` pin is checked against the vocabulary file's uncompressed bytes. Foreign exceptions from
 ``tokenizers``/``tiktoken``/``huggingface_hub`` are translated to ``TokenizerError`` here and only here.
@@ -19,12 +21,15 @@ A ``sha256`` pin is checked against the vocabulary file's uncompressed bytes. Fo
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
 import json
+import logging
+import warnings
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -211,7 +216,89 @@ def _folder(
     )
 
 
+#: seconds to wait for the hub to answer one HEAD before calling it unreachable (no retries)
+HUB_REACH_TIMEOUT_S = 5.0
+
+
+def _hub_endpoint() -> str | None:
+    """The hub root ``huggingface_hub`` would use (``HF_ENDPOINT`` honoured), or None when it cannot say."""
+    try:
+        from huggingface_hub import constants
+    except Exception:  # a stand-in module, or an old layout
+        return None
+    endpoint = getattr(constants, "ENDPOINT", None)
+    return endpoint if isinstance(endpoint, str) and endpoint else None
+
+
+def _hub_offline() -> bool:
+    try:
+        from huggingface_hub import constants
+    except Exception:
+        return False
+    check = getattr(constants, "is_offline_mode", None)
+    return bool(check()) if callable(check) else bool(getattr(constants, "HF_HUB_OFFLINE", False))
+
+
+def _unreachable(endpoint: str) -> str | None:
+    """Why ``endpoint`` does not answer one HEAD within ``HUB_REACH_TIMEOUT_S`` (no retries), or None when it
+    answers at all (any HTTP status counts: the hub is there). Environment proxies are honoured."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(endpoint, method="HEAD")
+    try:
+        with urllib.request.urlopen(req, timeout=HUB_REACH_TIMEOUT_S):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        return str(getattr(reason, "strerror", None) or reason)
+    except (OSError, ValueError) as exc:  # timeouts, resets, a malformed HF_ENDPOINT
+        return str(getattr(exc, "strerror", None) or exc) or type(exc).__name__
+
+
+@contextlib.contextmanager
+def _quiet_hub() -> Iterator[None]:
+    """Silence ``huggingface_hub``'s retry warnings (logged per attempt, and shown twice when the root
+    logger has a handler) and its Python warnings for one call; a failure is reported once, by us."""
+    hub_log = logging.getLogger("huggingface_hub")
+    level, propagate = hub_log.level, hub_log.propagate
+    hub_log.setLevel(logging.CRITICAL)
+    hub_log.propagate = False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hub_log.setLevel(level)
+        hub_log.propagate = propagate
+
+
+def _hub_failure(spec: str, repo: str, sha256: str | None, why: str) -> TokenizerError:
+    """One line naming both ways out: network once for ``hf:``, or a local folder and the files it needs."""
+    from .kimi_tiktoken import KIMI_TIKTOKEN_SHA256
+
+    pin = (sha256 or "").strip().lower()
+    kimi = pin == KIMI_TIKTOKEN_SHA256 or any(w in repo.lower() for w in ("kimi", "moonshot"))
+    vocab = "tiktoken.model" if kimi else "tokenizer.json"
+    if not pin and kimi:
+        pin = KIMI_TIKTOKEN_SHA256
+    sha = f" ({vocab} sha256 {pin})" if pin else ""
+    return TokenizerError(
+        f"hf:{spec}: {why}; either run once with network access (hf:{repo} downloads once, then loads from the "
+        f"Hugging Face cache offline), or point model.tokenizer at a local folder holding {vocab}, "
+        f"tokenizer_config.json and chat_template.jinja{sha}"
+    )
+
+
 def _hub(spec: str, sha256: str | None, **names: Sequence[str]) -> LoadedTokenizer:
+    """Download (or reuse from the cache) the tokenizer files of ``hf:org/name[@revision]``.
+
+    Cached files load without touching the network. Otherwise the hub gets one HEAD with a short timeout
+    (no retries) before the download, so an offline machine fails in seconds with one line, not after
+    huggingface_hub's minute of logged retries.
+    """
     repo, _, revision = spec.partition("@")
     if repo.count("/") != 1:
         raise TokenizerError(f"hf:{spec}: expected hf:org/name or hf:org/name@revision")
@@ -221,12 +308,27 @@ def _hub(spec: str, sha256: str | None, **names: Sequence[str]) -> LoadedTokeniz
         raise TokenizerError(
             f"hf:{spec}: huggingface_hub is not installed; `pip install 'draftgen[hub]'` or use a local folder"
         ) from None
+    kwargs: dict[str, Any] = {"repo_id": repo, "revision": revision or None, "allow_patterns": list(_HUB_PATTERNS)}
+    local: str | None = None
     try:
-        local = snapshot_download(repo_id=repo, revision=revision or None, allow_patterns=list(_HUB_PATTERNS))
-    except Exception as exc:  # network, auth, missing repo: all end the same way for the user
-        raise TokenizerError(
-            f"hf:{spec}: download failed ({type(exc).__name__}); check the id, revision and network"
-        ) from None
+        with _quiet_hub():
+            local = str(snapshot_download(**kwargs, local_files_only=True))
+    except Exception:  # not cached (or a stand-in without local_files_only): download below
+        local = None
+    if local is None:
+        if _hub_offline():
+            raise _hub_failure(spec, repo, sha256, "not in the Hugging Face cache and HF_HUB_OFFLINE is set")
+        endpoint = _hub_endpoint()
+        why = _unreachable(endpoint) if endpoint else None
+        if why is not None:
+            raise _hub_failure(spec, repo, sha256, f"not in the Hugging Face cache and {endpoint} is unreachable "
+                                                   f"({why})")
+        try:
+            with _quiet_hub():
+                local = str(snapshot_download(**kwargs))
+        except Exception as exc:  # network, auth, missing repo: all end the same way for the user
+            raise _hub_failure(spec, repo, sha256, f"download failed ({type(exc).__name__}); check the id and "
+                                                   "revision") from None
     loaded = _folder(Path(local), sha256, **names)
     loaded.source = f"hf:{spec}"
     return loaded

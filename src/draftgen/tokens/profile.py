@@ -176,6 +176,15 @@ class Profile:
     think_end_unique: bool = True
     #: sha256 of the vocabulary file this profile was loaded with (set by ``tokens.load_profile``)
     tokenizer_sha256: str = ""
+    #: How the emulator writes this family's outputs (``emulator.model``; nothing else reads these).
+    #: ``tool_markup``: the raw tool-call markup style of ``emulator.textgen.tool_call_markup``
+    #: (``"qwen3"``, ``"glm"``, ``"kimi"``), None for a family whose tool calls the emulator does not
+    #: write. The emulator writes it only when every ``generated_specials`` token is a control token of the
+    #: tokenizer in use. ``reasoning_edge``/``content_edge``: whitespace real models write at the start of
+    #: the reasoning / content field beyond the profile's junctions (at ``scenario.leading_space_rate``).
+    tool_markup: str | None = None
+    reasoning_edge: str = ""
+    content_edge: str = ""
 
     def __init__(
         self,

@@ -1,0 +1,113 @@
+"""What every test file shares: where the tokenizer assets are, why a test was skipped, one free port,
+one fake API key, and one config factory. Importable from ``tests/`` and ``tests/reliability/`` as
+``from _common_helpers import ...`` (pytest puts ``tests/`` on ``sys.path``, see ``conftest``).
+
+Tokenizer assets: ``DRAFTGEN_TEST_ASSETS`` names the folder holding ``qwen3/``, ``deepseek-r1/``, … ;
+unset, it is ``<checkout>/../shared/assets/tokenizers``. Tests that need it skip with
+``ASSETS_MISSING`` (and the browser test with ``BROWSER_MISSING``); ``conftest`` counts those skips at
+the end of the run, so every skip reason here must stay recognisable by its prefix.
+
+Config factory: ``config_dict`` (a plain mapping with the house defaults), ``write_config`` (YAML on
+disk), ``load`` (the ``RunConfig``). The other ``make_config``/``base_config`` helpers are thin
+wrappers over these. Writes only the files it is asked to.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from draftgen.config import RunConfig, load_config
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+# -- tokenizer assets and the skip reasons the summary counts ------------------------------------------
+
+ASSETS_ENV = "DRAFTGEN_TEST_ASSETS"
+ASSETS = Path(os.environ.get(ASSETS_ENV) or CHECKOUT.parent / "shared" / "assets" / "tokenizers").resolve()
+ASSETS_MISSING = f"tokenizer assets not found at {ASSETS}"
+ASSETS_HINT = f"set {ASSETS_ENV} to the folder holding qwen3/, deepseek-r1/, glm-4.5/, gpt-oss/, kimi-k2.5/, ..."
+
+BROWSER_MISSING = "Chromium not found"
+BROWSER_HINT = "install Debian's chromium: apt-get install -y chromium; scripts/test does it as root"
+
+# prefix of a skip reason -> how to provide what was missing (tests/conftest.py prints one line each)
+SKIP_HINTS: dict[str, str] = {ASSETS_MISSING: ASSETS_HINT, BROWSER_MISSING: BROWSER_HINT}
+
+
+def have_assets() -> bool:
+    return (ASSETS / "qwen3").is_dir()
+
+
+def need_assets() -> Path:
+    """The tokenizer assets folder, or skip the calling test with the one recognisable reason."""
+    if not have_assets():
+        pytest.skip(ASSETS_MISSING)
+    return ASSETS
+
+
+# -- ports and keys ---------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# The fake OpenRouter key: the right shape (so redaction and key checks treat it as a key) and recognisable
+# in a scan of files (tests/reliability/conftest.py scans pytest's temp folders for it). Tests of key
+# detection itself keep their own specific shapes.
+FAKE_KEY = "sk-or-v1-" + "S3CR3T" * 8
+
+# -- configs ------------------------------------------------------------------------------------------------
+
+DEFAULT_MODEL: dict[str, Any] = {"id": "qwen/qwen3-8b", "profile": "qwen3", "tokenizer": "bundled:qwen3"}
+
+
+def dataset_specs(datasets: Sequence[str | Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A name becomes ``{"name": n, "path": "n.jsonl"}``; a mapping is taken as it is."""
+    return [{"name": d, "path": f"{d}.jsonl"} if isinstance(d, str) else dict(d) for d in datasets]
+
+
+def config_dict(tmp: Path, datasets: Sequence[str | Mapping[str, Any]] = ("chat",), *,
+                replace: bool = False, **sections: Any) -> dict[str, Any]:
+    """A config mapping over ``tmp``: run directory ``tmp/run``, the embedded emulator, bundled Qwen3.
+
+    ``sections`` override top-level keys. A mapping given for a key whose default is a mapping is merged
+    into it one level deep (``endpoint={"base_url": u}`` keeps the other endpoint keys), unless
+    ``replace`` is true, when every section replaces its default whole.
+    """
+    data: dict[str, Any] = {
+        "run_dir": str(tmp / "run"),
+        "model": dict(DEFAULT_MODEL),
+        "endpoint": "emulator",
+        "datasets": dataset_specs(datasets),
+    }
+    for key, value in sections.items():
+        base = data.get(key)
+        if not replace and isinstance(value, Mapping) and isinstance(base, dict):
+            data[key] = {**base, **value}
+        else:
+            data[key] = value
+    return data
+
+
+def write_config(folder: Path, data: Mapping[str, Any], name: str = "cfg.yaml") -> Path:
+    """``data`` as YAML in ``folder/name`` (key order kept); returns the path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(yaml.safe_dump(dict(data), sort_keys=False, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+def load(path: Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """The ``RunConfig`` of a config file, as the CLI loads it (relative paths from the file's folder)."""
+    return load_config(path, dict(overrides) if overrides else None)
