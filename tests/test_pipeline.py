@@ -7,9 +7,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -17,7 +19,9 @@ from _common_helpers import config_dict
 from _common_helpers import write_config as write_shared_config
 from draftgen.cli import cli
 from draftgen.config import load_config
-from draftgen.pipeline import run_pipeline
+from draftgen.emulator.server import EmulatorOptions, RunningEmulator, start_in_thread
+from draftgen.errors import ConfigError
+from draftgen.pipeline import run_pipeline, spend_question
 from draftgen.records import PromptRecord, ResponseRecord
 from draftgen.store import iter_jsonl
 
@@ -124,3 +128,104 @@ def test_run_resumes_after_a_hard_kill(tmp_path: Path) -> None:
     assert "ideas-partial" not in ids
     assert any(f"{40 - killed_at} done now, {killed_at} before" in line for line in lines), lines
     assert (tmp_path / "run" / "report.html").is_file()
+
+
+# -- the plan before spending ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def emulator() -> Iterator[RunningEmulator]:
+    with start_in_thread(EmulatorOptions(port=0)) as emu:
+        yield emu
+
+
+def paid_config(tmp: Path, emu: RunningEmulator, *, n: int = 6, threshold: float = 0.000001) -> Path:
+    """An ``openrouter`` run (a backend that costs money) pointed at the loopback emulator, which prices
+    it; the plan's expected cost is far over ``threshold``."""
+    (tmp / "key").write_text("sk-or-v1-pipeline-test", encoding="utf-8")
+    return write_config(tmp, n=n, extra=yaml.safe_dump({
+        "endpoint": {"kind": "openrouter", "base_url": emu.base_url, "api_key_file": "key"},
+        "plan": {"confirm_above_usd": threshold},
+    }))
+
+
+def _raw(tmp: Path) -> Path:
+    return tmp / "run" / "raw" / "ideas" / "raw_responses.jsonl"
+
+
+def test_dry_run_prints_the_plan_and_sends_nothing(tmp_path: Path, emulator: RunningEmulator) -> None:
+    cfg_path = paid_config(tmp_path, emulator)
+    sent = emulator.state.requests
+    res = CliRunner().invoke(cli, ["run", str(cfg_path), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "expected out" in res.output and "cost" in res.output  # the plan's table
+    assert "dry run: stopped after the plan; nothing was sent" in res.output
+    assert (tmp_path / "run" / "prepared" / "ideas" / "prompts.jsonl").is_file()
+    assert not _raw(tmp_path).exists() and not (tmp_path / "run" / "report.html").exists()
+    assert "── generate" not in res.output and emulator.state.requests == sent
+
+
+def test_a_declined_confirmation_spends_nothing_and_exits_1(tmp_path: Path, emulator: RunningEmulator) -> None:
+    cfg = load_config(paid_config(tmp_path, emulator))
+    sent = emulator.state.requests
+    asked: list[str] = []
+    lines: list[str] = []
+
+    def no(question: str) -> bool:
+        asked.append(question)
+        return False
+
+    rep = run_pipeline(cfg, argv=["draftgen", "run"], echo=lines.append, confirm=no)
+    assert rep.exit_code == 1 and rep.phases_run == ["prepare"], lines
+    assert len(asked) == 1 and "plan.confirm_above_usd" in asked[0] and asked[0].endswith("Generate?")
+    assert lines[-1] == "not confirmed; nothing was sent (pass --yes to skip the question)"
+    assert not _raw(tmp_path).exists() and not (tmp_path / "run" / "report.html").exists()
+    assert emulator.state.requests == sent
+    # A yes goes on to generate and the rest.
+    rep = run_pipeline(cfg, argv=["draftgen", "run"], echo=lambda s: None, confirm=lambda q: True)
+    assert rep.exit_code == 0 and "generate" in rep.phases_run
+    assert len(_ids(tmp_path / "run")) == 6
+
+
+def test_yes_skips_the_question(tmp_path: Path, emulator: RunningEmulator) -> None:
+    cfg_path = paid_config(tmp_path, emulator, n=4)
+
+    def never(question: str) -> bool:
+        raise AssertionError("--yes must not ask")
+
+    rep = run_pipeline(load_config(cfg_path), argv=["draftgen", "run"], echo=lambda s: None, yes=True, confirm=never)
+    assert rep.exit_code == 0 and rep.phases_run == ["prepare", "generate", "audit", "merge", "report"]
+    assert len(_ids(tmp_path / "run")) == 4
+
+
+def test_yes_on_the_cli_runs_without_a_terminal(tmp_path: Path, emulator: RunningEmulator) -> None:
+    res = CliRunner().invoke(cli, ["run", str(paid_config(tmp_path, emulator, n=4)), "--yes"])
+    assert res.exit_code == 0, res.output
+    assert "── plan" in res.output and len(_ids(tmp_path / "run")) == 4
+
+
+def test_no_terminal_and_no_yes_over_the_threshold_refuses_in_one_line(tmp_path: Path,
+                                                                       emulator: RunningEmulator) -> None:
+    sent = emulator.state.requests
+    res = CliRunner().invoke(cli, ["run", str(paid_config(tmp_path, emulator))])  # CliRunner: stdin is no TTY
+    assert res.exit_code == 2, res.output
+    errors = [line for line in res.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "pass --yes" in errors[0] and "plan.confirm_above_usd" in errors[0]
+    assert not _raw(tmp_path).exists() and emulator.state.requests == sent
+    # The library without a callback refuses the same way.
+    with pytest.raises(ConfigError, match="pass --yes"):
+        run_pipeline(load_config(paid_config(tmp_path, emulator)), argv=["draftgen", "run"], echo=lambda s: None)
+
+
+def test_under_the_threshold_or_a_free_backend_never_asks(tmp_path: Path, emulator: RunningEmulator) -> None:
+    cfg = load_config(paid_config(tmp_path, emulator, threshold=1e9))
+    assert spend_question(cfg, 5.0) is None and spend_question(cfg, None) is None
+    assert spend_question(msgspec.structs.replace(
+        cfg, plan=msgspec.structs.replace(cfg.plan, confirm_above_usd=1.0)), 5.0) is not None
+    # The emulator kind charges play credits only: no question at any threshold (nor on the CLI, no TTY).
+    (tmp_path / "free").mkdir()
+    free = write_config(tmp_path / "free", n=3, extra="plan: {confirm_above_usd: 0.0}\n")
+    assert spend_question(load_config(free), 5.0) is None
+    res = CliRunner().invoke(cli, ["run", str(free)])
+    assert res.exit_code == 0, res.output
+    assert "── plan" in res.output and len(_ids(tmp_path / "free" / "run")) == 3

@@ -1,4 +1,5 @@
-"""draftgen probe against the emulator: a good run, a bad key, no credits, routing rules."""
+"""draftgen probe against the emulator: a good run, a bad key, no credits, routing rules, quantization
+warnings, the thinking default of max_tokens and the one-line verdict."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from draftgen.backends import Completion, EndpointInfo
 from draftgen.cli import cli
 from draftgen.config import load_config
 from draftgen.emulator.server import EmulatorOptions, RunningEmulator, start_in_thread
-from draftgen.probe import _Probe, run_probe
+from draftgen.probe import _Probe, probe_max_tokens, run_probe
 from draftgen.records import Usage
 from draftgen.tokens import profile_from_config
 
@@ -25,23 +26,27 @@ def emulator() -> Iterator[RunningEmulator]:
         yield emu
 
 
-def _cfg(tmp_path: Path, base_url: str | None, extra: str = "", key: str = "sk-or-v1-test") -> Path:
+def _cfg(tmp_path: Path, base_url: str | None, extra: str = "", key: str = "sk-or-v1-test",
+         max_tokens: int | None = 2048) -> Path:
     """The emulator keyed by ``tmp_path/key`` (management key from ``DRAFTGEN_TEST_MGMT``), dataset ``a``;
     ``extra`` is YAML text whose top-level sections are added to (or replace) the config's. The key file
     lies in pytest's temp folder, so it never holds ``FAKE_KEY`` (the reliability suite scans for it)."""
     (tmp_path / "key").write_text(key, encoding="utf-8")
     endpoint = {"kind": "emulator", **({"base_url": base_url} if base_url else {}),
                 "api_key_file": "key", "management_key_env": "DRAFTGEN_TEST_MGMT"}
-    sections = {"endpoint": endpoint, "probe": {"max_tokens": 2048}, **(yaml.safe_load(extra) or {})}
+    probe = {"max_tokens": max_tokens} if max_tokens is not None else {}
+    sections = {"endpoint": endpoint, "probe": probe, **(yaml.safe_load(extra) or {})}
     return write_config(tmp_path, config_dict(tmp_path, ["a"], **sections))
 
 
 def test_probe_reports_everything(tmp_path: Path, emulator: RunningEmulator, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DRAFTGEN_TEST_MGMT", "sk-or-mgmt-test")
     lines: list[str] = []
-    rep = run_probe(load_config(_cfg(tmp_path, emulator.base_url)), echo=lines.append)
+    accept_fp4 = "routing:\n  quantizations: [fp4, int4]\n"  # the fast scenario serves fp4 too
+    rep = run_probe(load_config(_cfg(tmp_path, emulator.base_url, accept_fp4)), echo=lines.append)
     out = "\n".join(lines)
     assert rep.ok, out
+    assert rep.warnings == [], out
     assert rep.key_valid is True
     assert rep.credits_remaining is not None and 0 < rep.credits_remaining <= 100
     assert rep.provider and rep.quantization and rep.endpoint_tag
@@ -126,3 +131,94 @@ def test_probe_warns_on_missing_reasoning_and_truncation(tmp_path: Path) -> None
     assert any("truncated" in w for w in probe.rep.warnings)
     assert probe.rep.usd_per_m_output == pytest.approx(2.0)
     assert probe.rep.errors == []
+
+
+def _scenario(tmp_path: Path, providers: str, extra: str = "") -> str:
+    """A scenario YAML over ``fast`` with only ``providers`` (YAML flow mappings, one a line); the
+    ``endpoint.emulator`` section that starts the embedded emulator on it (seed 0, so the run repeats)."""
+    (tmp_path / "sc.yaml").write_text(f"base: fast\n{extra}providers:\n{providers}", encoding="utf-8")
+    return "endpoint:\n  kind: emulator\n  api_key_file: key\n  emulator: {scenario: sc.yaml, seed: 0}\n"
+
+
+INT4 = "  - {name: Chutes, tag: chutes/int4, quantization: int4, price_prompt: 0.44, price_completion: 2.0}\n"
+FP4 = "  - {name: DeepInfra, tag: deepinfra/fp4, quantization: fp4, price_prompt: 0.45, price_completion: 2.25}\n"
+
+
+def test_thinking_probe_default_lets_the_reasoning_finish(tmp_path: Path) -> None:
+    lines: list[str] = []
+    cfg = load_config(_cfg(tmp_path, None, _scenario(tmp_path, INT4), max_tokens=None))
+    assert cfg.model.thinking and cfg.probe.max_tokens is None
+    rep = run_probe(cfg, echo=lines.append)
+    out = "\n".join(lines)
+    assert rep.ok and rep.max_tokens == 4096, out
+    assert rep.finish_reason == "stop" and rep.content and rep.reasoning, out
+    assert rep.warnings == [] and "truncated" not in out, out
+    assert lines[-1] == "probe OK"
+
+
+def test_thinking_probe_cut_inside_reasoning_is_a_note_not_a_warning(tmp_path: Path) -> None:
+    # Reasoning far longer than the default: the probe is cut inside it, which says nothing about the setup.
+    sc = _scenario(tmp_path, INT4, "reasoning_tokens_median: 60000\nlength_sigma: 0.01\nmax_generated_tokens: 90000\n")
+    lines: list[str] = []
+    rep = run_probe(load_config(_cfg(tmp_path, None, sc, max_tokens=None)), echo=lines.append)
+    out = "\n".join(lines)
+    assert rep.ok and rep.finish_reason == "length" and not rep.content, out
+    assert rep.completion_tokens == 4096, out
+    assert rep.warnings == [] and lines[-1] == "probe OK", out
+    notes = [ln for ln in lines if ln.strip().startswith("note")]
+    assert len(notes) == 1 and "probe.max_tokens=4096" in notes[0] and "higher" in notes[0], out
+
+
+def test_non_thinking_default_and_truncated_answer_still_warn(tmp_path: Path) -> None:
+    cfg = load_config(_cfg(tmp_path, "http://127.0.0.1:9/api/v1", "model:\n  thinking: false\n", max_tokens=None))
+    assert probe_max_tokens(cfg) == 512
+    assert probe_max_tokens(load_config(_cfg(tmp_path, "http://127.0.0.1:9/api/v1", max_tokens=300))) == 300
+    # A thinking model cut in its answer (not its reasoning) is still a warning.
+    thinking = load_config(_cfg(tmp_path, "http://127.0.0.1:9/api/v1", max_tokens=None))
+    probe = _Probe(thinking, lambda s: None)
+    probe.response(Completion(backend="openrouter", reasoning="Rayleigh.", reasoning_field="reasoning",
+                              content="Blue light", finish_reason="length", usage=Usage(completion_tokens=9)), 0.1)
+    assert [w for w in probe.rep.warnings if "truncated at probe.max_tokens=4096" in w]
+
+
+def test_fp4_served_probe_warns_with_the_fix(tmp_path: Path) -> None:
+    lines: list[str] = []
+    rep = run_probe(load_config(_cfg(tmp_path, None, _scenario(tmp_path, FP4))), echo=lines.append)
+    out = "\n".join(lines)
+    assert rep.ok and rep.provider == "DeepInfra" and rep.quantization == "fp4", out
+    assert len(rep.warnings) == 1, out
+    w = rep.warnings[0]
+    assert "DeepInfra" in w and "fp4" in w, w
+    assert "routing.ignore: [deepinfra/fp4]" in w and "routing.quantizations" in w, w
+    assert f"! warning: {w}" in out
+    assert lines[-1] == "probe OK with 1 warning"
+    res = CliRunner().invoke(cli, ["probe", str(tmp_path / "cfg.yaml")])
+    assert res.exit_code == 0, res.output
+    assert res.output.rstrip().splitlines()[-1] == "probe OK with 1 warning"
+
+
+def test_fp4_listed_in_routing_quantizations_is_allowed(tmp_path: Path) -> None:
+    extra = _scenario(tmp_path, FP4) + "routing:\n  quantizations: [FP4, int4]\n"
+    lines: list[str] = []
+    rep = run_probe(load_config(_cfg(tmp_path, None, extra)), echo=lines.append)
+    out = "\n".join(lines)
+    assert rep.ok and rep.quantization == "fp4", out
+    assert rep.warnings == [] and lines[-1] == "probe OK", out
+
+
+def test_served_by_warns_when_fp4_may_have_run(tmp_path: Path) -> None:
+    cfg = load_config(_cfg(tmp_path, "http://127.0.0.1:9/api/v1"))
+    eps = [EndpointInfo(provider_name="Baseten", tag="baseten/fp4", quantization="fp4"),
+           EndpointInfo(provider_name="Baseten", tag="baseten/fp8", quantization="fp8"),
+           EndpointInfo(provider_name="Chutes", tag="chutes/nvfp4", quantization="nvfp4")]
+    probe = _Probe(cfg, lambda s: None)
+    probe.served_by(Completion(backend="openrouter", provider="Baseten"), eps)
+    assert probe.rep.errors == [] and len(probe.rep.warnings) == 1
+    assert "which one ran is unknown" in probe.rep.warnings[0]
+    assert "routing.ignore: [baseten/fp4]" in probe.rep.warnings[0]
+    nv = _Probe(cfg, lambda s: None)
+    nv.served_by(Completion(backend="openrouter", provider="Chutes"), eps)
+    assert len(nv.rep.warnings) == 1 and "nvfp4" in nv.rep.warnings[0] and "Chutes" in nv.rep.warnings[0]
+    fp8 = _Probe(cfg, lambda s: None)
+    fp8.served_by(Completion(backend="openrouter", provider="baseten/fp8"), eps)
+    assert fp8.rep.warnings == [] and fp8.rep.quantization == "fp8"

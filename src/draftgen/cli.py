@@ -289,26 +289,38 @@ def plan(config: str, run_dir: str | None, api_key_file: str | None, base_url: s
 @cli.command()
 @click.argument("config", type=click.Path(dir_okay=False))
 @generate_options
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before spending more than plan.confirm_above_usd.")
+@click.option("--dry-run", is_flag=True, help="Prepare, print the plan, and stop (exit 0; nothing is sent).")
 @friendly
-def run(config: str, **kw: Any) -> None:
-    """Prepare → generate → audit → merge → report, resuming where it stopped."""
+def run(config: str, yes: bool, dry_run: bool, **kw: Any) -> None:
+    """Prepare → generate → audit → merge → report, resuming where it stopped.
+
+    The plan (tokens, dollars, time) is printed before generating. When its expected cost is over
+    plan.confirm_above_usd (default $1; never for the emulator or self-hosted servers) it asks first on a
+    terminal; a no exits 1 with nothing sent. Without a terminal it refuses (exit 2) unless --yes.
+    """
     from .pipeline import run_pipeline
 
     cfg = _load(config, generate_overrides(kw))
+    ask = (lambda question: click.confirm(question, default=False)) if sys.stdin.isatty() else None
     report = run_pipeline(cfg, argv=sys.argv, datasets=list(kw["datasets"]), partition=kw["partition"],
-                          base_url_flag=kw.get("base_url"), force=kw["force"], echo=click.echo)
+                          base_url_flag=kw.get("base_url"), force=kw["force"], echo=click.echo,
+                          yes=yes, dry_run=dry_run, confirm=ask)
     if report.exit_code:
         sys.exit(report.exit_code)
 
 
 @cli.command()
 @click.argument("target", type=click.Path())
+@click.option("--watch", type=click.FloatRange(min=0, min_open=True), is_flag=False, flag_value=2.0, default=None,
+              metavar="[SECONDS]", help="Refresh every SECONDS (default 2) until Ctrl-C; put it after TARGET.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary (one JSON object).")
 @friendly
-def status(target: str) -> None:
+def status(target: str, watch: float | None, as_json: bool) -> None:
     """Summarise a run directory (or a config's run directory), during a run or after it."""
-    from .report.status import run_status
+    from .report.status import status_command
 
-    run_status(target, echo=click.echo)
+    status_command(target, watch=watch, as_json=as_json, echo=click.echo)
 
 
 @cli.command()

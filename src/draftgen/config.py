@@ -357,6 +357,10 @@ class PlanConfig(_C):
     """Used when there is no pilot."""
     avg_latency_s: float | None = None
     """Mean request latency assumed for the time estimate when there is no pilot."""
+    confirm_above_usd: float = 1.0
+    """``draftgen run`` prints the plan first; when its expected cost (USD) is over this, it asks before
+    generating (on a terminal; without one it refuses unless ``--yes``). Backends that cost nothing (the
+    emulator, self-hosted servers) and costs that are not known never ask."""
 
 
 class ProbeConfig(_C):
@@ -364,8 +368,10 @@ class ProbeConfig(_C):
 
     prompt: str = "In one short paragraph, why is the sky blue?"
     """The probe's user prompt."""
-    max_tokens: int = 512
-    """The probe's max_tokens."""
+    max_tokens: int | None = None
+    """The probe's max_tokens; unset: 4096 when ``model.thinking`` is on (room for a short reasoning to
+    finish and the answer to follow), else 512. A thinking model cut inside its reasoning is not a warning:
+    the probe says so on one neutral line, with how to raise this."""
 
 
 class RunConfig(_C):

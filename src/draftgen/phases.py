@@ -10,7 +10,9 @@ work:
 - ``output``: the path whose existence means "done"; with ``skippable``, a phase whose fingerprint is
   the one ``pipeline.json`` recorded and whose output exists is skipped (``up_to_date`` is printed, and
   ``when_current`` gives the outcome of the output already there);
-- ``final``: the phase runs last, also when an outcome ended the loop early (``then="report"``).
+- ``final``: the phase runs last, also when an outcome ended the loop early (``then="report"``);
+- ``spends``: the phase may cost money; before the first such phase the pipeline shows the plan and,
+  above ``plan.confirm_above_usd``, asks before going on (``pipeline``).
 
 ``PHASES`` is the default table: prepare → generate → audit → merge → report. Adding a phase is its own
 module plus one line, ``register_phase(Phase(...), after="merge")`` (a plugin, a test); a test may copy
@@ -115,6 +117,7 @@ class Phase:
     up_to_date: str | None = None
     when_current: Callable[[PhaseContext], PhaseOutcome] | None = None
     final: bool = False
+    spends: bool = False
 
     def __post_init__(self) -> None:
         if self.skippable and self.output is None:
@@ -248,7 +251,7 @@ def _audit_json(cfg: RunConfig, rd: RunDir) -> list[Path]:
 
 PHASES = PhaseTable([
     Phase("prepare", _prepare),  # resumable on its own (prepare's stats.json fingerprints)
-    Phase("generate", _generate),  # resumes by sample_id
+    Phase("generate", _generate, spends=True),  # resumes by sample_id
     Phase("audit", _audit, inputs=_audit_inputs, config=("audit",), output=lambda rd: rd.audit_json,
           skippable=True, up_to_date="audit: up to date (no new responses since the last audit)",
           when_current=_audit_current),

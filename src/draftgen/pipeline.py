@@ -20,6 +20,15 @@ no usable record at all (every request failed), audit and merge are skipped too.
 not an early stop: audit and merge run over what is done, and the run exits 4 (finished with failures).
 A broken audit threshold skips merge (the data failed a gate the user set), still writes the report, and
 exits 3. The report's path is printed last.
+
+The plan before spending: before the first phase that spends (``Phase.spends``: generate) runs, the
+pipeline prints ``plan.estimate_plan``'s estimate of what remains (tokens, dollars, time; no pilot) and
+decides (``spend_question``): a backend that costs nothing (self-hosted servers, the emulator) or an
+estimate of unknown cost or at most ``plan.confirm_above_usd`` goes on; above it, ``yes`` goes on,
+else the ``confirm`` callback (the CLI's prompt on a terminal) is asked. A no ends the run before
+anything is sent: exit 1 (``EXIT_ERROR``), one line, no report. No callback (stdin is not a terminal)
+and no ``yes``: a ConfigError (exit 2) saying to pass ``--yes``, again before anything is sent.
+``dry_run`` stops after the plan with exit 0 (only prepare has written).
 """
 
 from __future__ import annotations
@@ -27,18 +36,24 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
 from .config import RunConfig, config_hash
+from .errors import EXIT_ERROR, ConfigError
 from .phases import PHASES, Phase, PhaseContext, PhaseOutcome, PhaseTable, RunOptions
+from .report.format import fmt_usd
 from .rundir import RunDir, writer
 from .store import atomic_write_json, read_json
 
-__all__ = ["PhaseMark", "PipelineReport", "PipelineState", "fingerprint", "run_pipeline"]
+__all__ = ["Confirm", "PhaseMark", "PipelineReport", "PipelineState", "fingerprint", "run_pipeline",
+           "spend_question", "spends_money"]
 
 Echo = Callable[[str], object]
+#: Asks the user a yes/no question (the CLI's prompt); True: go on.
+Confirm = Callable[[str], bool]
 
 
 class PhaseMark(msgspec.Struct, kw_only=True):
@@ -116,26 +131,90 @@ def run_pipeline(
     force: bool = False,
     echo: Echo = print,
     phases: PhaseTable | None = None,
+    yes: bool = False,
+    dry_run: bool = False,
+    confirm: Confirm | None = None,
 ) -> PipelineReport:
     """Run every phase in order (see the module docstring); returns the exit code and the report's path.
-    ``phases``: the table to run (default: ``phases.PHASES``)."""
+    ``phases``: the table to run (default: ``phases.PHASES``). ``yes``: spend without asking;
+    ``dry_run``: stop after the plan; ``confirm``: how to ask (None: there is no one to ask)."""
     from .tokens import profile_from_config
 
     options = RunOptions(argv=list(argv), datasets=list(datasets or []), partition=partition,
                          base_url_flag=base_url_flag, force=force)
     with writer(cfg, "run", argv=argv, force=force) as rd:
         ctx = PhaseContext(cfg=cfg, rd=rd, profile=profile_from_config(cfg), options=options, echo=echo)
-        return _run(ctx, phases if phases is not None else PHASES)
+        return _run(ctx, phases if phases is not None else PHASES, _Gate(yes=yes, dry_run=dry_run, confirm=confirm))
 
 
-def _run(ctx: PhaseContext, table: PhaseTable) -> PipelineReport:
+def spends_money(cfg: RunConfig) -> bool:
+    """Whether requests to ``cfg``'s backend cost real money: not a self-hosted server's, not an
+    emulator's (``play_money``: it charges only its play credits)."""
+    from .backends import capabilities
+
+    caps = capabilities(cfg.endpoint.kind)
+    return not (caps.self_hosted or caps.play_money)
+
+
+def spend_question(cfg: RunConfig, expected_usd: float | None) -> str | None:
+    """The question to ask before spending ``expected_usd``, or None when there is nothing to ask: a
+    backend that costs nothing, a cost not known, or one at most ``plan.confirm_above_usd``."""
+    limit = cfg.plan.confirm_above_usd
+    if not spends_money(cfg) or expected_usd is None or expected_usd <= limit:
+        return None
+    return (f"The plan expects about {fmt_usd(expected_usd)} of spend, over plan.confirm_above_usd "
+            f"({fmt_usd(limit)}). Generate?")
+
+
+@dataclass(frozen=True)
+class _Gate:
+    """``run``'s flags for the plan before spending (see the module docstring)."""
+
+    yes: bool = False
+    dry_run: bool = False
+    confirm: Confirm | None = None
+
+
+def _plan_gate(ctx: PhaseContext, gate: _Gate) -> PhaseOutcome | None:
+    """Show the plan, then None (go on) or the outcome that ends the run before anything is spent."""
+    from .plan import estimate_plan
+
+    cfg, echo = ctx.cfg, ctx.echo
+    _banner(echo, "plan")
+    rep = estimate_plan(cfg, echo=echo, profile=ctx.profile, datasets=ctx.options.datasets or None)
+    if gate.dry_run:
+        echo("dry run: stopped after the plan; nothing was sent")
+        return PhaseOutcome(then="stop")
+    question = spend_question(cfg, rep.expected_cost_usd)
+    if question is None or gate.yes:
+        return None
+    if gate.confirm is None:
+        raise ConfigError(f"the plan expects about {fmt_usd(rep.expected_cost_usd)}, over "
+                          f"plan.confirm_above_usd ({fmt_usd(cfg.plan.confirm_above_usd)}), and stdin is not a "
+                          "terminal to ask on; pass --yes to run anyway (or raise plan.confirm_above_usd)")
+    if gate.confirm(question):
+        return None
+    message = "not confirmed; nothing was sent (pass --yes to skip the question)"
+    echo(message)
+    return PhaseOutcome(EXIT_ERROR, message, then="stop")
+
+
+def _run(ctx: PhaseContext, table: PhaseTable, gate: _Gate | None = None) -> PipelineReport:
     cfg, rd, echo = ctx.cfg, ctx.rd, ctx.echo
+    gate = gate if gate is not None else _Gate()
     state = _State(rd)
     rep = PipelineReport()
     ending = False  # an outcome said "report": only the final phases are left
+    planned = False  # the plan is shown once, before the first phase that spends
     for phase in table:
         if ending and not phase.final:
             continue
+        if phase.spends and not planned:
+            planned = True
+            stop = _plan_gate(ctx, gate)
+            if stop is not None:
+                rep.exit_code, rep.message = stop.exit_code, stop.message
+                return rep
         _banner(echo, phase.name)
         fp = fingerprint(phase, cfg, rd) if phase.skippable else None
         if fp is not None and phase.output is not None and state.current(phase.name, fp, phase.output(rd)):

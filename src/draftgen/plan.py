@@ -49,7 +49,7 @@ from .store import (
 )
 from .tokens import Profile, profile_from_config
 
-__all__ = ["ASSUMED_TOKENS_PER_S", "DatasetPlanLine", "PlanReport", "run_pilot", "run_plan"]
+__all__ = ["ASSUMED_TOKENS_PER_S", "DatasetPlanLine", "PlanReport", "estimate_plan", "run_pilot", "run_plan"]
 
 Echo = Callable[[str], object]
 
@@ -381,6 +381,18 @@ def _plan(cfg: RunConfig, echo: Echo) -> PlanReport:
     if stopped:
         notes.append(f"the pilot stopped early (its reason is above); the estimates use the {pilot_added} "
                      "responses it added")
+    return estimate_plan(cfg, echo=echo, profile=profile, notes=notes, pilot_responses=pilot_added)
+
+
+def estimate_plan(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None,
+                  datasets: list[str] | None = None, notes: list[str] | None = None,
+                  pilot_responses: int = 0) -> PlanReport:
+    """The estimate of what remains, from what is on disk, printed through ``echo``: no pilot, no prepare,
+    and nothing written (the datasets must be prepared). ``datasets``: only these (default: every one);
+    the spend so far counts every dataset. ``draftgen run`` shows it before generating (``pipeline``)."""
+    all_names = [d.name for d in cfg.datasets]
+    names = [n for n in all_names if not datasets or n in datasets]
+    notes = list(notes or [])
     # The account and price list (``account.read_account``): a rejected key raises AuthError, planning a
     # run the key cannot make is pointless; other failures are notes.
     with embedded_endpoint(cfg, profile=profile) as urls:
@@ -399,14 +411,14 @@ def _plan(cfg: RunConfig, echo: Echo) -> PlanReport:
         prices = estimate_price(eligible, cfg.routing)
         if prices is None:
             notes.append("the routing config (ignore/only/quantizations/max_price) excludes every endpoint")
-    m = compute_metrics(cfg.run_path, names)
+    m = compute_metrics(cfg.run_path, all_names)
     by = {d.name: d for d in m.datasets}
     lines = [_line(cfg, n, by[n], prices, notes) for n in names]
     costs = [ln.cost_usd for ln in lines]
     rep = PlanReport(
         datasets=lines, prices=prices, eligible_endpoints=[e.tag or e.provider_name for e in eligible],
         spent_usd=m.total.cost_usd + m.total.orphan_cost_usd, expected_cost_usd=None if any(c is None for c in costs) else sum(c or 0.0 for c in costs),
-        budget_usd=cfg.budget.max_spend_usd, pilot_responses=pilot_added, notes=notes,
+        budget_usd=cfg.budget.max_spend_usd, pilot_responses=pilot_responses, notes=notes,
         account_remaining_usd=account,
     )
     if account is not None and rep.expected_cost_usd is not None:

@@ -2,14 +2,20 @@
 
 It checks, in order: the key (``GET /key``: valid, limit remaining), the account's credits
 (``GET /credits``, only with a management key), the model's endpoints (``GET /models/{model}/endpoints``),
-all read by ``account.read_account`` where the backend's capabilities have them, then sends ``probe.prompt`` with ``probe.max_tokens`` and reports which provider and quantization served
-it, which field carried the reasoning, the content, the cost and implied $/M output tokens, the
+all read by ``account.read_account`` where the backend's capabilities have them, then sends ``probe.prompt``
+with ``probe.max_tokens`` (unset: 4096 for a thinking model, 512 otherwise) and reports which provider and
+quantization served it, which field carried the reasoning, the content, the cost and implied $/M output tokens, the
 reasoning-token share, and whether the target profile rebuilds as many token ids as were billed.
 
 Failures (``ok`` false, the CLI exits 1): the key is rejected, no credits or limit left, the model is
 unknown, the request fails, the served provider is one the routing excludes (``ignore``, ``only``,
-``quantizations``). Warnings (``ok`` stays true): missing reasoning on a thinking model, truncation, a
-rebuilt count that differs from the billed one, an ambiguous quantization.
+``quantizations``). Warnings (``ok`` stays true): missing reasoning on a thinking model, truncation of
+the answer, a rebuilt count that differs from the billed one, an ambiguous quantization, a provider serving
+a quantization known to change outputs (``fp4``, ``nvfp4``) that ``routing.quantizations`` does not list.
+A thinking model cut inside its reasoning is no warning: one neutral ``note`` line says so.
+
+The last line is the verdict: ``probe OK``, ``probe OK with N warnings`` or ``probe FAILED (N problems)``;
+the CLI exits non-zero only on failure.
 
 With ``endpoint: emulator`` and no ``base_url`` the embedded emulator is started for the probe. Reads
 and writes no run-directory files. The API key is never printed.
@@ -43,15 +49,31 @@ from .records import Message
 if TYPE_CHECKING:
     from .tokens import Profile
 
-__all__ = ["EMULATOR_KEY", "ProbeReport", "api_key_for", "embedded_endpoint", "run_probe"]
+__all__ = ["EMULATOR_KEY", "OUTPUT_CHANGING_QUANTIZATIONS", "ProbeReport", "api_key_for", "embedded_endpoint",
+           "probe_max_tokens", "run_probe", "verdict"]
 
 Echo = Callable[[str], object]
+
+#: Quantizations known to change a model's outputs against its reference weights: a probe served by one
+#: warns unless ``routing.quantizations`` lists it (the user chose it).
+OUTPUT_CHANGING_QUANTIZATIONS = frozenset({"fp4", "nvfp4"})
+THINKING_MAX_TOKENS = 4096
+PLAIN_MAX_TOKENS = 512
+
+
+def probe_max_tokens(cfg: RunConfig) -> int:
+    """The probe's max_tokens: ``probe.max_tokens``, else 4096 for a thinking model and 512 otherwise."""
+    if cfg.probe.max_tokens is not None:
+        return cfg.probe.max_tokens
+    return THINKING_MAX_TOKENS if cfg.model.thinking else PLAIN_MAX_TOKENS
 
 
 class ProbeReport(msgspec.Struct, kw_only=True):
     ok: bool = False
     base_url: str | None = None
     model: str = ""
+    max_tokens: int | None = None
+    """The max_tokens the probe request was sent with."""
     key_valid: bool | None = None
     key_limit: float | None = None
     key_limit_remaining: float | None = None
@@ -173,7 +195,10 @@ class _Probe:
         elif len(quants) == 1:
             rep.quantization = quants[0]
         elif chosen:
-            self.warn(f"{comp.provider} serves several quantizations ({', '.join(quants)}); which one ran is unknown")
+            risky = self._unallowed_risky(quants)
+            self.warn(f"{comp.provider} serves several quantizations ({', '.join(quants)}); which one ran is unknown"
+                      + (f"; if {'/'.join(risky)}, outputs may differ from the reference model's "
+                         f"({self._quant_fix(comp.provider, chosen, risky)})" if risky else ""))
         where = comp.provider
         if rep.endpoint_tag:
             where += f" · tag {rep.endpoint_tag}"
@@ -193,6 +218,21 @@ class _Probe:
                 rep.quantization.lower() not in {q.lower() for q in routing.quantizations}:
             self.fail(f"quantization {rep.quantization} is not in routing.quantizations "
                       f"({', '.join(routing.quantizations)})")
+        elif rep.quantization is not None and self._unallowed_risky([rep.quantization]):
+            self.warn(f"provider {comp.provider} served the probe in {rep.quantization}, a quantization known to "
+                      f"change outputs against the reference model's; {self._quant_fix(comp.provider, chosen, [rep.quantization])}")
+
+    def _unallowed_risky(self, quants: list[str]) -> list[str]:
+        """Those of ``quants`` known to change outputs that ``routing.quantizations`` does not list."""
+        allowed = {q.lower() for q in self.cfg.routing.quantizations or []}
+        return [q for q in quants if q.lower() in OUTPUT_CHANGING_QUANTIZATIONS and q.lower() not in allowed]
+
+    def _quant_fix(self, provider: str, eps: list[EndpointInfo], quants: list[str]) -> str:
+        """How to avoid, or knowingly accept, ``provider``'s endpoints in ``quants``."""
+        tags = sorted({ep.tag or ep.provider_name for ep in eps if (ep.quantization or "").lower()
+                       in {q.lower() for q in quants}}) or [provider]
+        return (f"avoid it with routing.ignore: [{', '.join(tags)}], or accept it by listing "
+                f"{'/'.join(quants)} in routing.quantizations (with the other quantizations you allow)")
 
     def response(self, comp: Completion, latency: float) -> None:
         rep = self.rep
@@ -211,8 +251,14 @@ class _Probe:
         self.line("content", repr(shown))
         self.line("finish", f"{comp.finish_reason} (native {comp.native_finish_reason}) in {latency:.2f}s")
         if comp.finish_reason == "length":
-            self.warn(f"the response was truncated at probe.max_tokens={self.cfg.probe.max_tokens}; "
-                      "raise it, or expect truncated samples at the partitions' max_tokens")
+            n = probe_max_tokens(self.cfg)
+            if self.cfg.model.thinking and not content.strip():
+                # Cut inside the reasoning of a thinking model: says nothing about the setup, so no warning.
+                self.line("note", f"the reasoning was cut at probe.max_tokens={n} before the answer; "
+                          f"set probe.max_tokens higher (e.g. {2 * n}) to see one")
+            else:
+                self.warn(f"the response was truncated at probe.max_tokens={n}; "
+                          "raise it, or expect truncated samples at the partitions' max_tokens")
         u = comp.usage
         if u is None:
             self.warn("the response carried no usage (no token counts or cost)")
@@ -256,6 +302,10 @@ class _Probe:
         key = api_key_for(cfg)
         self.rep.base_url = (base_urls or endpoint_urls(cfg))[0]
         self.echo(f"probe {cfg.model.id} at {self.rep.base_url}")
+        self.rep.max_tokens = probe_max_tokens(cfg)
+        if self.rep.max_tokens < 1:
+            self.fail(f"probe.max_tokens is {self.rep.max_tokens}; set it to 1 or more (or leave it unset)")
+            return
         async with open_backend(cfg, key, base_urls=base_urls, connections=4) as backend:
             try:
                 snap = await read_account(backend, cfg)
@@ -269,7 +319,7 @@ class _Probe:
             if self.rep.errors:
                 return
             req = CompletionRequest(sample_id="probe", messages=[Message(role="user", content=cfg.probe.prompt)],
-                                    max_tokens=cfg.probe.max_tokens)
+                                    max_tokens=self.rep.max_tokens or PLAIN_MAX_TOKENS)
             t0 = time.monotonic()
             try:
                 comp = await backend.complete(req)
@@ -304,5 +354,15 @@ def run_probe(cfg: RunConfig, *, echo: Echo = print) -> ProbeReport:
     for w in rep.warnings:
         echo(f"  ! warning: {w}")
     rep.ok = not rep.errors
-    echo("probe OK" if rep.ok else f"probe FAILED ({len(rep.errors)} problem{'s' if len(rep.errors) > 1 else ''})")
+    echo(verdict(rep))
     return rep
+
+
+def verdict(rep: ProbeReport) -> str:
+    """The probe's one-line verdict: ``probe OK``, ``probe OK with N warnings`` or ``probe FAILED (N problems)``."""
+    def n(k: int, what: str) -> str:
+        return f"{k} {what}{'s' if k != 1 else ''}"
+
+    if rep.errors:
+        return f"probe FAILED ({n(len(rep.errors), 'problem')})"
+    return f"probe OK with {n(len(rep.warnings), 'warning')}" if rep.warnings else "probe OK"

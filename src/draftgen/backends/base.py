@@ -52,7 +52,8 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     none is configured. ``default_url``: the base URL when none is configured. ``attribution_headers``:
     send the app's ``HTTP-Referer``/``X-Title``. ``self_hosted``: a server of one's own; requests cost
     nothing. ``embedded_server``: with no base URL configured, draftgen starts the offline emulator in
-    process and points the backend at it (``emulator.embedded``).
+    process and points the backend at it (``emulator.embedded``). ``play_money``: its prices and charges
+    are an emulator's play credits, never real money (``run`` does not ask before spending them).
     """
 
     exact_ids: bool = False
@@ -68,6 +69,7 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     attribution_headers: bool = False
     self_hosted: bool = False
     embedded_server: bool = False
+    play_money: bool = False
 
 
 #: ``factory(cfg, session, base_url, bounds)``: one backend bound to one base URL and its pool.

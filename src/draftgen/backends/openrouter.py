@@ -65,7 +65,8 @@ OPENROUTER_CAPABILITIES = Capabilities(logprobs=True, account=True, prices=True,
 #: The offline OpenRouter emulator: the same protocol; any ``sk-or-`` key, none needed; started in process
 #: when no base URL is configured.
 EMULATOR_CAPABILITIES = Capabilities(logprobs=True, account=True, prices=True, placeholder_key=EMULATOR_KEY,
-                                     attribution_headers=True, embedded_server=True)
+                                     attribution_headers=True, embedded_server=True,
+                                     play_money=True)
 
 __all__ = ["OpenAIChatBackend", "chat_body_prefix"]
 
