@@ -6,7 +6,9 @@ Run as a subprocess (its CPU time and peak RSS are its own)::
 
 SPEC: {"base_url", "prompts", "run_dir", "concurrency", "max_tokens", "stream", "timeline": bool,
 "stop_when_scheduled": seconds or null (stop this long after the last prompt was sent: steady state only)}.
-Prints one JSON line with: n, failed, cpu_s (the engine's run, process CPU), wall_s, recon_cpu_s
+Prints one JSON line with: n, failed, cpu_s (the engine's run, process CPU), process_cpu_s (the whole
+process up to the end of ``run_generate``, imports and tokenizer load included, less the untimed
+``run_prepare`` before it, whose CPU is prepare_cpu_s), wall_s, recon_cpu_s
 (``build_output`` in the CPU pool, thread CPU), prompt_ids_cpu_s, raw_encode_cpu_s (the tokenizer's own
 encode of the reasoning and the content of every record, afterwards), mean_latency_s, occupancy (busy HTTP
 attempts ÷ concurrency, averaged over the steady state), peak_rss_mb.
@@ -63,14 +65,19 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     from draftgen.config import config_from_mapping
     from draftgen.engine import scheduler
     from draftgen.generate import GenerateOptions, run_generate
+    from draftgen.prepare import run_prepare
     from draftgen.records import ResponseRecord
     from draftgen.store import iter_jsonl
     from draftgen.tokens.profile import Profile
 
     run_dir = Path(spec["run_dir"])
-    prepared = run_dir / "prepared" / "bench" / "prompts.jsonl"
-    prepared.parent.mkdir(parents=True, exist_ok=True)
-    prepared.write_bytes(Path(spec["prompts"]).read_bytes())
+    # draftgen writes only into run directories it made: the dataset lives beside the run directory and
+    # goes through ``run_prepare`` (untimed; its CPU is reported apart as prepare_cpu_s).
+    source = run_dir.parent / f"{run_dir.name}-dataset.jsonl"
+    with open(spec["prompts"], encoding="utf-8") as src, open(source, "w", encoding="utf-8") as dst:
+        for line in src:
+            if line.strip():
+                dst.write(json.dumps({"messages": json.loads(line)["messages"]}) + "\n")
     cfg = config_from_mapping({
         "run_dir": str(run_dir),
         "endpoint": {"kind": "emulator", "base_url": spec["base_url"], "stream": spec["stream"],
@@ -78,7 +85,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         "model": {"id": "qwen/qwen3-8b", "profile": "qwen3", "tokenizer": "bundled:qwen3"},
         "partitions": {"short": {"concurrency": spec["concurrency"], "max_tokens": spec["max_tokens"]},
                        "long": {"concurrency": 1, "max_tokens": 16}},
-        "datasets": [{"name": "bench", "path": str(prepared)}],
+        "datasets": [{"name": "bench", "path": str(source), "partition": "short"}],
         "progress": "off",
     }, where="bench", base_dir=run_dir)
 
@@ -147,7 +154,14 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
             engine_cpu["wall"] = time.perf_counter() - w0
 
     scheduler.Engine.run = run  # type: ignore[method-assign]
+    p0 = _cpu()
+    run_prepare(cfg, echo=lambda s: None)
+    prepare_cpu = _cpu() - p0
+    acc["prompt"] = 0.0  # prompt ids counted while preparing are not part of the generate run
     report = run_generate(cfg, GenerateOptions(partition="short"), echo=lambda s: None)
+    # the whole process so far (imports, config, tokenizer load, the run, its finish) less the prepare step:
+    # what `draftgen generate` costs as its own process
+    process_cpu = _cpu() - prepare_cpu
 
     # The tokenizer's own encode of the same text, for the reconstruction ratio.
     from draftgen.tokens import profile_from_config
@@ -164,7 +178,8 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         tok.encode(s)
     raw = time.thread_time() - t
     return {
-        "n": report.done, "failed": report.failed, "cpu_s": engine_cpu.get("cpu"), "wall_s": engine_cpu.get("wall"),
+        "n": report.done, "failed": report.failed, "cpu_s": engine_cpu.get("cpu"), "process_cpu_s": process_cpu, "prepare_cpu_s": prepare_cpu,
+        "wall_s": engine_cpu.get("wall"),
         "recon_cpu_s": acc["recon"], "prompt_ids_cpu_s": acc["prompt"], "raw_encode_cpu_s": raw,
         "mean_latency_s": sum(lat) / len(lat) if lat else None,
         "occupancy": _occupancy(spans, spec["concurrency"], max(starts)) if starts else None,

@@ -253,8 +253,9 @@ def test_display_lines_and_rich_panel(tmp_path: Path) -> None:
     clock.t = 10.0
     stats.sample()
     line = status_line(stats)
-    for part in ("done 40/100 (40%)", "failed 2", "short 12/16", "long 3/4", "$0.25 spent, $4.75 left",
-                 "retries: rate_limited 5", "providers: Chutes 30", "tok/s", "ETA"):
+    for part in ("done 40/100 (40%)", "failed 2", "short: ", "in flight 12/16", "in flight 3/4",
+                 "$0.25 spent · $4.75 left ($0.00 reserved)", "retries: rate_limited 5", "providers: Chutes 30",
+                 "tok/s", "ETA"):
         assert part in line, part
     assert any("chat: 40 done now" in s for s in summary_lines(stats))
     log = RunLog(tmp_path / "logs" / "generate.log")
@@ -262,7 +263,7 @@ def test_display_lines_and_rich_panel(tmp_path: Path) -> None:
     buf = io.StringIO()
     Console(file=buf, width=160).print(disp._render())  # type: ignore[attr-defined]
     out = buf.getvalue()
-    assert "chat" in out and "in flight" in out and "Chutes" in out
+    assert "total" in out and "in flight" in out and "Chutes" in out
     log.write(line)
     log.close()
     assert "done 40/100" in (tmp_path / "logs" / "generate.log").read_text()

@@ -376,11 +376,12 @@ def _install_signals(engine: Engine, display: Any) -> Callable[[], None]:
         nonlocal count
         count += 1
         if count == 1:
-            display.print(f"{signame}: stopping; finishing {engine.in_flight} requests in flight "
-                          f"(up to {engine.grace_s:g}s); press Ctrl-C again to exit now")
+            engine.stats.interrupt = signame  # the display shows the grace period counting down
+            display.print(f"{signame}: stopping; grace period: finishing {engine.in_flight} requests in flight "
+                          f"(up to {engine.grace_s:g}s); press Ctrl-C again to abort now")
             engine.request_stop(f"interrupted ({signame}); the next run resumes", exit_code=130, grace=True)
         else:
-            display.print(f"{signame} again: exiting now; finished records are on disk")
+            display.print(f"{signame} again: aborting, exiting now; finished records are on disk")
             engine.request_stop(f"interrupted ({signame}); the next run resumes", exit_code=130, hard=True)
 
     installed = []

@@ -189,8 +189,10 @@ class Engine:
         self._stopping = True
         if grace and self._deadline is None:
             self._deadline = time.monotonic() + self.grace_s
+            self.stats.grace_until = self._deadline  # the display counts the grace period down
         if hard:
             self._hard = True
+            self.stats.aborting = True
         for p in self._producers:
             p.cancel()
         for t in list(self._backoff):
@@ -216,7 +218,12 @@ class Engine:
             if not self.governor.slots_worst:  # near the dollar cap: see budget.BudgetGovernor.near_cap
                 self.governor.slots_worst = sum(p.concurrency * self.governor.prices.worst_case(0, p.max_tokens)
                                                 for p in self.partitions)
+            for ds in self.datasets:
+                for pname, n in ds.pending.items():
+                    if any(p.name == pname for p in self.partitions):
+                        self.stats.partition(pname).planned += n
             for part in self.partitions:
+                self.stats.partition(part.name)
                 lim = AdaptiveLimiter(part.concurrency, adaptive=self.adaptive)
                 self.limiters[part.name] = lim
                 self.stats.limit[part.name] = lim.current
@@ -275,8 +282,14 @@ class Engine:
             plan = next(d for d in self.datasets if d.name == dataset)
             counts = self.stats.dataset(dataset)
 
+            parts = self.stats.partitions
+
             def written(batch: Sequence[ResponseRecord]) -> None:
                 counts.done += len(batch)
+                for rec in batch:
+                    pc = parts.get(rec.partition)
+                    if pc is not None:
+                        pc.done += 1
 
             sink = RecordSink(plan.raw_path, executor=self._io, on_written=written, fsync=self.fsync)
             sink.start()
@@ -418,6 +431,8 @@ class Engine:
         worst = res.worst_usd
         settled = False
         slot = True
+        flight = self.stats.partition(part.name).flight
+        key = (dataset, prompt.sample_id)
         try:
             prompt_ids = None
             if self.needs_prompt_ids:
@@ -436,9 +451,11 @@ class Engine:
                 charged = 0.0
                 unusable: str | None = None
                 step: _Step
+                flight[key] = t0  # on the wire: one insert now, one pop when the attempt ends
                 try:
                     comp = await self.backend.complete(req)
                 except APIError as exc:
+                    flight.pop(key, None)
                     prov = provider_of(exc)
                     self._attempt(prompt, dataset, attempts, started, exc.kind, prov)
                     self._judge(prov, exc)
@@ -449,6 +466,7 @@ class Engine:
                         return
                     comp, latency, charged, unusable = kept.comp, kept.latency, kept.charged, kept.kind
                 else:
+                    flight.pop(key, None)
                     latency = time.monotonic() - t0
                     ended = time.time()
                     try:
@@ -530,6 +548,7 @@ class Engine:
             self._book(dataset, comp, rec, res, latency, charged=charged)
             self._sink(dataset).put(rec)
         finally:
+            flight.pop(key, None)  # cancelled or failed on the wire: no longer in flight
             if not settled:
                 self.governor.release_res(res)
                 self.stats.reserved = self.governor.reserved
@@ -627,6 +646,9 @@ class Engine:
         counts.completion_tokens += tokens
         counts.prompt_tokens += u.prompt_tokens if u is not None and u.prompt_tokens else len(rec.prompt_ids or ())
         counts.cost += cost
+        pc = st.partition(rec.partition)
+        pc.completion_tokens += tokens
+        pc.cost += cost
         st.spend_session = self.governor.session
         st.reserved = self.governor.reserved
         st.remaining = self.governor.remaining
@@ -667,6 +689,7 @@ class Engine:
         if self.policy.should_retry(exc, attempts):
             delay = self.policy.delay(attempts, exc.retry_after)
             self.stats.retries[exc.kind] += 1
+            self.stats.partition(part.name).retries += 1
             self.log.write(f"retry {dataset}/{sid} attempt {attempts}/{self.policy.max_attempts} in {delay:.2f}s: {exc}")
             task = asyncio.current_task()
             assert task is not None
@@ -695,5 +718,6 @@ class Engine:
         )
         self.stats.failures[kind] += 1
         self.stats.dataset(dataset).failed += 1
+        self.stats.partition(partition).failed += 1
         self.log.write(f"failed {dataset}/{prompt.sample_id} after {attempts} attempt(s): {kind}: {reason}")
         self._fail_sink(dataset).put(rec)

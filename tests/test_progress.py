@@ -1,0 +1,215 @@
+"""The live display: a snapshot of the run's figures, drawn on a recorded terminal and as plain lines, and the
+scheduler's tracking of the requests in flight that feeds it."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from _generate_helpers import write_prompts
+from draftgen.config import RetryConfig
+from draftgen.engine import BudgetGovernor, Prices, RetryPolicy, RunStats
+from draftgen.engine.progress import (
+    RowFigures,
+    Snapshot,
+    footer_lines,
+    plain_line,
+    render,
+    row_cells,
+    snapshot,
+)
+from draftgen.errors import RetryableAPIError
+from draftgen.records import Usage
+
+SHORT_ID = "chat-0123456789abcdef"
+LONG_ID = "code-fedcba9876543210"
+
+
+def _snapshot(**over: object) -> Snapshot:
+    """A $100 run well under way: large counts, long sample ids (the widest figures a run shows)."""
+    rows = (
+        RowFigures("short", 25_000, 12_345, 3, 12_300.0, 4.5, 1990, 2000, 8.20, 800.0, 12, SHORT_ID, 52.0),
+        RowFigures("long", 10_314, 2_000, 1, 5_300.0, 1.0, 500, 500, 4.10, 9000.0, 3, LONG_ID, 310.0),
+        RowFigures("total", 35_314, 14_345, 4, 17_600.0, 5.5, 2490, 2500, 12.30, 3800.0, 15, LONG_ID, 310.0),
+    )
+    base: dict[str, object] = dict(
+        rows=rows, spent=12.30, left=87.70, reserved=7.60, retries=(("rate_limited", 10), ("timeout", 5)),
+        failures=(("retries_exhausted:timeout", 4),), providers=(("Chutes", 3000),), elapsed_s=1200.0,
+    )
+    base.update(over)
+    return Snapshot(**base)  # type: ignore[arg-type]
+
+
+def _terminal(snap: Snapshot, width: int = 160) -> list[str]:
+    console = Console(record=True, width=width, force_terminal=True)
+    console.print(render(snap))
+    return console.export_text().rstrip("\n").split("\n")
+
+
+def test_recorded_terminal_one_line_per_partition_and_total_without_wrapping() -> None:
+    snap = _snapshot()
+    lines = _terminal(snap)
+    # one line per partition and the total, then the run-wide lines: nothing wrapped onto a line of its own
+    assert len(lines) == len(snap.rows) + len(footer_lines(snap)), lines
+    assert all(len(line) <= 160 for line in lines)
+    for i, name in enumerate(("short", "long", "total")):
+        assert lines[i].startswith(name + " "), lines[i]
+        assert "━" in lines[i]  # the bar of done out of planned
+    short, long_, total = lines[:3]
+    assert "done 12,345/25,000 (49%)" in short and "12,652 remaining" in short and "in flight 1990/2000" in short
+    assert "done 14,345/35,314 (41%)" in total and "20,965 remaining" in total and "retries 15" in total
+    assert "tok/s" in long_ and "resp/s" in long_ and "ETA 2h 30m" in long_ and "oldest 5m 10s" in long_
+    text = "\n".join(lines)
+    assert "$12.30 spent · $87.70 left ($7.60 reserved)" in text
+    assert "retries: rate_limited 10, timeout 5" in text and "failures: retries_exhausted:timeout 4" in text
+    assert f"short {SHORT_ID} 52s" in text and f"long {LONG_ID} 5m 10s" in text  # which request, how long
+    assert "errors:" not in text  # one name for retries everywhere
+    # every figure is there whole (no cell was cut to fit)
+    for r in snap.rows:
+        for cell in row_cells(r):
+            assert cell in text, cell
+    assert "…" not in text
+
+
+def test_the_bar_grows_with_the_room_the_terminal_gives() -> None:
+    snap = _snapshot()
+    narrow = _terminal(snap, 160)[0].count("━") + _terminal(snap, 160)[0].count("╺")
+    wide = _terminal(snap, 220)[0].count("━") + _terminal(snap, 220)[0].count("╺")
+    assert wide >= narrow + 50  # the whole width is used, no fixed-width footer
+
+
+def test_plain_line_carries_the_same_figures_under_the_same_names() -> None:
+    snap = _snapshot()
+    line = plain_line(snap)
+    text = "\n".join(_terminal(snap))
+    assert "\n" not in line
+    for r in snap.rows:
+        assert f"{r.name}: " in line
+        for cell in row_cells(r):
+            assert cell in line and cell in text, cell
+    for footer in footer_lines(snap):
+        assert footer in line and footer in text
+    for name in ("remaining", "reserved", "retries", SHORT_ID, "5m 10s"):
+        assert name in line
+    assert "errors:" not in line
+
+
+def test_a_grace_period_says_a_second_ctrl_c_aborts() -> None:
+    snap = _snapshot(stopping="interrupted (SIGINT); the next run resumes", interrupt="SIGINT", grace_left_s=18.0)
+    for text in ("\n".join(_terminal(snap)), plain_line(snap)):
+        assert "SIGINT: grace period, finishing 2,490 requests in flight (18s left" in text
+        assert "press Ctrl-C again to abort now" in text
+    aborting = _snapshot(stopping="interrupted (SIGINT)", interrupt="SIGINT", grace_left_s=10.0, aborting=True)
+    assert "aborting: cancelling 2,490 requests in flight" in plain_line(aborting)
+    assert "Ctrl-C" not in plain_line(_snapshot())
+
+
+def test_snapshot_of_run_stats_oldest_request_budget_left_and_grace() -> None:
+    t = [100.0]
+    stats = RunStats(clock=lambda: t[0], started=0.0)
+    d = stats.dataset("chat")
+    d.to_do, d.done, d.failed, d.completion_tokens = 10, 4, 1, 4000
+    short = stats.partition("short")
+    short.planned, short.done, short.failed, short.completion_tokens, short.retries = 10, 4, 1, 4000, 2
+    stats.in_flight, stats.limit = {"short": 3}, {"short": 8}
+    short.flight[("chat", "chat-aaaa")] = 40.0  # in order of going out: the first is the oldest
+    short.flight[("chat", "chat-bbbb")] = 90.0
+    short.flight.pop(("chat", "chat-aaaa"))  # its attempt ended, and the retry went out again later
+    short.flight[("chat", "chat-aaaa")] = 95.0
+    stats.spend_prior, stats.spend_session, stats.reserved, stats.remaining = 2.0, 1.0, 0.5, 6.5
+    stats.sample()
+    t[0] = 110.0
+    short.done, short.completion_tokens, d.done, d.completion_tokens = 6, 6000, 6, 6000
+    stats.sample()
+    snap = snapshot(stats)
+    s, total = snap.rows
+    assert (s.name, total.name) == ("short", "total")
+    assert s.oldest == "chat-bbbb" and s.oldest_age_s == pytest.approx(20.0)
+    assert total.oldest == "chat-bbbb" and total.in_flight == 3 and total.concurrency == 8
+    assert s.remaining == 3 and s.resp_s == pytest.approx(0.2) and s.tok_s == pytest.approx(200.0)
+    assert s.eta_s == pytest.approx(15.0) and s.retries == 2
+    # what is left of the budget includes the reservations, and names them
+    assert snap.spent == pytest.approx(3.0) and snap.left == pytest.approx(7.0) and snap.reserved == 0.5
+    assert "$3.00 spent · $7.00 left ($0.50 reserved)" in plain_line(snap)
+    stats.grace_until, stats.interrupt, stats.stopping = 130.0, "SIGINT", "interrupted (SIGINT)"
+    assert snapshot(stats).grace_left_s == pytest.approx(20.0)
+
+
+class _HoldFirst:
+    """Replies at once, except: the first sample's request hangs until ``release`` is set, and one other sample
+    gets a retryable error on its first attempt."""
+
+    name = "openai"
+    reports_cost = False
+
+    def __init__(self, held: str, flaky: str) -> None:
+        self.held, self.flaky = held, flaky
+        self.release = asyncio.Event()
+        self.seen: set[str] = set()
+
+    async def complete(self, req):  # type: ignore[no-untyped-def]
+        from draftgen.backends.base import Completion
+
+        if req.sample_id == self.held:
+            await self.release.wait()
+        if req.sample_id == self.flaky and req.sample_id not in self.seen:
+            self.seen.add(req.sample_id)
+            raise RetryableAPIError("upstream 502", kind="http_502", status=502)
+        await asyncio.sleep(0)
+        return Completion(backend=self.name, reasoning="Let me see.", content="Hello there.", finish_reason="stop",
+                          usage=Usage(prompt_tokens=10, completion_tokens=8, cost=0.001))
+
+    async def get_key_info(self) -> None:
+        return None
+
+    async def get_credits(self, management_key: str | None = None) -> None:
+        return None
+
+    async def get_model_endpoints(self, model: str) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_scheduler_tracks_requests_in_flight_per_sample_and_feeds_partition_figures(
+        tmp_path: Path, qwen3_profile) -> None:  # type: ignore[no-untyped-def]
+    from draftgen.engine import Assembler, DatasetPlan, Engine, PartitionPlan, RunLog, make_display
+
+    ids = write_prompts(tmp_path, "d", 6)
+    stats, log = RunStats(), RunLog(None)
+    backend = _HoldFirst(held=ids[0], flaky=ids[1])
+    engine = Engine(
+        backend=backend, assembler=Assembler(qwen3_profile),  # type: ignore[arg-type]
+        datasets=[DatasetPlan("d", tmp_path / "prepared" / "d" / "prompts.jsonl",
+                              tmp_path / "raw" / "d" / "raw_responses.jsonl", tmp_path / "raw" / "d" / "failures.jsonl",
+                              pending={"short": 6})],
+        partitions=[PartitionPlan("short", 3, 64)],
+        governor=BudgetGovernor(prices=Prices(prompt=1e-6, completion=2e-6), priced=True),
+        policy=RetryPolicy(RetryConfig(max_attempts=3, base_delay_s=0.001, max_delay_s=0.01)), stats=stats,
+        log=log, display=make_display("off", stats, log), fsync=False, ramp_s=0.0,
+    )
+
+    async def main() -> tuple[list[tuple[str, str]], str | None, float | None]:
+        run = asyncio.create_task(engine.run())
+        flight = stats.partition("short").flight
+        for _ in range(2000):  # until every other sample is written: only the held one is left on the wire
+            await asyncio.sleep(0.005)
+            if stats.partition("short").done == 5:
+                break
+        await asyncio.sleep(0.05)
+        keys = list(flight)
+        snap = snapshot(stats)
+        backend.release.set()
+        await run
+        return keys, snap.rows[0].oldest, snap.rows[0].oldest_age_s
+
+    keys, oldest, age = asyncio.run(main())
+    assert keys == [("d", ids[0])] and oldest == ids[0] and age is not None and age >= 0.05
+    pc = stats.partition("short")
+    assert pc.flight == {}  # every attempt popped its entry when it ended
+    assert (pc.planned, pc.done, pc.failed, pc.retries) == (6, 6, 0, 1)
+    assert pc.completion_tokens == stats.completion_tokens > 0 and pc.cost == pytest.approx(stats.spend_session)
