@@ -1,4 +1,4 @@
-"""Shared fixtures (the tokenizer assets folder, a loaded Qwen3 profile, a free port) and the end-of-run
+"""Shared fixtures (the tokenizer assets folder, a loaded Qwen3 profile, a free port, a key file) and the end-of-run
 line that counts the tests skipped for something missing on this machine, with how to provide it.
 
 The assets folder is ``DRAFTGEN_TEST_ASSETS`` (default ``<checkout>/../shared/assets/tokenizers``); see
@@ -8,13 +8,16 @@ what lets every test file, ``tests/reliability/`` included, import ``_common_hel
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from _common_helpers import SKIP_HINTS, need_assets
+from _common_helpers import FAKE_KEY, SKIP_HINTS, need_assets
 from _common_helpers import free_port as _free_port
 
 
@@ -34,6 +37,17 @@ def qwen3_profile():  # type: ignore[no-untyped-def]
 @pytest.fixture()
 def free_port() -> int:
     return _free_port()
+
+
+@pytest.fixture()
+def key_file() -> Iterator[Path]:
+    """``FAKE_KEY`` in a key file kept outside pytest's temp folders: the reliability suite scans those for
+    the key after the session, and a key there is a leak (tests/reliability/conftest.py)."""
+    folder = Path(tempfile.mkdtemp(prefix="draftgen-keyfile-"))
+    path = folder / "openrouter.key"
+    path.write_text(FAKE_KEY + "\n", encoding="utf-8")
+    yield path
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _skip_reason(report: Any) -> str:

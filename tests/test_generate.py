@@ -40,9 +40,8 @@ def _all_text(run_dir: Path) -> bytes:
     return b"".join(p.read_bytes() for p in run_dir.rglob("*") if p.is_file())
 
 
-def test_generate_embedded_emulator_ids_provenance_and_resume(tmp_path: Path) -> None:
-    key_file = tmp_path / "key.txt"
-    key_file.write_text(SECRET_KEY + "\n")
+def test_generate_embedded_emulator_ids_provenance_and_resume(tmp_path: Path, key_file: Path) -> None:
+    assert key_file.read_text().strip() == SECRET_KEY
     cfg = make_config(tmp_path, ["a", "b"], endpoint={"api_key_file": str(key_file), "emulator": {"ground_truth": True}})
     run_dir = claim(cfg)
     ids_a = write_prompts(run_dir, "a", 40, long_every=5, tools_every=7)

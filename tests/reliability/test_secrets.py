@@ -42,15 +42,6 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningEmulat
         yield emu
 
 
-@pytest.fixture()
-def key_file() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="draftgen-keyfile-"))
-    path = folder / "openrouter.key"
-    path.write_text(FAKE_KEY + "\n", encoding="utf-8")
-    yield path
-    shutil.rmtree(folder, ignore_errors=True)
-
-
 def _config(tmp_path: Path, emu: RunningEmulator, run: Path, n: int = 40) -> Path:
     prompts = write_prompts(tmp_path / "prompts.jsonl", n, seed=41)
     cfg = base_config(prompts, run, base_url=emu.base_url, concurrency=16, max_tokens=256)
