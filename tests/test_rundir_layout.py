@@ -137,7 +137,10 @@ def test_the_guarded_names_come_from_rundir() -> None:
     rd = rundir.RunDir(Path("/r"))
     spelled = [rd.marker, rd.lock, rd.pipeline, rd.report_html, rd.attempts, rd.health, rd.prepared("d"),
                rd.prepared_stats("d"), rd.raw("d"), rd.failures("d"), rd.audit_json, rd.dataset_card,
-               rd.merged_manifest, rd.merged_stats, rd.ground_truth, rd.pilot, rd.hidden, rd.train, rd.exports]
+               rd.merged_manifest, rd.merged_stats, rd.ground_truth, rd.pilot, rd.hidden, rd.train, rd.exports,
+               rd.train_inputs, rd.train_vocab, rd.train_checkpoints, rd.train_drafter, rd.train_eagle,
+               rd.train_log, rd.train_speculators_log, rd.train_report, rd.accept_json, rd.hidden_exports]
+    spelled += [Path('/r/hidden') / rundir.HiddenLayout.states, Path('/r/hidden') / rundir.HiddenLayout.index]
     names = {part for p in spelled for part in p.relative_to("/r").parts} - {"d"}
     assert names == set(rundir.LAYOUT_NAMES)
     # A pilot is a run directory of its own.

@@ -242,6 +242,82 @@ def merge(config: str, run_dir: str | None, force: bool) -> None:
     run_merge(cfg, echo=click.echo, force=force)
 
 
+def _url_or_cwd(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A URL (or, for --model, a hub id that is no local path) as it is; a local path from the working directory."""
+    if not value or "://" in value or (param.name == "model" and not Path(value).exists()):
+        return value
+    return _from_cwd(ctx, param, value)
+
+
+@cli.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@run_dir_option
+@click.option("--output", callback=_url_or_cwd, help="Destination folder or fsspec URL, e.g. s3://bucket/prefix (overrides hidden_states.output).")
+@click.option("--model", callback=_url_or_cwd, help="Target model folder or hub id (overrides hidden_states.model).")
+@click.option("--backend", help="Capture backend (overrides hidden_states.backend): hf, vllm.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32", "fp8"]), help="Storage dtype (overrides hidden_states.dtype).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Where the target runs (overrides hidden_states.device).")
+@click.option("--limit", type=int, help="Stop after this many new samples (the manifest then says complete: false).")
+@click.option("--pilot", type=int, help="Extract this many samples to measure throughput for plan (they are kept).")
+@click.option("--workers", type=click.IntRange(min=1), help="Run on a Ray Data actor pool of this many actors (sets hidden_states.ray and .workers).")
+@friendly
+def extract(config: str, run_dir: str | None, output: str | None, model: str | None, backend: str | None,
+            dtype: str | None, device: str | None, limit: int | None, pilot: int | None, workers: int | None) -> None:
+    """Capture the target's hidden states for every merged train row into hidden/ (resumable; checked)."""
+    from .extract.run import run_extract
+
+    cfg = _load(config, {"run_dir": run_dir, "hidden_states.output": output, "hidden_states.model": model,
+                         "hidden_states.backend": backend, "hidden_states.dtype": dtype, "hidden_states.device": device,
+                         "hidden_states.ray": True if workers else None, "hidden_states.workers": workers})
+    run_extract(cfg, echo=click.echo, limit=limit, pilot=pilot)
+
+
+@cli.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@run_dir_option
+@click.option("--hidden", callback=_url_or_cwd, help="The hidden set to train on (overrides train.hidden).")
+@click.option("--verifier", callback=_from_cwd, help="The target model's local folder (overrides train.verifier).")
+@click.option("--speculators", "speculators_bin", callback=_from_cwd,
+              help="speculators' executable or its environment's python (overrides train.speculators).")
+@click.option("--epochs", type=int, help="Training epochs (overrides train.epochs); a rerun with more resumes.")
+@click.option("--max-steps", type=int, help="Stop after this many steps in all (overrides train.max_steps).")
+@click.option("--draft-vocab-size", type=int, help="Draft vocabulary size (overrides train.draft_vocab_size).")
+@click.option("--restart", is_flag=True, help="Drop earlier checkpoints and train from scratch.")
+@force_option
+@friendly
+def train(config: str, run_dir: str | None, hidden: str | None, verifier: str | None, speculators_bin: str | None,
+          epochs: int | None, max_steps: int | None, draft_vocab_size: int | None, restart: bool,
+          force: bool) -> None:
+    """Train an EAGLE-3 drafter with speculators on hidden/ (resumes; writes a vLLM and an SGLang checkpoint)."""
+    from .train.run import run_train
+
+    cfg = _load(config, {"run_dir": run_dir, "train.hidden": hidden, "train.verifier": verifier,
+                         "train.speculators": speculators_bin, "train.epochs": epochs, "train.max_steps": max_steps,
+                         "train.draft_vocab_size": draft_vocab_size})
+    run_train(cfg, echo=click.echo, restart=restart, force=force)
+
+
+@cli.command(name="export-hidden")
+@click.argument("config", type=click.Path(dir_okay=False))
+@run_dir_option
+@click.option("--format", "formats", multiple=True, required=True,
+              type=click.Choice(["speculators", "specforge", "modelopt"]),
+              help="Trainer format (repeatable): speculators, specforge, modelopt.")
+@click.option("--out", callback=_from_cwd, help="Output folder (default <run>/hidden-exports/<format>).")
+@click.option("--hidden", callback=_url_or_cwd, help="The hidden set (default hidden_states.output or <run>/hidden).")
+@click.option("--target", callback=_from_cwd, help="Target model folder, for the post-norm final state "
+              "(default hidden_states.model).")
+@click.option("--include-flagged", is_flag=True, help="Also export samples that failed an extract check.")
+@friendly
+def export_hidden(config: str, run_dir: str | None, formats: tuple[str, ...], out: str | None, hidden: str | None,
+                  target: str | None, include_flagged: bool) -> None:
+    """Write hidden/ in a peer trainer's offline format, in extraction order (sample_ids.jsonl maps it)."""
+    from .extract.exports import run_hidden_export
+
+    cfg = _load(config, {"run_dir": run_dir})
+    run_hidden_export(cfg, list(formats), out, hidden=hidden, target_dir=target, include_flagged=include_flagged,
+                      echo=click.echo)
+
 @cli.command(name="import")
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.argument("file", type=click.Path(dir_okay=False))
@@ -270,6 +346,24 @@ def probe(config: str, api_key_file: str | None, base_url: str | None, prompt: s
     report = run_probe(cfg, echo=click.echo)
     if not report.ok:
         sys.exit(1)
+
+
+@cli.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@run_dir_option
+@endpoint_options
+@click.option("--drafter", required=True, type=click.Path(file_okay=False),
+              help="The drafter checkpoint folder the server serves (speculators or EAGLE format).")
+@click.option("--baseline-url", help="A server of the same target without the drafter (tokens/s without it).")
+@click.option("--prompts", type=int, help="Held-out prompts to send (overrides accept.prompts).")
+@friendly
+def accept(config: str, run_dir: str | None, api_key_file: str | None, base_url: str | None, drafter: str,
+           baseline_url: str | None, prompts: int | None) -> None:
+    """Measure the served drafter's acceptance length on held-out prompts (vLLM /metrics or SGLang meta_info)."""
+    from .accept import run_accept
+
+    cfg = _load(config, {"run_dir": run_dir, **endpoint_overrides(api_key_file, base_url)})
+    run_accept(cfg, drafter=drafter, baseline_url=baseline_url, prompts=prompts, echo=click.echo)
 
 
 @cli.command()
@@ -350,12 +444,36 @@ def report(config: str, run_dir: str | None, output: str | None) -> None:
 @click.option("--credits", type=float, default=100.0, show_default=True, help="Starting credits in USD.")
 @click.option("--profile", default="qwen3", show_default=True, help="Token profile of the emulated model.")
 @click.option("--tokenizer", default="bundled:qwen3", show_default=True, help="Tokenizer of the emulated model.")
+@click.option("--model", "model_dir", type=click.Path(file_okay=False),
+              help="Serve this transformers model folder instead (vLLM-compatible, real generation on CPU).")
+@click.option("--served-model-name", help="With --model: the model id served (default: the folder's name).")
+@click.option("--extract-dir", type=click.Path(file_okay=False),
+              help="With --model: extract mode; hidden-state files as vLLM's connector (its shared_storage_path).")
+@click.option("--extract-layers", help="With --extract-dir: vLLM-convention layer ids, e.g. 2,4,5,8 (default [2, L//2, L-3, L]).")
+@click.option("--extract-fault", type=click.Choice(["prompt_ids"]), help="With --extract-dir: misbehave on purpose (tests).")
+@click.option("--drafter", type=click.Path(file_okay=False), help="With --model: an EAGLE-3 drafter checkpoint for speculative decoding.")
+@click.option("--num-speculative-tokens", type=int, default=3, show_default=True, help="With --drafter: tokens per draft.")
+@click.option("--device", default="cpu", show_default=True, help="With --model: torch device.")
+@click.option("--dtype", default="auto", show_default=True, help="With --model: auto | float32 | bfloat16 | float16.")
 @friendly
-def emulate(api_key_file: str | None, management_key_file: str | None, **kw: Any) -> None:
-    """Serve a local OpenRouter emulator (also SGLang /generate and vLLM token-id modes)."""
+def emulate(api_key_file: str | None, management_key_file: str | None, model_dir: str | None,
+            served_model_name: str | None, extract_dir: str | None, extract_layers: str | None,
+            extract_fault: str | None, drafter: str | None, num_speculative_tokens: int, device: str, dtype: str,
+            **kw: Any) -> None:
+    """Serve a local OpenRouter emulator (also SGLang /generate and vLLM token-id modes), or with --model a
+    vLLM-compatible server backed by a real transformers model (extract mode, drafter counters)."""
     from .emulator.core import emulator_key
     from .emulator.server import EmulatorOptions, serve_forever
 
+    if model_dir is not None:
+        from .emulator.model_server import model_server_options
+        from .emulator.model_server import serve_forever as serve_model
+
+        serve_model(model_server_options(
+            model_dir, host=kw["host"], port=kw["port"], served_model_name=served_model_name, extract_dir=extract_dir,
+            extract_layers=extract_layers, extract_fault=extract_fault, drafter=drafter,
+            num_speculative_tokens=num_speculative_tokens, device=device, dtype=dtype), echo=click.echo)
+        return
     api_key = emulator_key(api_key_file, EMULATOR_API_KEY_ENV, flag="--api-key-file")
     management_key = emulator_key(management_key_file, EMULATOR_MANAGEMENT_KEY_ENV, flag="--management-key-file")
     serve_forever(EmulatorOptions(api_key=api_key, management_key=management_key, **kw), echo=click.echo)

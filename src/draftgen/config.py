@@ -32,9 +32,13 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
+from .config_accept import AcceptConfig
+from .config_hidden import HiddenStatesConfig
+from .config_train import TrainConfig
 from .errors import ConfigError
 
 __all__ = [
+    "AcceptConfig",
     "AuditConfig",
     "BudgetConfig",
     "DatasetConfig",
@@ -337,17 +341,6 @@ class QualityConfig(_C):
     """A response whose rebuilt completion length differs from the billed one by more than this share is billed far off."""
 
 
-class HiddenStatesConfig(_C):
-    hidden_size: int | None = None
-    """Target model hidden size (Kimi-K2.5: 7,168) for the disk estimate."""
-    slots: int = 4
-    """Captured hidden states per token (EAGLE-3: 3 auxiliary layers + the final one)."""
-    dtype: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
-    """Storage dtype of captured hidden states."""
-    extraction_tokens_per_s: float | None = None
-    """Extraction speed assumed for the time estimate."""
-
-
 class PlanConfig(_C):
     """What ``draftgen plan`` bases its estimates on."""
 
@@ -391,6 +384,8 @@ class RunConfig(_C):
     merge: MergeConfig = msgspec.field(default_factory=MergeConfig)
     quality: QualityConfig = msgspec.field(default_factory=QualityConfig)
     hidden_states: HiddenStatesConfig = msgspec.field(default_factory=HiddenStatesConfig)
+    train: TrainConfig = msgspec.field(default_factory=TrainConfig)
+    accept: AcceptConfig = msgspec.field(default_factory=AcceptConfig)
     plan: PlanConfig = msgspec.field(default_factory=PlanConfig)
     probe: ProbeConfig = msgspec.field(default_factory=ProbeConfig)
     progress: Literal["auto", "rich", "plain", "off"] = "auto"

@@ -109,9 +109,10 @@ def _cell(text: str) -> str:
 
 def config_reference() -> str:
     """docs/config.md: every key of the YAML config, section by section."""
-    from . import config
+    from . import config, config_accept, config_hidden, config_train
 
-    docs = _field_docs(config)
+    docs = {**_field_docs(config), **_field_docs(config_hidden), **_field_docs(config_train),
+            **_field_docs(config_accept)}
     lines = [
         "# Configuration reference",
         "",

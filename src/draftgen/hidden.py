@@ -109,7 +109,8 @@ def format_hidden_report(rep: HiddenStatesReport, *, cap_options: dict[int, int]
     head = (
         f"hidden states ({rep.slots} slots × hidden {rep.hidden_size:,} × {rep.dtype}): "
         f"{format_bytes(rep.bytes)} for {rep.tokens:,} tokens"
-        f" (fp8 {format_bytes(rep.by_dtype['fp8'])}, bf16 {format_bytes(rep.by_dtype['bf16'])})"
+        f" (fp8 {format_bytes(rep.by_dtype['fp8'])}, half of bf16 {format_bytes(rep.by_dtype['bf16'])}:"
+        " hidden_states.dtype: fp8 halves the disk)"
     )
     out = [head]
     if rep.cap_saved:

@@ -12,9 +12,11 @@ work:
   ``when_current`` gives the outcome of the output already there);
 - ``final``: the phase runs last, also when an outcome ended the loop early (``then="report"``);
 - ``spends``: the phase may cost money; before the first such phase the pipeline shows the plan and,
-  above ``plan.confirm_above_usd``, asks before going on (``pipeline``).
+  above ``plan.confirm_above_usd``, asks before going on (``pipeline``);
+- ``enabled``: a predicate on the config; a phase it rejects is left out of the run entirely (``extract``
+  runs only with ``hidden_states.extract: true``).
 
-``PHASES`` is the default table: prepare → generate → audit → merge → report. Adding a phase is its own
+``PHASES`` is the default table: prepare → generate → audit → merge → [extract] → report. Adding a phase is its own
 module plus one line, ``register_phase(Phase(...), after="merge")`` (a plugin, a test); a test may copy
 the table (``PHASES.copy()``) and pass its copy to ``run_pipeline(phases=...)`` instead.
 
@@ -118,6 +120,7 @@ class Phase:
     when_current: Callable[[PhaseContext], PhaseOutcome] | None = None
     final: bool = False
     spends: bool = False
+    enabled: Callable[[RunConfig], bool] | None = None
 
     def __post_init__(self) -> None:
         if self.skippable and self.output is None:
@@ -239,6 +242,18 @@ def _merge(ctx: PhaseContext) -> PhaseOutcome:
     return PhaseOutcome()
 
 
+def _extract(ctx: PhaseContext) -> PhaseOutcome:
+    from .extract.run import run_extract
+
+    try:
+        run_extract(ctx.cfg, rd=ctx.rd, echo=ctx.echo)
+    except ThresholdBroken as exc:
+        message = str(exc).splitlines()[0] if str(exc) else "extract checks failed"
+        ctx.echo(message)
+        return PhaseOutcome(ThresholdBroken.exit_code, message)
+    return PhaseOutcome()
+
+
 def _report(ctx: PhaseContext) -> PhaseOutcome:
     from .report.html import run_report
 
@@ -257,6 +272,8 @@ PHASES = PhaseTable([
           when_current=_audit_current),
     Phase("merge", _merge, inputs=dataset_logs, digests=_audit_json, config=("merge", "datasets"),
           output=lambda rd: rd.merged_manifest, skippable=True, up_to_date="merge: up to date"),
+    # resumes by sample_id on its own (hidden/ index parts); off unless hidden_states.extract
+    Phase("extract", _extract, enabled=lambda cfg: cfg.hidden_states.extract),
     Phase("report", _report, final=True),
 ])
 

@@ -207,6 +207,8 @@ def _run(ctx: PhaseContext, table: PhaseTable, gate: _Gate | None = None) -> Pip
     ending = False  # an outcome said "report": only the final phases are left
     planned = False  # the plan is shown once, before the first phase that spends
     for phase in table:
+        if phase.enabled is not None and not phase.enabled(cfg):
+            continue
         if ending and not phase.final:
             continue
         if phase.spends and not planned:

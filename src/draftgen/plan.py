@@ -3,8 +3,10 @@
 Per dataset it reports the prompts (``prepared/<dataset>/stats.json``; ``prepare`` runs first when a
 dataset is not prepared), the expected output tokens, the cost, the time at the configured concurrency,
 and whether ``budget.max_spend_usd`` suffices (and, if not, how far to cap each dataset). With
-``hidden_states.hidden_size`` set it also gives the hidden-state disk size for ``merge.max_seq_len`` and,
-with ``hidden_states.extraction_tokens_per_s``, the extraction time.
+``hidden_states.hidden_size`` set it also gives the hidden-state disk size for ``merge.max_seq_len`` and
+the extraction time, at ``hidden_states.extraction_tokens_per_s`` or, when unset, at the throughput the last
+``draftgen extract`` (or ``extract --pilot N``) measured and recorded in its local manifest.json (the line
+says which).
 
 Where the numbers come from, best first:
 
@@ -96,6 +98,8 @@ class PlanReport(msgspec.Struct, kw_only=True):
     pilot_responses: int = 0
     hidden: HiddenStatesReport | None = None
     extraction_s: float | None = None
+    extraction_tokens_per_s: float | None = None
+    extraction_rate_source: str | None = None  # the config key, or the manifest whose measured rate was used
     notes: list[str] = msgspec.field(default_factory=list)
 
 
@@ -286,10 +290,32 @@ def _hidden(cfg: RunConfig, lines: list[DatasetPlanLine], rep: PlanReport) -> No
                                    tokens_uncapped=round(samples * per), samples=samples))
     rep.hidden = hidden_states_report(items, hidden_size=hs.hidden_size, slots=hs.slots, dtype=hs.dtype,
                                       max_seq_len=cap)
-    if hs.extraction_tokens_per_s:
-        rep.extraction_s = rep.hidden.tokens / hs.extraction_tokens_per_s
+    rate: float | None = hs.extraction_tokens_per_s
+    source: str | None = "hidden_states.extraction_tokens_per_s"
+    if not rate:
+        rate, source = _measured_extraction(cfg)
+    if rate:
+        rep.extraction_s = rep.hidden.tokens / rate
+        rep.extraction_tokens_per_s, rep.extraction_rate_source = rate, source
     else:
-        rep.notes.append("set hidden_states.extraction_tokens_per_s for the extraction time")
+        rep.notes.append("set hidden_states.extraction_tokens_per_s for the extraction time, or measure it: "
+                         "draftgen extract --pilot N (after merge)")
+
+
+def _measured_extraction(cfg: RunConfig) -> tuple[float | None, str | None]:
+    """The throughput the last ``draftgen extract`` (or ``--pilot``) recorded in a local hidden-state
+    manifest (the configured destination when it is a folder, else ``<run>/hidden``)."""
+    from .records import HiddenManifest
+    from .rundir import HiddenLayout, RunDir
+    from .store import read_json
+
+    out = cfg.hidden_states.output
+    root = cfg.path(out) if out and "://" not in out else RunDir(cfg.run_path).hidden
+    path = root / HiddenLayout.manifest
+    if not path.is_file():
+        return None, None
+    rate = read_json(path, HiddenManifest).throughput_tokens_per_s
+    return (rate, f"measured by draftgen extract ({path})") if rate else (None, None)
 
 
 def _print(rep: PlanReport, cfg: RunConfig, echo: Echo) -> None:
@@ -334,8 +360,8 @@ def _print(rep: PlanReport, cfg: RunConfig, echo: Echo) -> None:
         for text in format_hidden_report(rep.hidden):
             echo(text)
         if rep.extraction_s is not None:
-            echo(f"  extraction: {fmt_duration(rep.extraction_s)} at "
-                 f"{cfg.hidden_states.extraction_tokens_per_s:,.0f} tokens/s ({format_bytes(rep.hidden.bytes)} written)")
+            echo(f"  extraction: {fmt_duration(rep.extraction_s)} at {rep.extraction_tokens_per_s or 0:,.0f} tokens/s, "
+                 f"{rep.extraction_rate_source} ({format_bytes(rep.hidden.bytes)} written)")
     if rep.account_ok is False:
         echo(f"account: the key can spend {fmt_usd(rep.account_remaining_usd)} more, less than the expected "
              f"{fmt_usd(rep.expected_cost_usd)}; add credits or raise the key's limit")

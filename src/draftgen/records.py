@@ -28,6 +28,8 @@ __all__ = [
     "MANIFEST_LAYOUT",
     "SCHEMA_VERSION",
     "VIEWS",
+    "AcceptReport",
+    "AcceptanceFigures",
     "AttemptRecord",
     "AuditReport",
     "BillingExample",
@@ -38,8 +40,17 @@ __all__ = [
     "FunctionCall",
     "GroundTruthRecord",
     "HealthEvent",
+    "HiddenChecksSummary",
+    "HiddenCounts",
     "HiddenDatasetLine",
+    "HiddenExportReport",
+    "HiddenExportSample",
+    "HiddenIndexRecord",
+    "HiddenLayerIds",
+    "HiddenManifest",
+    "HiddenSampleEntry",
     "HiddenStatesReport",
+    "HiddenTarget",
     "IdsSource",
     "LockHolder",
     "MergeManifest",
@@ -65,17 +76,20 @@ __all__ = [
     "SpeculatorsMetadata",
     "SpeculatorsRow",
     "StructuralExample",
+    "TeacherResult",
+    "ThroughputFigures",
     "Tool",
     "ToolCall",
     "ToolFunction",
+    "TrainLogRecord",
+    "TrainReport",
     "Usage",
     "check_ids",
     "spend_usd",
     "view_mismatches",
 ]
 
-SCHEMA_VERSION = 2
-"""Version 2 added ``ResponseRecord.provenance``. A record of a newer version than this is an error."""
+from .schema import SCHEMA_VERSION
 
 # How a record's output_ids were obtained.
 #   exact          the server returned token ids (vLLM return_token_ids, SGLang output_ids)
@@ -652,3 +666,24 @@ class SpecForgeConversationRow(msgspec.Struct):
     conversations: list[SpecForgeMessage]
     tools: str = "[]"  # JSON text of the prompt's tool definitions (row-level, as SpecForge reads it)
     status: str = "success"
+
+
+# The drafter chain's records (extract, train, accept) live in records_chain.py; re-exported here so
+# every typed record is importable from this one module.
+from .records_chain import (  # noqa: E402
+    AcceptanceFigures,
+    AcceptReport,
+    HiddenChecksSummary,
+    HiddenCounts,
+    HiddenExportReport,
+    HiddenExportSample,
+    HiddenIndexRecord,
+    HiddenLayerIds,
+    HiddenManifest,
+    HiddenSampleEntry,
+    HiddenTarget,
+    TeacherResult,
+    ThroughputFigures,
+    TrainLogRecord,
+    TrainReport,
+)

@@ -63,6 +63,7 @@ __all__ = [
     "LAYOUT_NAMES",
     "LOCK_NAME",
     "MARKER",
+    "HiddenLayout",
     "RunDir",
     "check_provenance",
     "expected_provenance",
@@ -85,20 +86,39 @@ _EXPORTS = "exports"
 _EMULATOR, _GROUND_TRUTH = "emulator", "ground_truth.jsonl"
 _PLAN, _PILOT = "plan", "pilot"
 _HIDDEN = "hidden"
+_HIDDEN_STATES, _HIDDEN_INDEX = "states", "index"  # inside a hidden-state destination (HiddenLayout)
 _TRAIN = "train"
+# inside train/ (the train phase): speculators' inputs, the vocab mapping, its checkpoints, the published drafter
+# in the speculators format and in the flat EAGLE-3 format, the training log, speculators' own log, the report
+_TRAIN_INPUTS, _TRAIN_VOCAB, _TRAIN_CKPTS = "inputs", "vocab", "checkpoints"
+_TRAIN_DRAFTER, _TRAIN_EAGLE = "drafter", "eagle3"
+_TRAIN_LOG, _TRAIN_SPEC_LOG, _TRAIN_REPORT = "log.jsonl", "speculators.log", "train.json"
+_ACCEPT, _ACCEPT_JSON = "accept", "acceptance.json"
+_HIDDEN_EXPORTS = "hidden-exports"
 
 #: every file name of the layout
 LAYOUT_FILES: frozenset[str] = frozenset({
     MARKER, LOCK_NAME, _PIPELINE, _REPORT, _ATTEMPTS, _HEALTH, _PROMPTS, _STATS, _RESPONSES, _FAILURES,
-    _AUDIT_JSON, _CARD, _MANIFEST, _GROUND_TRUTH,
+    _AUDIT_JSON, _CARD, _MANIFEST, _GROUND_TRUTH, _TRAIN_LOG, _TRAIN_SPEC_LOG, _TRAIN_REPORT, _ACCEPT_JSON,
 })
 #: every folder name of the layout (some are also ordinary words: ``train`` is a split, ``audit`` a command)
 LAYOUT_DIRS: frozenset[str] = frozenset({
     _LOGS, _PREPARED, _RAW, _AUDIT, _MERGED, _EXPORTS, _EMULATOR, _PLAN, _PILOT, _HIDDEN, _TRAIN,
+    _HIDDEN_STATES, _HIDDEN_INDEX, _TRAIN_INPUTS, _TRAIN_VOCAB, _TRAIN_CKPTS, _TRAIN_DRAFTER, _TRAIN_EAGLE,
+    _ACCEPT, _HIDDEN_EXPORTS,
 })
 LAYOUT_NAMES: frozenset[str] = LAYOUT_FILES | LAYOUT_DIRS
 # Files a failed first claim may leave behind; a folder holding only these still counts as empty.
 _CLAIM_LEFTOVERS = frozenset({LOCK_NAME})
+
+
+class HiddenLayout:
+    """Relative names inside a hidden-state destination (``<run>/hidden`` or any fsspec URL, so plain
+    strings joined with ``/``): ``states/<k[:2]>/<k>.safetensors``, ``index/part-*.jsonl``, ``manifest.json``."""
+
+    states = _HIDDEN_STATES
+    index = _HIDDEN_INDEX
+    manifest = _MANIFEST
 
 
 class RunDir:
@@ -212,9 +232,54 @@ class RunDir:
         return self.root / _HIDDEN
 
     @property
+    def hidden_exports(self) -> Path:
+        """``hidden-exports/``: the hidden states in a trainer's format, one folder per format."""
+        return self.root / _HIDDEN_EXPORTS
+
+    @property
     def train(self) -> Path:
         """``train/``: the train phase's output (drafter checkpoints, vocab mapping, training log)."""
         return self.root / _TRAIN
+
+    @property
+    def train_inputs(self) -> Path:
+        """``train/inputs/``: what speculators reads (its Arrow dataset, hidden_states/, token_freq.pt)."""
+        return self.train / _TRAIN_INPUTS
+
+    @property
+    def train_vocab(self) -> Path:
+        return self.train / _TRAIN_VOCAB
+
+    @property
+    def train_checkpoints(self) -> Path:
+        return self.train / _TRAIN_CKPTS
+
+    @property
+    def train_drafter(self) -> Path:
+        """The trained drafter in the speculators format (``vllm serve`` loads it)."""
+        return self.train / _TRAIN_DRAFTER
+
+    @property
+    def train_eagle(self) -> Path:
+        """The trained drafter in the flat EAGLE-3 format (SGLang's draft model path)."""
+        return self.train / _TRAIN_EAGLE
+
+    @property
+    def train_log(self) -> Path:
+        return self.train / _TRAIN_LOG
+
+    @property
+    def train_speculators_log(self) -> Path:
+        return self.train / _TRAIN_SPEC_LOG
+
+    @property
+    def train_report(self) -> Path:
+        return self.train / _TRAIN_REPORT
+
+    @property
+    def accept_json(self) -> Path:
+        """``accept/acceptance.json``: the last ``draftgen accept`` report."""
+        return self.root / _ACCEPT / _ACCEPT_JSON
 
     # -- around the phases
     @property

@@ -33,7 +33,9 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "decode_json",
+    "decode_json_object",
     "encode_json",
+    "encode_json_pretty",
     "first_records",
     "iter_jsonl",
     "iter_jsonl_offsets",
@@ -41,6 +43,7 @@ __all__ = [
     "publish",
     "raw_ids_len",
     "read_json",
+    "read_json_object",
     "repair_partial_tail",
     "scan_failures",
     "scan_responses",
@@ -63,6 +66,29 @@ def decode_json(data: bytes | str, type: type[T], *, where: str = "<input>") -> 
         raise InputError(f"{where}: {exc}; fix the field or regenerate the file") from None
     except msgspec.DecodeError as exc:
         raise InputError(f"{where}: not valid JSON ({exc})") from None
+
+
+def decode_json_object(data: bytes | str) -> dict[str, Any]:
+    """A foreign JSON object (a model's ``config.json``, a trainer's state file, a safetensors header) as a
+    dict. Raises ``ValueError`` when it is not valid JSON or not an object, so callers keep their own
+    message, which names the file and the fix."""
+    try:
+        obj = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    return obj
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """``decode_json_object`` of a file; ``OSError`` (``FileNotFoundError``) propagates as it is."""
+    return decode_json_object(path.read_bytes())
+
+
+def encode_json_pretty(obj: Any) -> bytes:
+    """Indented JSON with a final newline, for files people read (a checkpoint's ``config.json``)."""
+    return msgspec.json.format(_encoder.encode(obj), indent=2) + b"\n"
 
 
 def storage_error(path: Path, exc: OSError) -> StorageError:

@@ -11,7 +11,7 @@ of requests per second.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -54,6 +54,8 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     nothing. ``embedded_server``: with no base URL configured, draftgen starts the offline emulator in
     process and points the backend at it (``emulator.embedded``). ``play_money``: its prices and charges
     are an emulator's play credits, never real money (``run`` does not ask before spending them).
+    ``acceptance``: where a speculative-decoding server reports its drafter's acceptance: ``metrics``
+    (vLLM's Prometheus ``/metrics`` counters) or ``meta_info`` (SGLang's per-request ``meta_info``).
     """
 
     exact_ids: bool = False
@@ -70,6 +72,7 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     self_hosted: bool = False
     embedded_server: bool = False
     play_money: bool = False
+    acceptance: Literal["metrics", "meta_info"] | None = None
 
 
 #: ``factory(cfg, session, base_url, bounds)``: one backend bound to one base URL and its pool.

@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 __all__ = ["SGLANG_CAPABILITIES", "SGLangBackend", "build_sglang", "sglang_root"]
 
 #: Token ids in (rendered by the target's profile), exact ids out; reasoning/content parsed from the ids.
-SGLANG_CAPABILITIES = Capabilities(exact_ids=True, needs_prompt_ids=True, output_is_raw_ids=True, self_hosted=True)
+SGLANG_CAPABILITIES = Capabilities(exact_ids=True, needs_prompt_ids=True, output_is_raw_ids=True, self_hosted=True,
+                                   acceptance="meta_info")
 
 _enc = msgspec.json.Encoder()
 _TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)

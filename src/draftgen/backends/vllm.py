@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 __all__ = ["VLLM_CAPABILITIES", "VLLMBackend", "build_vllm"]
 
 #: A server of one's own returning exact prompt and output ids.
-VLLM_CAPABILITIES = Capabilities(exact_ids=True, logprobs=True, self_hosted=True)
+VLLM_CAPABILITIES = Capabilities(exact_ids=True, logprobs=True, self_hosted=True, hidden_states=True,
+                                 acceptance="metrics")
 
 
 class VLLMBackend(OpenAIChatBackend):

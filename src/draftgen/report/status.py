@@ -38,7 +38,7 @@ from rich.text import Text
 
 from ..errors import InputError, RunDirError
 from ..records import LockHolder, RunManifest
-from ..rundir import RunDir, held_by
+from ..rundir import HiddenLayout, RunDir, held_by
 from ..secrets import redact
 from ..store import read_json
 from .datasets import DatasetMetrics
@@ -63,7 +63,9 @@ __all__ = [
     "watch_status",
 ]
 
-PHASES = ("prepare", "generate", "audit", "merge", "report")
+PHASES = ("prepare", "generate", "audit", "merge", "extract", "train", "accept", "report")
+#: the drafter chain's phases: listed only once they have left something in the run directory
+CHAIN_PHASES = ("extract", "train", "accept")
 PhaseState = Literal["done", "running", "incomplete", "pending"]
 PHASE_MARK: dict[str, tuple[str, str]] = {
     "done": ("✓", "green"), "running": ("▶", "bold cyan"), "incomplete": ("◐", "yellow"), "pending": ("·", "dim"),
@@ -186,6 +188,27 @@ def _selected(run_dir: Path, configured: list[str] | None) -> list[str] | None:
     return [n for n in names if isinstance(n, str)] or None
 
 
+def _chain_states(rd: RunDir, merged_t: float | None) -> list[PhaseStatus]:
+    """extract, train and accept, each only when it has started (the local ``hidden/`` destination; an
+    object-store destination is not looked at). Output older than ``merged/manifest.json``: incomplete."""
+    out: list[PhaseStatus] = []
+    for name, started, finished in (
+        ("extract", rd.hidden, rd.hidden / HiddenLayout.manifest),
+        ("train", rd.train, rd.train_report),
+        ("accept", rd.accept_json, rd.accept_json),
+    ):
+        if not started.exists():
+            continue
+        t = _mtime(finished)
+        if t is None:
+            out.append(PhaseStatus(name=name, state="incomplete", detail="started, not finished"))
+        elif merged_t is not None and t < merged_t:
+            out.append(PhaseStatus(name=name, state="incomplete", detail="older than merged/manifest.json"))
+        else:
+            out.append(PhaseStatus(name=name, state="done"))
+    return out
+
+
 def phase_states(m: RunMetrics, run_dir: Path, selected: list[str] | None,
                  holder: LockHolder | None) -> list[PhaseStatus]:
     """The state of every phase, by the rules of the module docstring (files only; no clock)."""
@@ -227,7 +250,7 @@ def phase_states(m: RunMetrics, run_dir: Path, selected: list[str] | None,
         report = PhaseStatus(name="report", state="incomplete", detail="older than merged/manifest.json")
     else:
         report = PhaseStatus(name="report", state="done")
-    phases = [prepare, generate, audit, merge, report]
+    phases = [prepare, generate, audit, merge, *_chain_states(rd, manifest_t), report]
     if holder is not None:
         command = holder.command.split(" ")[0]
         # `draftgen run` runs the phases in order: the first one not done is the one running

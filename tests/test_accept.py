@@ -1,0 +1,358 @@
+"""``draftgen accept``: the acceptance formulas on known counts, the held-out prompt choice, and a whole run
+against a loopback server (aiohttp) that serves vLLM's chat completions and ``/metrics`` counters, or SGLang's
+``/generate`` with ``meta_info``, with counts the test controls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from click.testing import CliRunner
+
+from _common_helpers import config_dict, free_port, load, write_config
+from draftgen.accept import (
+    SGLangMeta,
+    held_out_prompts,
+    offline_al,
+    parse_prometheus,
+    run_accept,
+    sglang_acceptance,
+    vllm_acceptance,
+    vllm_counters,
+)
+from draftgen.cli import cli
+from draftgen.errors import APIError, InputError
+from draftgen.records import AcceptReport, MergedFile, MergeManifest, Message, PromptRecord, TrainLogRecord
+from draftgen.rundir import RunDir
+from draftgen.store import atomic_write_json, encode_json, read_json
+
+METRICS = """# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {d0}
+vllm:spec_decode_num_drafts_created{{engine="0",model_name="m"}} 1.7e9
+vllm:spec_decode_num_drafts_total{{engine="1",model_name="m"}} {d1}
+vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {t}
+vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {a}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="0"}} {p0}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="1",model_name="m",position="0"}} {p0b}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="1"}} {p1}
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="2"}} {p2}
+vllm:num_requests_running{{model_name="m"}} 0.0
+garbage line without value
+"""
+
+
+def _metrics(d0: float, d1: float, t: float, a: float, p0: float, p0b: float, p1: float, p2: float) -> str:
+    return METRICS.format(d0=d0, d1=d1, t=t, a=a, p0=p0, p0b=p0b, p1=p1, p2=p2)
+
+
+def test_prometheus_parser_is_tolerant() -> None:
+    got = parse_prometheus('a_total{x="1",y="q\\"z"} 3\n# c\nb 2.5 1700000000\nbad{ 1\nc NaN\n')
+    assert [(s.name, s.labels, s.value) for s in got] == [("a_total", {"x": "1", "y": 'q"z'}, 3.0), ("b", {}, 2.5)]
+
+
+def test_vllm_formulas_on_known_counts() -> None:
+    before = vllm_counters(_metrics(10, 5, 45, 20, 8, 2, 6, 4))
+    after = vllm_counters(_metrics(30, 15, 135, 62, 30, 4, 18, 10))
+    assert (before.drafts, before.draft_tokens, before.accepted, before.per_pos) == (15, 45, 20, {0: 10, 1: 6, 2: 4})
+    fig = vllm_acceptance(before, after)
+    assert fig is not None
+    # Δdrafts 30, Δdraft_tokens 90, Δaccepted 42, Δper_pos [24, 12, 6]
+    assert fig.acceptance_length == pytest.approx(1 + 42 / 30)
+    assert fig.per_position == pytest.approx([24 / 30, 12 / 30, 6 / 30])
+    assert fig.acceptance_rate == pytest.approx(42 / 90)
+    assert fig.accepted_per_pos == [24, 12, 6]
+
+
+def test_vllm_no_drafts_is_none_and_reset_is_an_error() -> None:
+    same = vllm_counters(_metrics(10, 5, 45, 20, 8, 2, 6, 4))
+    assert vllm_acceptance(same, same) is None
+    with pytest.raises(APIError, match="restarted"):
+        vllm_acceptance(same, vllm_counters(_metrics(1, 0, 3, 1, 1, 0, 0, 0)))
+    assert not vllm_counters("vllm:num_requests_running 0\n").seen
+
+
+def test_sglang_formula_on_known_counts() -> None:
+    metas = [SGLangMeta(completion_tokens=12, spec_verify_ct=5), SGLangMeta(completion_tokens=20, spec_verify_ct=11),
+             SGLangMeta(completion_tokens=1)]  # a request with no verification omits spec_verify_ct
+    fig = sglang_acceptance(metas)
+    assert fig is not None and fig.acceptance_length == pytest.approx(33 / 16)
+    assert (fig.verify_calls, fig.completion_tokens) == (16, 33)
+    assert sglang_acceptance([SGLangMeta(completion_tokens=5)]) is None
+
+
+def test_offline_estimate() -> None:
+    assert offline_al([0.5, 0.4, 0.25]) == pytest.approx(1 + 0.5 + 0.2 + 0.05)
+    assert offline_al([]) == 1.0
+
+
+# -- a run directory with prepared prompts and a merge ----------------------------------------------------
+
+
+def _run_dir(tmp: Path, *, merged: list[str] | None, **sections: Any) -> Path:
+    cfg_path = write_config(tmp, config_dict(tmp, ["chat", "code"], **sections))
+    rd = RunDir(tmp / "run")
+    for ds in ("chat", "code"):
+        path = rd.prepared(ds)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        recs = [PromptRecord(sample_id=f"{ds}-{i}", dataset=ds, messages=[Message(role="user", content=f"{ds} {i}")])
+                for i in range(6)]
+        path.write_bytes(b"".join(encode_json(r) + b"\n" for r in recs))
+    if merged is not None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        shard = rd.merged_shard("train", 0, 1)
+        shard.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"sample_id": merged}), shard)
+        atomic_write_json(rd.merged_manifest, MergeManifest(
+            files=[MergedFile(path=str(shard.relative_to(rd.root)), split="train", kind="parquet", rows=len(merged),
+                              bytes=shard.stat().st_size, sha256="")],
+            seed=0, merge={}, datasets=["chat", "code"], profile="qwen3", layout=2))
+    return cfg_path
+
+
+def test_held_out_prompts_skip_merged_rows_deterministically(tmp_path: Path) -> None:
+    merged = [f"chat-{i}" for i in range(5)] + ["code-0#rep1", "code-1"]
+    cfg = load(_run_dir(tmp_path, merged=merged))
+    got, notes = held_out_prompts(cfg, RunDir(cfg.run_path), 4)
+    ids = [p.sample_id for p in got]
+    assert ids[0] == "chat-5" and set(ids[1:]) <= {f"code-{i}" for i in range(2, 6)} and len(ids) == 4
+    assert not set(ids) & {s.split("#")[0] for s in merged}
+    assert held_out_prompts(cfg, RunDir(cfg.run_path), 4)[0] == got and notes == []
+    few, notes = held_out_prompts(cfg, RunDir(cfg.run_path), 50)
+    assert len(few) == 5 and "only 5" in notes[0]
+
+
+def test_no_held_out_prompt_is_an_input_error(tmp_path: Path) -> None:
+    cfg = load(_run_dir(tmp_path, merged=[f"{d}-{i}" for d in ("chat", "code") for i in range(6)]))
+    with pytest.raises(InputError, match="no held-out prompts"):
+        held_out_prompts(cfg, RunDir(cfg.run_path), 3)
+
+
+# -- a loopback server with counters the test controls ------------------------------------------------------
+
+
+class FakeServer:
+    """vLLM chat completions + /metrics, and SGLang /generate; each request adds known counts."""
+
+    def __init__(self, *, speculate: bool = True, delay: float = 0.0) -> None:
+        self.speculate, self.delay = speculate, delay
+        self.c = {"drafts": 0.0, "tokens": 0.0, "acc": 0.0, "p0": 0.0, "p1": 0.0, "p2": 0.0}
+        self.requests: list[dict[str, Any]] = []
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def _count(self) -> None:
+        if self.speculate:  # per request: 4 drafts of k=3, 6 accepted (3 at position 0, 2 at 1, 1 at 2)
+            for key, v in (("drafts", 4), ("tokens", 12), ("acc", 6), ("p0", 3), ("p1", 2), ("p2", 1)):
+                self.c[key] += v
+
+    async def chat(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(body)
+        await asyncio.sleep(self.delay)
+        self._count()
+        n = 10
+        return web.json_response({
+            "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "a" * n}, "finish_reason": "length",
+                         "token_ids": list(range(n))}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3},
+            "prompt_token_ids": [1, 2, 3]})
+
+    async def metrics(self, _request: web.Request) -> web.Response:
+        c = self.c
+        text = _metrics(c["drafts"], 0, c["tokens"], c["acc"], c["p0"], 0, c["p1"], c["p2"])
+        return web.Response(text=text, content_type="text/plain")
+
+    async def generate(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(body)
+        await asyncio.sleep(self.delay)
+        meta: dict[str, Any] = {"completion_tokens": 12, "prompt_tokens": len(body["input_ids"])}
+        if self.speculate:
+            meta.update(spec_verify_ct=5, spec_accept_length=2.4)
+        return web.json_response({"text": "", "output_ids": list(range(12)), "meta_info": meta})
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_post("/generate", self.generate)
+        runner = web.AppRunner(app)
+        self.loop.run_until_complete(runner.setup())
+        self.loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
+        self.ready.set()
+        self.loop.run_forever()
+        self.loop.run_until_complete(runner.cleanup())
+
+    def __enter__(self) -> FakeServer:
+        self.thread.start()
+        assert self.ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture
+def drafter_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "drafter"
+    d.mkdir()
+    atomic_write_json(d / "config.json", {"speculators_model_type": "eagle3", "speculators_config": {
+        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}]}})
+    return d
+
+
+@pytest.fixture
+def servers() -> Iterator[tuple[FakeServer, FakeServer]]:
+    with FakeServer(delay=0.01) as spec, FakeServer(speculate=False, delay=0.03) as base:
+        yield spec, base
+
+
+def test_run_accept_vllm_with_baseline_and_train_log(tmp_path: Path, drafter_dir: Path,
+                                                     servers: tuple[FakeServer, FakeServer]) -> None:
+    spec, base = servers
+    cfg_path = _run_dir(tmp_path, merged=["chat-0", "code-0"], endpoint={"kind": "vllm", "base_url": spec.url},
+                        accept={"prompts": 6, "max_tokens": 10})
+    rd = RunDir(tmp_path / "run")
+    rd.train.mkdir(parents=True)
+    (rd.train / "log.jsonl").write_bytes(
+        encode_json(TrainLogRecord(kind="train", global_step=5, epoch=0, loss=1.0, cond_acc_k=[0.9, 0.9, 0.9]))
+        + b"\n" + encode_json(TrainLogRecord(kind="val", global_step=5, epoch=0, loss=1.0,
+                                             cond_acc_k=[0.5, 0.4, 0.25])) + b"\n")
+    lines: list[str] = []
+    rep = run_accept(load(cfg_path), drafter=drafter_dir, baseline_url=base.url, echo=lines.append)
+    # 6 requests × (4 drafts, 12 draft tokens, 6 accepted; per position 3/2/1)
+    assert rep.acceptance.acceptance_length == pytest.approx(1 + 36 / 24)
+    assert rep.acceptance.per_position == pytest.approx([0.75, 0.5, 0.25])
+    assert rep.acceptance.acceptance_rate == pytest.approx(0.5)
+    assert (rep.k, rep.prompts, rep.server) == (3, 6, "vllm")
+    assert rep.speculative.completion_tokens == 60 and rep.baseline is not None
+    assert rep.speedup is not None and rep.speedup > 1.0
+    assert rep.offline_al == pytest.approx(1.75) and "validation" in (rep.offline_source or "")
+    assert not {"chat-0", "code-0"} & set(rep.sample_ids)
+    assert all(r["temperature"] == 0.0 and r["max_tokens"] == 10 and not r.get("stream") for r in spec.requests)
+    assert len(base.requests) == 6
+    saved = read_json(rd.root / "accept" / "acceptance.json", AcceptReport)
+    assert saved == rep
+    assert any("acceptance length 2.500" in ln and "offline estimate 1.750" in ln for ln in lines)
+
+
+def test_run_accept_sglang_meta_info(tmp_path: Path, drafter_dir: Path,
+                                     servers: tuple[FakeServer, FakeServer]) -> None:
+    spec, _ = servers
+    cfg_path = _run_dir(tmp_path, merged=None, endpoint={"kind": "sglang", "base_url": spec.url},
+                        accept={"prompts": 3, "offline_cond_acc": [0.5]})
+    rep = run_accept(load(cfg_path), drafter=drafter_dir, echo=lambda _s: None)
+    assert rep.acceptance.acceptance_length == pytest.approx(12 / 5) and rep.acceptance.verify_calls == 15
+    assert rep.offline_al == pytest.approx(1.5) and rep.offline_source == "accept.offline_cond_acc"
+    assert "no merged/" in rep.notes[0]
+    assert all(isinstance(r["input_ids"], list) and r["input_ids"] and r["sampling_params"]["temperature"] == 0.0
+               for r in spec.requests)
+
+
+def test_cli_accept_without_drafts_fails_in_one_line(tmp_path: Path, drafter_dir: Path,
+                                                     servers: tuple[FakeServer, FakeServer]) -> None:
+    _, base = servers  # a server that never speculates
+    cfg_path = _run_dir(tmp_path, merged=None, endpoint={"kind": "vllm"})
+    res = CliRunner().invoke(cli, ["accept", str(cfg_path), "--drafter", str(drafter_dir), "--base-url", base.url,
+                                   "--prompts", "2"])
+    assert res.exit_code == 1, res.output
+    assert "did not move" in res.output and "Traceback" not in res.output
+
+
+def test_cli_accept_refuses_a_folder_that_is_no_drafter(tmp_path: Path) -> None:
+    cfg_path = _run_dir(tmp_path, merged=None, endpoint={"kind": "vllm"})
+    (tmp_path / "nod").mkdir()
+    res = CliRunner().invoke(cli, ["accept", str(cfg_path), "--drafter", str(tmp_path / "nod"), "--base-url",
+                                   "http://127.0.0.1:9/v1"])
+    assert res.exit_code == 1 and "config.json" in res.output
+
+
+# -- against the real model server (draftgen emulate --model DIR --drafter DIR) ----------------------------
+
+
+def _save_speculators_drafter(target: Any, out: Path) -> Any:
+    """An untrained drafter (seeded) in the speculators layout, without embed_tokens (the target's is used)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from draftgen.drafter.model import DrafterConfig, Eagle3Drafter
+
+    torch.manual_seed(100)
+    v = target.config.vocab_size
+    c = DrafterConfig(arch="llama", hidden_size=128, num_heads=4, num_kv_heads=4, head_dim=32, rope_dim=32,
+                      intermediate_size=256, num_layers=1, vocab_size=v, draft_vocab_size=2048,
+                      norm_before_residual=True)
+    d = Eagle3Drafter(c, fc_in=3 * 128).eval()
+    with torch.no_grad():
+        d.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
+        d.lm_head.weight.copy_(target.lm_head.weight[:2048])
+    out.mkdir()
+    save_file({k: t.contiguous() for k, t in d.state_dict().items() if k != "embed_tokens.weight"},
+              str(out / "model.safetensors"))
+    atomic_write_json(out / "config.json", {
+        "architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3", "draft_vocab_size": 2048,
+        "norm_before_residual": True, "eagle_aux_hidden_state_layer_ids": [2, 4, 5],
+        "transformer_layer_config": {
+            "model_type": "llama", "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
+            "head_dim": 32, "intermediate_size": 256, "num_hidden_layers": 1, "vocab_size": v, "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+        "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                               "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}]}})
+    return d
+
+
+def test_run_accept_against_the_model_server(tmp_path: Path) -> None:
+    """vLLM counters and SGLang meta_info from real greedy speculation; SGLang's AL recomputed here."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from draftgen.drafter.speculate import greedy_speculative_generate
+    from draftgen.drafter.tiny import build_tiny_target
+    from draftgen.emulator.model_server import ModelServerOptions, start_in_thread
+    from draftgen.tokens import profile_from_config
+
+    torch.set_num_threads(1)
+    tdir = build_tiny_target(tmp_path / "target")
+    target = transformers.AutoModelForCausalLM.from_pretrained(tdir).eval()
+    drafter = _save_speculators_drafter(target, tmp_path / "drafter")
+    with start_in_thread(ModelServerOptions(model=str(tdir), port=0, threads=1, served_model_name="tiny",
+                                            drafter=str(tmp_path / "drafter"), num_speculative_tokens=3)) as srv:
+        cfg_path = _run_dir(tmp_path, merged=["chat-1"], model={"id": "tiny"},
+                            endpoint={"kind": "vllm", "base_url": srv.base_url},
+                            accept={"prompts": 3, "max_tokens": 24, "concurrency": 2})
+        rep = run_accept(load(cfg_path), drafter=tmp_path / "drafter", echo=lambda _s: None)
+        a = rep.acceptance
+        assert a.source == "vllm-metrics" and a.drafts > 0 and a.draft_tokens == 3 * a.drafts
+        assert 1.0 <= a.acceptance_length < 1.5  # untrained drafter
+        assert len(a.per_position) == 3 and a.accepted == sum(a.accepted_per_pos)
+        assert rep.speculative.completion_tokens == 3 * 24  # the tiny target never ends early
+
+        cfg = load(cfg_path, {"endpoint.kind": "sglang"})
+        rep2 = run_accept(cfg, drafter=tmp_path / "drafter", echo=lambda _s: None)
+    profile = profile_from_config(cfg)
+    chosen, _ = held_out_prompts(cfg, RunDir(cfg.run_path), 3)
+    tokens = verify = 0
+    for p in chosen:
+        r = greedy_speculative_generate(target, drafter, profile.prompt_ids(p.messages, p.tools), k=3,
+                                        max_new_tokens=24, eos_ids=[151645, 151643], aux_layer_ids=[2, 4, 5])
+        tokens, verify = tokens + len(r.ids), verify + r.verify_calls
+    assert rep2.acceptance.source == "sglang-meta_info"
+    assert (rep2.acceptance.completion_tokens, rep2.acceptance.verify_calls) == (tokens, verify)
+    assert rep2.acceptance.acceptance_length == pytest.approx(tokens / verify)

@@ -1,0 +1,225 @@
+"""``hidden_states.ray``: ``draftgen extract`` on a real Ray Data actor pool (CPU, 2 actors, 2 CPUs).
+
+Two actors give the SAME files as one process: bitwise, since the pool runs the very batches one process
+runs (here one sample each: see test_extract_resume.py for why that makes captures bitwise reproducible),
+and both actors work. The manifest lists the merged order. A rerun extracts nothing and lists nothing twice
+(also with the manifest gone: the actors are not even needed then, one Ray task describes the target). A
+partial run (``limit``) then a Ray run completes the rest with no duplicates. A DraftgenError raised inside
+an actor comes back with its class and message. The first test lets draftgen start and shut down its own
+Ray; the rest share one ``ray.init(num_cpus=2)``; both leave no raylet/gcs_server of this process behind.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _extract_helpers import build_tiny_model, make_merged_run, merged_rows, with_hidden
+from draftgen.config import load_config
+from draftgen.errors import ConfigError, RunDirError
+from draftgen.extract.format import HiddenStore, open_hidden
+from draftgen.extract.run import ExtractReport, run_extract
+
+ray = pytest.importorskip("ray")
+torch = pytest.importorskip("torch")
+torch.set_num_threads(1)
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+Setup = tuple[Path, Path, dict[str, Any]]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
+    model = build_tiny_model(tmp_path_factory.mktemp("target"), layers=8, hidden=32)
+    run_cfg = make_merged_run(tmp_path_factory.mktemp("run"))
+    shortest = min(len(r[1]) for r in merged_rows(run_cfg.parent / "run"))
+    common = dict(model=str(model), device="cpu", teacher_fraction=1.0, teacher_min_margin=None,
+                  batch_tokens=shortest - 1)  # one sample per batch
+    return model, run_cfg, common
+
+
+@pytest.fixture(scope="module")
+def reference(setup: Setup) -> Path:
+    """One process, no Ray."""
+    _, run_cfg, common = setup
+    out = run_cfg.parent / "h-ref"
+    run_extract(load_config(with_hidden(run_cfg, "cfg-ref.yaml", output=str(out), **common)), echo=lambda s: None)
+    return out
+
+
+def ray_children() -> list[int]:
+    """raylet / gcs_server processes this test process started (alive, not zombies)."""
+    me, out = os.getpid(), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            status = dict(ln.split(":\t", 1) for ln in Path(f"/proc/{pid}/status").read_text().splitlines()
+                          if ":\t" in ln)
+        except OSError:
+            continue
+        if comm in ("raylet", "gcs_server") and int(status["PPid"]) == me and not status["State"].startswith("Z"):
+            out.append(int(pid))
+    return out
+
+
+def wait_no_ray_children(timeout: float = 15.0) -> None:
+    end = time.monotonic() + timeout
+    while ray_children() and time.monotonic() < end:
+        time.sleep(0.2)
+    assert not ray_children(), "Ray processes left behind"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    t = time.monotonic()
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+    print(f"ray.init: {time.monotonic() - t:.1f} s", file=sys.stderr)
+    try:
+        assert ray_children()  # the leftover check below sees them while they run
+        yield
+    finally:
+        ray.shutdown()
+        wait_no_ray_children()
+
+
+def files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted((root / "states").rglob("*")) if p.is_file()}
+
+
+def index_lines(root: Path) -> Counter[str]:
+    """sample_id → how many index lines list it (over all parts)."""
+    import json
+
+    c: Counter[str] = Counter()
+    for part in (root / "index").glob("part-*.jsonl"):
+        c.update(json.loads(ln)["sample_id"] for ln in part.read_text().splitlines() if ln.strip())
+    return c
+
+
+def ray_extract(setup: Setup, name: str, out: Path, **more: Any) -> tuple[ExtractReport, list[str]]:
+    _, run_cfg, common = setup
+    cfg = load_config(with_hidden(run_cfg, name, output=str(out), ray=True, workers=2, num_cpus_per_worker=1,
+                                  **{**common, **more}))
+    lines: list[str] = []
+    t = time.monotonic()
+    rep = run_extract(cfg, echo=lines.append)
+    print(f"{name}: {time.monotonic() - t:.1f} s, timings {rep.timings}", file=sys.stderr)
+    return rep, lines
+
+
+def same_manifest(a: Path, b: Path) -> None:
+    import json
+
+    ma, mb = (json.loads((d / "manifest.json").read_text()) for d in (a, b))
+    for m in (ma, mb):
+        m.pop("throughput_tokens_per_s", None)
+    assert ma == mb
+
+
+def test_missing_ray_and_bad_settings_are_one_line_config_errors(setup: Setup, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from draftgen.extract.ray_pool import validate_ray_settings
+
+    _, run_cfg, common = setup
+    cfg = load_config(with_hidden(run_cfg, "cfg-noray.yaml", output=str(tmp_path / "h"), ray=True, **common))
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray → ImportError
+    with pytest.raises(ConfigError, match=r"pip install 'draftgen\[ray\]'"):
+        run_extract(cfg, echo=lambda s: None)
+    for bad, msg in (({"workers": 0}, "hidden_states.workers"), ({"backend": "vllm"}, "hidden_states.ray"),
+                     ({"device": "cuda"}, "num_gpus_per_worker")):
+        with pytest.raises(ConfigError, match=msg):
+            validate_ray_settings(load_config(with_hidden(run_cfg, "cfg-bad.yaml", ray=True, **{**common, **bad})))
+
+    # `draftgen extract --workers N` is hidden_states.ray + .workers: the missing-ray error proves it took the Ray path
+    from click.testing import CliRunner
+
+    from draftgen.cli import cli
+
+    plain = with_hidden(run_cfg, "cfg-cli.yaml", output=str(tmp_path / "h2"), **common)
+    res = CliRunner().invoke(cli, ["extract", str(plain), "--workers", "2"])
+    assert res.exit_code != 0 and "pip install 'draftgen[ray]'" in res.output and "Traceback" not in res.output
+
+
+def test_two_actors_write_the_same_files_as_one_process(setup: Setup, reference: Path) -> None:
+    """draftgen starts its own Ray here, and shuts it down."""
+    _, run_cfg, _ = setup
+    assert not ray.is_initialized()
+    rows = merged_rows(run_cfg.parent / "run")
+    out = run_cfg.parent / "h-ray"
+    rep, lines = ray_extract(setup, "cfg-ray.yaml", out)
+    assert not ray.is_initialized()
+    wait_no_ray_children()
+    assert rep.extracted == len(rows) and rep.done_before == 0 and rep.complete and rep.flagged == 0
+    assert files(out) == files(reference)  # same names, same bytes
+    same_manifest(out, reference)  # merged order, same target description (norm sha), counts, checks
+    assert [e.sample_id for e in open_hidden(str(out)).manifest.samples] == [r[0] for r in rows]
+    assert index_lines(out) == Counter({r[0]: 1 for r in rows})
+    assert len(list((out / "index").glob("part-*.jsonl"))) == len(rows)  # one part per batch, per actor
+    actors = {ln.split("actor ")[1].split(":")[1]: int(ln.rsplit(": ", 1)[1].split()[0])
+              for ln in lines if ln.startswith("extract (ray): actor ")}
+    assert len(actors) == 2 and all(n > 0 for n in actors.values()) and sum(actors.values()) == len(rows), lines
+    assert rep.timings["ray_init"] > 0 and rep.timings["first_result"] > 0 and rep.timings["capture"] > 0 and rep.bytes_written > 0
+    assert not list(out.rglob(".*.tmp"))
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_rerun_extracts_nothing_and_duplicates_nothing(setup: Setup, reference: Path) -> None:
+    _, run_cfg, _ = setup
+    rows = merged_rows(run_cfg.parent / "run")
+    out = run_cfg.parent / "h-ray"  # the previous test's
+    before = files(out)
+    rep, lines = ray_extract(setup, "cfg-ray.yaml", out)
+    assert rep.extracted == 0 and rep.done_before == len(rows) and any("up to date" in ln for ln in lines)
+    (out / "manifest.json").unlink()  # killed after the last index part, before the manifest
+    rep, _ = ray_extract(setup, "cfg-ray.yaml", out)
+    assert rep.extracted == 0 and rep.complete
+    same_manifest(out, reference)
+    assert files(out) == before and index_lines(out) == Counter({r[0]: 1 for r in rows})
+    assert ray.is_initialized()  # a Ray draftgen did not start is left running
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_partial_run_then_ray_completes_the_rest(setup: Setup, reference: Path) -> None:
+    _, run_cfg, common = setup
+    rows = merged_rows(run_cfg.parent / "run")
+    out = run_cfg.parent / "h-part"
+    part = load_config(with_hidden(run_cfg, "cfg-part.yaml", output=str(out), **common))
+    assert run_extract(part, limit=4, echo=lambda s: None).extracted == 4  # one process, no Ray
+    rep, _ = ray_extract(setup, "cfg-part-ray.yaml", out)
+    assert rep.done_before == 4 and rep.extracted == len(rows) - 4 and rep.complete
+    assert files(out) == files(reference)
+    same_manifest(out, reference)
+    assert index_lines(out) == Counter({r[0]: 1 for r in rows})
+    assert set(HiddenStore(str(out)).done()) == {r[0] for r in rows}
+
+
+def test_an_error_inside_an_actor_comes_back_as_itself(setup: Setup, tmp_path: Path) -> None:
+    """The actor class itself, in this process (a pool would add only its start-up time): samples written
+    with other layer ids and no manifest yet; the check that needs the target runs in the actor, which
+    hands the RunDirError back as a row; the driver raises that class with that message."""
+    import numpy as np
+
+    from draftgen.extract.backends import ExtractRow
+    from draftgen.extract.ray_pool import ExtractActor, _encode_batch, _error_class
+
+    _, run_cfg, common = setup
+    out = tmp_path / "h"
+    run_extract(load_config(with_hidden(run_cfg, "cfg-e1.yaml", output=str(out), **common)), limit=2,
+                echo=lambda s: None)
+    (out / "manifest.json").unlink()
+    done = HiddenStore(str(out)).done()
+    cfg = load_config(with_hidden(run_cfg, "cfg-e2.yaml", output=str(out), ray=True, **{**common, "layer_ids": [2, 3]}))
+    actor = ExtractActor(cfg, str(out), {}, dict([next(iter(done.items()))]))
+    sid, ids, mask = merged_rows(run_cfg.parent / "run")[-1]
+    row = ExtractRow(sample_id=sid, input_ids=np.asarray(ids, dtype=np.int64), loss_mask=np.asarray(mask, dtype=np.uint8))
+    res = actor({"payload": np.array([_encode_batch([row])], dtype=object)})
+    assert list(res["error_class"]) == ["RunDirError"] and "aux width" in res["error"][0]
+    assert _error_class("RunDirError") is RunDirError and _error_class("KeyError").__name__ == "DraftgenError"
+    assert index_lines(out).total() == 2  # the refused actor wrote nothing

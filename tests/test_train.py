@@ -1,0 +1,191 @@
+"""``draftgen train`` (draftgen.train): speculators 0.9 trains a drafter on a tiny target's real hidden
+states on the CPU, resumes from its last checkpoint, and the result loads with speculators' own loader and
+carries what vLLM's speculators config parser and SGLang's EAGLE-3 loader read.
+
+speculators runs in its own environment (.venv-speculators, or ``DRAFTGEN_SPECULATORS``), as in production.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from _common_helpers import config_dict, write_config  # noqa: E402
+from _extract_helpers import build_tiny_model  # noqa: E402
+from _hidden_export_helpers import make_hidden_set, run_in_speculators, speculators_python  # noqa: E402
+from draftgen.config import load_config  # noqa: E402
+from draftgen.errors import ConfigError  # noqa: E402
+from draftgen.records import TrainLogRecord  # noqa: E402
+from draftgen.rundir import RunDir  # noqa: E402
+from draftgen.store import iter_jsonl  # noqa: E402
+from draftgen.train.convert import EAGLE_ARCH, REQUIRED_TENSORS  # noqa: E402
+from draftgen.train.run import (  # noqa: E402
+    offline_al,
+    parse_metrics,
+    read_report,
+    run_train,
+)
+from draftgen.train.vocab import build_vocab_mapping  # noqa: E402
+
+DRAFT_VOCAB = 256
+
+
+def _config(tmp: Path, model_dir: Path, hidden: Path, **train: Any) -> Path:
+    data = config_dict(tmp, progress="off",
+                       hidden_states={"model": str(model_dir), "output": str(hidden)},
+                       train={"speculators": str(speculators_python()), "draft_vocab_size": DRAFT_VOCAB,
+                              "total_seq_len": 256, "epochs": 1, "ttt_steps": 3, **train})
+    return write_config(tmp, data, "train.yaml")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One training run of 1 epoch, then a rerun asking for 2 epochs (which must resume)."""
+    torch.set_num_threads(1)
+    speculators_python()
+    root = tmp_path_factory.mktemp("train")
+    model_dir = build_tiny_model(root / "target", layers=8, hidden=64)
+    hidden, rows = make_hidden_set(model_dir, root / "hidden", n=12)
+    cfg1 = load_config(_config(root, model_dir, hidden))
+    lines: list[str] = []
+    first = run_train(cfg1, echo=lines.append, argv=["draftgen", "train"])
+    log1 = [r for _, r in iter_jsonl(RunDir(cfg1.run_path).train_log, TrainLogRecord)]
+    cfg2 = load_config(_config(root, model_dir, hidden, epochs=2))
+    second = run_train(cfg2, echo=lines.append, argv=["draftgen", "train"])
+    log2 = [r for _, r in iter_jsonl(RunDir(cfg2.run_path).train_log, TrainLogRecord)]
+    return {"rd": RunDir(cfg2.run_path), "first": first, "second": second, "log1": log1, "log2": log2,
+            "lines": lines, "rows": rows, "model_dir": model_dir, "root": root, "hidden": hidden}
+
+
+def test_train_streams_loss_and_per_step_accuracy(trained: dict[str, Any]) -> None:
+    first, log1 = trained["first"], trained["log1"]
+    steps = [r for r in log1 if r.kind == "train"]
+    assert first.first_step == 0 and first.steps_this_run == len(steps) > 0
+    assert [r.global_step for r in steps] == list(range(len(steps)))
+    assert all(len(r.loss_k) == 3 and len(r.cond_acc_k) == 3 and len(r.full_acc_k) == 3 for r in steps)
+    assert all(r.loss > 0 for r in steps)
+    vals = [r for r in log1 if r.kind == "val"]
+    assert len(vals) == 1 and len(vals[0].cond_acc_k) == 3
+    assert first.final_val == vals[0] and first.offline_al == round(offline_al(vals[0].cond_acc_k), 4)
+    assert any("validation loss" in x for x in trained["lines"])
+    assert first.steps_per_s and first.steps_per_s > 0
+    print(f"\ntrain steps/s on CPU (incl. speculators start-up): {first.steps_per_s}, "
+          f"{first.steps_this_run} steps in {first.seconds} s")
+
+
+def test_rerun_resumes_from_the_last_checkpoint(trained: dict[str, Any]) -> None:
+    first, second, log2 = trained["first"], trained["second"], trained["log2"]
+    n1 = first.last_step
+    assert second.first_step == n1 > 0
+    new = [r for r in log2 if r.kind == "train"][first.steps_this_run:]
+    assert new and new[0].global_step == n1 and new[0].epoch == 1  # continues: no restart at step 0 / epoch 0
+    assert second.last_step == n1 + second.steps_this_run
+    ckpts = trained["rd"].train_checkpoints
+    assert sorted(p.name for p in ckpts.iterdir() if p.name.isdigit()) == ["0", "1"]
+    assert read_report(trained["rd"]) == second
+
+
+def test_checkpoint_loads_with_speculators_and_has_what_vllm_reads(trained: dict[str, Any]) -> None:
+    drafter = trained["rd"].train_drafter
+    cfg = json.loads((drafter / "config.json").read_text())
+    # the keys vLLM's speculators config parser reads (transformers_utils/configs/speculators)
+    assert cfg["speculators_model_type"] == "eagle3"
+    sc = cfg["speculators_config"]
+    assert sc["proposal_methods"][0]["speculative_tokens"] == 3
+    assert sc["default_proposal_method"] == "greedy" and sc["algorithm"] == "eagle3"
+    assert sc["verifier"]["name_or_path"] == str(trained["model_dir"])
+    assert sc["verifier"]["architectures"] == ["Qwen3ForCausalLM"]
+    assert cfg["transformer_layer_config"]["model_type"] == "llama"
+    assert cfg["draft_vocab_size"] == DRAFT_VOCAB
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]  # vLLM convention, unshifted
+    assert "norm_before_residual" in cfg and "target_hidden_size" in cfg
+    code = (
+        "import sys, json, torch\n"
+        "from speculators.models.eagle3 import Eagle3DraftModel\n"
+        "m = Eagle3DraftModel.from_pretrained(sys.argv[1])\n"
+        "sd = m.state_dict()\n"
+        "print(json.dumps({'ids': list(m.config.eagle_aux_hidden_state_layer_ids),"
+        " 'vocab': m.config.draft_vocab_size, 'd2t': sd['d2t'].tolist(), 't2d': int(sd['t2d'].sum()),"
+        " 'fc': list(sd['fc.weight'].shape)}))\n"
+    )
+    got = json.loads(run_in_speculators(code, str(drafter)).strip().splitlines()[-1])
+    assert got["ids"] == [2, 4, 5] and got["vocab"] == DRAFT_VOCAB and got["fc"] == [64, 192]
+    import numpy as np
+
+    d2t = np.load(trained["rd"].train_vocab / "d2t.npy")
+    assert got["d2t"] == d2t.tolist() and got["t2d"] == DRAFT_VOCAB
+
+
+def test_eagle3_flat_export_has_the_names_sglang_and_vllm_map(trained: dict[str, Any]) -> None:
+    import numpy as np
+    from safetensors import safe_open
+
+    out = trained["rd"].train_eagle
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == [EAGLE_ARCH] and cfg["model_type"] == "llama"
+    assert cfg["num_hidden_layers"] == 1 and cfg["draft_vocab_size"] == DRAFT_VOCAB
+    assert cfg["vocab_size"] == json.loads((trained["model_dir"] / "config.json").read_text())["vocab_size"]
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]  # SGLang: vLLM id - 1
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert cfg["hidden_size"] == 64 and cfg["head_dim"] == 16
+    with safe_open(str(out / "model.safetensors"), framework="pt") as fh:
+        names = set(fh.keys())
+        d2t = fh.get_tensor("d2t").numpy()
+        t2d = fh.get_tensor("t2d").numpy()
+    assert set(REQUIRED_TENSORS) <= names
+    midlayer = {"midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
+                "midlayer.post_attention_layernorm.weight", "midlayer.self_attn.q_proj.weight",
+                "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight",
+                "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight", "midlayer.mlp.up_proj.weight",
+                "midlayer.mlp.down_proj.weight"}
+    assert midlayer <= names and not any(n.startswith("layers.") for n in names)
+    # d2t holds OFFSETS: target id = i + d2t[i], exactly the ids t2d marks
+    target_ids = np.arange(DRAFT_VOCAB) + d2t
+    assert t2d.dtype == bool and int(t2d.sum()) == DRAFT_VOCAB and t2d[target_ids].all()
+    assert (np.diff(target_ids) > 0).all()
+
+
+def test_vocab_mapping_equals_speculators_own() -> None:
+    import random
+
+    rnd = random.Random(3)
+    freq = {rnd.randrange(0, 5000): rnd.choice([1, 1, 2, 3, 7]) for _ in range(400)}  # many ties
+    drafts = (64, 300, 600)  # 600 > distinct tokens seen: padded with the lowest free ids
+    code = (
+        "import sys, json\n"
+        "from speculators.train.vocab_mapping import build_vocab_mappings_from_distribution as b\n"
+        "f = {int(k): v for k, v in json.loads(sys.argv[1]).items()}\n"
+        "out = [b(f, n, 5000) for n in json.loads(sys.argv[2])]\n"
+        "print(json.dumps([[d.tolist(), t.nonzero().flatten().tolist()] for d, t in out]))\n"
+    )
+    got = json.loads(run_in_speculators(code, json.dumps(freq), json.dumps(drafts)).strip().splitlines()[-1])
+    for draft, (theirs_d2t, theirs_t2d) in zip(drafts, got, strict=True):
+        d2t, t2d = build_vocab_mapping(freq, draft, 5000)
+        assert d2t.tolist() == theirs_d2t
+        assert t2d.nonzero()[0].tolist() == theirs_t2d
+    with pytest.raises(ConfigError, match="draft_vocab_size"):
+        build_vocab_mapping(freq, 6000, 5000)
+
+
+def test_parse_metrics_and_offline_al() -> None:
+    line = ('@@draftgen-metrics {"step": 4, "train": {"loss_0": 0.5, "full_acc_0": 0.4, "cond_acc_0": 0.4, '
+            '"loss_1": 0.6, "full_acc_1": 0.2, "cond_acc_1": 0.5, "loss": 1.1}, "profile": {"tokens_per_s": 9.0},'
+            ' "epoch": 1, "lr": {"Muon": 0.001, "AdamW": 0.001}, "global_step": 4}')
+    rec = parse_metrics(line)
+    assert rec is not None and rec.kind == "train" and rec.global_step == 4 and rec.epoch == 1
+    assert rec.loss_k == [0.5, 0.6] and rec.cond_acc_k == [0.4, 0.5] and rec.lr == 0.001
+    assert parse_metrics("Epoch 0 100%") is None
+    assert offline_al([0.4, 0.5]) == pytest.approx(1 + 0.4 + 0.2)
+    assert offline_al([]) == 1.0
+
+
+def test_missing_speculators_is_a_config_error(trained: dict[str, Any], tmp_path: Path) -> None:
+    cfg = load_config(_config(tmp_path, trained["model_dir"], trained["hidden"], speculators=str(tmp_path / "no")))
+    with pytest.raises(ConfigError, match="does not exist"):
+        run_train(cfg, echo=lambda s: None, argv=["draftgen", "train"])
