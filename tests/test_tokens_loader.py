@@ -240,7 +240,7 @@ def test_kimi_hub_offline_fails_fast_in_one_line(tmp_path: Path) -> None:
         "endpoint": "emulator",
         "datasets": [{"name": "chat", "path": "bundled:chat"}],
     }), encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "TRANSFORMERS_"))}
     env.update(HF_ENDPOINT=f"http://127.0.0.1:{free_port()}", HF_HOME=str(tmp_path / "hf"),
                OPENROUTER_API_KEY="sk-or-v1-test")
     start = time.monotonic()

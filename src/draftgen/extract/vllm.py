@@ -375,7 +375,13 @@ class VllmExtractBackend:
     def capture(self, rows: Sequence[ExtractRow]) -> list[Captured]:
         """All rows concurrently; the results in row order. The first permanent error stops the batch."""
         async def all_rows() -> list[Captured]:
-            return list(await asyncio.gather(*(self._one(r) for r in rows)))
+            tasks = [asyncio.ensure_future(self._one(r)) for r in rows]
+            try:
+                return list(await asyncio.gather(*tasks))
+            finally:  # the first error ends the batch: nothing of it goes on being sent or retried
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
         return self._run(all_rows()) if rows else []
 
