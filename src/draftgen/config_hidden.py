@@ -71,6 +71,8 @@ class HiddenStatesConfig(_C):
     """vllm backend: roots of the servers running extract_hidden_states (http://host:8000 or .../v1); unset: endpoint.base_url and endpoint.base_urls when endpoint.kind is vllm."""
     concurrency: int | None = None
     """vllm backend: requests in flight over all servers (default 8 per server)."""
+    devices: list[str] = msgspec.field(default_factory=list)
+    """Without Ray, hf backend: one process per entry (`cuda:0`, `cuda:1`, ... each sees only its GPU; or `cpu`), sharing the pending batches; fewer than two entries: one process on `device`."""
     ray: bool = False
     """``draftgen extract`` runs the hf backend on a Ray Data actor pool (``workers`` actors, each loading the target once); needs ``draftgen[ray]``."""
     ray_address: str | None = None

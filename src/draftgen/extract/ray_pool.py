@@ -37,7 +37,7 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from .backends import ExtractRow, TargetInfo
     from .format import HiddenStore
 
-__all__ = ["ExtractActor", "PoolResult", "extract_with_ray", "validate_ray_settings"]
+__all__ = ["ExtractActor", "PoolResult", "collect_rows", "extract_with_ray", "validate_ray_settings"]
 
 TIMING_KEYS = ("capture", "check", "encode", "publish")
 BATCHES_PER_BLOCK = 64  # upper bound of batches per Ray block (one actor task), for many batches
@@ -270,6 +270,15 @@ def _run_pool(cfg: RunConfig, store: HiddenStore, pending: Sequence[ExtractRow],
     if store.local and hs.ray_address:
         echo(f"extract (ray): note: {store.url} is a local path; on a multi-node cluster every node must see it "
              "(a shared file system), else use an object store URL")
+    res = collect_rows(out.iter_rows(), pending, done, echo, total, done_before, time.monotonic(), label="actor")
+    res.timings.update(ray_init=ray_init)
+    return res
+
+
+def collect_rows(rows: Iterable[dict[str, Any]], pending: Sequence[ExtractRow], done: dict[str, HiddenIndexRecord],
+                 echo: Any, total: int, done_before: int, t0: float, *, label: str) -> PoolResult:
+    """The driver's half of a pool (Ray's actors, or ``proc_pool``'s processes): the workers' result rows as
+    they stream in (see ``ExtractActor``) → ``done``, progress lines, a line per worker, the PoolResult."""
     length = {r.sample_id: len(r.input_ids) for r in pending}
     res_info: TargetInfo | None = None
     timings = dict.fromkeys(TIMING_KEYS, 0.0)
@@ -277,10 +286,9 @@ def _run_pool(cfg: RunConfig, store: HiddenStore, pending: Sequence[ExtractRow],
     extracted = tokens = written = 0
     every = max(1, len(pending) // 20)
     next_echo = every
-    t0 = time.monotonic()
     first: float | None = None
     began, ended = math.inf, -math.inf
-    for row in out.iter_rows():
+    for row in rows:
         if row["error"]:
             raise _error_class(str(row["error_class"]))(str(row["error"]))
         if first is None:
@@ -304,9 +312,9 @@ def _run_pool(cfg: RunConfig, store: HiddenStore, pending: Sequence[ExtractRow],
                  f"{tokens / max(time.monotonic() - t0, 1e-9):,.0f} tokens/s")
     seconds = max(ended - began, 0.0) if extracted else 0.0
     for actor, n in sorted(per_actor.items()):
-        echo(f"extract (ray): actor {actor}: {n:,} samples")
-    if res_info is None:  # every row came from actors that had already reported (cannot happen on a fresh pool)
-        raise DraftgenError("extract (ray): no actor reported the target; rerun")
-    timings.update(ray_init=ray_init, first_result=first or 0.0, pool=time.monotonic() - t0)
+        echo(f"extract ({'ray' if label == 'actor' else 'processes'}): {label} {actor}: {n:,} samples")
+    if res_info is None:  # every row came from workers that had already reported (cannot happen on a fresh pool)
+        raise DraftgenError(f"extract: no {label} reported the target; rerun")
+    timings.update(first_result=first or 0.0, pool=time.monotonic() - t0)
     return PoolResult(info=res_info, extracted=extracted, tokens=tokens, written=written, seconds=seconds,
                       timings=timings, per_actor=dict(per_actor))

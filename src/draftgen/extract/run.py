@@ -275,6 +275,8 @@ def _extract(cfg: RunConfig, rd: RunDir, echo: Echo, limit: int | None, pilot: i
             return _report(store, rows, done_before, 0, 0, m, 0.0, {}, 0)
     if hs.ray and backend is None:
         return _extract_ray(cfg, store, rows, pending, done, done_before, echo, pilot, t_start)
+    if len(hs.devices) > 1 and backend is None and pending:
+        return _extract_ray(cfg, store, rows, pending, done, done_before, echo, pilot, t_start, processes=True)
     own = backend is None
     be = open_extract_backend(cfg) if backend is None else backend
     try:
@@ -318,13 +320,16 @@ def _extract(cfg: RunConfig, rd: RunDir, echo: Echo, limit: int | None, pilot: i
 
 def _extract_ray(cfg: RunConfig, store: HiddenStore, rows: Sequence[ExtractRow], pending: Sequence[ExtractRow],
                  done: dict[str, HiddenIndexRecord], done_before: int, echo: Echo, pilot: int | None,
-                 t_start: float) -> ExtractReport:
-    """``hidden_states.ray``: the pending rows on a Ray Data actor pool (``ray_pool``; each actor runs
-    ``extract_batch`` and writes its own index parts), then the manifest here, last, as in one process."""
+                 t_start: float, *, processes: bool = False) -> ExtractReport:
+    """``hidden_states.ray``: the pending rows on a Ray Data actor pool (``ray_pool``), or with ``processes``
+    (``hidden_states.devices``) on one process per device (``proc_pool``); each worker runs ``extract_batch``
+    and writes its own index parts; then the manifest here, last, as in one process."""
+    from .proc_pool import extract_with_processes
     from .ray_pool import extract_with_ray
 
-    _check_settings(store, done, cfg, None)  # the backend half runs in each actor, on a done sample
-    pool = extract_with_ray(cfg, store, pending, done, echo, total=len(rows), done_before=done_before)
+    _check_settings(store, done, cfg, None)  # the backend half runs in each worker, on a done sample
+    pool_fn = extract_with_processes if processes else extract_with_ray
+    pool = pool_fn(cfg, store, pending, done, echo, total=len(rows), done_before=done_before)
     throughput = pool.tokens / pool.seconds if pool.tokens and pool.seconds > 0 else None
     if throughput is None and store.has_manifest():
         throughput = store.read_manifest().throughput_tokens_per_s
