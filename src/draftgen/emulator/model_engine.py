@@ -33,18 +33,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["GenJob", "GenResult", "LoadedModel", "ModelEngine", "SpecStats", "load_model"]
+    from ..drafter.speculate import SpecResult
 
-
-@dataclass
-class SpecStats:
-    """What speculative decoding did for one request (vLLM's counters and SGLang's meta_info derive from it)."""
-
-    drafts: int = 0
-    draft_tokens: int = 0
-    accepted: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
-    verify_calls: int = 0
+__all__ = ["GenJob", "GenResult", "LoadedModel", "ModelEngine", "load_model"]
 
 
 @dataclass
@@ -71,7 +62,7 @@ class GenResult:
     ids: list[int]
     finish_reason: str  # "stop" (an end-of-sequence id, which is the last id) | "length"
     hidden: torch.Tensor | None = None
-    spec: SpecStats | None = None
+    spec: SpecResult | None = None  # what speculative decoding did (vLLM's counters, SGLang's meta_info)
     elapsed_s: float = 0.0
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .model_engine import GenResult, LoadedModel, SpecStats
+from .model_engine import GenResult, LoadedModel
 
 __all__ = ["SpecDecoder"]
 
@@ -54,6 +54,4 @@ class SpecDecoder:
                                             eos_ids=list(eos_ids), aux_layer_ids=self.aux_layer_ids)
         eos = set(eos_ids)
         finish = "stop" if r.ids and r.ids[-1] in eos else "length"
-        return GenResult(ids=list(r.ids), finish_reason=finish,
-                         spec=SpecStats(drafts=r.drafts, draft_tokens=r.draft_tokens, accepted=r.accepted,
-                                        accepted_per_pos=list(r.accepted_per_pos), verify_calls=r.verify_calls))
+        return GenResult(ids=list(r.ids), finish_reason=finish, spec=r)
