@@ -120,7 +120,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from draftgen.config import load_config
-    from draftgen.extract.run import _batches, read_merged_rows, run_extract
+    from draftgen.phases.extract.run import _batches, read_merged_rows, run_extract
     from draftgen.rundir import RunDir
 
     torch.set_num_threads(1)

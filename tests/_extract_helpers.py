@@ -85,7 +85,7 @@ def make_merged_run(tmp: Path, *, n_chat: int = 6, n_code: int = 4, max_tokens: 
                     **hidden: Any) -> Path:
     """prepare → generate → audit → merge over the emulator in ``tmp/run``; returns ``tmp/cfg.yaml``."""
     from draftgen.config import load_config
-    from draftgen.pipeline import run_pipeline
+    from draftgen.phases.pipeline import run_pipeline
 
     data = config_dict(
         tmp, [{"name": "chat", "path": "bundled:chat", "max_samples": n_chat},

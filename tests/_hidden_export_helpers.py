@@ -31,9 +31,9 @@ def make_hidden_set(model_dir: Path, dest: Path, *, n: int = 10, seed: int = 0, 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from draftgen.extract.exports import norm_weight_digest
-    from draftgen.extract.format import SCHEMA, Captured, HiddenStore, encode_sample
-    from draftgen.extract.layers import default_aux_ids, to_sglang
+    from draftgen.hidden.exports import norm_weight_digest
+    from draftgen.hidden.format import SCHEMA, Captured, HiddenStore, encode_sample
+    from draftgen.phases.extract.layers import default_aux_ids, to_sglang
     from draftgen.records import (
         HiddenCounts,
         HiddenIndexRecord,

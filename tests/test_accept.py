@@ -16,7 +16,9 @@ from aiohttp import web
 from click.testing import CliRunner
 
 from _common_helpers import config_dict, free_port, load, write_config
-from draftgen.accept import (
+from draftgen.cli import cli
+from draftgen.errors import APIError, InputError
+from draftgen.phases.accept import (
     SGLangMeta,
     held_out_prompts,
     offline_al,
@@ -26,8 +28,6 @@ from draftgen.accept import (
     vllm_acceptance,
     vllm_counters,
 )
-from draftgen.cli import cli
-from draftgen.errors import APIError, InputError
 from draftgen.records import AcceptReport, MergedFile, MergeManifest, Message, PromptRecord, TrainLogRecord
 from draftgen.rundir import RunDir
 from draftgen.store import atomic_write_json, encode_json, read_json
@@ -293,7 +293,7 @@ def _save_speculators_drafter(target: Any, out: Path) -> Any:
     import torch
     from safetensors.torch import save_file
 
-    from draftgen.drafter.model import DrafterConfig, Eagle3Drafter
+    from draftgen.drafter.eagle3 import DrafterConfig, Eagle3Drafter
 
     torch.manual_seed(100)
     v = target.config.vocab_size
@@ -325,7 +325,7 @@ def test_run_accept_against_the_model_server(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     from draftgen.drafter.speculate import greedy_speculative_generate
     from draftgen.drafter.tiny import build_tiny_target
-    from draftgen.emulator.model_server import ModelServerOptions, start_in_thread
+    from draftgen.emulator.real.server import ModelServerOptions, start_in_thread
     from draftgen.tokens import profile_from_config
 
     torch.set_num_threads(1)

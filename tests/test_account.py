@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from draftgen.account import AccountSnapshot, read_account_at
+from draftgen.backends.account import AccountSnapshot, read_account_at
 from draftgen.config import RunConfig, load_config
 from draftgen.emulator.scenarios import builtin_scenario
 from draftgen.emulator.server import EmulatorOptions, RunningEmulator, start_in_thread

@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from _tokens_helpers import profile, write_synthetic_run
-from draftgen.audit import first_diff_span, run_audit
 from draftgen.cli import cli
 from draftgen.config import load_config
 from draftgen.errors import InputError, RunDirError, ThresholdBroken
-from draftgen.importer import run_import
+from draftgen.phases.audit.run import first_diff_span, run_audit
+from draftgen.phases.importer import run_import
 from draftgen.records import AuditReport, ResponseRecord
 from draftgen.store import JsonlWriter, iter_jsonl, read_json
 
@@ -175,7 +175,7 @@ def test_empty_run_dir_is_an_error(tmp_path: Path) -> None:
 
 
 def test_truncation_boundary_is_told_apart() -> None:
-    from draftgen.audit import compare_reference
+    from draftgen.phases.audit.run import compare_reference
 
     p = profile("qwen3")
     tok = p.tokenizer
@@ -188,7 +188,7 @@ def test_truncation_boundary_is_told_apart() -> None:
 
 
 def test_trimmed_model_whitespace_is_named() -> None:
-    from draftgen.audit import compare_reference
+    from draftgen.phases.audit.run import compare_reference
 
     p = profile("kimi-k2.5")
     truth = p.build_output(" The user asks.", " The answer.", "stop").ids

@@ -15,11 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from _tokens_helpers import profile, write_synthetic_run
-from draftgen.audit import run_audit
-from draftgen.audit.verdict import exclusion_reason, verdict_line
 from draftgen.cli import cli
 from draftgen.errors import ThresholdBroken
-from draftgen.merge import run_merge
+from draftgen.phases.audit.run import run_audit
+from draftgen.phases.audit.verdict import exclusion_reason, verdict_line
+from draftgen.phases.merge import run_merge
 from draftgen.records import DatasetAudit, ExcludedSample, ResponseRecord, Usage
 from draftgen.store import JsonlWriter, iter_jsonl
 

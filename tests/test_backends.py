@@ -227,7 +227,7 @@ def test_capabilities_drive_the_key_policy(tmp_path: Path, monkeypatch: pytest.M
 
 @pytest.mark.parametrize("needs", [False, True])
 def test_capabilities_drive_prompt_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, needs: bool) -> None:
-    from draftgen.generate import GenerateOptions, run_generate
+    from draftgen.phases.generate import GenerateOptions, run_generate
 
     sent: list[list[int] | None] = []
     base = BACKENDS["vllm"]

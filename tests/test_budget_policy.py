@@ -12,7 +12,7 @@ import pytest
 from tests._generate_helpers import claim, emulator, fast, make_config, responses, write_prompts
 
 from draftgen.engine.budget import MIN_SAMPLES, Admission, BudgetGovernor, LengthEstimate, Prices, TokenBudget
-from draftgen.generate import GenerateOptions, run_generate
+from draftgen.phases.generate import GenerateOptions, run_generate
 
 quiet: dict[str, Any] = {"echo": lambda s: None}
 
@@ -179,8 +179,8 @@ def test_expected_dollar_overshoot_is_bounded(tmp_path: Path) -> None:
 
 
 def test_plan_states_the_dollar_bound(tmp_path: Path) -> None:
-    from draftgen.plan import PlanReport, _budget_bound
-    from draftgen.pricing import PriceEstimate
+    from draftgen.backends.pricing import PriceEstimate
+    from draftgen.phases.plan import PlanReport, _budget_bound
 
     cfg = make_config(tmp_path, ["a"], budget={"max_spend_usd": 100.0},
                       partitions={"short": {"concurrency": 2000, "max_tokens": 10240},

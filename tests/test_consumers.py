@@ -36,9 +36,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from _merge_helpers import chat_rows, prepared_run
-from draftgen import export
+from draftgen import exporters as export
 from draftgen.config import RunConfig
-from draftgen.merge import run_merge
+from draftgen.phases.merge import run_merge
 from draftgen.records import MergeManifest
 from draftgen.rundir import RunDir
 from draftgen.store import read_json

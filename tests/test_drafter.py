@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from _common_helpers import CHECKOUT  # noqa: E402
-from draftgen.drafter.model import load_drafter, read_drafter_config  # noqa: E402
+from draftgen.drafter.eagle3 import load_drafter, read_drafter_config  # noqa: E402
 from draftgen.errors import InputError  # noqa: E402
 
 SPEC_PY = Path(os.environ.get("DRAFTGEN_SPECULATORS_PYTHON") or CHECKOUT / ".venv-speculators" / "bin" / "python")

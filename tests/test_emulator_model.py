@@ -6,8 +6,8 @@ import unicodedata
 
 import pytest
 
-from draftgen.emulator.model import EmulatedModel
 from draftgen.emulator.scenarios import builtin_scenario
+from draftgen.emulator.scripted import EmulatedModel
 from draftgen.tokens import Profile
 
 

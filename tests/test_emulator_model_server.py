@@ -25,7 +25,7 @@ import aiohttp  # noqa: E402
 
 from _extract_helpers import build_tiny_model  # noqa: E402
 from _generate_helpers import claim, make_config, responses, write_prompts  # noqa: E402
-from draftgen.emulator.model_server import (  # noqa: E402
+from draftgen.emulator.real.server import (  # noqa: E402
     ModelServerOptions,
     RunningModelServer,
     start_in_thread,
@@ -133,7 +133,7 @@ def test_generate_phase_records_the_models_greedy_ids(srv: RunningModelServer, h
     cfg = make_config(tmp_path, ["a"], kind="vllm", base_url=srv.base_url, model=model,
                       partitions={"short": {"concurrency": 6, "max_tokens": 16},
                                   "long": {"concurrency": 2, "max_tokens": 16}})
-    from draftgen.generate import GenerateOptions, run_generate
+    from draftgen.phases.generate import GenerateOptions, run_generate
 
     rep = run_generate(cfg, GenerateOptions(), echo=lambda s: None)
     recs = responses(run_dir, "a")
@@ -146,7 +146,7 @@ def test_generate_phase_records_the_models_greedy_ids(srv: RunningModelServer, h
 def test_extract_files_match_an_independent_forward(srv: RunningModelServer, hf: Any) -> None:
     from safetensors.torch import load_file
 
-    from draftgen.extract.vllm import wait_for_lock
+    from draftgen.phases.extract.capture.vllm import wait_for_lock
 
     bodies = [{"model": NAME, "prompt": p, "max_tokens": 1, "return_token_ids": True} for p in PROMPTS[:3]]
     for p, raw in zip(PROMPTS, post_all(srv.base_url + "/completions", bodies), strict=False):
@@ -202,7 +202,7 @@ def test_drafter_counters_and_exact_output(model_dir: Path, hf: Any, tmp_path: P
     pytest.importorskip("draftgen.drafter.speculate")
     from safetensors.torch import save_file
 
-    from draftgen.drafter.model import DrafterConfig, Eagle3Drafter
+    from draftgen.drafter.eagle3 import DrafterConfig, Eagle3Drafter
 
     torch.manual_seed(100)
     H = 64

@@ -12,8 +12,8 @@ import pytest
 
 from _merge_helpers import chat_rows, prepared_run
 from draftgen.errors import ConfigError
-from draftgen.export import EXPORTERS, MergedRow, file_digest, loss_mask_bytes
-from draftgen.merge import run_merge
+from draftgen.exporters import EXPORTERS, MergedRow, file_digest, loss_mask_bytes
+from draftgen.phases.merge import run_merge
 from draftgen.records import (
     MergeManifest,
     MergeStats,
@@ -256,8 +256,8 @@ def test_parquet_schema_and_speculators_metadata_come_from_the_column_table(tmp_
 
     import pyarrow as pa
 
-    from draftgen.columns import MERGED_COLUMNS, SpeculatorsMetadata, parquet_columns
-    from draftgen.export import parquet_schema
+    from draftgen.exporters import parquet_schema
+    from draftgen.records import MERGED_COLUMNS, SpeculatorsMetadata, parquet_columns
 
     cfg = prepared_run(tmp_path, {"a": chat_rows("a", 4)})
     run_merge(cfg, echo=_quiet)

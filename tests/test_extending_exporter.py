@@ -14,9 +14,9 @@ import pytest
 
 from _merge_helpers import chat_rows, make_config, prepared_run
 from draftgen.errors import ConfigError
-from draftgen.export import EXPORTERS, ExportContext, MergedRow, register_exporter
+from draftgen.exporters import EXPORTERS, ExportContext, MergedRow, register_exporter
 from draftgen.extensions import check_config
-from draftgen.merge import run_merge
+from draftgen.phases.merge import run_merge
 from draftgen.records import MergeManifest
 from draftgen.rundir import RunDir
 from draftgen.store import iter_jsonl, read_json

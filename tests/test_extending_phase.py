@@ -22,7 +22,7 @@ from draftgen.phases import (
     register_phase,
     unregister_phase,
 )
-from draftgen.pipeline import PipelineState, run_pipeline
+from draftgen.phases.pipeline import PipelineState, run_pipeline
 from draftgen.records import MergeManifest
 from draftgen.rundir import RunDir
 from draftgen.store import atomic_write_bytes, read_json

@@ -16,13 +16,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from draftgen.audit import run_audit
 from draftgen.config import load_config
-from draftgen.emulator.model import EmulatedModel
 from draftgen.emulator.scenarios import builtin_scenario
+from draftgen.emulator.scripted import EmulatedModel
 from draftgen.errors import TokenizerError
-from draftgen.generate import GenerateOptions, run_generate
-from draftgen.prepare import run_prepare
+from draftgen.phases.audit.run import run_audit
+from draftgen.phases.generate import GenerateOptions, run_generate
+from draftgen.phases.prepare import run_prepare
 from draftgen.records import ResponseRecord
 from draftgen.store import iter_jsonl
 from draftgen.tokens import load_profile, profile_class, profile_names, register_profile, unregister_profile

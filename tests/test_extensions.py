@@ -12,7 +12,7 @@ from _common_helpers import config_dict, load, write_config
 from draftgen.backends import BACKENDS
 from draftgen.cli import cli
 from draftgen.errors import ConfigError
-from draftgen.export import EXPORTERS
+from draftgen.exporters import EXPORTERS
 from draftgen.extensions import check_config, registered
 from draftgen.tokens import profile_names
 

@@ -13,11 +13,11 @@ import torch
 from _extract_helpers import build_tiny_model, make_merged_run, with_hidden
 from draftgen.config import load_config
 from draftgen.errors import ThresholdBroken
-from draftgen.extract.backends import ExtractRow
-from draftgen.extract.checks import relative_diff, teacher_selected
-from draftgen.extract.format import Captured, HiddenStore
-from draftgen.extract.hf import HFExtractBackend
-from draftgen.extract.run import run_extract
+from draftgen.hidden.format import Captured, HiddenStore
+from draftgen.phases.extract.capture import ExtractRow
+from draftgen.phases.extract.capture.hf import HFExtractBackend
+from draftgen.phases.extract.checks import relative_diff, teacher_selected
+from draftgen.phases.extract.run import run_extract
 
 torch.set_num_threads(1)
 

@@ -1,4 +1,4 @@
-"""The hidden-state exports (draftgen.extract.exports), each read back by its consumer's own reader.
+"""The hidden-state exports (draftgen.hidden.exports), each read back by its consumer's own reader.
 
 A real hidden set: a tiny seeded Qwen3 target (8 layers) run over random ids, stored with extract.format.
 - speculators: read by speculators 0.9's ``ArrowDataset`` (``speculators.train.data``) in its own
@@ -27,7 +27,7 @@ pytest.importorskip("transformers")
 from _extract_helpers import build_tiny_model  # noqa: E402
 from _hidden_export_helpers import make_hidden_set, run_in_speculators  # noqa: E402
 from draftgen.errors import ConfigError, InputError  # noqa: E402
-from draftgen.extract.exports import (  # noqa: E402
+from draftgen.hidden.exports import (  # noqa: E402
     EXPORT_REPORT,
     HIDDEN_EXPORTERS,
     SAMPLE_IDS,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from draftgen.errors import InputError
-from draftgen.extract.format import (
+from draftgen.hidden.format import (
     FP8_MAX,
     SCHEMA,
     Captured,

@@ -17,8 +17,8 @@ from _extract_helpers import build_tiny_model, make_merged_run, merged_rows, wit
 from draftgen.cli import cli
 from draftgen.config import load_config
 from draftgen.errors import ConfigError
-from draftgen.extract.format import open_hidden, require
-from draftgen.pipeline import run_pipeline
+from draftgen.hidden.format import open_hidden, require
+from draftgen.phases.pipeline import run_pipeline
 
 torch.set_num_threads(1)
 
@@ -129,7 +129,7 @@ def test_one_line_errors(model_dir: Path, run_cfg: Path, tmp_path: Path) -> None
 
 
 def test_pilot_records_throughput_that_plan_uses(model_dir: Path, run_cfg: Path) -> None:
-    from draftgen.plan import run_plan
+    from draftgen.phases.plan import run_plan
 
     out = run_cfg.parent / "h-pilot"
     cfg_path = with_hidden(run_cfg, "cfg-pilot.yaml", model=str(model_dir), output=str(out), teacher_min_margin=None,

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from draftgen.errors import ConfigError
-from draftgen.extract.layers import CONVENTION, check_layer_ids, default_aux_ids, resolve_layer_ids, to_sglang
+from draftgen.phases.extract.layers import (
+    CONVENTION,
+    check_layer_ids,
+    default_aux_ids,
+    resolve_layer_ids,
+    to_sglang,
+)
 
 
 @pytest.mark.parametrize(("n", "want"), [(8, [2, 4, 5]), (36, [2, 18, 33]), (61, [2, 30, 58]), (32, [2, 16, 29])])

@@ -18,8 +18,8 @@ import pytest
 from _extract_helpers import build_tiny_model, make_merged_run, merged_rows, with_hidden
 from draftgen.config import load_config
 from draftgen.errors import ConfigError, DraftgenError
-from draftgen.extract.format import open_hidden
-from draftgen.extract.run import run_extract
+from draftgen.hidden.format import open_hidden
+from draftgen.phases.extract.run import run_extract
 
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)

@@ -24,8 +24,8 @@ import pytest
 from _extract_helpers import build_tiny_model, make_merged_run, merged_rows, with_hidden
 from draftgen.config import load_config
 from draftgen.errors import ConfigError, RunDirError
-from draftgen.extract.format import HiddenStore, open_hidden
-from draftgen.extract.run import ExtractReport, run_extract
+from draftgen.hidden.format import HiddenStore, open_hidden
+from draftgen.phases.extract.run import ExtractReport, run_extract
 
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
@@ -125,7 +125,7 @@ def same_manifest(a: Path, b: Path) -> None:
 
 def test_missing_ray_and_bad_settings_are_one_line_config_errors(setup: Setup, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from draftgen.extract.ray_pool import validate_ray_settings
+    from draftgen.phases.extract.ray_pool import validate_ray_settings
 
     _, run_cfg, common = setup
     cfg = load_config(with_hidden(run_cfg, "cfg-noray.yaml", output=str(tmp_path / "h"), ray=True, **common))
@@ -206,8 +206,8 @@ def test_an_error_inside_an_actor_comes_back_as_itself(setup: Setup, tmp_path: P
     hands the RunDirError back as a row; the driver raises that class with that message."""
     import numpy as np
 
-    from draftgen.extract.backends import ExtractRow
-    from draftgen.extract.ray_pool import ExtractActor, _encode_batch, _error_class
+    from draftgen.phases.extract.capture import ExtractRow
+    from draftgen.phases.extract.ray_pool import ExtractActor, _encode_batch, _error_class
 
     _, run_cfg, common = setup
     out = tmp_path / "h"

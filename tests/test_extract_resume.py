@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from _extract_helpers import build_tiny_model, make_merged_run, merged_rows, with_hidden
-from draftgen.extract.format import HiddenStore, open_hidden
+from draftgen.hidden.format import HiddenStore, open_hidden
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1"}

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from _common_helpers import free_port
 from _extract_helpers import build_tiny_model, make_merged_run, merged_rows, with_hidden
 from draftgen.cli import cli
-from draftgen.extract.format import HiddenStore, open_hidden
+from draftgen.hidden.format import HiddenStore, open_hidden
 
 SECRET = "draftgen-test-secret-value-0123456789"
 

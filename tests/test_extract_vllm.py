@@ -22,11 +22,11 @@ transformers = pytest.importorskip("transformers")
 from _common_helpers import write_config  # noqa: E402
 from _extract_helpers import build_tiny_model, make_merged_run, merged_rows  # noqa: E402
 from draftgen.config import RunConfig, load_config  # noqa: E402
-from draftgen.emulator.model_server import ModelServerOptions, RunningModelServer, start_in_thread  # noqa: E402
+from draftgen.emulator.real.server import ModelServerOptions, RunningModelServer, start_in_thread  # noqa: E402
 from draftgen.errors import PermanentAPIError  # noqa: E402
-from draftgen.extract.format import HiddenStore, open_hidden  # noqa: E402
-from draftgen.extract.run import run_extract  # noqa: E402
-from draftgen.extract.vllm import VllmClientOptions, VllmExtractBackend  # noqa: E402
+from draftgen.hidden.format import HiddenStore, open_hidden  # noqa: E402
+from draftgen.phases.extract.capture.vllm import VllmClientOptions, VllmExtractBackend  # noqa: E402
+from draftgen.phases.extract.run import run_extract  # noqa: E402
 
 L, H = 8, 64
 
@@ -121,7 +121,7 @@ def test_changed_prompt_ids_are_rejected_and_nothing_is_published(
 
 def test_wrong_layer_count_is_a_config_error(setup: tuple[Path, Path, list[RunningModelServer]]) -> None:
     from draftgen.errors import ConfigError
-    from draftgen.extract.backends import ExtractRow
+    from draftgen.phases.extract.capture import ExtractRow
 
     _, model, servers = setup
     np = pytest.importorskip("numpy")

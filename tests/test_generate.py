@@ -23,8 +23,8 @@ from _generate_helpers import (
 from draftgen.config import load_config
 from draftgen.emulator import builtin_scenario
 from draftgen.errors import EXIT_FAILURES, AuthError, RunDirError
-from draftgen.generate import GenerateOptions, run_generate
-from draftgen.importer import run_import
+from draftgen.phases.generate import GenerateOptions, run_generate
+from draftgen.phases.importer import run_import
 from draftgen.records import GroundTruthRecord, ResponseRecord, RunManifest, Usage
 from draftgen.rundir import scrub_argv
 from draftgen.store import JsonlWriter, iter_jsonl, read_json
@@ -290,7 +290,7 @@ def test_logprobs_path_gives_the_true_ids(tmp_path: Path) -> None:
 def test_routed_prices_take_the_worst_case_of_allowed_endpoints(tmp_path: Path) -> None:
     from draftgen.backends import EndpointInfo
     from draftgen.backends.base import EndpointPricing
-    from draftgen.pricing import routed_prices
+    from draftgen.backends.pricing import routed_prices
 
     eps = [
         EndpointInfo(provider_name="DeepInfra", tag="deepinfra/fp4", quantization="fp4",

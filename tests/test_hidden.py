@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from draftgen.hidden import (
+from draftgen.hidden.estimate import (
     DatasetTokens,
     estimate_hidden_states,
     format_bytes,

@@ -12,7 +12,7 @@ import sys
 
 _PROBE = (
     "import json, sys\n"
-    "import draftgen.generate, draftgen.plan, draftgen.cli, draftgen.pipeline, draftgen.probe\n"
+    "import draftgen.phases.generate, draftgen.phases.plan, draftgen.cli, draftgen.phases.pipeline, draftgen.phases.probe\n"
     "print(json.dumps(sorted(sys.modules)))\n"
 )
 

@@ -29,7 +29,7 @@ from draftgen.backends.vllm import VLLMBackend
 from draftgen.emulator.envelopes import ApiError
 from draftgen.emulator.routing import ProviderPrefs, parse_prefs
 from draftgen.errors import PermanentAPIError, RetryableAPIError
-from draftgen.generate import GenerateOptions, run_generate
+from draftgen.phases.generate import GenerateOptions, run_generate
 from draftgen.records import GroundTruthRecord
 from draftgen.store import iter_jsonl
 from draftgen.tokens import Profile

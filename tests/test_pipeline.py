@@ -21,7 +21,7 @@ from draftgen.cli import cli
 from draftgen.config import load_config
 from draftgen.emulator.server import EmulatorOptions, RunningEmulator, start_in_thread
 from draftgen.errors import ConfigError
-from draftgen.pipeline import run_pipeline, spend_question
+from draftgen.phases.pipeline import run_pipeline, spend_question
 from draftgen.records import PromptRecord, ResponseRecord
 from draftgen.store import iter_jsonl
 

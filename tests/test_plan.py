@@ -14,13 +14,13 @@ from _common_helpers import config_dict
 from _common_helpers import write_config as write_shared_config
 from draftgen.backends import EndpointInfo
 from draftgen.backends.base import EndpointPricing
+from draftgen.backends.pricing import eligible_endpoints, estimate_price
 from draftgen.cli import cli
 from draftgen.config import RoutingConfig, load_config
 from draftgen.emulator.server import EmulatorOptions, RunningEmulator, start_in_thread
 from draftgen.errors import AuthError
-from draftgen.generate import GenerateOptions, run_generate
-from draftgen.plan import run_plan
-from draftgen.pricing import eligible_endpoints, estimate_price
+from draftgen.phases.generate import GenerateOptions, run_generate
+from draftgen.phases.plan import run_plan
 from draftgen.records import GroundTruthRecord, ResponseRecord
 from draftgen.store import iter_jsonl
 

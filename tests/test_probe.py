@@ -15,7 +15,7 @@ from draftgen.backends import Completion, EndpointInfo
 from draftgen.cli import cli
 from draftgen.config import load_config
 from draftgen.emulator.server import EmulatorOptions, RunningEmulator, start_in_thread
-from draftgen.probe import _Probe, probe_max_tokens, run_probe
+from draftgen.phases.probe import _Probe, probe_max_tokens, run_probe
 from draftgen.records import Usage
 from draftgen.tokens import profile_from_config
 

@@ -11,10 +11,10 @@ import pytest
 
 from _report_helpers import make_config, run_config, write_run_dir
 from draftgen.config import load_config
-from draftgen.importer import run_import
-from draftgen.report.format import fmt_int, fmt_usd
-from draftgen.report.html import run_report
-from draftgen.report.metrics import RunMetrics, compute_metrics
+from draftgen.fmt import fmt_int, fmt_usd
+from draftgen.phases.importer import run_import
+from draftgen.phases.report.html import run_report
+from draftgen.phases.report.metrics import RunMetrics, compute_metrics
 
 
 def _embedded(page: str, element_id: str) -> bytes:
@@ -134,6 +134,8 @@ def test_report_of_an_empty_run_dir(tmp_path: Path) -> None:
 # -- issue 11: providers, verdict, activity over time, sequence lengths, sample viewer ---------------------
 
 from _report_helpers import T0, response, synthetic_attempts, write_attempts_and_health, write_logs  # noqa: E402
+from draftgen.phases.report.html import audit_rows, example_rows  # noqa: E402
+from draftgen.phases.report.providers import provider_metrics  # noqa: E402
 from draftgen.records import (  # noqa: E402
     AttemptRecord,
     AuditReport,
@@ -146,8 +148,6 @@ from draftgen.records import (  # noqa: E402
     MismatchExample,
     Usage,
 )
-from draftgen.report.html import audit_rows, example_rows  # noqa: E402
-from draftgen.report.providers import provider_metrics  # noqa: E402
 from draftgen.rundir import RunDir  # noqa: E402
 from draftgen.store import atomic_write_json  # noqa: E402
 
@@ -295,7 +295,7 @@ def _time_run(tmp: Path, span_s: float) -> RunMetrics:
 @pytest.mark.parametrize(("span_s", "unit", "last_tick"), [(20.0, "s", 20.0), (5 * 3600.0, "h", 5.0)])
 def test_time_axes_count_from_the_start_in_a_unit_that_suits_the_span(tmp_path: Path, span_s: float, unit: str,
                                                                       last_tick: float) -> None:
-    from draftgen.report.html import _figures
+    from draftgen.phases.report.html import _figures
 
     m = _time_run(tmp_path, span_s)
     act = m.activity
@@ -322,8 +322,8 @@ def test_time_axes_count_from_the_start_in_a_unit_that_suits_the_span(tmp_path: 
 
 def test_sequence_lengths_against_max_seq_len(tmp_path: Path) -> None:
     from _merge_helpers import chat_rows, prepared_run
-    from draftgen.merge import run_merge
-    from draftgen.report.html import _figures
+    from draftgen.phases.merge import run_merge
+    from draftgen.phases.report.html import _figures
 
     cfg = prepared_run(tmp_path, {"chat": chat_rows("chat", 30)}, merge={"max_seq_len": 120}, long_every=4)
     before = compute_metrics(cfg.run_path, ["chat"])
@@ -347,7 +347,7 @@ def test_sequence_lengths_against_max_seq_len(tmp_path: Path) -> None:
 
 def test_sample_viewer_and_mismatch_context(tmp_path: Path) -> None:
     from _merge_helpers import chat_rows, prepared_run
-    from draftgen.merge import run_merge
+    from draftgen.phases.merge import run_merge
     from draftgen.tokens import profile_from_config
 
     cfg = prepared_run(tmp_path, {"chat": chat_rows("chat", 8)})

@@ -19,8 +19,8 @@ import pytest
 from _common_helpers import BROWSER_MISSING
 from _report_helpers import make_config, run_config, write_attempts_and_health, write_run_dir
 from draftgen.config import load_config
-from draftgen.merge import run_merge
-from draftgen.report.html import run_report
+from draftgen.phases.merge import run_merge
+from draftgen.phases.report.html import run_report
 
 CHROMIUM = Path(shutil.which("chromium") or "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

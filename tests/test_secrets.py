@@ -22,10 +22,10 @@ from draftgen.cli import _argv_key_problem, cli
 from draftgen.config import load_config, resolve_api_key
 from draftgen.engine.progress import RunLog
 from draftgen.errors import ConfigError
+from draftgen.phases.report.html import render_html
+from draftgen.phases.report.metrics import compute_metrics
+from draftgen.phases.status import run_status
 from draftgen.records import RunManifest
-from draftgen.report.html import render_html
-from draftgen.report.metrics import compute_metrics
-from draftgen.report.status import run_status
 from draftgen.secrets import contains_key, looks_like_key, redact, redact_obj, url_credentials
 from draftgen.store import atomic_write_json
 from reliability._helpers import FAKE_KEY, OTHER_FAKE_KEY

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from draftgen.drafter.model import DrafterConfig, Eagle3Drafter  # noqa: E402
+from draftgen.drafter.eagle3 import DrafterConfig, Eagle3Drafter  # noqa: E402
 from draftgen.drafter.speculate import (  # noqa: E402
     AuxCapture,
     greedy_generate,
@@ -127,7 +127,7 @@ def test_runs_from_a_saved_drafter(target: Any, drafter: Eagle3Drafter, tmp_path
 
     from safetensors.torch import save_file
 
-    from draftgen.drafter.model import load_drafter
+    from draftgen.drafter.eagle3 import load_drafter
 
     sd = {("midlayer." + k[9:] if k.startswith("layers.0.") else k): v.contiguous()
           for k, v in drafter.state_dict().items()}

@@ -1,4 +1,4 @@
-"""``draftgen train`` (draftgen.train): speculators 0.9 trains a drafter on a tiny target's real hidden
+"""``draftgen train`` (draftgen.phases.train): speculators 0.9 trains a drafter on a tiny target's real hidden
 states on the CPU, resumes from its last checkpoint, and the result loads with speculators' own loader and
 carries what vLLM's speculators config parser and SGLang's EAGLE-3 loader read.
 
@@ -21,17 +21,17 @@ from _extract_helpers import build_tiny_model  # noqa: E402
 from _hidden_export_helpers import make_hidden_set, run_in_speculators, speculators_python  # noqa: E402
 from draftgen.config import load_config  # noqa: E402
 from draftgen.errors import ConfigError  # noqa: E402
-from draftgen.records import TrainLogRecord  # noqa: E402
-from draftgen.rundir import RunDir  # noqa: E402
-from draftgen.store import iter_jsonl  # noqa: E402
-from draftgen.train.convert import EAGLE_ARCH, REQUIRED_TENSORS  # noqa: E402
-from draftgen.train.run import (  # noqa: E402
+from draftgen.phases.train.convert import EAGLE_ARCH, REQUIRED_TENSORS  # noqa: E402
+from draftgen.phases.train.run import (  # noqa: E402
     offline_al,
     parse_metrics,
     read_report,
     run_train,
 )
-from draftgen.train.vocab import build_vocab_mapping  # noqa: E402
+from draftgen.phases.train.vocab import build_vocab_mapping  # noqa: E402
+from draftgen.records import TrainLogRecord  # noqa: E402
+from draftgen.rundir import RunDir  # noqa: E402
+from draftgen.store import iter_jsonl  # noqa: E402
 
 DRAFT_VOCAB = 256
 

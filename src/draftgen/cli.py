@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 import click
 
-from . import __version__
-from .errors import DraftgenError
+from draftgen import __version__
+from draftgen.errors import DraftgenError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -30,7 +30,7 @@ EMULATOR_MANAGEMENT_KEY_ENV = "DRAFTGEN_EMULATOR_MANAGEMENT_KEY"
 
 
 def _fail(message: str, code: int) -> None:
-    from .secrets import redact
+    from draftgen.secrets import redact
 
     line = " ".join(redact(message).splitlines())  # one line, and never a key
     click.echo(f"Error: {line}", err=True)
@@ -62,7 +62,7 @@ def friendly(fn: F) -> F:
             if log.isEnabledFor(logging.DEBUG):
                 import traceback
 
-                from .secrets import redact
+                from draftgen.secrets import redact
 
                 sys.stderr.write(redact(traceback.format_exc()))
             _fail(f"unexpected {type(exc).__name__}: {exc}; this is a bug in draftgen, please report it "
@@ -72,8 +72,8 @@ def friendly(fn: F) -> F:
 
 
 def _load(config: str, overrides: dict[str, Any] | None = None) -> Any:
-    from .config import load_config
-    from .extensions import check_config
+    from draftgen.config import load_config
+    from draftgen.extensions import check_config
 
     cfg = load_config(config, overrides)
     check_config(cfg, config)
@@ -192,7 +192,7 @@ def generate_overrides(kw: dict[str, Any]) -> dict[str, Any]:
 @friendly
 def generate(config: str, **kw: Any) -> None:
     """Send prepared prompts and write raw responses with exact token ids (resumable)."""
-    from .generate import GenerateOptions, run_generate
+    from draftgen.phases.generate import GenerateOptions, run_generate
 
     cfg = _load(config, generate_overrides(kw))
     opts = GenerateOptions(datasets=list(kw["datasets"]), partition=kw["partition"], argv=sys.argv,
@@ -209,7 +209,7 @@ def generate(config: str, **kw: Any) -> None:
 @friendly
 def prepare(config: str, run_dir: str | None, skip_bad: bool) -> None:
     """Normalise prompt datasets into prepared/<dataset>/prompts.jsonl."""
-    from .prepare import run_prepare
+    from draftgen.phases.prepare import run_prepare
 
     cfg = _load(config, {"run_dir": run_dir, "prepare.skip_bad": True if skip_bad else None})
     run_prepare(cfg, echo=click.echo)
@@ -223,7 +223,7 @@ def prepare(config: str, run_dir: str | None, skip_bad: bool) -> None:
 @friendly
 def audit(config: str, run_dir: str | None, reference: str | None, force: bool) -> None:
     """Check reconstructed ids: structure, billing agreement, BPE drift against reference ids."""
-    from .audit import run_audit
+    from draftgen.phases.audit.run import run_audit
 
     cfg = _load(config, {"run_dir": run_dir, "audit.reference": str(Path(reference).resolve()) if reference else None})
     run_audit(cfg, echo=click.echo, force=force)
@@ -236,7 +236,7 @@ def audit(config: str, run_dir: str | None, reference: str | None, force: bool) 
 @friendly
 def merge(config: str, run_dir: str | None, force: bool) -> None:
     """Filter, dedupe, cap, shuffle and split into merged/ Parquet plus exports."""
-    from .merge import run_merge
+    from draftgen.phases.merge import run_merge
 
     cfg = _load(config, {"run_dir": run_dir})
     run_merge(cfg, echo=click.echo, force=force)
@@ -264,7 +264,7 @@ def _url_or_cwd(ctx: click.Context, param: click.Parameter, value: str | None) -
 def extract(config: str, run_dir: str | None, output: str | None, model: str | None, backend: str | None,
             dtype: str | None, device: str | None, limit: int | None, pilot: int | None, workers: int | None) -> None:
     """Capture the target's hidden states for every merged train row into hidden/ (resumable; checked)."""
-    from .extract.run import run_extract
+    from draftgen.phases.extract.run import run_extract
 
     cfg = _load(config, {"run_dir": run_dir, "hidden_states.output": output, "hidden_states.model": model,
                          "hidden_states.backend": backend, "hidden_states.dtype": dtype, "hidden_states.device": device,
@@ -289,7 +289,7 @@ def train(config: str, run_dir: str | None, hidden: str | None, verifier: str | 
           epochs: int | None, max_steps: int | None, draft_vocab_size: int | None, restart: bool,
           force: bool) -> None:
     """Train an EAGLE-3 drafter with speculators on hidden/ (resumes; writes a vLLM and an SGLang checkpoint)."""
-    from .train.run import run_train
+    from draftgen.phases.train.run import run_train
 
     cfg = _load(config, {"run_dir": run_dir, "train.hidden": hidden, "train.verifier": verifier,
                          "train.speculators": speculators_bin, "train.epochs": epochs, "train.max_steps": max_steps,
@@ -312,7 +312,7 @@ def train(config: str, run_dir: str | None, hidden: str | None, verifier: str | 
 def export_hidden(config: str, run_dir: str | None, formats: tuple[str, ...], out: str | None, hidden: str | None,
                   target: str | None, include_flagged: bool) -> None:
     """Write hidden/ in a peer trainer's offline format, in extraction order (sample_ids.jsonl maps it)."""
-    from .extract.exports import run_hidden_export
+    from draftgen.hidden.exports import run_hidden_export
 
     cfg = _load(config, {"run_dir": run_dir})
     run_hidden_export(cfg, list(formats), out, hidden=hidden, target_dir=target, include_flagged=include_flagged,
@@ -327,7 +327,7 @@ def export_hidden(config: str, run_dir: str | None, formats: tuple[str, ...], ou
 @friendly
 def import_(config: str, file: str, dataset: str, run_dir: str | None, force: bool) -> None:
     """Check and add records made elsewhere (local SGLang {sample_id, output_ids} rows, another run's raw log)."""
-    from .importer import run_import
+    from draftgen.phases.importer import run_import
 
     cfg = _load(config, {"run_dir": run_dir})
     run_import(cfg, dataset, Path(file), force=force, echo=click.echo)
@@ -340,7 +340,7 @@ def import_(config: str, file: str, dataset: str, run_dir: str | None, force: bo
 @friendly
 def probe(config: str, api_key_file: str | None, base_url: str | None, prompt: str | None) -> None:
     """One request that checks key, credits, provider, reasoning field, cost and reconstruction."""
-    from .probe import run_probe
+    from draftgen.phases.probe import run_probe
 
     cfg = _load(config, {**endpoint_overrides(api_key_file, base_url), "probe.prompt": prompt})
     report = run_probe(cfg, echo=click.echo)
@@ -360,7 +360,7 @@ def probe(config: str, api_key_file: str | None, base_url: str | None, prompt: s
 def accept(config: str, run_dir: str | None, api_key_file: str | None, base_url: str | None, drafter: str,
            baseline_url: str | None, prompts: int | None) -> None:
     """Measure the served drafter's acceptance length on held-out prompts (vLLM /metrics or SGLang meta_info)."""
-    from .accept import run_accept
+    from draftgen.phases.accept import run_accept
 
     cfg = _load(config, {"run_dir": run_dir, **endpoint_overrides(api_key_file, base_url)})
     run_accept(cfg, drafter=drafter, baseline_url=baseline_url, prompts=prompts, echo=click.echo)
@@ -374,7 +374,7 @@ def accept(config: str, run_dir: str | None, api_key_file: str | None, base_url:
 @friendly
 def plan(config: str, run_dir: str | None, api_key_file: str | None, base_url: str | None, pilot: int | None) -> None:
     """Estimate tokens, dollars, time and hidden-state disk before spending."""
-    from .plan import run_plan
+    from draftgen.phases.plan import run_plan
 
     cfg = _load(config, {"run_dir": run_dir, **endpoint_overrides(api_key_file, base_url), "plan.pilot": pilot})
     run_plan(cfg, echo=click.echo)
@@ -393,7 +393,7 @@ def run(config: str, yes: bool, dry_run: bool, **kw: Any) -> None:
     plan.confirm_above_usd (default $1; never for the emulator or self-hosted servers) it asks first on a
     terminal; a no exits 1 with nothing sent. Without a terminal it refuses (exit 2) unless --yes.
     """
-    from .pipeline import run_pipeline
+    from draftgen.phases.pipeline import run_pipeline
 
     cfg = _load(config, generate_overrides(kw))
     ask = (lambda question: click.confirm(question, default=False)) if sys.stdin.isatty() else None
@@ -412,7 +412,7 @@ def run(config: str, yes: bool, dry_run: bool, **kw: Any) -> None:
 @friendly
 def status(target: str, watch: float | None, as_json: bool) -> None:
     """Summarise a run directory (or a config's run directory), during a run or after it."""
-    from .report.status import status_command
+    from draftgen.phases.status import status_command
 
     status_command(target, watch=watch, as_json=as_json, echo=click.echo)
 
@@ -424,7 +424,7 @@ def status(target: str, watch: float | None, as_json: bool) -> None:
 @friendly
 def report(config: str, run_dir: str | None, output: str | None) -> None:
     """Write report.html: one self-contained page with tables and charts."""
-    from .report.html import run_report
+    from draftgen.phases.report.html import run_report
 
     cfg = _load(config, {"run_dir": run_dir})
     path = run_report(cfg, output=Path(output) if output else None)
@@ -462,12 +462,12 @@ def emulate(api_key_file: str | None, management_key_file: str | None, model_dir
             **kw: Any) -> None:
     """Serve a local OpenRouter emulator (also SGLang /generate and vLLM token-id modes), or with --model a
     vLLM-compatible server backed by a real transformers model (extract mode, drafter counters)."""
-    from .emulator.core import emulator_key
-    from .emulator.server import EmulatorOptions, serve_forever
+    from draftgen.emulator.core import emulator_key
+    from draftgen.emulator.server import EmulatorOptions, serve_forever
 
     if model_dir is not None:
-        from .emulator.model_server import model_server_options
-        from .emulator.model_server import serve_forever as serve_model
+        from draftgen.emulator.real.server import model_server_options
+        from draftgen.emulator.real.server import serve_forever as serve_model
 
         serve_model(model_server_options(
             model_dir, host=kw["host"], port=kw["port"], served_model_name=served_model_name, extract_dir=extract_dir,
@@ -492,7 +492,7 @@ _NO_KEY_ON_EMULATE = (f"keys are never passed on the command line; set {EMULATOR
 def _argv_key_problem(args: list[str]) -> str | None:
     """Why ``args`` must be refused before click parses them (a key on the command line), or None.
     Never includes the key. ``emulate`` too reads its keys from files or the environment only."""
-    from .secrets import contains_key, looks_like_key
+    from draftgen.secrets import contains_key, looks_like_key
 
     command = next((a for a in args if not a.startswith("-")), None)
     how = _NO_KEY_ON_EMULATE if command == "emulate" else _NO_KEY_ON_ARGV

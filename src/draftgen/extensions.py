@@ -18,8 +18,8 @@ the schema: it is the lower layer and knows no registry, so the CLI runs this ch
 
 from __future__ import annotations
 
-from .config import RunConfig
-from .errors import ConfigError
+from draftgen.config import RunConfig
+from draftgen.errors import ConfigError
 
 __all__ = ["check_config", "registered"]
 
@@ -27,15 +27,15 @@ __all__ = ["check_config", "registered"]
 def _known(key: str) -> dict[str, str]:
     """The registered names ``key`` accepts, each with its one-line description ("" when none)."""
     if key == "endpoint.kind":
-        from .backends import BACKENDS
+        from draftgen.backends import BACKENDS
 
         return {k: b.doc for k, b in BACKENDS.items()}
     if key == "model.profile":
-        from .tokens import profile_names
+        from draftgen.tokens import profile_names
 
         return dict.fromkeys(profile_names(), "")
     if key == "merge.exports":
-        from .export import EXPORTERS
+        from draftgen.exporters import EXPORTERS
 
         return {k: e.doc for k, e in EXPORTERS.items()}
     return {}

@@ -51,11 +51,11 @@ from typing import IO, Any
 
 import msgspec
 
-from .config import RunConfig, config_hash
-from .errors import InputError, RunDirError
-from .records import SCHEMA_VERSION, LockHolder, Provenance, RunManifest
-from .secrets import redact, redact_obj
-from .store import atomic_write_json, decode_json, encode_json, read_json
+from draftgen.config import RunConfig, config_hash
+from draftgen.errors import InputError, RunDirError
+from draftgen.records import SCHEMA_VERSION, LockHolder, Provenance, RunManifest
+from draftgen.secrets import redact, redact_obj
+from draftgen.store import atomic_write_json, decode_json, encode_json, read_json
 
 __all__ = [
     "LAYOUT_DIRS",

@@ -23,8 +23,15 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from .errors import InputError, StorageError
-from .records import SCHEMA_VERSION, FailureRecord, Provenance, ResponseRecord, ResponseScanView, spend_usd
+from draftgen.errors import InputError, StorageError
+from draftgen.records import (
+    SCHEMA_VERSION,
+    FailureRecord,
+    Provenance,
+    ResponseRecord,
+    ResponseScanView,
+    spend_usd,
+)
 
 __all__ = [
     "JsonlReader",

@@ -26,9 +26,7 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
-from ..config import RunConfig, resolve_api_key
-from ..errors import ConfigError
-from .base import (
+from draftgen.backends.base import (
     Backend,
     BackendKind,
     Capabilities,
@@ -39,8 +37,8 @@ from .base import (
     KeyInfo,
     LogprobToken,
 )
-from .http import Bounds, HttpBackend, check_base_url, make_session
-from .openrouter import (
+from draftgen.backends.http import Bounds, HttpBackend, check_base_url, make_session
+from draftgen.backends.openrouter import (
     EMULATOR_CAPABILITIES,
     EMULATOR_KEY,
     OPENAI_CAPABILITIES,
@@ -49,8 +47,10 @@ from .openrouter import (
     build_openai,
     build_openrouter,
 )
-from .sglang import SGLANG_CAPABILITIES, build_sglang
-from .vllm import VLLM_CAPABILITIES, build_vllm
+from draftgen.backends.sglang import SGLANG_CAPABILITIES, build_sglang
+from draftgen.backends.vllm import VLLM_CAPABILITIES, build_vllm
+from draftgen.config import RunConfig, resolve_api_key
+from draftgen.errors import ConfigError
 
 __all__ = [
     "BACKENDS",

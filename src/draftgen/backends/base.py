@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 
-from ..records import Message, ResponseFields, Tool
+from draftgen.records import Message, ResponseFields, Tool
 
 if TYPE_CHECKING:
     import aiohttp
 
-    from ..config import RunConfig
-    from .http import Bounds, HttpBackend
+    from draftgen.backends.http import Bounds, HttpBackend
+    from draftgen.config import RunConfig
 
 __all__ = [
     "Backend",

@@ -23,10 +23,10 @@ from typing import Any
 
 import aiohttp
 
-from ..errors import ConfigError, RetryableAPIError
-from .base import Capabilities, Completion, CompletionRequest, Credits, EndpointInfo, KeyInfo
-from .sse import SSEParser
-from .wire import classify_http, translate_exception
+from draftgen.backends.base import Capabilities, Completion, CompletionRequest, Credits, EndpointInfo, KeyInfo
+from draftgen.backends.sse import SSEParser
+from draftgen.backends.wire import classify_http, translate_exception
+from draftgen.errors import ConfigError, RetryableAPIError
 
 __all__ = [
     "Bounds",

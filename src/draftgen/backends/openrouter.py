@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import msgspec
 
-from ..errors import APIError
-from .base import (
+from draftgen.backends.base import (
     Capabilities,
     Completion,
     CompletionRequest,
@@ -35,9 +34,9 @@ from .base import (
     run_reasoning,
     run_sampling,
 )
-from .http import Bounds, HttpBackend, drop_none, read_body, read_error_body, read_events
-from .sse import ChatStream, SSEParser
-from .wire import (
+from draftgen.backends.http import Bounds, HttpBackend, drop_none, read_body, read_error_body, read_events
+from draftgen.backends.sse import ChatStream, SSEParser
+from draftgen.backends.wire import (
     attribute,
     check_completion,
     classify_http,
@@ -48,9 +47,10 @@ from .wire import (
     decode_key_info,
     translate_exception,
 )
+from draftgen.errors import APIError
 
 if TYPE_CHECKING:
-    from ..config import RunConfig
+    from draftgen.config import RunConfig
 
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
 

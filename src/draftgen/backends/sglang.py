@@ -30,14 +30,20 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import msgspec
 
-from ..errors import ConfigError, RetryableAPIError
-from ..records import Usage
-from .base import Capabilities, Completion, CompletionRequest, run_sampling, token_limit
-from .http import Bounds, HttpBackend, drop_none, read_body, read_error_body, read_events
-from .wire import WireError, check_completion, classify_http, error_from_wire, translate_exception
+from draftgen.backends.base import Capabilities, Completion, CompletionRequest, run_sampling, token_limit
+from draftgen.backends.http import Bounds, HttpBackend, drop_none, read_body, read_error_body, read_events
+from draftgen.backends.wire import (
+    WireError,
+    check_completion,
+    classify_http,
+    error_from_wire,
+    translate_exception,
+)
+from draftgen.errors import ConfigError, RetryableAPIError
+from draftgen.records import Usage
 
 if TYPE_CHECKING:
-    from ..config import RunConfig
+    from draftgen.config import RunConfig
 
 __all__ = ["SGLANG_CAPABILITIES", "SGLangBackend", "build_sglang", "sglang_root"]
 

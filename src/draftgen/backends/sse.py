@@ -19,10 +19,18 @@ Accumulation (``ChatStream``) of OpenAI-style ``chat.completion.chunk`` payloads
 
 from __future__ import annotations
 
-from ..errors import RetryableAPIError
-from ..records import FunctionCall, ToolCall
-from .base import Completion, LogprobToken
-from .wire import _ToolCall, _Usage, attribute, decode_chat, error_from_wire, pick_reasoning, usage_from_wire
+from draftgen.backends.base import Completion, LogprobToken
+from draftgen.backends.wire import (
+    _ToolCall,
+    _Usage,
+    attribute,
+    decode_chat,
+    error_from_wire,
+    pick_reasoning,
+    usage_from_wire,
+)
+from draftgen.errors import RetryableAPIError
+from draftgen.records import FunctionCall, ToolCall
 
 __all__ = ["ChatStream", "SSEParser"]
 

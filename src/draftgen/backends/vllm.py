@@ -28,14 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from ..errors import RetryableAPIError
-from ..tokens import profile_class
-from .base import Capabilities, Completion, CompletionRequest, run_sampling
-from .http import Bounds
-from .openrouter import OpenAIChatBackend
+from draftgen.backends.base import Capabilities, Completion, CompletionRequest, run_sampling
+from draftgen.backends.http import Bounds
+from draftgen.backends.openrouter import OpenAIChatBackend
+from draftgen.errors import RetryableAPIError
+from draftgen.tokens import profile_class
 
 if TYPE_CHECKING:
-    from ..config import RunConfig
+    from draftgen.config import RunConfig
 
 __all__ = ["VLLM_CAPABILITIES", "VLLMBackend", "build_vllm"]
 

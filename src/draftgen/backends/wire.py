@@ -38,7 +38,8 @@ from typing import Any, TypeVar
 import aiohttp
 import msgspec
 
-from ..errors import (
+from draftgen.backends.base import Completion, Credits, EndpointInfo, KeyInfo, LogprobToken
+from draftgen.errors import (
     APIError,
     AuthError,
     ConfigError,
@@ -47,9 +48,8 @@ from ..errors import (
     RateLimited,
     RetryableAPIError,
 )
-from ..records import FunctionCall, ToolCall, Usage
-from ..secrets import redact as _redact
-from .base import Completion, Credits, EndpointInfo, KeyInfo, LogprobToken
+from draftgen.records import FunctionCall, ToolCall, Usage
+from draftgen.secrets import redact as _redact
 
 __all__ = [
     "WireBody",

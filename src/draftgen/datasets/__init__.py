@@ -7,10 +7,10 @@ prompt(s) to regenerate; ``content_hash`` keys a prompt for ids and dedupe. ``pr
 
 from __future__ import annotations
 
-from .conversation import Conversation, CutPrompt, RowError, content_hash, prompts_from
-from .formats import FORMATS, detect_format, parse_tools, to_conversation
-from .glaive import parse_glaive
-from .sources import (
+from draftgen.datasets.adapters import FORMATS, detect_format, parse_tools, to_conversation
+from draftgen.datasets.conversation import Conversation, CutPrompt, RowError, content_hash, prompts_from
+from draftgen.datasets.glaive import parse_glaive
+from draftgen.datasets.sources import (
     SourceRow,
     bundled_names,
     iter_rows,

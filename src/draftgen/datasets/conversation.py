@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ..records import Message, Tool
+from draftgen.records import Message, Tool
 
 __all__ = ["Conversation", "CutPrompt", "RowError", "content_hash", "prompts_from"]
 

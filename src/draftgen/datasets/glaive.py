@@ -21,8 +21,8 @@ import json
 import re
 from typing import Any
 
-from ..records import FunctionCall, Message, Tool, ToolCall, ToolFunction
-from .conversation import Conversation, RowError
+from draftgen.datasets.conversation import Conversation, RowError
+from draftgen.records import FunctionCall, Message, Tool, ToolCall, ToolFunction
 
 __all__ = ["parse_glaive"]
 

@@ -41,8 +41,8 @@ from typing import Any
 
 import msgspec
 
-from ..config import DatasetConfig
-from ..errors import ConfigError, InputError
+from draftgen.config import DatasetConfig
+from draftgen.errors import ConfigError, InputError
 
 __all__ = ["BYTES_PER_TOKEN", "MIN_LINE_BYTES", "SourceRow", "bundled_names", "iter_rows", "line_byte_limit",
            "source_files", "source_fingerprint", "source_label", "source_where"]

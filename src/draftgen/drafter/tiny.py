@@ -24,8 +24,8 @@ import zipfile
 from importlib import resources
 from pathlib import Path
 
-from ..errors import ConfigError, TokenizerError
-from ..store import decode_json_object
+from draftgen.errors import ConfigError, TokenizerError
+from draftgen.store import decode_json_object
 
 __all__ = ["QWEN3_VOCAB", "build_tiny_target", "write_qwen3_tokenizer"]
 

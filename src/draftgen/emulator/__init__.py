@@ -24,10 +24,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .accounting import EmulatorState
-    from .core import EmulatorOptions
-    from .scenarios import FAULT_KINDS, ModelInfo, Provider, Scenario, builtin_scenario, load_scenario
-    from .server import RunningEmulator, serve_forever, start_in_thread
+    from draftgen.emulator.accounting import EmulatorState
+    from draftgen.emulator.core import EmulatorOptions
+    from draftgen.emulator.scenarios import (
+        FAULT_KINDS,
+        ModelInfo,
+        Provider,
+        Scenario,
+        builtin_scenario,
+        load_scenario,
+    )
+    from draftgen.emulator.server import RunningEmulator, serve_forever, start_in_thread
 
 # Each public name and the submodule that defines it; every name in __all__ is here and vice versa.
 _HOME = {

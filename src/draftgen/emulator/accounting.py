@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .envelopes import ApiError, availability
+from draftgen.emulator.envelopes import ApiError, availability
 
 __all__ = ["EmulatorState", "GenerationInfo", "check_affordable", "cost_of", "generation_data", "key_data"]
 

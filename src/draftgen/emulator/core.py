@@ -27,15 +27,15 @@ import msgspec
 import orjson
 from aiohttp import web
 
-from ..errors import DraftgenError
-from ..records import GroundTruthRecord, Message, Tool
-from ..store import JsonlWriter
-from ..tokens import load_profile
-from ..tokens.profile import Profile
-from .accounting import EmulatorState
-from .envelopes import ApiError
-from .model import EmulatedModel, Output, stable_hash
-from .scenarios import ALL_FAULT_KINDS, Provider, Scenario, load_scenario
+from draftgen.emulator.accounting import EmulatorState
+from draftgen.emulator.envelopes import ApiError
+from draftgen.emulator.scenarios import ALL_FAULT_KINDS, Provider, Scenario, load_scenario
+from draftgen.emulator.scripted import EmulatedModel, Output, stable_hash
+from draftgen.errors import DraftgenError
+from draftgen.records import GroundTruthRecord, Message, Tool
+from draftgen.store import JsonlWriter
+from draftgen.tokens import load_profile
+from draftgen.tokens.profile import Profile
 
 __all__ = ["CORE", "EmulatorCore", "EmulatorOptions", "emulator_key", "shared_profile"]
 
@@ -65,7 +65,7 @@ def emulator_key(path: str | None, env: str, *, flag: str) -> str | None:
     command line, and no message here ever holds one."""
     import os
 
-    from ..errors import ConfigError
+    from draftgen.errors import ConfigError
 
     if path:
         where = Path(path).expanduser()

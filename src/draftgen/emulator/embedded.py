@@ -13,11 +13,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from ..config import RunConfig
-from ..rundir import RunDir
+from draftgen.config import RunConfig
+from draftgen.rundir import RunDir
 
 if TYPE_CHECKING:
-    from ..tokens import Profile
+    from draftgen.tokens import Profile
 
 __all__ = ["BUILTIN_SCENARIOS", "embedded_emulator"]
 
@@ -35,13 +35,13 @@ def embedded_emulator(
 ) -> Iterator[str | None]:
     """``profile``: the command's already loaded profile of ``cfg.model`` (default: loaded here, if the
     emulator starts)."""
-    from ..backends import capabilities
+    from draftgen.backends import capabilities
 
     ep = cfg.endpoint
     if not capabilities(ep.kind).embedded_server or ep.base_url or ep.base_urls:
         yield None
         return
-    from .server import EmulatorOptions, start_in_thread
+    from draftgen.emulator.server import EmulatorOptions, start_in_thread
 
     em = ep.emulator
     scenario = em.scenario if em.scenario in BUILTIN_SCENARIOS else str(cfg.path(em.scenario))
@@ -54,7 +54,7 @@ def embedded_emulator(
         gt_path.parent.mkdir(parents=True, exist_ok=True)
         gt = str(gt_path)
     if profile is None:
-        from ..tokens import profile_from_config
+        from draftgen.tokens import profile_from_config
 
         profile = profile_from_config(cfg)
 

@@ -50,11 +50,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from .accounting import GenerationInfo
-from .core import CORE, EmulatorCore
-from .envelopes import ApiError
-from .model import Output, stable_hash
-from .scenarios import ModelInfo
+from draftgen.emulator.accounting import GenerationInfo
+from draftgen.emulator.core import CORE, EmulatorCore
+from draftgen.emulator.envelopes import ApiError
+from draftgen.emulator.scenarios import ModelInfo
+from draftgen.emulator.scripted import Output, stable_hash
 
 __all__ = ["sglang_generate", "vllm_chat", "vllm_models"]
 

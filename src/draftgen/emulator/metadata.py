@@ -18,10 +18,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from .accounting import generation_data, key_data
-from .core import CORE, EmulatorCore
-from .envelopes import ApiError, availability, error_response
-from .scenarios import ALL_PARAMETERS, ModelInfo, Provider
+from draftgen.emulator.accounting import generation_data, key_data
+from draftgen.emulator.core import CORE, EmulatorCore
+from draftgen.emulator.envelopes import ApiError, availability, error_response
+from draftgen.emulator.scenarios import ALL_PARAMETERS, ModelInfo, Provider
 
 __all__ = ["credits", "endpoints", "generation", "key", "models", "per_token"]
 

@@ -31,11 +31,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from .accounting import GenerationInfo, check_affordable, cost_of
-from .core import CORE, EmulatorCore
-from .envelopes import USER_ID, ApiError, availability, error_json, error_response
-from .model import Output, stable_hash
-from .responses import (
+from draftgen.emulator.accounting import GenerationInfo, check_affordable, cost_of
+from draftgen.emulator.core import CORE, EmulatorCore
+from draftgen.emulator.envelopes import USER_ID, ApiError, availability, error_json, error_response
+from draftgen.emulator.responses import (
     DONE,
     KEEPALIVE,
     PADDING,
@@ -49,8 +48,9 @@ from .responses import (
     usage_obj,
     view_of,
 )
-from .routing import ProviderPrefs, parse_prefs, route, used_parameters
-from .scenarios import FALLBACK_FAULTS, Provider
+from draftgen.emulator.routing import ProviderPrefs, parse_prefs, route, used_parameters
+from draftgen.emulator.scenarios import FALLBACK_FAULTS, Provider
+from draftgen.emulator.scripted import Output, stable_hash
 
 __all__ = ["chat_completions", "error_json", "parse_chat", "reset_connection"]
 

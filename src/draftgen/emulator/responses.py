@@ -28,8 +28,8 @@ from typing import Any
 
 import orjson
 
-from .model import Output
-from .scenarios import Provider
+from draftgen.emulator.scenarios import Provider
+from draftgen.emulator.scripted import Output
 
 __all__ = [
     "DONE",

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .envelopes import ApiError, availability
-from .scenarios import ALL_PARAMETERS, Provider
+from draftgen.emulator.envelopes import ApiError, availability
+from draftgen.emulator.scenarios import ALL_PARAMETERS, Provider
 
 __all__ = ["ProviderPrefs", "parse_prefs", "route", "used_parameters"]
 

@@ -72,7 +72,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from ..errors import ConfigError
+from draftgen.errors import ConfigError
 
 __all__ = [
     "ALL_FAULT_KINDS",

@@ -26,9 +26,9 @@ from types import TracebackType
 
 from aiohttp import web
 
-from . import local_servers, metadata, openrouter
-from .accounting import EmulatorState
-from .core import CORE, EmulatorCore, EmulatorOptions
+from draftgen.emulator import local_servers, metadata, openrouter
+from draftgen.emulator.accounting import EmulatorState
+from draftgen.emulator.core import CORE, EmulatorCore, EmulatorOptions
 
 __all__ = ["EmulatorOptions", "EmulatorState", "RunningEmulator", "build_app", "serve_forever", "start_in_thread"]
 
@@ -138,7 +138,7 @@ def start_in_thread(opts: EmulatorOptions) -> RunningEmulator:
         core.close()
         err = box["error"]
         assert isinstance(err, OSError)
-        from ..errors import ConfigError
+        from draftgen.errors import ConfigError
 
         raise ConfigError(f"emulator: cannot listen on {opts.host}:{opts.port} ({err.strerror or err}); "
                           "choose another --port (0 picks a free one)")
@@ -163,7 +163,7 @@ def serve_forever(opts: EmulatorOptions, echo: Callable[[str], None]) -> None:
         try:
             runner, port = await _start(core)
         except OSError as exc:
-            from ..errors import ConfigError
+            from draftgen.errors import ConfigError
 
             raise ConfigError(f"emulator: cannot listen on {opts.host}:{opts.port} ({exc.strerror or exc}); "
                               "choose another --port (0 picks a free one)") from None

@@ -11,16 +11,16 @@ prompt cursors), ``assemble`` (Completion → ResponseRecord with ids, and what 
 
 from __future__ import annotations
 
-from .assemble import Assembler, request_hash
-from .budget import Admission, BudgetGovernor, Prices, TokenBudget, usage_cost
-from .health import HealthPolicy, ProviderHealth, RoutingGuard
-from .limiter import AdaptiveLimiter
-from .progress import Display, RunLog, make_display, status_line, summary_lines
-from .prompts import PromptCursor, count_pending, estimate_prompt_tokens
-from .retry import RetryPolicy
-from .scheduler import DatasetPlan, Engine, EngineResult, PartitionPlan
-from .stats import DatasetCounts, RunStats
-from .writer import RecordSink
+from draftgen.engine.assemble import Assembler, request_hash
+from draftgen.engine.budget import Admission, BudgetGovernor, Prices, TokenBudget, usage_cost
+from draftgen.engine.health import HealthPolicy, ProviderHealth, RoutingGuard
+from draftgen.engine.limiter import AdaptiveLimiter
+from draftgen.engine.progress import Display, RunLog, make_display, status_line, summary_lines
+from draftgen.engine.prompts import PromptCursor, count_pending, estimate_prompt_tokens
+from draftgen.engine.retry import RetryPolicy
+from draftgen.engine.scheduler import DatasetPlan, Engine, EngineResult, PartitionPlan
+from draftgen.engine.stats import DatasetCounts, RunStats
+from draftgen.engine.writer import RecordSink
 
 __all__ = [
     "AdaptiveLimiter",

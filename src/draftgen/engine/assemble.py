@@ -33,11 +33,11 @@ import time
 
 import msgspec
 
-from ..backends.base import Completion, token_limit
-from ..errors import RetryableAPIError
-from ..records import PromptRecord, Provenance, ResponseRecord
-from ..tokens import Profile
-from ..tokens.logprobs import output_ids_from_logprobs
+from draftgen.backends.base import Completion, token_limit
+from draftgen.errors import RetryableAPIError
+from draftgen.records import PromptRecord, Provenance, ResponseRecord
+from draftgen.tokens import Profile
+from draftgen.tokens.logprobs import output_ids_from_logprobs
 
 __all__ = ["Assembler", "UnusableResponse", "check_reasoning", "check_record_tokens", "check_tokens", "request_hash"]
 

@@ -57,8 +57,8 @@ from typing import Literal
 
 import msgspec
 
-from ..pricing import Prices
-from ..records import Usage, spend_usd
+from draftgen.backends.pricing import Prices
+from draftgen.records import Usage, spend_usd
 
 __all__ = [
     "MIN_SAMPLES",

@@ -30,9 +30,9 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..backends.base import EndpointInfo
-from ..pricing import endpoint_matches
-from ..records import HealthEvent
+from draftgen.backends.base import EndpointInfo
+from draftgen.backends.pricing import endpoint_matches
+from draftgen.records import HealthEvent
 
 __all__ = ["HealthPolicy", "ProviderHealth", "RoutingGuard"]
 

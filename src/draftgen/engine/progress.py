@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ..report.format import fmt_duration  # a leaf (standard library only): one duration format everywhere
-from ..secrets import redact
-from ..store import storage_error
-from .stats import PartitionCounts, RunStats, window_rates
+from draftgen.engine.stats import PartitionCounts, RunStats, window_rates
+from draftgen.fmt import fmt_duration  # a leaf (standard library only): one duration format everywhere
+from draftgen.secrets import redact
+from draftgen.store import storage_error
 
 __all__ = [
     "Display", "RowFigures", "RunLog", "Snapshot", "footer_lines", "make_display", "plain_line", "render",

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import msgspec
 
-from ..records import PromptRecord
-from ..store import iter_jsonl
+from draftgen.records import PromptRecord
+from draftgen.store import iter_jsonl
 
 __all__ = ["PromptCursor", "count_pending", "estimate_prompt_tokens"]
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import random
 
-from ..config import RetryConfig
-from ..errors import APIError, RetryableAPIError
+from draftgen.config import RetryConfig
+from draftgen.errors import APIError, RetryableAPIError
 
 __all__ = ["RetryPolicy"]
 

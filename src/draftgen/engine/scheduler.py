@@ -48,19 +48,32 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from ..backends.base import Backend, Completion, CompletionRequest
-from ..backends.wire import attribute, provider_of
-from ..errors import APIError, AuthError, DraftgenError, PaymentRequired, RateLimited, RetryableAPIError
-from ..records import AttemptRecord, FailureRecord, HealthEvent, PromptRecord, ResponseRecord
-from .assemble import Assembler, UnusableResponse, check_reasoning, check_record_tokens, check_tokens
-from .budget import Admission, BudgetGovernor, Reservation, usage_cost
-from .health import ProviderHealth
-from .limiter import AdaptiveLimiter
-from .progress import Display, RunLog
-from .prompts import PromptCursor, estimate_prompt_tokens
-from .retry import RetryPolicy
-from .stats import RunStats
-from .writer import RecordSink
+from draftgen.backends.base import Backend, Completion, CompletionRequest
+from draftgen.backends.wire import attribute, provider_of
+from draftgen.engine.assemble import (
+    Assembler,
+    UnusableResponse,
+    check_reasoning,
+    check_record_tokens,
+    check_tokens,
+)
+from draftgen.engine.budget import Admission, BudgetGovernor, Reservation, usage_cost
+from draftgen.engine.health import ProviderHealth
+from draftgen.engine.limiter import AdaptiveLimiter
+from draftgen.engine.progress import Display, RunLog
+from draftgen.engine.prompts import PromptCursor, estimate_prompt_tokens
+from draftgen.engine.retry import RetryPolicy
+from draftgen.engine.stats import RunStats
+from draftgen.engine.writer import RecordSink
+from draftgen.errors import (
+    APIError,
+    AuthError,
+    DraftgenError,
+    PaymentRequired,
+    RateLimited,
+    RetryableAPIError,
+)
+from draftgen.records import AttemptRecord, FailureRecord, HealthEvent, PromptRecord, ResponseRecord
 
 __all__ = ["DatasetPlan", "Engine", "EngineResult", "PartitionPlan"]
 

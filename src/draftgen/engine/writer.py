@@ -15,7 +15,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from ..store import JsonlWriter
+from draftgen.store import JsonlWriter
 
 __all__ = ["RecordSink"]
 

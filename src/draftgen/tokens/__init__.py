@@ -16,13 +16,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import TokenizerError
-from .loader import DEFAULT_CONTEXT_LENGTH, LoadedTokenizer, context_length_of, load_tokenizer
-from .profile import Field, Lit, ParsedOutput, Profile, Reconstruction, Special
-from .tokenizer import Tokenizer
+from draftgen.errors import TokenizerError
+from draftgen.tokens.loader import DEFAULT_CONTEXT_LENGTH, LoadedTokenizer, context_length_of, load_tokenizer
+from draftgen.tokens.profile import Field, Lit, ParsedOutput, Profile, Reconstruction, Special
+from draftgen.tokens.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from ..config import RunConfig
+    from draftgen.config import RunConfig
 
 __all__ = [
     "DEFAULT_CONTEXT_LENGTH",

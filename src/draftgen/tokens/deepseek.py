@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from types import MappingProxyType
 
-from ..records import ToolCall
-from .profile import Field, Piece, Profile, Special, call_name_args
+from draftgen.records import ToolCall
+from draftgen.tokens.profile import Field, Piece, Profile, Special, call_name_args
 
 __all__ = ["DEEPSEEK_TOOL_SPECIALS", "DeepSeekR1Profile", "DeepSeekV31Profile"]
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ConfigError
-from .profile import Field, Piece, Profile, Special
+from draftgen.errors import ConfigError
+from draftgen.tokens.profile import Field, Piece, Profile, Special
 
 __all__ = ["GenericProfile"]
 

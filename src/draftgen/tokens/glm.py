@@ -17,8 +17,8 @@ import json
 from collections.abc import Sequence
 from types import MappingProxyType
 
-from ..records import ToolCall
-from .profile import Field, Lit, Piece, Profile, Special, call_name_args
+from draftgen.records import ToolCall
+from draftgen.tokens.profile import Field, Lit, Piece, Profile, Special, call_name_args
 
 __all__ = ["GLM_TOOL_SPECIALS", "Glm45Profile"]
 

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
-from ..records import Message, Tool, ToolCall
-from .profile import Field, Lit, Piece, Profile, Special, call_name_args
+from draftgen.records import Message, Tool, ToolCall
+from draftgen.tokens.profile import Field, Lit, Piece, Profile, Special, call_name_args
 
 __all__ = ["GptOssProfile"]
 

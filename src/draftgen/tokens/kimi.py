@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
-from ..records import Message, Tool, ToolCall
-from .kimi_tools_ts import encode_tools_to_typescript
-from .profile import Field, Piece, Profile, Special, call_name_args
+from draftgen.records import Message, Tool, ToolCall
+from draftgen.tokens.kimi_tools_ts import encode_tools_to_typescript
+from draftgen.tokens.profile import Field, Piece, Profile, Special, call_name_args
 
 __all__ = ["KIMI_TOOL_SPECIALS", "KimiK2ThinkingProfile", "KimiK25Profile"]
 

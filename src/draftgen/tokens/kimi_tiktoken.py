@@ -26,8 +26,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..errors import TokenizerError
-from .tokenizer import TiktokenTokenizer
+from draftgen.errors import TokenizerError
+from draftgen.tokens.tokenizer import TiktokenTokenizer
 
 __all__ = [
     "KIMI_NUM_BASE_TOKENS",

@@ -35,8 +35,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..errors import TokenizerError
-from .tokenizer import HFTokenizer, Tokenizer
+from draftgen.errors import TokenizerError
+from draftgen.tokens.tokenizer import HFTokenizer, Tokenizer
 
 __all__ = ["DEFAULT_CONTEXT_LENGTH", "VOCAB_FILES", "LoadedTokenizer", "context_length_of", "load_tokenizer"]
 
@@ -157,7 +157,7 @@ def _load_vocab(path: Path, cfg: dict[str, Any], name: str) -> tuple[Tokenizer, 
     if path.name.endswith(".json"):
         return _hf_from_bytes(raw, where, name), raw
     if path.name == "tiktoken.model":  # Kimi's layout (pattern and specials are Kimi's, not generic tiktoken)
-        from .kimi_tiktoken import load_kimi_tiktoken
+        from draftgen.tokens.kimi_tiktoken import load_kimi_tiktoken
 
         return load_kimi_tiktoken(raw, cfg, where=where, name=name), raw
     raise TokenizerError(f"{where}: unknown tokenizer file type; use tokenizer.json, tokenizer.json.gz or Kimi's tiktoken.model")
@@ -277,7 +277,7 @@ def _quiet_hub() -> Iterator[None]:
 
 def _hub_failure(spec: str, repo: str, sha256: str | None, why: str) -> TokenizerError:
     """One line naming both ways out: network once for ``hf:``, or a local folder and the files it needs."""
-    from .kimi_tiktoken import KIMI_TIKTOKEN_SHA256
+    from draftgen.tokens.kimi_tiktoken import KIMI_TIKTOKEN_SHA256
 
     pin = (sha256 or "").strip().lower()
     kimi = pin == KIMI_TIKTOKEN_SHA256 or any(w in repo.lower() for w in ("kimi", "moonshot"))

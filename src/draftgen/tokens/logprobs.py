@@ -29,8 +29,8 @@ from typing import Protocol
 
 import msgspec
 
-from ..records import ToolCall
-from .profile import Field, Profile, Reconstruction, Special, restore_lead
+from draftgen.records import ToolCall
+from draftgen.tokens.profile import Field, Profile, Reconstruction, Special, restore_lead
 
 __all__ = [
     "TokenLogprob",

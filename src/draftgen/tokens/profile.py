@@ -47,10 +47,10 @@ from typing import Any, Literal
 
 import msgspec
 
-from ..errors import TokenizerError
-from ..records import Message, Tool, ToolCall
-from .template import render_template
-from .tokenizer import Tokenizer
+from draftgen.errors import TokenizerError
+from draftgen.records import Message, Tool, ToolCall
+from draftgen.tokens.template import render_template
+from draftgen.tokens.tokenizer import Tokenizer
 
 __all__ = [
     "Field",

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
-from ..records import ToolCall
-from .profile import Field, Piece, Profile, Special, call_name_args
+from draftgen.records import ToolCall
+from draftgen.tokens.profile import Field, Piece, Profile, Special, call_name_args
 
 __all__ = ["Qwen3Profile", "Qwen3ThinkingProfile"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import TokenizerError
+from draftgen.errors import TokenizerError
 
 __all__ = ["render_template"]
 

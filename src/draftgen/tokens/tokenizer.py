@@ -102,7 +102,7 @@ class Tokenizer:
         try:
             return self.special_tokens[text]
         except KeyError:
-            from ..errors import TokenizerError
+            from draftgen.errors import TokenizerError
 
             raise TokenizerError(
                 f"tokenizer {self.name!r} has no special token {text!r}; the tokenizer does not match the profile"

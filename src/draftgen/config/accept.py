@@ -1,0 +1,32 @@
+"""The ``accept`` section of the run configuration: how ``draftgen accept`` measures a drafter's acceptance on a
+live server (``draftgen.phases.accept``). Imported by ``draftgen.config`` (the ``RunConfig.accept`` field);
+``docs/config.md`` is generated from these docstrings."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+__all__ = ["AcceptConfig"]
+
+
+class AcceptConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
+    """How ``draftgen accept`` measures acceptance of the served drafter on held-out prompts."""
+
+    prompts: int = 20
+    """Held-out prompts to send: prepared prompts that are in no merged row, taken in a fixed order (by a
+    hash of the sample id), spread over the datasets."""
+    datasets: list[str] | None = None
+    """Datasets to take held-out prompts from (default: every dataset of the config)."""
+    max_tokens: int = 256
+    """max_tokens of each request (greedy, temperature 0)."""
+    concurrency: int = 4
+    """Requests in flight at once (the same for the baseline server)."""
+    server: Literal["auto", "vllm", "sglang"] = "auto"
+    """How acceptance is read: ``vllm`` (``GET /metrics`` counters before and after), ``sglang`` (per-request
+    ``meta_info`` of the native ``/generate``); ``auto`` follows ``endpoint.kind``."""
+    baseline_url: str | None = None
+    """A second server of the same target without the drafter: tokens/s with and without speculation."""
+    offline_cond_acc: list[float] | None = None
+    """Per-step conditional accuracies for the offline estimate when the run has no training log."""

@@ -1,0 +1,73 @@
+"""The ``endpoint``, ``emulator`` and ``routing`` sections: where requests go and OpenRouter's provider routing. Pure data."""
+
+from __future__ import annotations
+
+import msgspec
+
+from draftgen.config.base import Section
+
+
+class EmulatorConfig(Section):
+    """The embedded emulator used when ``endpoint: emulator``."""
+
+    scenario: str = "fast"
+    """fast | realistic | chaos, or a path to a scenario YAML file."""
+    seed: int = 0
+    """Seed of the emulated model and its faults; a fixed seed reproduces a run."""
+    credits: float = 100.0
+    """Starting credits of the emulated account, in USD."""
+    ground_truth: bool = True
+    """Write the emulator's true ids to ``<run_dir>/emulator/ground_truth.jsonl`` (for the BPE audit)."""
+
+
+class EndpointConfig(Section):
+    """Where requests go."""
+
+    kind: str = "openrouter"
+    """Backend protocol, one of the kinds registered in ``draftgen.backends.BACKENDS``."""
+    base_url: str | None = None
+    """API root. OpenRouter: https://openrouter.ai/api/v1 (the default for kind openrouter)."""
+    base_urls: list[str] = msgspec.field(default_factory=list)
+    """Several API roots to load-balance across (local servers)."""
+    api_key_env: str = "OPENROUTER_API_KEY"
+    """Environment variable holding the API key."""
+    api_key_file: str | None = None
+    """File holding only the API key (overrides the environment variable)."""
+    management_key_env: str | None = None
+    """Environment variable holding a management key, to reconcile spend with /credits."""
+    stream: bool = True
+    """Stream responses (SSE); long reasoning streams are then bounded by the idle timeout only."""
+    connect_timeout_s: float = 30.0
+    """Seconds to establish a connection."""
+    idle_timeout_s: float = 180.0
+    """A request with no data for this long is a retryable timeout (keep-alive comments do not count as data)."""
+    request_timeout_s: float | None = None
+    """Total deadline of one request; default: ``connect_timeout_s + idle_timeout_s + max_tokens / slow_tokens_per_s``."""
+    slow_tokens_per_s: float = 5.0
+    """The slowest generation rate still considered alive; sets the default ``request_timeout_s``."""
+    max_body_bytes: int | None = None
+    """Largest response body accepted; default: derived from ``max_tokens`` (a larger body is invalid and retried)."""
+    emulator: EmulatorConfig = msgspec.field(default_factory=EmulatorConfig)
+
+
+class RoutingConfig(Section):
+    """OpenRouter's ``provider`` object, sent as is (omitted fields are not sent)."""
+
+    order: list[str] | None = None
+    """Providers to try first, in this order (routing slugs such as ``siliconflow/int4``)."""
+    only: list[str] | None = None
+    """Allow-list of providers; a base slug (``deepinfra``) also matches its variants."""
+    ignore: list[str] | None = None
+    """Providers never to use (the reference run ignored the NVFP4/FP4 ones)."""
+    sort: str | None = None
+    """``price``, ``throughput`` or ``latency``."""
+    allow_fallbacks: bool | None = None
+    """Whether OpenRouter may fall back to other providers (default true upstream)."""
+    quantizations: list[str] | None = None
+    """Allowed quantizations, e.g. ``[int4, fp8]``."""
+    require_parameters: bool | None = None
+    """Route only to providers supporting every parameter sent (e.g. logprobs)."""
+    data_collection: str | None = None
+    """``allow`` or ``deny``."""
+    max_price: dict[str, float | str] | None = None
+    """Price ceilings in USD per million tokens: ``{prompt: 0.6, completion: 2.5}`` (numbers or numeric strings, as OpenRouter's spec types them)."""

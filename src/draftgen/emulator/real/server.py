@@ -1,0 +1,603 @@
+"""``draftgen emulate --model DIR``: a vLLM-compatible server backed by a real transformers model on CPU.
+
+Routes (server root ``http://HOST:PORT``), shapes as current vLLM (and SGLang for ``/generate``) send them::
+
+    GET  /v1/models, /health, /metrics (Prometheus text: vLLM's spec-decode counters), /server_info
+    POST /v1/chat/completions   chat template rendered with ``chat_template_kwargs``; ``return_token_ids``
+                                gives ``choices[0].token_ids`` and top-level ``prompt_token_ids``;
+                                streamed (SSE, ``stream_options.include_usage``) or whole
+    POST /v1/completions        ``prompt`` = ids or text; ``choices[0].text`` / ``token_ids`` /
+                                ``prompt_token_ids``; in extract mode also top-level
+                                ``kv_transfer_params.hidden_states_path`` (``model_extract``)
+    POST /generate              SGLang native; ``meta_info`` gains ``spec_*`` fields with a drafter
+
+Generation is batched across concurrent requests by ``model_engine.ModelEngine`` (greedy when
+``temperature`` is 0 or absent, seeded sampling otherwise; stops on the model's end-of-sequence ids or at
+``max_tokens``; without ``max_tokens`` the rest of the context). Reasoning is split off
+(``message.reasoning``) only when the output holds the template's end-of-think marker.
+
+``start_in_thread(opts)`` runs it on its own event loop in a daemon thread (tests);
+``serve_forever(opts, echo)`` blocks until SIGINT/SIGTERM (the CLI).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+
+from draftgen.emulator.real.engine import GenJob, GenResult, LoadedModel, ModelEngine, load_model
+from draftgen.emulator.real.http import (
+    Counters,
+    body_of,
+    error,
+    job_of,
+    json_response,
+    sglang_error,
+    token_id,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from draftgen.emulator.real.extract import ConnectorWriter
+    from draftgen.emulator.real.spec import SpecDecoder
+
+__all__ = ["ModelServer", "ModelServerOptions", "RunningModelServer", "model_server_options", "serve_forever",
+           "start_in_thread"]
+
+@dataclass
+class ModelServerOptions:
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None
+    device: str = "cpu"
+    dtype: str = "auto"
+    threads: int = 2
+    #: extract mode: the connector's ``shared_storage_path``
+    extract_dir: str | None = None
+    #: vLLM-convention layer ids to capture (default ``[2, L//2, L-3, L]``)
+    extract_layers: list[int] | None = None
+    extract_fault: str | None = None
+    drafter: str | None = None
+    num_speculative_tokens: int = 3
+    max_batch: int = 256
+    gather_s: float = 0.01
+    stream_chunk_tokens: int = 8
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def model_server_options(model: str, *, extract_layers: str | None = None, **kw: Any) -> ModelServerOptions:
+    """Options from the CLI's flags: ``extract_layers`` as ``"2,4,5,8"``; ConfigError naming the flag."""
+    from draftgen.errors import ConfigError
+
+    layers: list[int] | None = None
+    if extract_layers:
+        try:
+            layers = [int(x) for x in extract_layers.split(",") if x.strip()]
+        except ValueError:
+            raise ConfigError(f"emulate --extract-layers {extract_layers!r}: give comma-separated integers, "
+                              "e.g. 2,4,5,8") from None
+        if not kw.get("extract_dir"):
+            raise ConfigError("emulate --extract-layers needs --extract-dir (the connector's shared_storage_path)")
+    if kw.get("extract_fault") and not kw.get("extract_dir"):
+        raise ConfigError("emulate --extract-fault needs --extract-dir")
+    return ModelServerOptions(model=model, extract_layers=layers, **kw)
+
+
+class ModelServer:
+    """The loaded model, its engine, the extract writer and the counters; ``app()`` builds the routes."""
+
+    def __init__(self, opts: ModelServerOptions) -> None:
+        from draftgen.emulator.real.extract import FAULTS, ConnectorWriter
+        from draftgen.errors import ConfigError
+
+        self.opts = opts
+        self.lm: LoadedModel = load_model(opts.model, device=opts.device, dtype=opts.dtype, threads=opts.threads,
+                                          name=opts.served_model_name)
+        L = self.lm.num_layers
+        self.fault = opts.extract_fault or os.environ.get("DRAFTGEN_EMULATE_FAULT") or None
+        if self.fault is not None and self.fault not in FAULTS:
+            raise ConfigError(f"emulate --extract-fault {self.fault!r}: known faults are {', '.join(FAULTS)}")
+        self.writer: ConnectorWriter | None = None
+        layer_ids: list[int] = []
+        if opts.extract_dir:
+            layer_ids = sorted(set(opts.extract_layers or [2, L // 2, L - 3, L]))
+            bad = [k for k in layer_ids if not 0 <= k <= L]
+            if bad:
+                raise ConfigError(f"emulate --extract-layers {bad}: layer ids run from 0 to {L} (the model has "
+                                  f"{L} layers; id {L} is the last layer's output before the final norm)")
+            self.writer = ConnectorWriter(opts.extract_dir)
+        self.spec: SpecDecoder | None = None
+        if opts.drafter:
+            from draftgen.emulator.real.spec import SpecDecoder
+
+            self.spec = SpecDecoder.load(opts.drafter, self.lm, k=opts.num_speculative_tokens)
+        self.counters = Counters(per_pos=[0] * opts.num_speculative_tokens)
+        self.engine = ModelEngine(self.lm, layer_ids=layer_ids, max_batch=opts.max_batch, gather_s=opts.gather_s,
+                                  spec=self.spec)
+        self.layer_ids = layer_ids
+        tok = self.lm.tokenizer
+        self.think_start = token_id(tok, "<think>")
+        self.think_end = token_id(tok, "</think>")
+
+    @property
+    def name(self) -> str:
+        return self.lm.name
+
+    def close(self) -> None:
+        self.engine.close()
+        if self.writer is not None:
+            self.writer.close()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        r = app.router
+        r.add_get("/v1/models", self.models)
+        r.add_get("/health", self.health)
+        r.add_get("/metrics", self.metrics)
+        r.add_get("/server_info", self.server_info)
+        r.add_post("/v1/chat/completions", self.chat)
+        r.add_post("/v1/completions", self.completions)
+        r.add_post("/generate", self.generate)
+        return app
+
+    # -- helpers -------------------------------------------------------------------------------------
+
+    async def _run(self, job: GenJob) -> GenResult:
+        res = await asyncio.wrap_future(self.engine.submit(job))
+        c = self.counters
+        c.requests += 1
+        c.prompt_tokens += len(job.prompt_ids)
+        c.generation_tokens += len(res.ids)
+        c.add_spec(res)
+        return res
+
+    def _decode(self, ids: list[int]) -> str:
+        text: str = self.lm.tokenizer.decode(ids, skip_special_tokens=True)
+        return text
+
+    def _split(self, ids: list[int]) -> tuple[str | None, str | None]:
+        """(reasoning, content) of the output ids: split at the end-of-think marker when it is there."""
+        end = self.think_end
+        if end is not None and end in ids:
+            cut = ids.index(end)
+            head = ids[:cut]
+            if head and head[0] == self.think_start:
+                head = head[1:]
+            content = self._decode(ids[cut + 1:])
+            return self._decode(head), content or None
+        return None, self._decode(ids)
+
+    def _max_tokens(self, body: dict[str, Any], prompt_len: int, default: int | None) -> int | str:
+        mt = body.get("max_completion_tokens")
+        if mt is None:
+            mt = body.get("max_tokens")
+        if mt is None:
+            mt = default
+        ctx = self.lm.max_len
+        if mt is not None and (isinstance(mt, bool) or not isinstance(mt, int) or mt < 1):
+            return "max_tokens must be a positive integer"
+        if prompt_len + (mt or 0) > ctx or prompt_len >= ctx:
+            return (f"This model's maximum context length is {ctx} tokens. However, you requested "
+                    f"{prompt_len + (mt or 0)} tokens ({prompt_len} in the messages, {mt or 0} in the completion). "
+                    "Please reduce the length of the messages or completion.")
+        return mt if mt is not None else ctx - prompt_len
+
+    def _modelerror(self, body: dict[str, Any]) -> web.Response | None:
+        m = body.get("model")
+        if m is not None and m != self.name:
+            return error(404, f"The model `{m}` does not exist.", "model")
+        return None
+
+    # -- routes --------------------------------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = [{"id": self.name, "object": "model", "created": 0, "owned_by": "vllm", "root": self.opts.model,
+                 "parent": None, "max_model_len": self.lm.max_len, "permission": []}]
+        return json_response({"object": "list", "data": data})
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        c = self.counters
+        avg = c.spec_completion_tokens / c.verify_calls if c.verify_calls else None
+        return json_response({"model_path": self.opts.model, "served_model_name": self.name,
+                      "speculative_algorithm": "EAGLE3" if self.spec else None,
+                      "internal_states": [{"avg_spec_accept_length": avg}]})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        c = self.counters
+        lab = f'engine="0",model_name="{self.name}"'
+        lines: list[str] = []
+
+        def counter(name: str, help_: str, values: list[tuple[str, float]]) -> None:
+            lines.append(f"# HELP {name} {help_}")
+            lines.append(f"# TYPE {name} counter")
+            for labels, v in values:
+                lines.append(f"{name}{{{labels}}} {float(v)}")
+
+        counter("vllm:prompt_tokens_total", "Number of prefill tokens processed.", [(lab, c.prompt_tokens)])
+        counter("vllm:generation_tokens_total", "Number of generation tokens processed.", [(lab, c.generation_tokens)])
+        counter("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", [(lab, c.drafts)])
+        counter("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", [(lab, c.draft_tokens)])
+        counter("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", [(lab, c.accepted)])
+        counter("vllm:spec_decode_num_accepted_tokens_per_pos_total", "Accepted tokens per draft position.",
+                [(f'{lab},position="{i}"', n) for i, n in enumerate(c.per_pos)])
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await body_of(request)
+        if isinstance(body, str):
+            return error(400, body)
+        if (err := self._modelerror(body)) is not None:
+            return err
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return error(400, "messages must be a non-empty list", "messages")
+        kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            return error(400, "chat_template_kwargs must be an object", "chat_template_kwargs")
+        tok = self.lm.tokenizer
+        try:
+            text = tok.apply_chat_template(
+                messages, tools=body.get("tools"), tokenize=False,
+                add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+                continue_final_message=bool(body.get("continue_final_message", False)), **kwargs)
+        except Exception as exc:  # a template error is the request's fault, as in vLLM
+            return error(400, f"chat template: {exc}", "messages")
+        prompt_ids: list[int] = list(tok.encode(text, add_special_tokens=False))
+        mt = self._max_tokens(body, len(prompt_ids), None)
+        if isinstance(mt, str):
+            return error(400, mt, "max_tokens")
+        job = job_of(body, prompt_ids, mt)
+        if isinstance(job, str):
+            return error(400, job)
+        res = await self._run(job)
+        gen_id = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        with_ids = body.get("return_token_ids") is True
+        usage: dict[str, Any] = {"prompt_tokens": len(prompt_ids), "total_tokens": len(prompt_ids) + len(res.ids),
+                                 "completion_tokens": len(res.ids), "prompt_tokens_details": None}
+        model_id = self.name
+        if body.get("stream") is True:
+            return await self._chat_stream(request, body, res, gen_id, created, model_id, prompt_ids, with_ids, usage)
+        reasoning, content = self._split(res.ids)
+        message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None, "annotations": None, "audio": None,
+                   "function_call": None, "tool_calls": [], "reasoning": reasoning}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": res.finish_reason,
+                  "stop_reason": None, "token_ids": res.ids if with_ids else None}
+        return json_response({"id": gen_id, "object": "chat.completion", "created": created, "model": model_id,
+                      "choices": [choice], "service_tier": None, "system_fingerprint": None, "usage": usage,
+                      "prompt_logprobs": None, "prompt_token_ids": prompt_ids if with_ids else None,
+                      "kv_transfer_params": None})
+
+    def _segments(self, ids: list[int]) -> list[tuple[str, list[int]]]:
+        """(field, ids) parts of the output: reasoning ids (markers included) then content ids."""
+        end = self.think_end
+        if end is not None and end in ids:
+            cut = ids.index(end) + 1
+            return [("reasoning", ids[:cut]), ("content", ids[cut:])]
+        return [("content", ids)]
+
+    async def _chat_stream(self, request: web.Request, body: dict[str, Any], res: GenResult, gen_id: str,
+                           created: int, model_id: str, prompt_ids: list[int], with_ids: bool,
+                           usage: dict[str, Any]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+
+        def ev(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+            obj = {"id": gen_id, "object": "chat.completion.chunk", "created": created, "model": model_id,
+                   "choices": choices, **extra}
+            return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+        buf = bytearray(ev([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None}], prompt_token_ids=prompt_ids if with_ids else None))
+        pending: list[int] = []
+        for fld, seg in self._segments(res.ids):
+            for part, text in self._text_chunks(seg, fld == "reasoning"):
+                pending += part
+                if not text:
+                    continue
+                buf += ev([{"index": 0, "delta": {fld: text}, "logprobs": None, "finish_reason": None,
+                            "token_ids": pending if with_ids else None}])
+                pending = []
+        buf += ev([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": res.finish_reason,
+                    "stop_reason": None, "token_ids": pending if with_ids else None}])
+        opts = body.get("stream_options")
+        if isinstance(opts, dict) and opts.get("include_usage"):
+            buf += ev([], usage={k: v for k, v in usage.items() if v is not None})
+        buf += b"data: [DONE]\n\n"
+        await resp.write(bytes(buf))
+        await resp.write_eof()
+        return resp
+
+    def _text_chunks(self, ids: list[int], reasoning: bool) -> list[tuple[list[int], str]]:
+        """Split ``ids`` into chunks whose texts concatenate to the segment's text, never cutting a
+        character (incomplete bytes are held back, as vLLM's detokenizer does)."""
+        if reasoning:
+            head = ids[1:] if ids and ids[0] == self.think_start else ids
+            inner = head[:-1] if head and head[-1] == self.think_end else head
+            final = self._decode(inner)
+        else:
+            final = self._decode(ids)
+        step = max(1, self.opts.stream_chunk_tokens)
+        out: list[tuple[list[int], str]] = []
+        sent = ""
+        last = 0
+        for n in range(step, len(ids) + step, step):
+            n = min(n, len(ids))
+            if n < len(ids):
+                part = ids[:n]
+                if reasoning:
+                    part = part[1:] if part and part[0] == self.think_start else part
+                text = self._decode(part)
+                if not final.startswith(text) or len(text) < len(sent):
+                    continue
+            else:
+                text = final
+            out.append((ids[last:n], text[len(sent):]))
+            sent, last = text, n
+        return out
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await body_of(request)
+        if isinstance(body, str):
+            return error(400, body)
+        if (err := self._modelerror(body)) is not None:
+            return err
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
+            prompt = prompt[0]
+        if isinstance(prompt, str) and prompt:
+            prompt_ids = list(self.lm.tokenizer.encode(prompt, add_special_tokens=False))
+        elif (isinstance(prompt, list) and prompt
+              and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+            prompt_ids = list(prompt)
+        else:
+            return error(400, "prompt must be a non-empty string or list of token ids (one prompt)", "prompt")
+        vocab = int(self.lm.model.config.vocab_size)
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            return error(400, f"prompt holds a token id outside the vocabulary [0, {vocab})", "prompt")
+        mt = self._max_tokens(body, len(prompt_ids), 16)
+        if isinstance(mt, str):
+            return error(400, mt, "max_tokens")
+        job = job_of(body, prompt_ids, mt)
+        if isinstance(job, str):
+            return error(400, job)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        path: str | None = None
+        writer = self.writer
+        if writer is not None:
+            path = writer.new_path(f"{rid}-0")
+            job.capture = True
+            target = path
+
+            def on_prefill(j: GenJob, hidden: torch.Tensor | None) -> None:
+                assert hidden is not None
+                writer.submit(target, hidden, j.prompt_ids, writer.lock(target))
+
+            job.on_prefill = on_prefill
+        res = await self._run(job)
+        with_ids = body.get("return_token_ids") is True
+        shown = list(prompt_ids)
+        if self.fault == "prompt_ids" and shown:
+            shown[-1] = (shown[-1] + 1) % vocab
+        choice = {"index": 0, "text": self._decode(res.ids), "logprobs": None, "finish_reason": res.finish_reason,
+                  "stop_reason": None, "token_ids": res.ids if with_ids else None, "prompt_logprobs": None,
+                  "prompt_token_ids": shown if with_ids else None}
+        usage = {"prompt_tokens": len(prompt_ids), "total_tokens": len(prompt_ids) + len(res.ids),
+                 "completion_tokens": len(res.ids), "prompt_tokens_details": None}
+        return json_response({"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.name,
+                      "choices": [choice], "service_tier": None, "system_fingerprint": None, "usage": usage,
+                      "kv_transfer_params": {"hidden_states_path": path} if path else None})
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        t0 = time.monotonic()
+        body = await body_of(request)
+        if isinstance(body, str):
+            return sglang_error(body)
+        text, input_ids = body.get("text"), body.get("input_ids")
+        tok = self.lm.tokenizer
+        batched = isinstance(text, list) or (isinstance(input_ids, list) and bool(input_ids)
+                                             and isinstance(input_ids[0], list))
+        prompts: list[list[int]]
+        if input_ids is not None:
+            raw = input_ids if batched else [input_ids]
+            if not all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+                       for p in raw):
+                return sglang_error("input_ids must be a list of integers (or a list of such lists)")
+            prompts = [list(p) for p in raw]
+        elif text is not None:
+            raw_t = text if batched else [text]
+            if not all(isinstance(t, str) for t in raw_t):
+                return sglang_error("text must be a string or a list of strings")
+            prompts = [list(tok.encode(t, add_special_tokens=False)) for t in raw_t]
+        else:
+            return sglang_error("either text or input_ids is required")
+        sps = body.get("sampling_params") or {}
+        sp_list = sps if isinstance(sps, list) else [sps] * len(prompts)
+        if len(sp_list) != len(prompts) or not all(isinstance(s, dict) for s in sp_list):
+            return sglang_error("sampling_params must be an object or one object per prompt")
+        jobs: list[GenJob] = []
+        for p, sp in zip(prompts, sp_list, strict=True):
+            mt = sp.get("max_new_tokens", 128)
+            if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
+                return sglang_error("sampling_params.max_new_tokens must be a positive integer")
+            job = job_of({"temperature": sp.get("temperature"), "top_p": sp.get("top_p"), "top_k": sp.get("top_k"),
+                        "seed": sp.get("sampling_seed")}, p, min(mt, max(1, self.lm.max_len - len(p))))
+            if isinstance(job, str):
+                return sglang_error(job)
+            jobs.append(job)
+        results = await asyncio.gather(*(self._run(j) for j in jobs))
+        payload = [self._sglang_result(p, r, t0) for p, r in zip(prompts, results, strict=True)]
+        if body.get("stream") is True:
+            if batched:
+                return sglang_error("the emulator streams only single prompts")
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            buf = bytearray()
+            res = results[0]
+            step = max(1, self.opts.stream_chunk_tokens)
+            for n in range(step, len(res.ids) + step, step):
+                part = GenResult(ids=res.ids[:min(n, len(res.ids))], finish_reason=res.finish_reason, spec=res.spec)
+                ev = self._sglang_result(prompts[0], part, t0, final=len(part.ids) == len(res.ids))
+                buf += b"data: " + orjson.dumps(ev) + b"\n\n"
+            buf += b"data: [DONE]\n\n"
+            await resp.write(bytes(buf))
+            await resp.write_eof()
+            return resp
+        return json_response(payload if batched else payload[0])
+
+    def _sglang_result(self, prompt_ids: list[int], res: GenResult, t0: float, final: bool = True) -> dict[str, Any]:
+        ids = res.ids
+        finish: dict[str, Any] | None
+        if not final:
+            finish = None
+        elif res.finish_reason == "stop":
+            finish = {"type": "stop", "matched": ids[-1] if ids else None}
+        else:
+            finish = {"type": "length", "length": len(ids)}
+        meta: dict[str, Any] = {"id": uuid.uuid4().hex, "prompt_tokens": len(prompt_ids),
+                                "completion_tokens": len(ids), "cached_tokens": 0, "finish_reason": finish}
+        if final:
+            meta["e2e_latency"] = round(time.monotonic() - t0, 6)
+        s = res.spec
+        if final and s is not None and s.verify_calls > 0:
+            k = self.opts.num_speculative_tokens
+            meta.update(spec_verify_ct=s.verify_calls, spec_accept_length=len(ids) / s.verify_calls,
+                        spec_accept_rate=s.accepted / (s.verify_calls * k) if k else 0.0,
+                        spec_num_correct_drafts=s.accepted, spec_num_proposed_drafts=s.draft_tokens)
+        return {"text": self._decode(ids), "output_ids": list(ids), "meta_info": meta}
+
+
+# -- lifecycle ---------------------------------------------------------------------------------------
+
+
+async def _start(server: ModelServer) -> tuple[web.AppRunner, int]:
+    o = server.opts
+    runner = web.AppRunner(server.app(), access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, o.host, o.port, reuse_address=True)
+    await site.start()
+    port = int(runner.addresses[0][1]) if runner.addresses else o.port
+    return runner, port
+
+
+def _listenerror(o: ModelServerOptions, exc: OSError) -> Exception:
+    from draftgen.errors import ConfigError
+
+    return ConfigError(f"emulate: cannot listen on {o.host}:{o.port} ({exc.strerror or exc}); "
+                       "choose another --port (0 picks a free one)")
+
+
+class RunningModelServer:
+    """A model server in a background thread: ``with start_in_thread(opts) as srv: srv.root_url ...``"""
+
+    def __init__(self, server: ModelServer, loop: asyncio.AbstractEventLoop, thread: threading.Thread,
+                 stop_event: asyncio.Event, port: int) -> None:
+        self.server = server
+        self._loop, self._thread, self._stop_event = loop, thread, stop_event
+        self.port = port
+        h = server.opts.host
+        self.root_url = f"http://{f'[{h}]' if ':' in h else h}:{port}"
+        self.base_url = self.root_url + "/v1"
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._stop_event.set)
+            self._thread.join(timeout=30)
+
+    def __enter__(self) -> RunningModelServer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def start_in_thread(opts: ModelServerOptions) -> RunningModelServer:
+    """Load the model, start serving on a daemon thread; returns once listening."""
+    server = ModelServer(opts)
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        stop_event = asyncio.Event()
+
+        async def main() -> None:
+            try:
+                runner, port = await _start(server)
+            except OSError as exc:
+                box["error"] = exc
+                ready.set()
+                return
+            box.update(loop=loop, stop=stop_event, port=port)
+            ready.set()
+            try:
+                await stop_event.wait()
+            finally:
+                await runner.cleanup()
+                server.close()
+
+        try:
+            loop.run_until_complete(main())
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=run, name="draftgen-model-server", daemon=True)
+    thread.start()
+    ready.wait()
+    if "error" in box:
+        server.close()
+        raise _listenerror(opts, box["error"])
+    return RunningModelServer(server, box["loop"], thread, box["stop"], box["port"])
+
+
+def serve_forever(opts: ModelServerOptions, echo: Callable[[str], None]) -> None:
+    """Serve until SIGINT/SIGTERM (``draftgen emulate --model``)."""
+    server = ModelServer(opts)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        stop_event = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop_event.set)
+        try:
+            runner, port = await _start(server)
+        except OSError as exc:
+            raise _listenerror(opts, exc) from None
+        lm = server.lm
+        echo(f"vLLM-compatible model server: http://{opts.host}:{port}/v1  (model {server.name}: {lm.num_layers} "
+             f"layers, hidden {lm.hidden_size}, {str(lm.dtype).replace('torch.', '')}, {opts.device})")
+        if server.writer is not None:
+            echo(f"extract mode: hidden states of layer ids {server.layer_ids} (vLLM convention) -> "
+                 f"{server.writer.root}/<request_id>.safetensors")
+        if server.spec is not None:
+            echo(f"drafter {opts.drafter}: {opts.num_speculative_tokens} speculative tokens")
+        echo("Ctrl-C stops")
+        try:
+            await stop_event.wait()
+        finally:
+            await runner.cleanup()
+            server.close()
+        echo(f"model server stopped: {server.counters.requests} requests")
+
+    asyncio.run(main())

@@ -1,0 +1,57 @@
+"""Speculative decoding in ``draftgen emulate --model DIR --drafter CKPT``: real greedy verification.
+
+``SpecDecoder.load(ckpt, lm, k)`` loads an EAGLE-3 drafter (``draftgen.drafter.eagle3.load_drafter``: a
+speculators checkpoint or the flat EAGLE/SGLang format; the target's embedding when the checkpoint has none)
+and decodes one greedy request at a time with ``draftgen.drafter.speculate.greedy_speculative_generate``:
+the output ids equal plain greedy decoding, and the counts (drafts, draft tokens, accepted tokens, accepted
+per position, verification calls) feed vLLM's ``/metrics`` counters and SGLang's ``meta_info``. The drafter's
+aux layer ids come from its config (vLLM convention), else ``[2, L//2, L-3]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from draftgen.emulator.real.engine import GenResult, LoadedModel
+
+__all__ = ["SpecDecoder"]
+
+
+class SpecDecoder:
+    def __init__(self, drafter: Any, lm: LoadedModel, *, k: int, aux_layer_ids: list[int]) -> None:
+        self.drafter = drafter
+        self.lm = lm
+        self.k = k
+        self.aux_layer_ids = aux_layer_ids
+
+    @classmethod
+    def load(cls, path: str, lm: LoadedModel, *, k: int) -> SpecDecoder:
+        from pathlib import Path
+
+        from draftgen.drafter.eagle3 import load_drafter, read_drafter_config
+        from draftgen.errors import ConfigError
+
+        if k < 1:
+            raise ConfigError(f"emulate --num-speculative-tokens {k}: must be 1 or more")
+        if not Path(path).is_dir():
+            raise ConfigError(f"emulate --drafter {path}: not a folder; give a drafter checkpoint folder")
+        c = read_drafter_config(Path(path))
+        emb = lm.model.get_input_embeddings().weight.detach().float().cpu()
+        drafter = load_drafter(path, embed_weight=emb)
+        L = lm.num_layers
+        ids = [int(i) for i in (c.aux_layer_ids or [2, L // 2, L - 3])]
+        ids = [i for i in ids if i != L]  # speculators' ids may list the final id too
+        return cls(drafter, lm, k=k, aux_layer_ids=ids)
+
+    def generate(self, prompt_ids: list[int], *, max_new: int, eos_ids: Iterable[int]) -> GenResult:
+        import torch
+
+        from draftgen.drafter.speculate import greedy_speculative_generate
+
+        with torch.inference_mode():
+            r = greedy_speculative_generate(self.lm.model, self.drafter, prompt_ids, k=self.k, max_new_tokens=max_new,
+                                            eos_ids=list(eos_ids), aux_layer_ids=self.aux_layer_ids)
+        eos = set(eos_ids)
+        finish = "stop" if r.ids and r.ids[-1] in eos else "length"
+        return GenResult(ids=list(r.ids), finish_reason=finish, spec=r)

@@ -1,0 +1,347 @@
+"""The hidden-state format ``draftgen.hidden/1``: one safetensors file per sample, index parts, a manifest.
+
+Layout at a destination root D (a local folder or any fsspec URL: ``s3://bucket/prefix``, ``memory://x``)::
+
+    D/states/<k[:2]>/<k>.safetensors   k = sha256(sample_id)[:24]; tensors:
+        input_ids  int64 [T]            exactly the merged row's ids
+        loss_mask  uint8 [T]
+        aux        [T, n_aux*H]         aux layers concatenated in ascending layer-id order
+        final      [T, H]               PRE-norm final state (layer id L)
+        aux_scale, final_scale float32 [T, 1]   fp8 only: value = fp8.float() * scale, scale = amax(|row|)/448
+      metadata {"schema": "draftgen.hidden/1", "sample_id": ..., "dtype": ...}
+    D/index/part-<utc yyyymmddThhmmss>-<uuid8>.jsonl   HiddenIndexRecord lines, append-only parts
+    D/manifest.json                                     HiddenManifest, written last
+
+Storage dtype: bf16 (default) | fp16 | fp32 | fp8 (``torch.float8_e4m3fn`` with per-token float32 scales).
+
+Atomicity: a sample is DONE when its file is published and listed in some index part. Publishing is
+atomic: locally a temp file in the same folder (``.<name>.<random>.tmp``, never read) then ``os.replace``;
+on an object store one single put. Index parts and the manifest are published the same way, so a reader
+never sees half a file; a published file no index lists is simply redone. ``HiddenStore.done`` is the union
+of all parts by sample_id (also requiring the file to exist).
+
+torch, safetensors, numpy and fsspec are optional dependencies (``draftgen[extract]``), imported on use.
+Credentials in ``storage_options`` (or the usual AWS_* variables s3fs reads) are never printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import struct
+import tempfile
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from draftgen.errors import ConfigError, InputError, StorageError
+from draftgen.records import HiddenIndexRecord, HiddenManifest
+from draftgen.rundir import HiddenLayout
+from draftgen.store import decode_json, decode_json_object, encode_json
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+__all__ = [
+    "FP8_MAX",
+    "SCHEMA",
+    "STORAGE_DTYPES",
+    "Captured",
+    "HiddenSet",
+    "HiddenStore",
+    "LoadedSample",
+    "decode_sample",
+    "encode_sample",
+    "open_hidden",
+    "require",
+    "sample_key",
+    "sample_path",
+]
+
+SCHEMA = "draftgen.hidden/1"
+STORAGE_DTYPES = ("bf16", "fp16", "fp32", "fp8")
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def require(module: str, extra: str = "extract") -> Any:
+    """Import an optional dependency, or a one-line ConfigError saying which extra installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"{module} is not installed; pip install 'draftgen[{extra}]'") from None
+
+
+@dataclass
+class Captured:
+    """What a backend hands to the core, one per sample (CPU tensors, any float dtype)."""
+
+    sample_id: str
+    input_ids: np.ndarray  # int64 [T]
+    loss_mask: np.ndarray  # uint8 [T]
+    aux: torch.Tensor  # [T, n_aux*H]
+    final: torch.Tensor  # [T, H] pre-norm
+
+
+@dataclass
+class LoadedSample:
+    """A stored sample read back; ``aux`` and ``final`` dequantized to float32."""
+
+    sample_id: str
+    input_ids: torch.Tensor  # int64 [T]
+    loss_mask: torch.Tensor  # uint8 [T]
+    aux: torch.Tensor  # float32 [T, n_aux*H]
+    final: torch.Tensor  # float32 [T, H]
+    dtype: str = "bf16"
+
+
+def sample_key(sample_id: str) -> str:
+    return hashlib.sha256(sample_id.encode()).hexdigest()[:24]
+
+
+def sample_path(sample_id: str) -> str:
+    """The sample's file relative to the destination root: ``states/ab/ab....safetensors``."""
+    k = sample_key(sample_id)
+    return f"{HiddenLayout.states}/{k[:2]}/{k}.safetensors"
+
+
+def _torch_dtype(dtype: str) -> Any:
+    torch = require("torch")
+    table = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": torch.float8_e4m3fn}
+    if dtype not in table:
+        raise ConfigError(f"hidden_states.dtype: unknown dtype {dtype!r}; one of {', '.join(STORAGE_DTYPES)}")
+    return table[dtype]
+
+
+def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token (row) fp8 e4m3: (values, float32 scales [T, 1]); an all-zero row has scale 1.0."""
+    torch = require("torch")
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1, keepdim=True) / FP8_MAX
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.contiguous(), scale.contiguous()
+
+
+def encode_sample(c: Captured, dtype: str) -> bytes:
+    """The safetensors bytes of one sample in storage dtype ``dtype``."""
+    torch = require("torch")
+    np_ = require("numpy")
+    tdt = _torch_dtype(dtype)
+    ids = torch.from_numpy(np_.ascontiguousarray(c.input_ids, dtype=np_.int64))
+    mask = torch.from_numpy(np_.ascontiguousarray(c.loss_mask, dtype=np_.uint8))
+    t = int(ids.shape[0])
+    if tuple(c.final.shape[:1]) != (t,) or tuple(c.aux.shape[:1]) != (t,) or c.aux.dim() != 2 or c.final.dim() != 2:
+        raise ValueError(f"{c.sample_id}: aux {tuple(c.aux.shape)} / final {tuple(c.final.shape)} do not match "
+                         f"{t} tokens")
+    tensors: dict[str, Any] = {"input_ids": ids, "loss_mask": mask}
+    if dtype == "fp8":
+        tensors["aux"], tensors["aux_scale"] = quantize_fp8(c.aux.detach().cpu())
+        tensors["final"], tensors["final_scale"] = quantize_fp8(c.final.detach().cpu())
+    else:
+        tensors["aux"] = c.aux.detach().cpu().to(tdt).contiguous()
+        tensors["final"] = c.final.detach().cpu().to(tdt).contiguous()
+    return _safetensors_bytes(tensors, {"schema": SCHEMA, "sample_id": c.sample_id, "dtype": dtype})
+
+
+_ST_DTYPES = {"int64": "I64", "uint8": "U8", "bfloat16": "BF16", "float16": "F16", "float32": "F32",
+              "float8_e4m3fn": "F8_E4M3"}
+
+
+def _safetensors_bytes(tensors: dict[str, Any], metadata: dict[str, str]) -> bytes:
+    """The safetensors serialisation with a deterministic header (keys sorted; the library's own writer
+    orders ``__metadata__`` differently from one process to the next, and resume compares bytes)."""
+    torch = require("torch")
+    header: dict[str, Any] = {"__metadata__": dict(sorted(metadata.items()))}
+    blobs: list[bytes] = []
+    offset = 0
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header[name] = {"dtype": _ST_DTYPES[str(t.dtype).removeprefix("torch.")], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    head = encode_json(header)
+    head += b" " * (-len(head) % 8)
+    return struct.pack("<Q", len(head)) + head + b"".join(blobs)
+
+
+def _header_metadata(data: bytes) -> dict[str, str]:
+    if len(data) < 8:
+        raise InputError("hidden-state file: truncated (no safetensors header)")
+    (n,) = struct.unpack("<Q", data[:8])
+    try:
+        header = decode_json_object(data[8:8 + n])
+    except ValueError:
+        raise InputError("hidden-state file: unreadable safetensors header") from None
+    meta = header.get("__metadata__") or {}
+    return {str(k): str(v) for k, v in meta.items()}
+
+
+def decode_sample(data: bytes) -> LoadedSample:
+    """A stored sample from its bytes, dequantized (aux/final float32)."""
+    torch = require("torch")
+    st = require("safetensors.torch")
+    meta = _header_metadata(data)
+    if meta.get("schema") != SCHEMA:
+        raise InputError(f"hidden-state file: schema {meta.get('schema')!r}, expected {SCHEMA!r}")
+    t = st.load(data)
+    aux, final = t["aux"].float(), t["final"].float()
+    if "aux_scale" in t:
+        aux = aux * t["aux_scale"].float()
+        final = final * t["final_scale"].float()
+    return LoadedSample(sample_id=meta.get("sample_id", ""), input_ids=t["input_ids"].to(torch.int64),
+                        loss_mask=t["loss_mask"].to(torch.uint8), aux=aux, final=final,
+                        dtype=meta.get("dtype", "bf16"))
+
+
+def _utc_stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+
+
+class HiddenStore:
+    """One hidden-state destination, local path or fsspec URL (see the module docstring)."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        fsspec = require("fsspec", "s3" if "://" in url and not url.startswith("file://") else "extract")
+        try:
+            fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        except ImportError as exc:  # e.g. s3fs missing for s3://
+            raise ConfigError(f"hidden_states.output {url!r}: {exc}; pip install 'draftgen[s3]'") from None
+        self.url = url
+        self.fs = fs
+        self.root = str(root).rstrip("/")
+        self.local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+    def path(self, rel: str) -> str:
+        return f"{self.root}/{rel}"
+
+    def _where(self, rel: str) -> str:
+        return f"{self.url.rstrip('/')}/{rel}"
+
+    # -- writing
+    def _put(self, rel: str, data: bytes) -> None:
+        target = self.path(rel)
+        try:
+            if self.local:
+                folder = os.path.dirname(target)
+                os.makedirs(folder, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(target)}.", suffix=".tmp")
+                try:
+                    with os.fdopen(fd, "wb") as fh:
+                        fh.write(data)
+                        fh.flush()
+                        os.fsync(fh.fileno())
+                    os.replace(tmp, target)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
+            else:
+                self.fs.pipe_file(target, data)  # one put: the object appears whole or not at all
+        except OSError as exc:
+            raise StorageError(f"{self._where(rel)}: write failed ({exc.strerror or type(exc).__name__}); "
+                               "completed samples are kept, rerun to resume") from None
+
+    def publish(self, sample_id: str, data: bytes) -> str:
+        """Publish one sample's bytes atomically; returns its path relative to the root."""
+        rel = sample_path(sample_id)
+        self._put(rel, data)
+        return rel
+
+    def write_index_part(self, records: list[HiddenIndexRecord]) -> str:
+        """A new index part listing ``records`` (their files already published); returns its relative path."""
+        if not records:
+            return ""
+        rel = f"{HiddenLayout.index}/part-{_utc_stamp()}-{uuid.uuid4().hex[:8]}.jsonl"
+        self._put(rel, b"".join(encode_json(r) + b"\n" for r in records))
+        return rel
+
+    def write_manifest(self, m: HiddenManifest) -> None:
+        self._put(HiddenLayout.manifest, msgspec.json.format(encode_json(m), indent=2) + b"\n")
+
+    # -- reading
+    def _list(self, rel: str) -> list[str]:
+        try:
+            return [str(p) for p in self.fs.find(self.path(rel))]
+        except FileNotFoundError:
+            return []
+
+    def index_parts(self) -> list[str]:
+        return sorted(p for p in self._list(HiddenLayout.index)
+                      if os.path.basename(p).startswith("part-") and p.endswith(".jsonl"))
+
+    def done(self) -> dict[str, HiddenIndexRecord]:
+        """Samples done: listed in some index part and whose published file exists (union of all parts)."""
+        out: dict[str, HiddenIndexRecord] = {}
+        for part in self.index_parts():
+            for lineno, line in enumerate(self.fs.cat_file(part).splitlines(), 1):
+                if line.strip():
+                    rec = decode_json(line, HiddenIndexRecord, where=f"{part}:{lineno}")
+                    out.setdefault(rec.sample_id, rec)
+        if out:
+            published = {p[len(self.root) + 1:] for p in self._list(HiddenLayout.states)
+                         if p.endswith(".safetensors")}
+            out = {sid: r for sid, r in out.items() if r.file in published}
+        return out
+
+    def read_bytes(self, rel: str) -> bytes:
+        try:
+            data: bytes = self.fs.cat_file(self.path(rel))
+        except FileNotFoundError:
+            raise InputError(f"{self._where(rel)}: file not found") from None
+        return data
+
+    def read_sample(self, rel: str) -> LoadedSample:
+        return decode_sample(self.read_bytes(rel))
+
+    def has_manifest(self) -> bool:
+        return bool(self.fs.exists(self.path(HiddenLayout.manifest)))
+
+    def read_manifest(self) -> HiddenManifest:
+        where = self._where(HiddenLayout.manifest)
+        try:
+            data = self.fs.cat_file(self.path(HiddenLayout.manifest))
+        except FileNotFoundError:
+            raise InputError(f"{where}: no manifest; run draftgen extract first (or let it finish)") from None
+        return decode_json(data, HiddenManifest, where=where)
+
+    def clean_temps(self) -> int:
+        """Remove temp files a killed local writer left behind (they never count); returns how many."""
+        if not self.local:
+            return 0
+        n = 0
+        for p in self._list(HiddenLayout.states) + self._list(HiddenLayout.index):
+            if os.path.basename(p).startswith(".") and p.endswith(".tmp"):
+                with contextlib.suppress(OSError):
+                    os.unlink(p)
+                    n += 1
+        return n
+
+
+class HiddenSet:
+    """A finished hidden-state destination: its manifest and its samples in manifest (merged train) order."""
+
+    def __init__(self, store: HiddenStore) -> None:
+        self.store = store
+        self.manifest = store.read_manifest()
+
+    def __len__(self) -> int:
+        return len(self.manifest.samples)
+
+    def samples(self) -> Iterator[LoadedSample]:
+        for e in self.manifest.samples:
+            yield self.store.read_sample(e.file)
+
+
+def open_hidden(url: str, storage_options: Mapping[str, Any] | None = None) -> HiddenSet:
+    """Open a destination ``draftgen extract`` finished (its manifest.json must exist)."""
+    return HiddenSet(HiddenStore(url, storage_options))

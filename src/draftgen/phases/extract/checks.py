@@ -1,0 +1,158 @@
+"""Checks on every stored sample, and the teacher/reference check on a deterministic fraction.
+
+Run on what is stored (the decoded bytes about to be published), so they check the file, not the capture.
+Cheap checks, every sample (names as they appear in ``HiddenIndexRecord.failed``):
+
+- ``shape``: aux [T, n_aux*H], final [T, H], T = the merged row's length;
+- ``ids``: stored input_ids and loss_mask equal the merged row's, exactly;
+- ``finite``: no NaN or Inf;
+- ``norm``: every per-token L2 norm of every slot in [min_token_norm, max_token_norm];
+- ``aux_distinct``: each pair of aux slots differs by at least ``min_rel_diff`` (mean per-token relative
+  difference ||a-b|| / max(||a||, ||b||));
+- ``aux_embedding``: no aux slot is (close to) the input embeddings of the ids.
+
+Teacher check, on samples whose sha256(sample_id) falls under ``teacher_fraction``: the target's final norm
+and lm_head applied to the stored final state give log p(input_ids[t+1]) at each completion position t
+(loss_mask[t+1] == 1); their mean must beat chance log(1/V) by ``teacher_min_margin`` nats
+(``teacher_chance``). With a backend that has a reference forward, also:
+
+- ``teacher_reference``: those log-probs equal the plain forward's, position by position, within a mean
+  absolute difference of 10 × tolerance nats;
+- ``reference_aux``: each stored aux slot equals the plain forward's ``output_hidden_states[id]``
+  (catches an off-by-one layer or shifted positions);
+- ``reference_final``: RMSNorm(stored final) equals the plain forward's post-norm ``hidden_states[L]``
+  (catches a post-norm or shifted final state).
+
+Tolerance (relative, mean per token): ``teacher_tolerance`` or the larger of the storage and compute dtypes'
+(fp32 1e-3, bf16/fp16 3e-2, fp8 8e-2). Pure computation: no I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from draftgen.hidden.format import require
+from draftgen.records import TeacherResult
+
+if TYPE_CHECKING:
+    import torch
+
+    from draftgen.config.hidden import HiddenStatesConfig
+    from draftgen.hidden.format import LoadedSample
+    from draftgen.phases.extract.capture import ExtractBackend, ExtractRow
+
+__all__ = ["CHECKS", "CheckResult", "check_sample", "default_tolerance", "relative_diff", "teacher_selected"]
+
+CHECKS = ("shape", "ids", "finite", "norm", "aux_distinct", "aux_embedding", "teacher_chance", "teacher_reference",
+          "reference_aux", "reference_final")
+
+_TOLERANCE = {"fp32": 1e-3, "bf16": 3e-2, "fp16": 3e-2, "fp8": 8e-2}
+
+
+@dataclass
+class CheckResult:
+    failed: list[str] = field(default_factory=list)
+    teacher: TeacherResult | None = None
+
+
+def default_tolerance(dtype: str, compute: str = "fp32", configured: float | None = None) -> float:
+    """``configured``, else the larger of the storage dtype's and the compute dtype's tolerance."""
+    if configured is not None:
+        return configured
+    return max(_TOLERANCE.get(dtype, 3e-2), _TOLERANCE.get(compute, 3e-2))
+
+
+def teacher_selected(sample_id: str, fraction: float) -> bool:
+    """Deterministic by sample_id: the same samples are checked on every run and machine."""
+    if fraction >= 1.0:
+        return True
+    if fraction <= 0.0:
+        return False
+    return int(hashlib.sha256(sample_id.encode()).hexdigest()[:8], 16) / 0x1_0000_0000 < fraction
+
+
+def relative_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Mean over tokens of ||a_t - b_t|| / max(||a_t||, ||b_t||) (0 where both are zero)."""
+    torch = require("torch")
+    a, b = a.float(), b.float()
+    num = (a - b).norm(dim=-1)
+    den = torch.maximum(a.norm(dim=-1), b.norm(dim=-1))
+    rel = torch.where(den > 0, num / den.clamp_min(1e-30), torch.zeros_like(num))
+    return float(rel.mean()) if rel.numel() else 0.0
+
+
+def _slots(s: LoadedSample, n_aux: int) -> list[torch.Tensor]:
+    return list(s.aux.chunk(n_aux, dim=-1)) if n_aux else []
+
+
+def check_sample(s: LoadedSample, row: ExtractRow, backend: ExtractBackend, hs: HiddenStatesConfig,
+                 *, teacher: bool) -> CheckResult:
+    """Every check of one stored sample (see the module docstring); ``teacher`` runs the teacher check."""
+    torch = require("torch")
+    info = backend.info
+    n_aux, H = len(info.layers.aux), info.hidden_size
+    res = CheckResult()
+    fail = res.failed
+    T = len(row.input_ids)
+    if tuple(s.aux.shape) != (T, n_aux * H) or tuple(s.final.shape) != (T, H):
+        fail.append("shape")
+        return res  # nothing below can be read in the right place
+    if not (torch.equal(s.input_ids, torch.from_numpy(row.input_ids).to(torch.int64))
+            and torch.equal(s.loss_mask, torch.from_numpy(row.loss_mask).to(torch.uint8))):
+        fail.append("ids")
+    if not (torch.isfinite(s.aux).all() and torch.isfinite(s.final).all()):
+        fail.append("finite")
+        return res
+    slots = _slots(s, n_aux)
+    norms = torch.cat([x.norm(dim=-1) for x in [*slots, s.final]])
+    if norms.numel() and (float(norms.min()) < hs.min_token_norm or float(norms.max()) > hs.max_token_norm):
+        fail.append("norm")
+    if any(relative_diff(slots[i], slots[j]) < hs.min_rel_diff for i in range(n_aux) for j in range(i + 1, n_aux)):
+        fail.append("aux_distinct")
+    emb = backend.embed(row.input_ids)
+    if any(relative_diff(x, emb) < hs.min_rel_diff for x in slots):
+        fail.append("aux_embedding")
+    if teacher:
+        res.teacher = _teacher(s, row, backend, hs, fail)
+    return res
+
+
+def _teacher(s: LoadedSample, row: ExtractRow, backend: ExtractBackend, hs: HiddenStatesConfig,
+             fail: list[str]) -> TeacherResult:
+    torch = require("torch")
+    from draftgen.phases.extract.capture.hf import rms_norm
+
+    info = backend.info
+    chance = -math.log(info.vocab_size)
+    tol = default_tolerance(s.dtype, hs.compute_dtype, hs.teacher_tolerance)
+    mask = torch.from_numpy(row.loss_mask[1:].astype("bool"))  # position t predicts t+1
+    pos = torch.nonzero(mask)[:, 0]
+    if 0 < hs.teacher_positions < pos.numel():  # evenly spaced, first and last included: deterministic
+        pos = pos[torch.linspace(0, pos.numel() - 1, hs.teacher_positions).round().long()]
+    targets = torch.from_numpy(row.input_ids[1:]).to(torch.int64)
+    if pos.numel() == 0:
+        return TeacherResult(logprob_mean=0.0, chance_logprob=chance, positions=0)
+    lp = backend.head_logprobs(s.final[pos], targets[pos])
+    mean = float(lp.mean())
+    if hs.teacher_min_margin is not None and mean < chance + hs.teacher_min_margin:
+        fail.append("teacher_chance")
+    out = TeacherResult(logprob_mean=mean, chance_logprob=chance, positions=int(pos.numel()))
+    ref = backend.reference(row, pos)
+    if ref is None:
+        return out
+    ref_lp = ref.logprobs
+    out.reference_logprob_mean = float(ref_lp.mean())
+    if float((ref_lp - lp).abs().mean()) > 10 * tol:
+        fail.append("teacher_reference")
+    slots = _slots(s, len(info.layers.aux))
+    errs = [relative_diff(x, ref.hidden[k]) for x, k in zip(slots, info.layers.aux, strict=True)]
+    out.aux_max_rel_err = max(errs) if errs else 0.0
+    if out.aux_max_rel_err > tol:
+        fail.append("reference_aux")
+    out.final_max_rel_err = relative_diff(rms_norm(s.final, info.norm_weight, info.norm_eps), ref.post_norm)
+    if out.final_max_rel_err > tol:
+        fail.append("reference_final")
+    return out

@@ -1,0 +1,442 @@
+"""``draftgen generate``: prepared prompts → raw responses with exact token ids, resumable, within budget.
+
+Reads ``run_dir/prepared/<dataset>/prompts.jsonl`` (running ``prepare`` first when a selected dataset has
+none) and the existing ``run_dir/raw/<dataset>/raw_responses.jsonl`` (resume: done ids, tokens, spend).
+Writes, per dataset, ``raw/<dataset>/raw_responses.jsonl`` (``ResponseRecord``, one per finished sample)
+and ``raw/<dataset>/failures.jsonl`` (``FailureRecord``); ``run.json`` (``RunManifest``: config, argv with
+secrets removed, versions, git SHA, config hash); ``logs/generate.log``; ``logs/attempts.jsonl`` (one
+``AttemptRecord`` per request attempt) and ``logs/health.jsonl`` (``HealthEvent``: providers cooled down
+and restored). With ``endpoint: emulator`` and no base URL it starts the embedded emulator (ground truth
+in ``emulator/ground_truth.jsonl``).
+
+Quality (``quality.*``): unusable responses (dropped reasoning, a provider the routing excluded) are
+retried elsewhere and never written, unless ``keep_unusable``; failing providers are cooled down
+(``engine.health``). At the end a per-provider table (responses, $/M output, latency and TTFT
+percentiles, retries, dropped reasoning, quantization, cool-downs), computed from the files by
+``report.providers.provider_metrics``, is printed and logged.
+
+A run directory written by another config (different ``config_hash``: model, reasoning, sampling or
+datasets) is refused with a RunDirError. The engine itself lives in ``draftgen.engine``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from draftgen import rundir
+from draftgen.backends import (
+    Backend,
+    EndpointInfo,
+    api_key_for,
+    capabilities,
+    management_key_for,
+    open_backend,
+)
+from draftgen.backends.account import read_account
+from draftgen.backends.pricing import routable_endpoints
+from draftgen.config import RunConfig
+from draftgen.engine import (
+    Assembler,
+    BudgetGovernor,
+    DatasetPlan,
+    Engine,
+    HealthPolicy,
+    PartitionPlan,
+    ProviderHealth,
+    RetryPolicy,
+    RoutingGuard,
+    RunLog,
+    RunStats,
+    TokenBudget,
+    count_pending,
+    make_display,
+    summary_lines,
+)
+from draftgen.errors import EXIT_FAILURES, APIError, ConfigError, DraftgenError, InputError
+from draftgen.records import Provenance
+from draftgen.store import scan_responses
+from draftgen.tokens import Profile, profile_from_config
+
+__all__ = [
+    "DatasetSummary",
+    "GenerateOptions",
+    "GenerateReport",
+    "run_generate",
+]
+
+Echo = Callable[[str], object]
+
+
+@dataclass
+class GenerateOptions:
+    datasets: list[str] = field(default_factory=list)  # empty: every dataset of the config
+    partition: str = "all"  # short | long | all
+    argv: list[str] = field(default_factory=list)
+    base_url_flag: str | None = None
+    force: bool = False  # accept records whose provenance differs from the config
+
+
+class DatasetSummary(msgspec.Struct, kw_only=True):
+    name: str
+    done_before: int = 0
+    done: int = 0
+    failed: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    skipped: str | None = None
+    token_budget: int | None = None
+    #: completion tokens done beyond ``token_budget`` (``budget.token_policy: expected`` only; at most what
+    #: was in flight when admission stopped)
+    tokens_over_budget: int = 0
+
+
+class GenerateReport(msgspec.Struct, kw_only=True):
+    run_dir: str
+    exit_code: int = 0
+    message: str | None = None
+    datasets: list[DatasetSummary] = msgspec.field(default_factory=list)
+    done: int = 0
+    failed: int = 0
+    completion_tokens: int = 0
+    spend_session: float = 0.0
+    spend_total: float = 0.0
+    elapsed_s: float = 0.0
+    requests: int = 0
+    #: dollars spent beyond ``budget.max_spend_usd`` (at most the worst case of what was in flight)
+    spend_over_budget: float = 0.0
+
+
+# -- set-up ----------------------------------------------------------------------------------------------
+
+def _raise_fd_limit(needed: int) -> None:
+    """Thousands of sockets need thousands of descriptors; raise the soft limit toward the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def _api_keys(cfg: RunConfig) -> tuple[str | None, str | None]:
+    return api_key_for(cfg), management_key_for(cfg)
+
+
+def _prepared(cfg: RunConfig, rd: rundir.RunDir, names: list[str], echo: Echo,
+              profile: Profile | None) -> Profile | None:
+    """Prepare the selected datasets not prepared yet; returns the profile, loaded here when prepare ran."""
+    missing = [n for n in names if not rd.prepared(n).is_file()]
+    if not missing:
+        return profile
+    from draftgen.phases.prepare import run_prepare
+
+    echo(f"preparing prompts first ({', '.join(missing)} not prepared yet)")
+    profile = profile if profile is not None else profile_from_config(cfg)
+    run_prepare(cfg, echo=echo, profile=profile)
+    still = [n for n in missing if not rd.prepared(n).is_file()]
+    if still:
+        raise InputError(f"{rd.prepared(still[0])}: not found after prepare; "
+                         "run `draftgen prepare CONFIG` and check its messages")
+    return profile
+
+
+# -- the run ---------------------------------------------------------------------------------------------
+
+
+def run_generate(cfg: RunConfig, opts: GenerateOptions, *, echo: Echo | None = None,
+                 profile: Profile | None = None) -> GenerateReport:
+    """Generate every pending sample of the selected datasets and partitions (see module docstring).
+    ``profile``: the already loaded profile of ``cfg.model`` (default: loaded here, once, and shared with
+    prepare and the embedded emulator)."""
+    names = opts.datasets or [d.name for d in cfg.datasets]
+    for n in names:
+        cfg.dataset(n)  # ConfigError naming the known datasets
+    if opts.partition not in ("short", "long", "all"):
+        raise ConfigError(f"--partition {opts.partition!r}: use short, long or all")
+    with rundir.writer(cfg, "generate", argv=opts.argv, force=opts.force, same_config=True) as rd:
+        return _run_generate(cfg, opts, rd, names, echo if echo is not None else (lambda line: print(line, flush=True)),
+                             profile)
+
+
+def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, names: list[str],
+                  out: Echo, loaded: Profile | None) -> GenerateReport:
+    run_dir = rd.root
+    loaded = _prepared(cfg, rd, names, out, loaded)
+    api_key, mgmt = _api_keys(cfg)
+    profile = loaded if loaded is not None else profile_from_config(cfg)
+    provenance = rundir.expected_provenance(cfg, profile.tokenizer_sha256)
+    forced: set[str] = set()
+
+    def check(got: Provenance | None, where: str) -> None:
+        rundir.check_provenance(got, provenance, where, force=opts.force, forced=forced)
+    parts = [p for p in ("short", "long") if opts.partition in (p, "all")]
+    partitions = [PartitionPlan(p, getattr(cfg.partitions, p).concurrency, getattr(cfg.partitions, p).max_tokens)
+                  for p in parts]
+    _raise_fd_limit(2 * sum(p.concurrency for p in partitions) + 256)
+
+    log = RunLog(rd.log("generate"))
+    stats = RunStats()
+    governor = BudgetGovernor(max_spend=cfg.budget.max_spend_usd, token_policy=cfg.budget.token_policy)
+    plans: list[DatasetPlan] = []
+    table: list[str] = []
+    try:
+        log.write(f"generate: {' '.join(rundir.scrub_argv(list(opts.argv)))}")
+        for d in cfg.datasets:
+            idx = scan_responses(rd.raw(d.name), check=check)
+            governor.prior += idx.spend_usd
+            if d.name not in names:
+                continue
+            counts = stats.dataset(d.name)
+            counts.done_before = len(idx.done)
+            counts.tokens_before = idx.completion_tokens
+            budget = d.token_budget if d.token_budget is not None else cfg.budget.token_budget
+            counts.token_budget = budget
+            governor.tokens[d.name] = TokenBudget(budget=budget, done=idx.completion_tokens)
+            pending = count_pending(rd.prepared(d.name), idx.done)
+            pending = {p: n for p, n in pending.items() if p in parts}
+            if budget is not None and idx.completion_tokens >= budget:
+                counts.skipped = f"over its token budget ({idx.completion_tokens} of {budget} completion tokens done)"
+                out(f"{d.name}: skipped, {counts.skipped}")
+                log.write(f"{d.name}: skipped, {counts.skipped}")
+                continue
+            counts.to_do = sum(pending.values())
+            plans.append(DatasetPlan(d.name, rd.prepared(d.name), rd.raw(d.name), rd.failures(d.name),
+                                     done=idx.done, pending=pending))
+        stats.spend_prior = governor.prior
+        for f in sorted(forced):
+            log.write(f"--force: accepted records whose {f}")
+        from draftgen.emulator.embedded import (
+            embedded_emulator,  # here, so `import draftgen.phases.generate` stays light
+        )
+
+        with embedded_emulator(cfg, api_key=api_key, management_key=mgmt, profile=profile) as emu_url:
+            base_urls = [emu_url] if emu_url else None
+            result_code, message = asyncio.run(_main(cfg, api_key, mgmt, base_urls, profile, provenance, plans,
+                                                     partitions, governor, stats, log, rd))
+        if result_code == 0 and stats.failed:
+            result_code = EXIT_FAILURES
+            where = ", ".join(str(rd.failures(c.name).relative_to(run_dir)) for c in stats.datasets.values() if c.failed)
+            message = (f"{stats.failed:,} samples failed ({where} says why); rerun to retry them")
+        table = _provider_table(run_dir, names) if plans else []
+    finally:
+        summary = summary_lines(stats) + table + _overshoot_lines(governor)
+        for line in summary:
+            log.write(line)
+        log.close()
+    for line in summary:
+        out(line)
+    if message:
+        out(f"stopped: {message}")
+    return GenerateReport(
+        run_dir=str(run_dir), exit_code=result_code, message=message,
+        datasets=[DatasetSummary(name=c.name, done_before=c.done_before, done=c.done, failed=c.failed,
+                                 completion_tokens=c.completion_tokens, cost=c.cost, skipped=c.skipped,
+                                 token_budget=c.token_budget, tokens_over_budget=governor.token_budget(c.name).overshoot)
+                  for c in stats.datasets.values()],
+        done=stats.done, failed=stats.failed, completion_tokens=stats.completion_tokens,
+        spend_session=stats.spend_session, spend_total=stats.spend_prior + stats.spend_session,
+        elapsed_s=round(stats.elapsed, 3), requests=stats.requests,
+        spend_over_budget=round(max(0.0, governor.spent - cfg.budget.max_spend_usd), 6)
+        if cfg.budget.max_spend_usd is not None else 0.0,
+    )
+
+
+def _overshoot_lines(governor: BudgetGovernor) -> list[str]:
+    """What passed a budget (``budget.token_policy: expected`` lets in-flight requests finish past it)."""
+    lines = [f"{name}: {tb.overshoot:,} completion tokens over its budget of {tb.budget:,} (what was in flight)"
+             for name, tb in governor.tokens.items() if tb.overshoot > 0 and tb.budget is not None]
+    if governor.max_spend is not None and governor.spent > governor.max_spend:
+        lines.append(f"spend: ${governor.spent - governor.max_spend:.4f} over the budget of ${governor.max_spend:g} "
+                     "(what was in flight)")
+    return lines
+
+
+def _provider_table(run_dir: Path, datasets: list[str]) -> list[str]:
+    """Per-provider figures of the run directory, from its files (``report.providers.provider_metrics``)."""
+    from draftgen.phases.report.providers import provider_metrics
+
+    try:
+        rows = provider_metrics(run_dir, datasets)
+    except DraftgenError as exc:  # a file it cannot read: the records are written all the same
+        return [f"per-provider table not available: {exc}"]
+    if not rows:
+        return []
+
+    def num(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    head = ("provider", "responses", "$/M out", "p50 lat", "p95 lat", "p50 TTFT", "p95 TTFT", "retries",
+            "dropped", "quant", "cool-downs")
+    body = [(m.provider, str(m.responses), num(m.usd_per_m_output, ".3f"), num(m.latency_p50_s, ".2f"),
+             num(m.latency_p95_s, ".2f"), num(m.ttft_p50_s, ".2f"), num(m.ttft_p95_s, ".2f"), str(m.retries),
+             str(m.dropped_reasoning), m.quantization or "-", str(m.cooldowns)) for m in rows]
+    widths = [max(len(r[i]) for r in (head, *body)) for i in range(len(head))]
+
+    def line(r: tuple[str, ...]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+
+    return ["per provider (from raw/, logs/attempts.jsonl and logs/health.jsonl; latency and TTFT in s):",
+            line(head), *(line(r) for r in body)]
+
+
+async def _account(backend: Backend, cfg: RunConfig, governor: BudgetGovernor,
+                   log: RunLog) -> tuple[float | None, float | None, list[EndpointInfo] | None]:
+    """Prices and account caps before the run (``account.read_account``); returns (key usage, credits
+    usage) for reconciliation, and the model's endpoints when the backend lists them.
+
+    A dollar budget needs the cost of every response: ``usage.cost`` where the backend reports it, else
+    usage × the routed prices (``governor.priced``). Prices also size each request's reservation. Without
+    prices, a dollar budget is refused (ConfigError naming ``budget.max_spend_usd`` and
+    ``budget.allow_unpriced``) unless ``budget.allow_unpriced`` is true; then a warning says what cannot be
+    enforced.
+    """
+    snap = await read_account(backend, cfg)
+    if snap.prices is not None:
+        prices = snap.prices
+        governor.prices, governor.priced = prices, True
+        log.write(f"prices (worst case over {', '.join(snap.priced_over)}): ${prices.prompt * 1e6:.4f}/M prompt, "
+                  f"${prices.completion * 1e6:.4f}/M completion, ${prices.request:.6f}/request")
+    else:
+        why = snap.prices_missing(cfg.model.id)
+        reports_cost = bool(getattr(backend, "reports_cost", False))
+        budget = cfg.budget.max_spend_usd
+        if budget is None:
+            log.write(f"prices: not available ({why}); "
+                      + ("spend is tracked from usage.cost only" if reports_cost else "spend is not tracked"))
+        else:
+            if reports_cost:
+                problem = (f"budget.max_spend_usd is set but the prices of {cfg.model.id} are unknown ({why}), so "
+                           "requests cannot be reserved against it")
+                fix = ("retry later, or set budget.allow_unpriced: true to track spend from usage.cost only "
+                       "(it may then pass the budget by what is in flight)")
+            else:
+                problem = (f"budget.max_spend_usd is set but neither the cost nor the prices of {cfg.model.id} can be "
+                           f"known ({why}, and {backend.name} responses carry no usage.cost)")
+                fix = ("remove budget.max_spend_usd, or set budget.allow_unpriced: true to run anyway "
+                       "(the dollar budget is then not enforced)")
+            if not cfg.budget.allow_unpriced:
+                raise ConfigError(f"{problem}; {fix}")
+            import sys  # only this warning goes to stderr
+
+            warning = (f"warning: {problem}; budget.allow_unpriced is true, so the dollar budget of ${budget:g} "
+                       + ("is enforced from usage.cost only, after the fact" if reports_cost else "cannot be enforced"))
+            log.write(warning)
+            print(warning, file=sys.stderr, flush=True)
+    if snap.key_error is not None:
+        log.write(f"GET /key failed: {snap.key_error}")
+    key = snap.key
+    if key is not None:
+        log.write(f"key: usage ${key.usage:.4f}, limit remaining "
+                  f"{'none' if key.limit_remaining is None else f'${key.limit_remaining:.4f}'}")
+    if snap.credits_error is not None:
+        log.write(f"GET /credits failed: {snap.credits_error}")
+    cr = snap.credits
+    if cr is not None:
+        log.write(f"credits: ${cr.total_credits:.4f} total, ${cr.total_usage:.4f} used")
+    if snap.remaining is not None:
+        governor.session_cap = snap.remaining
+    return (key.usage if key is not None else None), (cr.total_usage if cr is not None else None), snap.endpoints
+
+
+async def _reconcile(backend: Backend, mgmt: str | None, key_usage: float | None, credits_usage: float | None,
+                     stats: RunStats, log: RunLog) -> None:
+    ours = stats.spend_session
+    try:
+        if key_usage is not None:
+            key = await backend.get_key_info()
+            if key is not None:
+                log.write(f"reconcile: this run's usage.cost total ${ours:.4f}; key usage grew ${key.usage - key_usage:.4f}")
+        if credits_usage is not None and mgmt:
+            cr = await backend.get_credits(mgmt)
+            if cr is not None:
+                log.write(f"reconcile: credits usage grew ${cr.total_usage - credits_usage:.4f}")
+    except APIError as exc:
+        log.write(f"reconcile skipped: {exc}")
+
+
+def _health(cfg: RunConfig, endpoints: list[EndpointInfo] | None) -> ProviderHealth:
+    """Provider health over the model's endpoints (when listed) and the configured routing."""
+    r, q = cfg.routing, cfg.quality
+    guard = RoutingGuard(endpoints, allowed=routable_endpoints(cfg, endpoints) if endpoints else None,
+                         ignore=r.ignore, only=r.only, quantizations=r.quantizations)
+    policy = HealthPolicy(window=q.provider_window, min_outcomes=q.provider_min_outcomes,
+                          max_failure_rate=q.provider_max_failure_rate, cooldown_s=q.provider_cooldown_s,
+                          billing_tolerance=q.billing_tolerance)
+    return ProviderHealth(policy, guard)
+
+
+def _install_signals(engine: Engine, display: Any) -> Callable[[], None]:
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    count = 0
+
+    def on_signal(signame: str) -> None:
+        nonlocal count
+        count += 1
+        if count == 1:
+            engine.stats.interrupt = signame  # the display shows the grace period counting down
+            display.print(f"{signame}: stopping; grace period: finishing {engine.in_flight} requests in flight "
+                          f"(up to {engine.grace_s:g}s); press Ctrl-C again to abort now")
+            engine.request_stop(f"interrupted ({signame}); the next run resumes", exit_code=130, grace=True)
+        else:
+            display.print(f"{signame} again: aborting, exiting now; finished records are on disk")
+            engine.request_stop(f"interrupted ({signame}); the next run resumes", exit_code=130, hard=True)
+
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, on_signal, sig.name)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+
+    def uninstall() -> None:
+        for sig in installed:
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(sig)
+
+    return uninstall
+
+
+async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls: list[str] | None, profile: Any,
+                provenance: Provenance, plans: list[DatasetPlan], partitions: list[PartitionPlan], governor: BudgetGovernor, stats: RunStats,
+                log: RunLog, rd: rundir.RunDir) -> tuple[int, str | None]:
+    display = make_display(cfg.progress, stats, log)
+    conns = sum(p.concurrency for p in partitions) + 16
+    caps = capabilities(cfg.endpoint.kind)
+    async with open_backend(cfg, api_key, base_urls=base_urls, connections=conns) as backend:
+        key_usage, credits_usage, eps = await _account(backend, cfg, governor, log)
+        stats.remaining = governor.remaining
+        if governor.remaining is not None and governor.remaining <= 0:
+            return 1, (f"the dollar budget is spent (${governor.spent:.4f} of ${cfg.budget.max_spend_usd}); "
+                       "raise --max-spend to continue")
+        engine = Engine(
+            backend=backend, assembler=Assembler(profile, provenance=provenance, parse_ids=caps.output_is_raw_ids), datasets=plans, partitions=partitions, governor=governor,
+            policy=RetryPolicy(cfg.retry), stats=stats, log=log, display=display,
+            adaptive=cfg.retry.adaptive_concurrency, grace_s=cfg.retry.shutdown_grace_s,
+            needs_prompt_ids=caps.needs_prompt_ids, cpu_workers=max(1, min(4, (os.cpu_count() or 2))),
+            attempts_path=rd.attempts, health_path=rd.health, health=_health(cfg, eps),
+            keep_unusable=cfg.quality.keep_unusable, require_reasoning=not cfg.reasoning.exclude,
+        )
+        uninstall = _install_signals(engine, display)
+        display.start()
+        try:
+            result = await engine.run()
+        except DraftgenError:
+            raise
+        finally:
+            uninstall()
+            await display.stop()
+        await _reconcile(backend, mgmt, key_usage, credits_usage, stats, log)
+    return result.exit_code, result.stop_reason

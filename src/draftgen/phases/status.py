@@ -1,0 +1,482 @@
+"""``draftgen status [CONFIG | RUN_DIR]``: a terminal summary of a run directory, during a run or after it.
+
+Reads only the run directory (through ``metrics.compute_metrics``), so it is safe to run while
+``generate`` is writing: an unterminated last line of a raw log is skipped. Writes nothing and never
+takes the writer lock. Rendering uses rich tables; colour is used only when stdout is a terminal.
+
+Each phase is in one state (``phase_states``), and shown done only when its output is complete and current:
+
+    prepare   done: every selected dataset has prepared/<dataset>; incomplete: some have
+    generate  done: every prepared sample of the selected datasets has a response (done == planned);
+              incomplete: some have (failed, budget-skipped or stopped samples count as not done)
+    audit     done: audit/audit.json exists and is not older than any raw log; incomplete: it is older
+    merge     done: merged/manifest.json (written last) exists and is not older than any raw log
+    report    done: report.html exists and is not older than merged/manifest.json
+    any       running: a live process holds ``.draftgen.lock`` for this phase (``draftgen <phase>``, or
+              ``draftgen run``, whose running phase is the first one not done); pending: nothing yet
+
+The selected datasets are the config's (``status CONFIG``), else those of run.json's config snapshot,
+else every dataset folder found. ``--json`` prints one ``StatusSummary``; ``--watch`` redraws every N
+seconds until Ctrl-C (which ends it with exit 0).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from draftgen.errors import InputError, RunDirError
+from draftgen.fmt import fmt_duration, fmt_int, fmt_pct, fmt_time, fmt_usd
+from draftgen.phases.report.datasets import DatasetMetrics
+from draftgen.phases.report.metrics import RunMetrics, compute_metrics
+from draftgen.phases.report.providers import ProviderMetrics
+from draftgen.records import LockHolder, RunManifest
+from draftgen.rundir import HiddenLayout, RunDir, held_by
+from draftgen.secrets import redact
+from draftgen.store import read_json
+
+__all__ = [
+    "DatasetStatus",
+    "PhaseStatus",
+    "StatusReport",
+    "StatusSummary",
+    "TokenTotals",
+    "live_holder",
+    "phase_states",
+    "render_status",
+    "render_text",
+    "resolve_target",
+    "run_status",
+    "status_command",
+    "summarize",
+    "watch_status",
+]
+
+PHASES = ("prepare", "generate", "audit", "merge", "extract", "train", "accept", "report")
+#: the drafter chain's phases: listed only once they have left something in the run directory
+CHAIN_PHASES = ("extract", "train", "accept")
+PhaseState = Literal["done", "running", "incomplete", "pending"]
+PHASE_MARK: dict[str, tuple[str, str]] = {
+    "done": ("✓", "green"), "running": ("▶", "bold cyan"), "incomplete": ("◐", "yellow"), "pending": ("·", "dim"),
+}
+VERDICT_STYLE = {"green": ("GOOD", "bold green"), "amber": ("CHECK", "bold yellow"), "red": ("NOT USABLE", "bold red")}
+MAX_PROVIDERS = 6
+MAX_FINDINGS = 4
+
+
+class PhaseStatus(msgspec.Struct, kw_only=True):
+    name: str
+    """One of ``PHASES``."""
+    state: PhaseState
+    done: int | None = None
+    """Progress in samples (prepare: datasets) where the phase has one."""
+    planned: int | None = None
+    percent: float | None = None
+    """100 * done / planned, rounded to 0.1 (None when nothing is planned)."""
+    detail: str | None = None
+    """Why a phase is not done although its output exists (e.g. older than the raw logs)."""
+
+
+class DatasetStatus(msgspec.Struct, kw_only=True):
+    name: str
+    selected: bool
+    """In the config (or run.json's config); a folder found only on disk is listed but not planned."""
+    done: int
+    planned: int | None
+    """Prepared samples (None: not prepared yet)."""
+    failed: int
+    percent: float | None
+    completion_tokens: int
+    cost_usd: float
+
+
+class TokenTotals(msgspec.Struct, kw_only=True):
+    prompt: int
+    completion: int
+    reasoning: int
+
+
+class StatusSummary(msgspec.Struct, kw_only=True):
+    """``draftgen status --json``: one object per refresh."""
+
+    run_dir: str
+    model: str | None
+    endpoint: str | None
+    phases: list[PhaseStatus]
+    datasets: list[DatasetStatus]
+    tokens: TokenTotals
+    spend_usd: float
+    """Everything spent, orphans included (``cost_usd`` of the done samples + ``orphan_cost_usd``)."""
+    lock: LockHolder | None
+    """The live holder of the writer lock, or None."""
+    latest_activity: float | None
+    verdict: str
+
+
+class StatusReport(msgspec.Struct, kw_only=True):
+    run_dir: str
+    metrics: RunMetrics
+    summary: StatusSummary
+
+
+def resolve_target(target: str) -> tuple[Path, list[str] | None]:
+    """A run directory, or a config file whose ``run_dir`` is read. Returns (run dir, dataset names)."""
+    p = Path(target)
+    if p.is_dir():
+        return p, None
+    if p.is_file():
+        from draftgen.config import load_config
+
+        cfg = load_config(p)
+        return cfg.run_path, [d.name for d in cfg.datasets]
+    raise RunDirError(f"{target}: no such run directory or config file; give a run directory or a YAML config")
+
+
+def _pct(done: int, planned: int | None) -> float | None:
+    return round(100.0 * done / planned, 1) if planned else None
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def live_holder(run_dir: Path) -> LockHolder | None:
+    """The writer lock's holder if its process is alive, else None. Never locks.
+
+    The holder clears the lock file's text on release; one killed with -9 leaves the text behind, but its
+    flock went with its process, so a holder whose pid no longer exists is not a writer.
+    """
+    h = held_by(run_dir)
+    if h is None or h.pid <= 0:
+        return None
+    try:
+        os.kill(h.pid, 0)  # signal 0: an existence check, nothing is sent
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return h  # alive, owned by another user
+    except OSError:
+        return None
+    return h
+
+
+def _selected(run_dir: Path, configured: list[str] | None) -> list[str] | None:
+    """The config's datasets, else run.json's config snapshot's, else None (every folder found)."""
+    if configured is not None:
+        return configured
+    marker = RunDir(run_dir).marker
+    if not marker.is_file():
+        return None
+    datasets = read_json(marker, RunManifest).config.get("datasets")
+    if not isinstance(datasets, list):
+        return None
+    names = [d.get("name") for d in datasets if isinstance(d, dict)]
+    return [n for n in names if isinstance(n, str)] or None
+
+
+def _chain_states(rd: RunDir, merged_t: float | None) -> list[PhaseStatus]:
+    """extract, train and accept, each only when it has started (the local ``hidden/`` destination; an
+    object-store destination is not looked at). Output older than ``merged/manifest.json``: incomplete."""
+    out: list[PhaseStatus] = []
+    for name, started, finished in (
+        ("extract", rd.hidden, rd.hidden / HiddenLayout.manifest),
+        ("train", rd.train, rd.train_report),
+        ("accept", rd.accept_json, rd.accept_json),
+    ):
+        if not started.exists():
+            continue
+        t = _mtime(finished)
+        if t is None:
+            out.append(PhaseStatus(name=name, state="incomplete", detail="started, not finished"))
+        elif merged_t is not None and t < merged_t:
+            out.append(PhaseStatus(name=name, state="incomplete", detail="older than merged/manifest.json"))
+        else:
+            out.append(PhaseStatus(name=name, state="done"))
+    return out
+
+
+def phase_states(m: RunMetrics, run_dir: Path, selected: list[str] | None,
+                 holder: LockHolder | None) -> list[PhaseStatus]:
+    """The state of every phase, by the rules of the module docstring (files only; no clock)."""
+    rd = RunDir(run_dir)
+    names = selected if selected is not None else [d.name for d in m.datasets]
+    by = {d.name: d for d in m.datasets}
+    sel = [by[n] for n in names if n in by]
+    n_prepared = sum(1 for d in sel if d.prepared is not None)
+    prep_state: PhaseState = "done" if sel and n_prepared == len(sel) else ("incomplete" if n_prepared else "pending")
+    prepare = PhaseStatus(name="prepare", state=prep_state, done=n_prepared, planned=len(sel),
+                          percent=_pct(n_prepared, len(sel)))
+    planned = sum(d.prepared or 0 for d in sel)
+    done = sum(min(d.done, d.prepared) if d.prepared is not None else 0 for d in sel)
+    failed = sum(d.failed for d in sel)
+    gen_state: PhaseState = ("done" if prep_state == "done" and done >= planned
+                             else "incomplete" if done or failed else "pending")
+    generate = PhaseStatus(name="generate", state=gen_state, done=done, planned=planned, percent=_pct(done, planned),
+                           detail=f"{failed:,} failed" if failed and gen_state != "done" else None)
+    # a raw log appended after an output was written makes that output out of date
+    raw_times = [t for d in m.datasets if (t := _mtime(rd.raw(d.name))) is not None]
+    raw_newest = max(raw_times) if raw_times else None
+
+    def current(name: str, path: Path) -> PhaseStatus:
+        t = _mtime(path)
+        if t is None:
+            return PhaseStatus(name=name, state="pending")
+        if raw_newest is not None and t < raw_newest:
+            return PhaseStatus(name=name, state="incomplete", detail="older than the raw logs")
+        return PhaseStatus(name=name, state="done")
+
+    audit = current("audit", rd.audit_json)
+    merge = current("merge", rd.merged_manifest)
+    report_t, manifest_t = _mtime(rd.report_html), _mtime(rd.merged_manifest)
+    if report_t is None:
+        report = PhaseStatus(name="report", state="pending")
+    elif manifest_t is None:
+        report = PhaseStatus(name="report", state="incomplete", detail="written before merge")
+    elif report_t < manifest_t:
+        report = PhaseStatus(name="report", state="incomplete", detail="older than merged/manifest.json")
+    else:
+        report = PhaseStatus(name="report", state="done")
+    phases = [prepare, generate, audit, merge, *_chain_states(rd, manifest_t), report]
+    if holder is not None:
+        command = holder.command.split(" ")[0]
+        # `draftgen run` runs the phases in order: the first one not done is the one running
+        running: str | None = None
+        if command in PHASES:
+            running = command
+        elif command == "run":
+            running = next((p.name for p in phases if p.state != "done"), None)
+        for i, p in enumerate(phases):
+            if p.name == running:
+                phases[i] = msgspec.structs.replace(p, state="running", detail=None)
+    return phases
+
+
+def summarize(m: RunMetrics, run_dir: Path, selected: list[str] | None, holder: LockHolder | None) -> StatusSummary:
+    """The figures ``--json`` prints (and the phase line shows)."""
+    chosen = set(selected if selected is not None else [d.name for d in m.datasets])
+    t = m.total
+    return StatusSummary(
+        run_dir=str(run_dir), model=m.model, endpoint=m.endpoint,
+        phases=phase_states(m, run_dir, selected, holder),
+        datasets=[DatasetStatus(name=d.name, selected=d.name in chosen, done=d.done, planned=d.prepared,
+                                failed=d.failed, percent=_pct(d.done, d.prepared),
+                                completion_tokens=d.completion_tokens, cost_usd=round(d.cost_usd, 6))
+                  for d in m.datasets],
+        tokens=TokenTotals(prompt=t.prompt_tokens, completion=t.completion_tokens, reasoning=t.reasoning_tokens),
+        spend_usd=round(t.cost_usd + t.orphan_cost_usd, 6),
+        lock=holder,
+        latest_activity=m.latest_activity,
+        verdict=m.verdict.level,
+    )
+
+
+def _phase_text(p: PhaseStatus) -> str:
+    text = p.name
+    if p.state in ("running", "incomplete"):
+        text += f" {p.state}"
+        if p.name == "generate" and p.planned is not None:
+            text += f" {fmt_int(p.done or 0)}/{fmt_int(p.planned)}"
+            if p.percent is not None:
+                text += f" ({p.percent:.1f}%)"
+    if p.detail:
+        text += f" ({p.detail})"
+    return text
+
+
+def _ago(now: float, t: float | None) -> str:
+    if t is None:
+        return "no activity yet"
+    return f"{fmt_time(t)} ({fmt_duration(max(0.0, now - t))} ago)"
+
+
+def _row(table: Table, d: DatasetMetrics, *, style: str | None = None) -> None:
+    prepared = "?" if d.prepared is None else fmt_int(d.prepared)
+    table.add_row(
+        d.name,
+        f"{fmt_int(d.done)} / {prepared}",
+        fmt_pct(d.progress),
+        fmt_int(d.completion_tokens),
+        fmt_pct(d.reasoning_share),
+        fmt_usd(d.cost_usd),
+        fmt_int(d.failed) if d.failed else "0",
+        fmt_int(d.truncated),
+        style=style,
+    )
+
+
+def _secs(x: float | None) -> str:
+    return "–" if x is None else (f"{x * 1000:.0f}ms" if x < 1 else f"{x:.1f}s")
+
+
+def _provider_line(p: ProviderMetrics) -> str:
+    """One provider in one line: share, quantization, latency, TTFT, and what went wrong."""
+    parts = [f"{p.provider} {fmt_int(p.responses)} ({fmt_pct(p.share, 0)})"]
+    if p.quantization:
+        parts.append(p.quantization)
+    if p.latency_p50_s is not None:
+        parts.append(f"latency p50 {_secs(p.latency_p50_s)} p95 {_secs(p.latency_p95_s)}")
+    if p.ttft_p50_s is not None:
+        parts.append(f"ttft p50 {_secs(p.ttft_p50_s)}")
+    if p.retries:
+        parts.append(f"retries {p.retries} ({', '.join(f'{k} {v}' for k, v in list(p.failures_by_kind.items())[:3])})")
+    if p.dropped_reasoning:
+        parts.append(f"dropped reasoning {p.dropped_reasoning}")
+    if p.cooldowns:
+        parts.append(f"cool-downs {p.cooldowns}")
+    return "  " + " · ".join(parts)
+
+
+def render_status(m: RunMetrics, summary: StatusSummary, *, now: float) -> RenderableType:
+    head = Text()
+    head.append("draftgen status ", style="bold")
+    head.append(m.run_dir, style="cyan")
+    meta = Text()
+    if m.model:
+        meta.append(f"model {m.model}  ")
+    if m.endpoint:
+        meta.append(f"endpoint {m.endpoint}  ")
+    meta.append("phases: ")
+    for ph in summary.phases:
+        mark, style = PHASE_MARK[ph.state]
+        meta.append(f"{mark} {_phase_text(ph)}  ", style=style)
+    activity = Text(f"latest activity: {_ago(now, m.latest_activity)}")
+    if summary.lock is not None:
+        h = summary.lock
+        activity.append(f"\nwriter: `draftgen {h.command}` (pid {h.pid}, since {fmt_time(h.since)})", style="cyan")
+    label, style = VERDICT_STYLE.get(m.verdict.level, ("?", "bold"))
+    verdict = Text()
+    verdict.append(f"verdict: {label}", style=style)
+    verdict.append(f"  {m.verdict.reason}")
+    findings = [*m.verdict.problems, *m.verdict.warnings][1:]
+    for x in findings[:MAX_FINDINGS]:
+        verdict.append(f"\n  · {x}", style="red" if x in m.verdict.problems else "dim")
+    if len(findings) > MAX_FINDINGS:
+        verdict.append(f"\n  · … {len(findings) - MAX_FINDINGS} more (report.html lists them)", style="dim")
+
+    table = Table(show_edge=False, header_style="bold", pad_edge=False)
+    for col, justify in (("dataset", "left"), ("done / prepared", "right"), ("progress", "right"),
+                         ("completion tok", "right"), ("reasoning share", "right"), ("cost", "right"),
+                         ("failed", "right"), ("truncated", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for d in m.datasets:
+        _row(table, d)
+    if len(m.datasets) > 1 or not m.datasets:
+        table.add_section()
+        _row(table, m.total, style="bold")
+
+    t = m.total
+    lines: list[RenderableType] = [head, meta, activity, verdict, Text(""), table]
+    speed = Text(
+        f"prompt tokens {fmt_int(t.prompt_tokens)} · completion tokens {fmt_int(t.completion_tokens)}"
+        f" · {fmt_usd(t.usd_per_m_output)}/M output · elapsed {fmt_duration(m.elapsed_s)}"
+        + (f" · {m.tokens_per_s:,.0f} tok/s" if m.tokens_per_s else "")
+    )
+    lines.append(speed)
+    if t.failures_by_kind:
+        kinds = ", ".join(f"{k} {v}" for k, v in t.failures_by_kind.items())
+        lines.append(Text(f"failures by kind (not done yet, retried next run): {kinds}", style="yellow"))
+    if t.orphans:
+        lines.append(Text(f"orphans: {fmt_int(t.orphans)} records are no longer in the prepared set "
+                          f"({fmt_usd(t.orphan_cost_usd)} spent on them); they are not merged", style="yellow"))
+    if m.providers_table:
+        # the largest providers, and every provider that cooled down or dropped reasoning
+        shown = [p for i, p in enumerate(m.providers_table) if i < MAX_PROVIDERS or p.cooldowns or p.dropped_reasoning]
+        more = len(m.providers_table) - len(shown)
+        lines.append(Text("providers:" + (f" ({len(shown)} of {len(m.providers_table)})" if more else "")))
+        for p in shown:
+            lines.append(Text(_provider_line(p), style="yellow" if p.cooldowns or p.dropped_reasoning else ""))
+    if m.audit is not None:
+        o = m.audit.overall
+        billed = o.billed_completion_tokens
+        disagreement = abs(o.rebuilt_completion_tokens - billed) / billed if billed else None
+        audit = Text(
+            f"audit: {fmt_int(o.records)} records, structural failures {sum(o.structural_failures.values())}, "
+            f"billing disagreement {fmt_pct(disagreement, 3)}"
+            + (f", BPE exact {o.exact_match}/{o.reference_compared}" if o.reference_compared else "")
+        )
+        lines.append(audit)
+        if m.audit.thresholds_broken:
+            lines.append(Text("thresholds broken: " + "; ".join(m.audit.thresholds_broken), style="bold red"))
+    return Group(*lines)
+
+
+def render_text(renderable: RenderableType) -> str:
+    """Render to a string at the terminal's width; colour only when stdout is a terminal."""
+    buf = io.StringIO()
+    console = Console(
+        file=buf,
+        width=max(80, shutil.get_terminal_size((110, 24)).columns),
+        force_terminal=sys.stdout.isatty(),
+        highlight=False,
+    )
+    console.print(renderable)
+    return buf.getvalue().rstrip("\n")
+
+
+def _status(target: str, *, now: float | None) -> tuple[StatusReport, str, str]:
+    """One look at the run directory: the report, its text and its JSON."""
+    run_dir, names = resolve_target(target)
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir}: the run directory does not exist yet; run `draftgen run CONFIG` first")
+    selected = _selected(run_dir, names)
+    metrics = compute_metrics(run_dir, selected)
+    summary = summarize(metrics, run_dir, selected, live_holder(run_dir))
+    text = redact(render_text(render_status(metrics, summary, now=time.time() if now is None else now)))
+    return StatusReport(run_dir=str(run_dir), metrics=metrics, summary=summary), text, \
+        redact(msgspec.json.encode(summary).decode())
+
+
+def run_status(target: str, *, echo: Callable[[str], object] = print, now: float | None = None,
+               as_json: bool = False) -> StatusReport:
+    """Summarise the run directory ``target`` (or a config's run directory) and echo it (or its JSON)."""
+    report, text, js = _status(target, now=now)
+    echo(js if as_json else text)
+    return report
+
+
+CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen
+
+
+def watch_status(target: str, interval: float, *, echo: Callable[[str], object] = print, as_json: bool = False,
+                 tty: bool | None = None, sleep: Callable[[float], object] = time.sleep) -> int:
+    """Show the status every ``interval`` seconds until interrupted; returns the blocks shown.
+
+    On a terminal each refresh clears the screen and redraws; otherwise (a pipe, a log) each refresh is
+    one block, blocks separated by a blank line (``--json``: one line each). Ctrl-C ends it quietly.
+    """
+    if not interval > 0:
+        raise InputError(f"--watch {interval}: the interval must be more than 0 seconds (e.g. --watch 2)")
+    redraw = (sys.stdout.isatty() if tty is None else tty) and not as_json
+    shown = 0
+    try:
+        while True:
+            _, text, js = _status(target, now=None)
+            out = js if as_json else text
+            echo(CLEAR + out if redraw else (out if as_json or not shown else "\n" + out))
+            shown += 1
+            sleep(interval)
+    except KeyboardInterrupt:
+        return shown
+
+
+def status_command(target: str, *, watch: float | None = None, as_json: bool = False,
+                   echo: Callable[[str], object] = print) -> None:
+    """``draftgen status``: one summary, or (``watch``) one every ``watch`` seconds until Ctrl-C."""
+    if watch is None:
+        run_status(target, echo=echo, as_json=as_json)
+    else:
+        watch_status(target, watch, echo=echo, as_json=as_json)

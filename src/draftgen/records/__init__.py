@@ -1,0 +1,169 @@
+"""Typed records: every row draftgen reads or writes, one module per phase output, and this face.
+
+Files and the record each line holds:
+
+    prepared/<dataset>/prompts.jsonl      PromptRecord                 (records.prompts)
+    prepared/<dataset>/stats.json         DatasetStats                 (records.prompts)
+    raw/<dataset>/raw_responses.jsonl     ResponseRecord (also legacy SGLang rows: sample_id + output_ids)
+    raw/<dataset>/failures.jsonl          FailureRecord                (records.responses)
+    emulator ground truth (--ground-truth) GroundTruthRecord           (records.responses)
+    audit/audit.json                      AuditReport                  (records.audit)
+    run.json                              RunManifest                  (records.run)
+    merged/*.parquet, manifest.json       MERGED_COLUMNS, MergeManifest (records.merged)
+    exports/<format>/*.jsonl              SpeculatorsRow, SpecForge*   (records.exports)
+    <hidden>/index, manifest.json         HiddenIndexRecord, HiddenManifest (records.hidden)
+    train/, accept/                       TrainLogRecord, TrainReport, AcceptReport (records.drafter)
+
+Every record carries ``SCHEMA_VERSION`` (``records.base``). Encoding and decoding happen only in
+``store``. Records are msgspec Structs: unknown keys in input are ignored (forward compatibility), missing
+optional fields take their defaults, and a wrong type is an InputError naming the file, line and field.
+"""
+
+from __future__ import annotations
+
+from draftgen.records.audit import (
+    AuditReport,
+    BillingExample,
+    DatasetAudit,
+    ExcludedSample,
+    MismatchExample,
+    StructuralExample,
+)
+from draftgen.records.base import SCHEMA_VERSION
+from draftgen.records.drafter import (
+    AcceptanceFigures,
+    AcceptReport,
+    ThroughputFigures,
+    TrainLogRecord,
+    TrainReport,
+)
+from draftgen.records.exports import (
+    SpecForgeConversationRow,
+    SpecForgeMessage,
+    SpecForgePromptRow,
+    SpeculatorsRow,
+)
+from draftgen.records.hidden import (
+    HiddenChecksSummary,
+    HiddenCounts,
+    HiddenDatasetLine,
+    HiddenExportReport,
+    HiddenExportSample,
+    HiddenIndexRecord,
+    HiddenLayerIds,
+    HiddenManifest,
+    HiddenSampleEntry,
+    HiddenStatesReport,
+    HiddenTarget,
+    TeacherResult,
+)
+from draftgen.records.merged import (
+    MANIFEST_LAYOUT,
+    MERGED_COLUMNS,
+    Column,
+    MergedDatasetStats,
+    MergedFile,
+    MergeManifest,
+    MergeStats,
+    SpeculatorsMetadata,
+    parquet_columns,
+)
+from draftgen.records.prompts import (
+    DatasetStats,
+    FunctionCall,
+    Message,
+    PromptIdView,
+    PromptRecord,
+    Tool,
+    ToolCall,
+    ToolFunction,
+    check_ids,
+)
+from draftgen.records.responses import (
+    VIEWS,
+    AttemptRecord,
+    FailureRecord,
+    GroundTruthRecord,
+    HealthEvent,
+    IdsSource,
+    Provenance,
+    ReferenceRow,
+    ResponseFields,
+    ResponseIdsView,
+    ResponseMergeView,
+    ResponseMetricsView,
+    ResponseRecord,
+    ResponseScanView,
+    Usage,
+    spend_usd,
+    view_mismatches,
+)
+from draftgen.records.run import LockHolder, RunManifest
+
+__all__ = [
+    "MANIFEST_LAYOUT",
+    "MERGED_COLUMNS",
+    "SCHEMA_VERSION",
+    "VIEWS",
+    "AcceptReport",
+    "AcceptanceFigures",
+    "AttemptRecord",
+    "AuditReport",
+    "BillingExample",
+    "Column",
+    "DatasetAudit",
+    "DatasetStats",
+    "ExcludedSample",
+    "FailureRecord",
+    "FunctionCall",
+    "GroundTruthRecord",
+    "HealthEvent",
+    "HiddenChecksSummary",
+    "HiddenCounts",
+    "HiddenDatasetLine",
+    "HiddenExportReport",
+    "HiddenExportSample",
+    "HiddenIndexRecord",
+    "HiddenLayerIds",
+    "HiddenManifest",
+    "HiddenSampleEntry",
+    "HiddenStatesReport",
+    "HiddenTarget",
+    "IdsSource",
+    "LockHolder",
+    "MergeManifest",
+    "MergeStats",
+    "MergedDatasetStats",
+    "MergedFile",
+    "Message",
+    "MismatchExample",
+    "PromptIdView",
+    "PromptRecord",
+    "Provenance",
+    "ReferenceRow",
+    "ResponseFields",
+    "ResponseIdsView",
+    "ResponseMergeView",
+    "ResponseMetricsView",
+    "ResponseRecord",
+    "ResponseScanView",
+    "RunManifest",
+    "SpecForgeConversationRow",
+    "SpecForgeMessage",
+    "SpecForgePromptRow",
+    "SpeculatorsMetadata",
+    "SpeculatorsRow",
+    "StructuralExample",
+    "TeacherResult",
+    "ThroughputFigures",
+    "Tool",
+    "ToolCall",
+    "ToolFunction",
+    "TrainLogRecord",
+    "TrainReport",
+    "Usage",
+    "check_ids",
+    "parquet_columns",
+    "spend_usd",
+    "view_mismatches",
+]

@@ -1,0 +1,102 @@
+"""Records of the drafter: ``train/log.jsonl`` (``TrainLogRecord``), ``train/train.json`` (``TrainReport``) and
+``accept/acceptance.json`` (``AcceptReport``)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from draftgen.records.base import SCHEMA_VERSION
+
+
+class TrainLogRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One line of ``train/log.jsonl``: a training step's (``kind`` "train") or an epoch's validation
+    (``kind`` "val") metrics from speculators: total loss, and per TTT step k the loss, the full accuracy
+    (all steps up to k right) and the conditional accuracy (step k right given steps < k right)."""
+
+    kind: str
+    global_step: int
+    epoch: int
+    loss: float
+    loss_k: list[float] = msgspec.field(default_factory=list)
+    full_acc_k: list[float] = msgspec.field(default_factory=list)
+    cond_acc_k: list[float] = msgspec.field(default_factory=list)
+    lr: float | None = None
+    tokens_per_s: float | None = None
+    step_ms: float | None = None
+    time: float = 0.0
+    schema_version: int = SCHEMA_VERSION
+
+
+class TrainReport(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """``train/train.json``: what ``draftgen train`` did and where the drafter is."""
+
+    exit_code: int
+    message: str
+    verifier: str
+    hidden: str
+    samples: int
+    layer_ids: list[int]
+    draft_vocab_size: int
+    ttt_steps: int
+    first_step: int = 0  # global step the run started at (> 0: resumed)
+    last_step: int = 0  # global steps done in all
+    steps_this_run: int = 0
+    seconds: float = 0.0
+    steps_per_s: float | None = None
+    checkpoint: str | None = None  # speculators-format checkpoint (vllm serve <checkpoint>)
+    eagle_checkpoint: str | None = None  # flat EAGLE-3 / SGLang format
+    final_train: TrainLogRecord | None = None
+    final_val: TrainLogRecord | None = None
+    offline_al: float | None = None  # 1 + sum_k prod_{j<=k} cond_acc_j (last validation, else last step)
+    schema_version: int = SCHEMA_VERSION
+
+
+# -- accept output: accept/acceptance.json (draftgen.phases.accept) --------------------------------------------------
+
+
+class AcceptanceFigures(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """Acceptance of the served drafter over one accept run. ``source`` "vllm-metrics": deltas of vLLM's
+    ``/metrics`` counters (AL = 1 + accepted/drafts, per position = accepted_per_pos[i]/drafts, rate =
+    accepted/draft_tokens); "sglang-meta_info": sums over the requests (AL = completion_tokens/verify_calls)."""
+
+    source: str
+    acceptance_length: float
+    per_position: list[float] = msgspec.field(default_factory=list)
+    acceptance_rate: float | None = None
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    accepted_per_pos: list[float] = msgspec.field(default_factory=list)
+    verify_calls: int = 0
+    completion_tokens: int = 0
+
+
+class ThroughputFigures(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One server's pass over the held-out prompts: completion tokens over wall seconds (all in flight)."""
+
+    base_url: str
+    requests: int
+    completion_tokens: int
+    seconds: float
+    tokens_per_s: float
+
+
+class AcceptReport(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """``accept/acceptance.json``: the measured acceptance next to the offline estimate from training."""
+
+    drafter: str
+    server: str  # "vllm" | "sglang"
+    prompts: int
+    sample_ids: list[str]
+    max_tokens: int
+    acceptance: AcceptanceFigures
+    speculative: ThroughputFigures
+    baseline: ThroughputFigures | None = None
+    speedup: float | None = None  # speculative tokens/s over baseline tokens/s
+    k: int | None = None  # the drafter's speculative tokens, from its config
+    offline_al: float | None = None  # 1 + Σ_k Π_{j≤k} cond_acc_j
+    offline_cond_acc: list[float] = msgspec.field(default_factory=list)
+    offline_source: str | None = None  # "train log <path> (val|train step N)" or "accept.offline_cond_acc"
+    notes: list[str] = msgspec.field(default_factory=list)
+    created_at: float = 0.0
+    schema_version: int = SCHEMA_VERSION

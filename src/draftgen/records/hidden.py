@@ -1,0 +1,154 @@
+"""Records of the hidden-state set: ``<hidden>/index/part-*.jsonl`` (``HiddenIndexRecord``), ``manifest.json``
+(``HiddenManifest``, written last), the exports' ``export.json`` and the disk estimate (``HiddenStatesReport``)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from draftgen.records.base import SCHEMA_VERSION
+
+# -- merge outputs: merged/stats.json, merged/manifest.json and the export rows -------------------------
+
+
+class HiddenDatasetLine(msgspec.Struct):
+    dataset: str
+    samples: int
+    tokens: int
+    bytes: int
+    drop_saves: int  # bytes saved by dropping this dataset
+    cap_saved: int  # bytes the length cap saved on this dataset
+
+
+class HiddenStatesReport(msgspec.Struct):
+    """Hidden-state disk estimate (``draftgen.hidden.estimate``): tokens × hidden_size × slots × dtype bytes."""
+
+    hidden_size: int
+    slots: int
+    dtype: str
+    tokens: int
+    bytes: int
+    tokens_uncapped: int
+    bytes_uncapped: int
+    cap_saved: int
+    max_seq_len: int | None
+    datasets: list[HiddenDatasetLine]
+    by_dtype: dict[str, int]
+
+
+# -- extract outputs: <hidden>/index/part-*.jsonl and <hidden>/manifest.json (draftgen.hidden.format) ------
+
+
+class TeacherResult(msgspec.Struct, omit_defaults=True):
+    """The teacher check of one sample: mean log-prob of the completion ids under the target's own head
+    applied to the stored final state, the same from a plain forward pass (None when not computed), and
+    chance (log 1/V), over ``positions`` completion positions."""
+
+    logprob_mean: float
+    chance_logprob: float
+    positions: int
+    reference_logprob_mean: float | None = None
+    aux_max_rel_err: float | None = None  # stored aux vs the reference hidden_states[id], worst layer
+    final_max_rel_err: float | None = None  # stored final vs the reference pre-norm state
+
+
+class HiddenIndexRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One line of an index part: the sample is done (its file is published and listed here)."""
+
+    sample_id: str
+    file: str  # relative to the hidden-state destination root
+    length: int
+    n_loss: int
+    failed: list[str] = msgspec.field(default_factory=list)
+    teacher: TeacherResult | None = None
+    schema_version: int = SCHEMA_VERSION
+
+
+class HiddenTarget(msgspec.Struct, omit_defaults=True):
+    name: str
+    revision: str | None = None
+
+
+class HiddenLayerIds(msgspec.Struct):
+    """Stored layer ids in the vLLM convention (id k = input of decoder layer k; id L = pre-norm final),
+    with their SGLang (id - 1) and HF ``output_hidden_states`` index equivalents."""
+
+    aux: list[int]
+    final: int
+    convention: str
+    sglang_aux: list[int]
+    hf_hidden_states_index: list[int]
+
+
+class HiddenCounts(msgspec.Struct):
+    samples: int
+    tokens: int
+    flagged: int
+
+
+class HiddenChecksSummary(msgspec.Struct, omit_defaults=True):
+    """Flagged samples per failed check, and the teacher log-prob distribution of the checked fraction."""
+
+    failed_by_check: dict[str, int] = msgspec.field(default_factory=dict)
+    flagged_sample_ids: list[str] = msgspec.field(default_factory=list)
+    teacher_checked: int = 0
+    teacher_fraction: float = 0.0
+    teacher_logprob_quantiles: dict[str, float] = msgspec.field(default_factory=dict)
+    teacher_logprob_histogram: list[tuple[float, int]] = msgspec.field(default_factory=list)
+    chance_logprob: float | None = None
+
+
+class HiddenSampleEntry(msgspec.Struct):
+    sample_id: str
+    file: str
+    length: int
+
+
+class HiddenManifest(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """``<hidden>/manifest.json``, written last: what was extracted, how, and every sample in merged order."""
+
+    schema: str
+    target: HiddenTarget
+    layer_ids: HiddenLayerIds
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    dtype: str
+    norm_weight_sha256: str
+    norm_eps: float
+    counts: HiddenCounts
+    samples: list[HiddenSampleEntry]
+    checks: HiddenChecksSummary = msgspec.field(default_factory=HiddenChecksSummary)
+    throughput_tokens_per_s: float | None = None
+    complete: bool = True  # false after --limit/--pilot: samples lists what is done so far
+    backend: str = "hf"
+    draftgen_version: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+
+# -- hidden-state exports (draftgen.hidden.exports) and draftgen train (draftgen.phases.train) --------------------
+
+
+class HiddenExportSample(msgspec.Struct):
+    """One line of an export folder's ``sample_ids.jsonl``: export index i, its sample, its file there."""
+
+    index: int
+    sample_id: str
+    file: str
+
+
+class HiddenExportReport(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """An export folder's ``export.json``, written last: which hidden set, which format, how many samples."""
+
+    format: str
+    out: str
+    hidden: str
+    manifest_fingerprint: str
+    samples: int
+    tokens: int
+    skipped_flagged: int = 0
+    include_flagged: bool = False
+    layer_ids: list[int] = msgspec.field(default_factory=list)  # aux, vLLM convention
+    final_layer_id: int = 0
+    dtype: str = ""
+    seconds: float = 0.0
+    schema_version: int = SCHEMA_VERSION

@@ -1,0 +1,124 @@
+"""The merged data: the Parquet row's columns (listed once), ``merged/stats.json`` and ``merged/manifest.json``."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import msgspec
+
+from draftgen.records.base import SCHEMA_VERSION
+from draftgen.records.hidden import HiddenStatesReport
+
+
+class MergedDatasetStats(msgspec.Struct, omit_defaults=True):
+    """One dataset's share of merged/ (``dataset`` is "all" for the total)."""
+
+    dataset: str
+    records: int = 0  # response records read (distinct sample ids of the prepared set)
+    orphans: int = 0  # records whose sample id is not in the current prepared set: never merged
+    samples: int = 0  # rows written (weight > 1 repeats count)
+    unique_samples: int = 0
+    train: int = 0
+    validation: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    reasoning_share: float = 0.0  # reasoning_tokens / completion_tokens
+    supervised_tokens: int = 0  # ones in loss_mask
+    capped: int = 0  # rows truncated to max_seq_len
+    truncated: int = 0  # rows whose generation hit max_tokens (the model's real tokens, kept unless drop_truncated)
+    tokens_uncapped: int = 0  # prompt + completion tokens before the cap
+    dropped: dict[str, int] = msgspec.field(default_factory=dict)  # reason -> samples
+
+
+class MergeStats(msgspec.Struct, omit_defaults=True):
+    datasets: list[MergedDatasetStats]
+    total: MergedDatasetStats
+    notes: list[str] = msgspec.field(default_factory=list)
+    hidden_states: HiddenStatesReport | None = None
+    schema_version: int = SCHEMA_VERSION
+
+
+MANIFEST_LAYOUT = 2
+
+
+"""``MergeManifest.layout`` that merge writes. 2: file paths relative to the run directory (``merged/…`` and
+``exports/…``). 1 (manifests without the field): paths relative to merged/, exports inside merged/."""
+
+
+class MergedFile(msgspec.Struct):
+    path: str  # relative to the run directory (layout 2; relative to merged/ in a layout-1 manifest)
+    split: str  # "train" | "validation" | "all" (the dataset card, stats.json)
+    kind: str  # "parquet" | "card" | "stats" | an export format (``export.EXPORTERS``)
+    rows: int
+    bytes: int
+    sha256: str
+
+
+class MergeManifest(msgspec.Struct, omit_defaults=True):
+    """merged/manifest.json, written last: the merge output is complete iff it exists. It lists every file
+    the merge wrote (merged/ and exports/), and the next merge removes exactly those before writing."""
+
+    files: list[MergedFile]
+    seed: int
+    merge: dict[str, Any]  # the merge config section used
+    datasets: list[str]
+    profile: str
+    forced: list[str] = msgspec.field(default_factory=list)  # provenance differences accepted with --force
+    layout: int = 1  # how ``files[].path`` is rooted (MANIFEST_LAYOUT); absent in older manifests
+    schema_version: int = SCHEMA_VERSION
+
+
+class Column(NamedTuple):
+    """One column. ``arrow``: its Arrow type (``list<int32>``, ``list<int8>``, ``string``, ``int32``,
+    ``bool``), None for a metadata-only field. ``doc``: its line in the dataset card (``{reasoning}`` is
+    filled with the run's reasoning masking). ``attr``: the ``export.MergedRow`` attribute holding its
+    value; None where ``export`` computes it (the ids and the mask). ``meta``: its type in speculators'
+    ``metadata`` (None: not there), with ``meta_default`` for a missing value (None becomes it) and
+    ``meta_attr`` when the metadata reads another attribute than the Parquet column."""
+
+    name: str
+    arrow: str | None
+    doc: str
+    attr: str | None
+    meta: type | None = None
+    meta_default: Any = msgspec.NODEFAULT
+    meta_attr: str | None = None
+
+
+MERGED_COLUMNS: tuple[Column, ...] = (
+    Column("input_ids", "list<int32>", "prompt then completion ids, exact", None),
+    Column("loss_mask", "list<int8>", "same length as `input_ids`: 0 over the prompt{reasoning}, "
+           "1 over the completion", None),
+    # the Parquet column is the row id (``#repN`` on repeats), speculators' metadata the bare sample id
+    Column("sample_id", "string", "`#repN` marks a repeat from a dataset weight > 1", "row_id", str,
+           meta_attr="sample_id"),
+    Column("dataset", "string", "the dataset of the run config", "dataset", str),
+    Column("finish_reason", "string", "as the server reported it", "finish_reason", str, ""),
+    Column("provider", "string", "the provider that served it", "provider", str, ""),
+    Column("ids_source", "string", "`exact`, `logprobs` or `reconstructed`", "ids_source", str, "exact"),
+    Column("prompt_len", "int32", "prompt tokens", "prompt_len", int, 0),
+    Column("completion_len", "int32", "completion tokens (after the cap)", "completion_len", int, 0),
+    Column("reasoning_len", "int32", "reasoning tokens of the completion (after the cap)", "reasoning_len",
+           int, 0),
+    Column("capped", "bool", "cut to `merge.max_seq_len`", "capped", bool, False),
+    Column("is_tool_call", None, "the completion calls a tool", "is_tool_call", bool, False),
+)
+
+
+def parquet_columns() -> tuple[Column, ...]:
+    """The columns of the Parquet files, in order."""
+    return tuple(c for c in MERGED_COLUMNS if c.arrow is not None)
+
+
+def _meta_field(c: Column) -> tuple[str, Any] | tuple[str, Any, Any]:
+    return (c.name, c.meta) if c.meta_default is msgspec.NODEFAULT else (c.name, c.meta, c.meta_default)
+
+
+# Every key is always written (no omit_defaults): Arrow's JSON reader infers one schema per chunk.
+SpeculatorsMetadata: type[msgspec.Struct] = msgspec.defstruct(
+    "SpeculatorsMetadata", [_meta_field(c) for c in MERGED_COLUMNS if c.meta is not None], module="draftgen.records")
+
+
+SpeculatorsMetadata.__doc__ = ("``metadata`` of a speculators export row: the columns of ``MERGED_COLUMNS`` "
+                               "with a ``meta`` type, None written as their default.")

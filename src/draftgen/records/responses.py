@@ -1,0 +1,265 @@
+"""Response records: ``raw/<dataset>/raw_responses.jsonl`` (``ResponseRecord``), ``failures.jsonl``, attempts,
+provider health events, the emulator's ground truth, and the partial views used for fast scans."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from draftgen.records.base import SCHEMA_VERSION
+from draftgen.records.prompts import PromptIdView, PromptRecord, ToolCall
+
+# How a record's output_ids were obtained.
+#   exact          the server returned token ids (vLLM return_token_ids, SGLang output_ids)
+#   logprobs       mapped back from per-token logprob strings/bytes: exact
+#   reconstructed  re-encoded from text with the target's profile
+IdsSource = Literal["exact", "logprobs", "reconstructed"]
+
+
+def spend_usd(cost: float, is_byok: bool, upstream_cost: float | None) -> float:
+    """What one response cost the account: ``cost``, plus the upstream cost only on BYOK responses
+    (where ``cost`` is 0; on other responses ``upstream_inference_cost`` repeats ``cost``)."""
+    return cost + (upstream_cost or 0.0) if is_byok else cost
+
+
+class Usage(msgspec.Struct, omit_defaults=True):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cached_tokens: int = 0
+    cost: float = 0.0
+    is_byok: bool = False
+    upstream_cost: float | None = None
+    #: the upstream gave no ``usage.cost``; ``cost`` was computed from the token counts and the routed prices
+    cost_computed: bool = False
+
+
+class Provenance(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """What produced a record: checked against the config by every phase that reads it.
+
+    ``tokenizer_sha256`` is the sha256 of the tokenizer's vocabulary file (``tokens.loader``).
+    ``imported_from`` is set by ``draftgen import`` (the source file), never by generate.
+    """
+
+    model_id: str
+    profile: str
+    tokenizer_sha256: str
+    imported_from: str | None = None
+
+
+class ResponseFields(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """What came back for one request: the fields a ``backends.base.Completion`` (as the server sent them)
+    and a ``ResponseRecord`` (as written) share. Both derive from this one Struct, and
+    ``ResponseRecord.from_completion`` is the one place a record is built from a completion.
+
+    ``reasoning`` is the first non-empty of the ``reasoning``, ``reasoning_content`` and joined
+    ``reasoning_details[].text`` fields; ``reasoning_field`` names which one carried it.
+    """
+
+    reasoning: str | None = None
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    reasoning_field: str | None = None  # "reasoning" | "reasoning_content" | "reasoning_details" | None
+    finish_reason: str | None = None
+    native_finish_reason: str | None = None
+    provider: str | None = None
+    model: str | None = None
+    generation_id: str | None = None
+    usage: Usage | None = None
+    output_ids: list[int] | None = None
+    prompt_ids: list[int] | None = None
+    ttft_s: float | None = None  # time to the first byte of the answer (streams only)
+
+
+class ResponseRecord(ResponseFields, omit_defaults=True):
+    """One finished sample. A sample is done iff a ResponseRecord with its id is in raw_responses.jsonl.
+
+    Legacy local-SGLang rows carry only ``sample_id`` and ``output_ids``; every other field is optional.
+    The fields of ``ResponseFields`` are keyword-only and come after the record's own in the encoded line
+    (key order carries no meaning: every reader decodes by name).
+    """
+
+    sample_id: str
+    dataset: str = ""
+    partition: str = "short"
+    ids_source: IdsSource = "exact"
+    recon_flags: list[str] = msgspec.field(default_factory=list)
+    request_hash: str | None = None
+    max_tokens: int | None = None
+    backend: str | None = None
+    attempts: int = 1
+    latency_s: float | None = None
+    quantization: str | None = None  # of the provider that served it, when the run knows it (routing metadata)
+    created_at: float = 0.0
+    provenance: Provenance | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    @classmethod
+    def from_completion(cls, comp: ResponseFields, **record: Any) -> ResponseRecord:
+        """The record of ``comp``: every ``ResponseFields`` field taken from it, then ``record`` (the
+        record's own fields, and any shared field rebuilt from the completion, e.g. ``output_ids``)."""
+        shared = {name: getattr(comp, name) for name in ResponseFields.__struct_fields__}
+        return cls(**{**shared, **record})
+
+
+class FailureRecord(msgspec.Struct, omit_defaults=True):
+    """Why a sample is not done. Failures are retried on the next run; the latest one per id counts."""
+
+    sample_id: str
+    dataset: str
+    kind: str  # stable label: "rate_limited", "context_length_exceeded", "retries_exhausted:server", ...
+    reason: str
+    partition: str = "short"
+    status: int | None = None
+    permanent: bool = False
+    attempts: int = 0
+    provider: str | None = None
+    created_at: float = 0.0
+    schema_version: int = SCHEMA_VERSION
+
+
+class AttemptRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One request attempt, in ``logs/attempts.jsonl``: provider health, per-provider figures and the
+    report's timelines (retries and failures by kind, requests in flight) are computed from these."""
+
+    sample_id: str
+    dataset: str
+    attempt: int  # 1 for the first try of the sample in this session
+    started_at: float
+    ended_at: float
+    outcome: str  # "ok", or the failure kind: rate_limited, reasoning_dropped, provider_excluded, idle_timeout, ...
+    provider: str | None = None
+    quantization: str | None = None
+    ttft_s: float | None = None
+    completion_tokens: int = 0
+    cost: float = 0.0
+    schema_version: int = SCHEMA_VERSION
+
+
+class HealthEvent(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """A provider sent to, or back from, the run's cool-down (``logs/health.jsonl``)."""
+
+    at: float
+    provider: str
+    event: Literal["cooldown", "restored"]
+    reason: str = ""  # e.g. "7 of 10 recent outcomes bad: reasoning_dropped 5, server_error 2"
+    until: float | None = None
+    schema_version: int = SCHEMA_VERSION
+
+
+class GroundTruthRecord(msgspec.Struct, omit_defaults=True):
+    """What the emulated model really sampled, for the BPE audit. Never part of an API response."""
+
+    generation_id: str
+    output_ids: list[int]
+    prompt_ids: list[int]
+    non_canonical: bool = False
+    schema_version: int = SCHEMA_VERSION
+
+
+# -- partial views: the fields a fast scan decodes, kept beside their record ---------------------------------
+# A view decodes a record's lines reading only some fields; the rest are skipped (``msgspec.Raw``: left
+# undecoded). msgspec fills a missing field with its default, so a view whose field no longer matches its
+# record (renamed, retyped) would silently mislabel rows: every view is registered in ``VIEWS`` and
+# ``view_mismatches`` (run by tests/test_records.py) checks each against its record.
+
+
+class ResponseScanView(msgspec.Struct):
+    """``ResponseRecord`` for resume (``store.scan_responses``) and the planner's observed lengths."""
+
+    sample_id: str
+    usage: Usage | None = None
+    output_ids: msgspec.Raw = msgspec.Raw(b"")
+    provenance: Provenance | None = None
+    schema_version: int = SCHEMA_VERSION
+
+
+class ResponseMergeView(msgspec.Struct):
+    """``ResponseRecord`` for merge's scan: ids and flags; the text stays on disk (read back by offset)."""
+
+    sample_id: str
+    finish_reason: str | None = None
+    provider: str | None = None
+    ids_source: IdsSource = "exact"
+    recon_flags: list[str] = msgspec.field(default_factory=list)
+    output_ids: list[int] | None = None
+    prompt_ids: list[int] | None = None
+    content: msgspec.Raw = msgspec.Raw()
+    tool_calls: msgspec.Raw = msgspec.Raw()
+    provenance: Provenance | None = None
+    schema_version: int = SCHEMA_VERSION
+
+
+class ResponseMetricsView(msgspec.Struct):
+    """``ResponseRecord`` for the report's metrics; text and id arrays are skipped."""
+
+    sample_id: str
+    reasoning_field: str | None = None
+    finish_reason: str | None = None
+    provider: str | None = None
+    usage: Usage | None = None
+    output_ids: msgspec.Raw = msgspec.Raw(b"")
+    prompt_ids: msgspec.Raw = msgspec.Raw(b"")
+    reasoning: msgspec.Raw = msgspec.Raw(b"")
+    ids_source: IdsSource = "exact"
+    recon_flags: list[str] = msgspec.field(default_factory=list)
+    latency_s: float | None = None
+    ttft_s: float | None = None
+    quantization: str | None = None
+    created_at: float = 0.0
+
+
+class ResponseIdsView(msgspec.Struct):
+    """``ResponseRecord``: a sample's output ids (the report's mismatch examples)."""
+
+    sample_id: str
+    output_ids: list[int] | None = None
+
+
+VIEWS: dict[type[msgspec.Struct], type[msgspec.Struct]] = {
+    ResponseScanView: ResponseRecord,
+    ResponseMergeView: ResponseRecord,
+    ResponseMetricsView: ResponseRecord,
+    ResponseIdsView: ResponseRecord,
+    PromptIdView: PromptRecord,
+}
+
+
+"""Every partial view → the record it reads. A new view is registered here."""
+
+
+def view_mismatches(view: type[msgspec.Struct], record: type[msgspec.Struct]) -> list[str]:
+    """How ``view`` disagrees with ``record`` (empty: it is a faithful view): a field the record lacks, a
+    different type, or a different default. A ``msgspec.Raw`` field stands for any type (left undecoded)."""
+    rec = {f.name: f for f in msgspec.structs.fields(record)}
+    out: list[str] = []
+    for f in msgspec.structs.fields(view):
+        r = rec.get(f.name)
+        if r is None:
+            out.append(f"{view.__name__}.{f.name}: not a field of {record.__name__}")
+            continue
+        if f.type is msgspec.Raw:
+            continue
+        if f.type != r.type:
+            out.append(f"{view.__name__}.{f.name}: type {f.type!r}, {record.__name__} has {r.type!r}")
+        if f.required != r.required or (
+                not f.required and (f.default, _factory_value(f)) != (r.default, _factory_value(r))):
+            out.append(f"{view.__name__}.{f.name}: default differs from {record.__name__}'s")
+    return out
+
+
+def _factory_value(f: msgspec.structs.FieldInfo) -> Any:
+    return f.default_factory() if f.default_factory is not msgspec.NODEFAULT else msgspec.NODEFAULT
+
+
+class ReferenceRow(msgspec.Struct):
+    """A line of a reference-ids file for the BPE audit (``audit.reference``): either a
+    ``GroundTruthRecord`` (keyed by ``generation_id``) or a record with exact ids keyed by ``sample_id``
+    (a ``ResponseRecord`` of a vLLM/SGLang run). Not a view of one record: it reads both."""
+
+    output_ids: list[int] | None = None
+    generation_id: str | None = None
+    sample_id: str | None = None
+    prompt_ids: list[int] | None = None
+    non_canonical: bool = False
