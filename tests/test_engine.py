@@ -131,6 +131,24 @@ def test_retry_policy_full_jitter_and_retry_after() -> None:
     assert not pol.should_retry(PermanentAPIError("x"), 1)
 
 
+def test_retry_policy_decides_retry_keep_or_give_up() -> None:
+    from draftgen.engine.assemble import UnusableResponse
+    from draftgen.engine.retry import GiveUp, Keep, Retry
+
+    pol = RetryPolicy(RetryConfig(max_attempts=2, base_delay_s=0.5, multiplier=2.0, max_delay_s=3.0),
+                      rng=random.Random(1))
+    first = pol.decide(RateLimited("x", retry_after=2.0), 1, keepable=True)  # attempts left: retry, never keep
+    assert isinstance(first, Retry) and 2.0 <= first.delay <= 2.2
+    assert pol.decide(RetryableAPIError("x", kind="server_error"), 2) == GiveUp("retries_exhausted:server_error",
+                                                                                 permanent=False)
+    unusable = UnusableResponse("no reasoning", kind="reasoning_dropped")
+    assert pol.decide(unusable, 2) == GiveUp("reasoning_dropped", permanent=False)  # says what was wrong
+    assert pol.decide(unusable, 2, keepable=True) == Keep()
+    # a permanent error is final at once, and a kept response never stands in for it
+    assert pol.decide(PermanentAPIError("x", kind="bad_request"), 1, keepable=True) == GiveUp("bad_request",
+                                                                                               permanent=True)
+
+
 def test_token_budget_admission() -> None:
     tb = TokenBudget(budget=10_000, done=2_000)
     assert tb.check(4_000) is Admission.OK
@@ -336,7 +354,16 @@ class _ScriptedBackend:
 
 
 def test_engine_retries_oversized_responses_and_prices_missing_costs(tmp_path: Path, qwen3_profile) -> None:  # type: ignore[no-untyped-def]
-    from draftgen.engine import Assembler, DatasetPlan, Engine, PartitionPlan, RunLog, RunStats, make_display
+    from draftgen.engine import (
+        Assembler,
+        DatasetPlan,
+        Engine,
+        EngineOptions,
+        PartitionPlan,
+        RunLog,
+        RunStats,
+        make_display,
+    )
 
     ids = write_prompts(tmp_path, "d", 6)
     stats, log = RunStats(), RunLog(None)
@@ -349,7 +376,7 @@ def test_engine_retries_oversized_responses_and_prices_missing_costs(tmp_path: P
                               pending={"short": 6})],
         partitions=[PartitionPlan("short", 2, 64)], governor=gov,
         policy=RetryPolicy(RetryConfig(max_attempts=3, base_delay_s=0.001, max_delay_s=0.01)), stats=stats,
-        log=log, display=make_display("off", stats, log), fsync=False, ramp_s=0.0,
+        log=log, display=make_display("off", stats, log), options=EngineOptions(fsync=False, ramp_s=0.0),
     )
     result = asyncio.run(engine.run())
     assert result.exit_code == 0

@@ -177,7 +177,15 @@ class _HoldFirst:
 
 def test_scheduler_tracks_requests_in_flight_per_sample_and_feeds_partition_figures(
         tmp_path: Path, qwen3_profile) -> None:  # type: ignore[no-untyped-def]
-    from draftgen.engine import Assembler, DatasetPlan, Engine, PartitionPlan, RunLog, make_display
+    from draftgen.engine import (
+        Assembler,
+        DatasetPlan,
+        Engine,
+        EngineOptions,
+        PartitionPlan,
+        RunLog,
+        make_display,
+    )
 
     ids = write_prompts(tmp_path, "d", 6)
     stats, log = RunStats(), RunLog(None)
@@ -190,7 +198,7 @@ def test_scheduler_tracks_requests_in_flight_per_sample_and_feeds_partition_figu
         partitions=[PartitionPlan("short", 3, 64)],
         governor=BudgetGovernor(prices=Prices(prompt=1e-6, completion=2e-6), priced=True),
         policy=RetryPolicy(RetryConfig(max_attempts=3, base_delay_s=0.001, max_delay_s=0.01)), stats=stats,
-        log=log, display=make_display("off", stats, log), fsync=False, ramp_s=0.0,
+        log=log, display=make_display("off", stats, log), options=EngineOptions(fsync=False, ramp_s=0.0),
     )
 
     async def main() -> tuple[list[tuple[str, str]], str | None, float | None]:

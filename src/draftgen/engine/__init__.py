@@ -1,12 +1,14 @@
 """The generation engine: scheduling, retries, adaptive concurrency, budgets, writers, progress.
 
 ``Engine`` (``scheduler``) runs one generation over ``DatasetPlan``s and ``PartitionPlan``s with a
-``Backend``; ``generate.run_generate`` builds those from the config. Modules: ``scheduler`` (producers,
-sample tasks, shutdown), ``limiter`` (AIMD slots), ``retry`` (backoff), ``budget`` (tokens and dollars
-with reservations), ``writer`` (one group-committing writer task per file), ``prompts`` (streamed
-prompt cursors), ``assemble`` (Completion → ResponseRecord with ids, and what makes a response usable),
-``health`` (provider cool-downs and the routing applied to responses), ``stats`` (counters) and
-``progress`` (rich/plain display and the run log).
+``Backend`` and one ``EngineOptions``; ``generate.run_generate`` builds those from the config. Modules:
+``plans`` (plans, options, result), ``scheduler`` (producers, shutdown), ``sample`` (one sample's slot,
+reservation, attempts and record), ``sinks`` (the writers of its files), ``limiter`` (AIMD slots),
+``retry`` (backoff and the retry decision), ``budget`` (tokens and dollars with reservations), ``writer``
+(one group-committing writer task per file), ``prompts`` (streamed prompt cursors), ``assemble``
+(Completion → ResponseRecord with ids, and what makes a response usable), ``health`` (provider
+cool-downs and the routing applied to responses), ``stats`` (counters) and ``progress`` (rich/plain
+display and the run log).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from draftgen.engine.assemble import Assembler, request_hash
 from draftgen.engine.budget import Admission, BudgetGovernor, Prices, TokenBudget, usage_cost
 from draftgen.engine.health import HealthPolicy, ProviderHealth, RoutingGuard
 from draftgen.engine.limiter import AdaptiveLimiter
+from draftgen.engine.plans import DatasetPlan, EngineOptions, EngineResult, PartitionPlan
 from draftgen.engine.progress import Display, RunLog, make_display, status_line, summary_lines
 from draftgen.engine.prompts import PromptCursor, count_pending, estimate_prompt_tokens
 from draftgen.engine.retry import RetryPolicy
-from draftgen.engine.scheduler import DatasetPlan, Engine, EngineResult, PartitionPlan
+from draftgen.engine.scheduler import Engine
 from draftgen.engine.stats import DatasetCounts, RunStats
 from draftgen.engine.writer import RecordSink
 
@@ -31,6 +34,7 @@ __all__ = [
     "DatasetPlan",
     "Display",
     "Engine",
+    "EngineOptions",
     "EngineResult",
     "HealthPolicy",
     "PartitionPlan",

@@ -9,16 +9,45 @@ in its last tenth, still jittered): a ``Retry-After: 86400`` never parks a sampl
 Retryable: ``RetryableAPIError`` (429, 5xx, 408, timeouts, resets, empty 200s, ``finish_reason: error``,
 errors in 200 bodies, mid-stream errors), up to ``max_attempts`` attempts in all. Everything else is final
 for this run; failure records are retried on the next run.
+
+``RetryPolicy.decide`` is the one retry decision of a sample's failed attempt (``sample.SampleRunner``):
+``Retry`` after a delay, ``Keep`` the sample's last unusable response as its record (retries exhausted,
+``quality.keep_unusable``), or ``GiveUp`` with the failure's kind.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 from draftgen.config import RetryConfig
+from draftgen.engine.assemble import UnusableResponse
 from draftgen.errors import APIError, RetryableAPIError
 
-__all__ = ["RetryPolicy"]
+__all__ = ["Decision", "GiveUp", "Keep", "Retry", "RetryPolicy"]
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Another attempt, after ``delay`` seconds."""
+
+    delay: float
+
+
+@dataclass(frozen=True)
+class Keep:
+    """No more attempts; the sample's last unusable response becomes its record, flagged."""
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """No more attempts; the sample is a failure of ``kind`` (``permanent``: retrying cannot help)."""
+
+    kind: str
+    permanent: bool
+
+
+Decision = Retry | Keep | GiveUp
 
 
 class RetryPolicy:
@@ -31,6 +60,18 @@ class RetryPolicy:
 
     def should_retry(self, exc: APIError, attempts: int) -> bool:
         return isinstance(exc, RetryableAPIError) and attempts < self.max_attempts
+
+    def decide(self, exc: APIError, attempts: int, *, keepable: bool = False) -> Decision:
+        """What follows ``attempts`` attempts, the last failed with ``exc``; ``keepable``: the sample has
+        an unusable response it may keep. Draws the jittered delay only for a retry."""
+        if self.should_retry(exc, attempts):
+            return Retry(self.delay(attempts, exc.retry_after))
+        retryable = isinstance(exc, RetryableAPIError)
+        if retryable and keepable:
+            return Keep()
+        # An unusable response is no transient error: the failure says what was wrong with it.
+        kind = exc.kind if isinstance(exc, UnusableResponse) else f"retries_exhausted:{exc.kind}" if retryable else exc.kind
+        return GiveUp(kind, permanent=not retryable)
 
     def delay(self, attempts: int, retry_after: float | None = None) -> float:
         """Seconds to wait after ``attempts`` failed attempts (``attempts`` >= 1)."""

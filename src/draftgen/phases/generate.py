@@ -51,6 +51,7 @@ from draftgen.engine import (
     BudgetGovernor,
     DatasetPlan,
     Engine,
+    EngineOptions,
     HealthPolicy,
     PartitionPlan,
     ProviderHealth,
@@ -387,7 +388,7 @@ def _install_signals(engine: Engine, display: Any) -> Callable[[], None]:
         if count == 1:
             engine.stats.interrupt = signame  # the display shows the grace period counting down
             display.print(f"{signame}: stopping; grace period: finishing {engine.in_flight} requests in flight "
-                          f"(up to {engine.grace_s:g}s); press Ctrl-C again to abort now")
+                          f"(up to {engine.options.grace_s:g}s); press Ctrl-C again to abort now")
             engine.request_stop(f"interrupted ({signame}); the next run resumes", exit_code=130, grace=True)
         else:
             display.print(f"{signame} again: aborting, exiting now; finished records are on disk")
@@ -421,13 +422,16 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
         if governor.remaining is not None and governor.remaining <= 0:
             return 1, (f"the dollar budget is spent (${governor.spent:.4f} of ${cfg.budget.max_spend_usd}); "
                        "raise --max-spend to continue")
-        engine = Engine(
-            backend=backend, assembler=Assembler(profile, provenance=provenance, parse_ids=caps.output_is_raw_ids), datasets=plans, partitions=partitions, governor=governor,
-            policy=RetryPolicy(cfg.retry), stats=stats, log=log, display=display,
+        options = EngineOptions(
             adaptive=cfg.retry.adaptive_concurrency, grace_s=cfg.retry.shutdown_grace_s,
             needs_prompt_ids=caps.needs_prompt_ids, cpu_workers=max(1, min(4, (os.cpu_count() or 2))),
-            attempts_path=rd.attempts, health_path=rd.health, health=_health(cfg, eps),
+            attempts_path=rd.attempts, health_path=rd.health,
             keep_unusable=cfg.quality.keep_unusable, require_reasoning=not cfg.reasoning.exclude,
+        )
+        engine = Engine(
+            backend=backend, assembler=Assembler(profile, provenance=provenance, parse_ids=caps.output_is_raw_ids),
+            datasets=plans, partitions=partitions, governor=governor, policy=RetryPolicy(cfg.retry), stats=stats,
+            log=log, display=display, health=_health(cfg, eps), options=options,
         )
         uninstall = _install_signals(engine, display)
         display.start()

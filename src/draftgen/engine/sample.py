@@ -1,0 +1,506 @@
+"""One sample's state machine: its slot and reservation, attempts until a usable outcome, one record.
+
+Reads a ``PromptRecord`` with the partition slot and budget reservation the producer took for it
+(``scheduler``); writes its ``ResponseRecord`` or ``FailureRecord``, and one ``AttemptRecord`` per attempt,
+through ``Sinks``. Three layers, each owning one thing:
+
+- ``SampleRunner.run`` owns the ``Lease`` (slot and reservation): on every path (written, failed,
+  cancelled, an internal error) the reservation is settled or released exactly once, the slot is
+  released once, and the sample leaves the requests in flight.
+- ``_until_done`` loops over outcomes until the sample is written or given up. Every failed outcome goes
+  through ``_decide`` once: the run's stop rules, then the one retry decision (``RetryPolicy.decide``):
+  wait out the backoff and attempt again, keep the last unusable response, or record the failure.
+- ``_attempt`` is one request and the checks on its response, returning a typed outcome: ``Usable``
+  (build it), ``Unusable`` (retry elsewhere: its provider is avoided, the response may be kept) or
+  ``Rejected`` (an API error, or more tokens than asked for). ``_finish`` frees the slot, builds the
+  record in the CPU pool and writes it: ``Finished``, or ``Rejected`` when the text rebuilt too long.
+
+Invariants: the slot is freed as soon as a response is in, before its record is built, and taken again
+before a further attempt; a response that is not written as a record still has its billed cost booked
+(``_charge_rejected``); a kept unusable response writes no ``AttemptRecord`` of its own (its attempt has
+one already) and feeds no provider health.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Literal, Protocol
+
+from draftgen.backends.base import Backend, Completion, CompletionRequest
+from draftgen.backends.wire import attribute, provider_of
+from draftgen.engine.assemble import (
+    Assembler,
+    UnusableResponse,
+    check_reasoning,
+    check_record_tokens,
+    check_tokens,
+)
+from draftgen.engine.budget import BudgetGovernor, Reservation, usage_cost
+from draftgen.engine.health import ProviderHealth
+from draftgen.engine.limiter import AdaptiveLimiter
+from draftgen.engine.plans import EngineOptions, PartitionPlan
+from draftgen.engine.progress import RunLog
+from draftgen.engine.retry import Keep, Retry, RetryPolicy
+from draftgen.engine.sinks import Sinks
+from draftgen.engine.stats import RunStats
+from draftgen.errors import (
+    APIError,
+    AuthError,
+    DraftgenError,
+    PaymentRequired,
+    RateLimited,
+    RetryableAPIError,
+)
+from draftgen.records import AttemptRecord, FailureRecord, PromptRecord, ResponseRecord
+
+__all__ = ["Finished", "Host", "Lease", "Rejected", "Response", "SampleRunner", "Unusable", "Usable"]
+
+_CONNECT_KINDS = {"connect_error", "connect_timeout"}
+
+
+class Host(Protocol):
+    """What a sample needs from the engine that runs it: whether the run is stopping, and a way to stop it."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def request_stop(self, reason: str, *, exit_code: int = 1, hard: bool = False, grace: bool = False) -> None: ...
+
+
+# -- outcomes ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Response:
+    """A response that is in: when its attempt started and ended (wall clock), what was booked for it
+    already (a rejected response's billed cost), and for a kept unusable one, its kind."""
+
+    comp: Completion
+    latency: float
+    started: float
+    ended: float
+    charged: float = 0.0
+    unusable: str | None = None
+
+
+@dataclass(frozen=True)
+class Usable:
+    """A response that passed the checks on the wire's answer: build its record."""
+
+    response: Response
+
+
+@dataclass(frozen=True)
+class Unusable:
+    """A response that is no record (reasoning dropped, an excluded provider): retried elsewhere, or kept."""
+
+    exc: UnusableResponse
+    response: Response
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A failed attempt: an API error, or a response with more tokens than it was allowed."""
+
+    exc: APIError
+
+
+@dataclass(frozen=True)
+class Finished:
+    """Nothing more to do: the record is on its sink, or the sample's failure is."""
+
+
+Attempt = Usable | Unusable | Rejected
+Built = Finished | Rejected
+_Next = Literal["attempt", "keep", "stop"]
+
+
+# -- the slot and the reservation --------------------------------------------------------------------------
+
+
+class Lease:
+    """The partition slot and the budget reservation one sample holds (both taken by the producer)."""
+
+    def __init__(self, part: PartitionPlan, limiter: AdaptiveLimiter, res: Reservation, governor: BudgetGovernor,
+                 stats: RunStats) -> None:
+        self.part, self.limiter, self.res, self.governor, self.stats = part, limiter, res, governor, stats
+        self.slot = True
+        self.settled = False
+
+    def response_in(self, *, success: bool) -> None:
+        """Free the slot now that a response is in (``success``: it counts for the adaptive limit)."""
+        lim = self.limiter
+        self.slot = False
+        if success:
+            lim.on_success()
+        lim.release()
+        self.stats.in_flight[self.part.name] = lim.in_use
+        self.stats.limit[self.part.name] = lim.current
+
+    async def retake(self) -> None:
+        """A slot again, for an attempt after the slot was freed."""
+        await self.limiter.acquire()
+        self.slot = True
+        self.stats.in_flight[self.part.name] = self.limiter.in_use
+
+    def close(self) -> None:
+        """Release what is still held: the reservation unless it was settled, the slot if held."""
+        if not self.settled:
+            self.governor.release_res(self.res)
+            self.stats.reserved = self.governor.reserved
+        if self.slot:
+            self.limiter.release()
+            self.stats.in_flight[self.part.name] = self.limiter.in_use
+
+
+@dataclass
+class Sample:
+    """One sample's state across its attempts."""
+
+    dataset: str
+    prompt: PromptRecord
+    lease: Lease
+    req: CompletionRequest
+    flight: dict[tuple[str, str], float]
+    attempts: int = 0
+    avoid: list[str] = field(default_factory=list)  # providers it must not go back to (they returned it unusable)
+    kept: Response | None = None  # its last unusable response
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.dataset, self.prompt.sample_id
+
+    @property
+    def part(self) -> PartitionPlan:
+        return self.lease.part
+
+
+# -- the runner --------------------------------------------------------------------------------------------
+
+
+class SampleRunner:
+    def __init__(self, *, host: Host, backend: Backend, assembler: Assembler, governor: BudgetGovernor,
+                 policy: RetryPolicy, stats: RunStats, log: RunLog, health: ProviderHealth | None,
+                 options: EngineOptions, sinks: Sinks, cpu: Executor | None,
+                 backoff: set[asyncio.Task[Any]]) -> None:
+        self.host, self.backend, self.assembler, self.governor = host, backend, assembler, governor
+        self.policy, self.stats, self.log, self.health = policy, stats, log, health
+        self.options, self.sinks, self.cpu = options, sinks, cpu
+        self.backoff = backoff  # tasks waiting out a retry's delay: the host cancels them when it stops
+        self.connect_failures = 0
+        self.successes = 0
+        self.last_success = time.monotonic()
+
+    async def run(self, part: PartitionPlan, limiter: AdaptiveLimiter, alive: asyncio.Semaphore, dataset: str,
+                  prompt: PromptRecord, res: Reservation) -> None:
+        """One sample, from the slot and reservation the producer took to its record or failure."""
+        lease = Lease(part, limiter, res, self.governor, self.stats)
+        flight = self.stats.partition(part.name).flight
+        try:
+            req = await self._request(prompt, part.max_tokens)
+            await self._until_done(Sample(dataset, prompt, lease, req, flight))
+        finally:
+            flight.pop((dataset, prompt.sample_id), None)  # cancelled or failed on the wire: no longer in flight
+            lease.close()
+            alive.release()
+
+    async def _request(self, prompt: PromptRecord, max_tokens: int) -> CompletionRequest:
+        prompt_ids = None
+        if self.options.needs_prompt_ids:
+            prompt_ids = await asyncio.get_running_loop().run_in_executor(self.cpu, self.assembler.prompt_ids, prompt)
+        return CompletionRequest(sample_id=prompt.sample_id, messages=prompt.messages, max_tokens=max_tokens,
+                                 tools=prompt.tools, prompt_ids=prompt_ids)
+
+    async def _until_done(self, s: Sample) -> None:
+        """Outcomes until the sample is written or given up; every failed one goes through ``_decide``."""
+        kept: Response | None = None  # set by a ``keep``: written instead of a further attempt
+        while True:
+            out: Attempt | Built
+            if kept is not None:
+                out = await self._finish(s, kept)
+            else:
+                out = await self._attempt(s)
+                if isinstance(out, Usable):
+                    out = await self._finish(s, out.response)
+                elif isinstance(out, Unusable):
+                    s.kept = out.response
+                    self._avoid(s.avoid, out.response.comp.provider)
+            kept = None
+            if isinstance(out, Finished):
+                return
+            step = await self._decide(s, out.exc)
+            if step == "stop":
+                return
+            if step == "keep":
+                kept = s.kept
+
+    async def _attempt(self, s: Sample) -> Attempt:
+        """One request on the wire and the checks on its response (a failed one's ``AttemptRecord`` is
+        written here, a usable one's when its record is)."""
+        if not s.lease.slot:
+            await s.lease.retake()
+        s.attempts += 1
+        self.stats.requests += 1
+        req = s.req
+        req.provider_ignore = self._ignore_for(s.avoid)
+        started = time.time()
+        t0 = time.monotonic()
+        s.flight[s.key] = t0  # on the wire: one insert now, one pop when the attempt ends
+        try:
+            comp = await self.backend.complete(req)
+        except APIError as exc:
+            s.flight.pop(s.key, None)
+            prov = provider_of(exc)
+            self._record(s, started, exc.kind, prov)
+            self._judge(prov, exc)
+            return Rejected(exc)
+        s.flight.pop(s.key, None)
+        latency = time.monotonic() - t0
+        ended = time.time()
+        try:
+            check_tokens(comp, s.part.max_tokens)
+            self._check_usable(comp, req.provider_ignore)
+        except RetryableAPIError as exc:  # more tokens than asked for, or unusable
+            attribute(exc, comp.provider)
+            charged = self._charge_rejected(comp, s.lease.res.worst_usd)
+            self._record(s, started, exc.kind, comp.provider, comp, charged, ended=ended)
+            self._judge(comp.provider, exc)
+            if isinstance(exc, UnusableResponse):
+                return Unusable(exc, Response(comp, latency, started, ended, charged, exc.kind))
+            return Rejected(exc)
+        return Usable(Response(comp, latency, started, ended))
+
+    async def _finish(self, s: Sample, r: Response) -> Built:
+        """Free the slot (so reconstruction never keeps a slot from the wire), build the record, write it."""
+        s.lease.response_in(success=r.unusable is None)
+        self.connect_failures = 0
+        self.successes += 1
+        self.last_success = time.monotonic()
+        rec = await self._build(s, r)
+        if rec is None:
+            return Finished()
+        try:
+            check_record_tokens(rec, s.part.max_tokens)
+        except RetryableAPIError as exc:  # the text rebuilt to more ids than were asked for
+            attribute(exc, r.comp.provider)
+            if r.unusable is None:
+                charged = self._charge_rejected(r.comp, s.lease.res.worst_usd)
+                self._record(s, r.started, exc.kind, r.comp.provider, r.comp, charged, ended=r.ended)
+                self._judge(r.comp.provider, exc)
+            s.kept = None  # a kept response that rebuilds too long is no record either
+            return Rejected(exc)
+        self._write(s, r, rec)
+        return Finished()
+
+    async def _build(self, s: Sample, r: Response) -> ResponseRecord | None:
+        """The record, built in the CPU pool; None when it cannot be (the failure is recorded)."""
+        comp = r.comp
+        quant = self.health.guard.quantization(comp.provider) if self.health is not None else None
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.cpu, partial(
+                self.assembler.build, s.prompt, comp, partition=s.part.name, max_tokens=s.part.max_tokens,
+                attempts=s.attempts, latency_s=r.latency, prompt_ids=s.req.prompt_ids, quantization=quant,
+                extra_flags=[f"unusable:{r.unusable}"] if r.unusable else None,
+            ))
+        except DraftgenError as exc:  # a tokenizer/profile problem with this one output
+            if r.unusable is None:
+                self._record(s, r.started, "reconstruction", comp.provider, comp, ended=r.ended)
+            self._fail(s, "reconstruction", str(exc), permanent=True, provider=comp.provider)
+            return None
+
+    def _write(self, s: Sample, r: Response, rec: ResponseRecord) -> None:
+        """Price it where the response had no cost, settle the reservation, queue the record."""
+        comp = r.comp
+        if comp.usage is None or comp.cost_missing:
+            rec.usage = self.governor.priced_usage(rec.usage, prompt_tokens=len(rec.prompt_ids or ()),
+                                                   completion_tokens=len(rec.output_ids or ()))
+        if r.unusable is None:
+            billing = None
+            u = rec.usage
+            if self.health is not None and u is not None and rec.output_ids is not None \
+                    and self.health.policy.billing_off(len(rec.output_ids), u.completion_tokens):
+                billing = "billing_off"
+            self._record(s, r.started, "ok", comp.provider, comp, usage_cost(u), ended=r.ended)
+            self._judge(comp.provider, billing)
+        else:
+            self.stats.kept_unusable[r.unusable] += 1
+        s.lease.settled = True
+        self._book(s.dataset, comp, rec, s.lease.res, r.latency, charged=r.charged)
+        self.sinks.responses(s.dataset).put(rec)
+
+    # -- the decision after a failed outcome --------------------------------------------------------------
+
+    async def _decide(self, s: Sample, exc: APIError) -> _Next:
+        """What follows a failed outcome: ``attempt`` (after the backoff), ``stop`` (given up: a failure is
+        recorded, or the run is stopping), or ``keep`` (retries exhausted: the sample's last unusable
+        response is written as its record, flagged, under ``keep_unusable``)."""
+        if isinstance(exc, AuthError):
+            self.host.request_stop(f"{exc}", exit_code=exc.exit_code, hard=True)
+            return "stop"
+        if isinstance(exc, PaymentRequired):
+            self._fail(s, exc.kind, str(exc), permanent=False, status=exc.status)
+            self.host.request_stop(f"out of credits or over the key's limit ({exc.kind}); add credits and rerun "
+                                   "to resume", exit_code=exc.exit_code)
+            return "stop"
+        self._note_error(s.part, s.lease.limiter, exc)
+        where = f"{s.dataset}/{s.prompt.sample_id}"
+        if self.host.stopping:
+            self.log.write(f"abandon {where} attempt {s.attempts}: {exc} (stopping)")
+            return "stop"
+        decision = self.policy.decide(exc, s.attempts, keepable=s.kept is not None and self.options.keep_unusable)
+        if isinstance(decision, Retry):
+            self.stats.retries[exc.kind] += 1
+            self.stats.partition(s.part.name).retries += 1
+            self.log.write(f"retry {where} attempt {s.attempts}/{self.policy.max_attempts} in {decision.delay:.2f}s: "
+                           f"{exc}")
+            await self._backoff(decision.delay)
+            return "stop" if self.host.stopping else "attempt"
+        if isinstance(decision, Keep):
+            self.log.write(f"kept {where} after {s.attempts} attempt(s): its last unusable response is its "
+                           f"record, flagged unusable (quality.keep_unusable); last error: {exc}")
+            return "keep"
+        self._fail(s, decision.kind, str(exc), permanent=decision.permanent, status=exc.status,
+                   provider=provider_of(exc))
+        return "stop"
+
+    def _note_error(self, part: PartitionPlan, limiter: AdaptiveLimiter, exc: APIError) -> None:
+        """A retryable failure's effect on the run: the adaptive limit, and a server that cannot be reached."""
+        if isinstance(exc, RateLimited):
+            if limiter.on_rate_limited():
+                self.stats.limit[part.name] = limiter.current
+                self.log.write(f"adaptive concurrency: 429 storm, {part.name} limit lowered to {limiter.current}")
+        else:
+            limiter.on_other_error()
+        if exc.kind in _CONNECT_KINDS:
+            # A server that cannot be reached at all, or no longer: not one burst of slow connects.
+            self.connect_failures += 1
+            quiet = time.monotonic() - self.last_success
+            if (self.connect_failures >= self.options.connect_failure_limit and not self.host.stopping
+                    and (self.successes == 0 or quiet >= 60.0)):
+                self.host.request_stop(f"cannot reach the server ({exc}); check endpoint.base_url", exit_code=1)
+
+    async def _backoff(self, delay: float) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.backoff.add(task)  # a stop cancels the wait: the sample is abandoned, the next run picks it up
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            self.backoff.discard(task)
+
+    # -- quality and health --------------------------------------------------------------------------------
+
+    def _check_usable(self, comp: Completion, sent_ignore: list[str] | None) -> None:
+        """Raise ``UnusableResponse`` for a response from a provider the request's routing excluded, or one
+        whose reasoning text was dropped."""
+        if self.health is not None:
+            why = self.health.guard.excluded(comp.provider, sent_ignore)
+            if why is not None:
+                raise UnusableResponse(f"provider_excluded ({comp.provider}: {why}; it was served all the same)",
+                                       kind="provider_excluded")
+        if self.options.require_reasoning:
+            check_reasoning(comp)
+
+    def _ignore_for(self, avoid: list[str]) -> list[str] | None:
+        """What this attempt adds to ``provider.ignore``: the providers in the run's cool-down and the ones
+        this sample must avoid, never all the routing allows (the sample's oldest are dropped first)."""
+        run = self.health.ignore() if self.health is not None else []
+        if not avoid:
+            return run or None
+        guard = self.health.guard if self.health is not None else None
+        own = list(avoid)
+        while own and guard is not None and guard.leaves_none([*run, *own]):
+            own.pop(0)
+        out = list(run)
+        for slug in own:
+            if slug not in out:
+                out.append(slug)
+        return out or None
+
+    def _avoid(self, avoid: list[str], provider: str | None) -> None:
+        if provider and self.health is not None:
+            slug = self.health.guard.slug(provider)
+            if slug not in avoid:
+                avoid.append(slug)
+
+    def _judge(self, provider: str | None, outcome: APIError | str | None) -> None:
+        """One outcome for the provider's health: a retryable error or a quality kind is bad; a permanent
+        error (about the request, not the provider) is not counted."""
+        if self.health is None or not provider:
+            return
+        if isinstance(outcome, APIError):
+            if not isinstance(outcome, RetryableAPIError):
+                return
+            outcome = outcome.kind
+        self.health.outcome(provider, outcome)
+
+    # -- records and books ---------------------------------------------------------------------------------
+
+    def _record(self, s: Sample, started: float, outcome: str, provider: str | None, comp: Completion | None = None,
+                cost: float = 0.0, ended: float | None = None) -> None:
+        """One ``AttemptRecord`` (wall-clock times; ``ended``: when the response was in, default now)."""
+        sink = self.sinks.attempts
+        if sink is None:
+            return
+        u = comp.usage if comp is not None else None
+        sink.put(AttemptRecord(
+            sample_id=s.prompt.sample_id, dataset=s.dataset, attempt=s.attempts, started_at=round(started, 4),
+            ended_at=round(time.time() if ended is None else ended, 4), outcome=outcome, provider=provider,
+            quantization=self.health.guard.quantization(provider) if self.health is not None else None,
+            ttft_s=comp.ttft_s if comp is not None else None,
+            completion_tokens=u.completion_tokens if u is not None else 0, cost=cost,
+        ))
+
+    def _charge_rejected(self, comp: Completion, worst: float) -> float:
+        """Book what a response rejected as invalid was billed (no record will carry it): its reported
+        cost, or the cost computed from its usage, at most the request's worst case. Returns it."""
+        u = comp.usage
+        if u is None:
+            return 0.0
+        if comp.cost_missing:
+            priced = self.governor.priced_usage(u, prompt_tokens=0, completion_tokens=0)
+            cost = min(usage_cost(priced), worst) if priced is not u else 0.0
+        else:
+            cost = usage_cost(u)
+        if cost > 0:
+            self.governor.charge(cost)
+            self.stats.spend_session = self.governor.session
+            self.stats.remaining = self.governor.remaining
+        return max(cost, 0.0)
+
+    def _book(self, dataset: str, comp: Completion, rec: ResponseRecord, res: Reservation, latency: float,
+              charged: float = 0.0) -> None:
+        u = rec.usage  # the completion's, with a computed cost where it had none
+        tokens = u.completion_tokens if u is not None and u.completion_tokens else len(rec.output_ids or ())
+        cost = self.governor.settle_res(res, u, completion_tokens=tokens, charged=charged)
+        st = self.stats
+        counts = st.dataset(dataset)
+        counts.completion_tokens += tokens
+        counts.prompt_tokens += u.prompt_tokens if u is not None and u.prompt_tokens else len(rec.prompt_ids or ())
+        counts.cost += cost
+        pc = st.partition(rec.partition)
+        pc.completion_tokens += tokens
+        pc.cost += cost
+        st.spend_session = self.governor.session
+        st.reserved = self.governor.reserved
+        st.remaining = self.governor.remaining
+        st.latency_sum += latency
+        st.providers[comp.provider or comp.backend] += 1
+        st.ids_source[rec.ids_source] += 1
+
+    def _fail(self, s: Sample, kind: str, reason: str, *, permanent: bool, status: int | None = None,
+              provider: str | None = None) -> None:
+        dataset, partition, attempts = s.dataset, s.part.name, s.attempts
+        rec = FailureRecord(
+            sample_id=s.prompt.sample_id, dataset=dataset, kind=kind, reason=reason, partition=partition,
+            status=status, permanent=permanent, attempts=attempts, provider=provider, created_at=round(time.time(), 3),
+        )
+        self.stats.failures[kind] += 1
+        self.stats.dataset(dataset).failed += 1
+        self.stats.partition(partition).failed += 1
+        self.log.write(f"failed {dataset}/{s.prompt.sample_id} after {attempts} attempt(s): {kind}: {reason}")
+        self.sinks.failures(dataset).put(rec)
