@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from draftgen.backends.base import Backend, Completion, CompletionRequest
-from draftgen.backends.wire import attribute, provider_of
+from draftgen.backends.errors import attribute, provider_of
 from draftgen.engine.assemble import (
     Assembler,
     UnusableResponse,
