@@ -267,6 +267,30 @@ def test_run_accept_sglang_meta_info(tmp_path: Path, drafter_dir: Path,
                for r in spec.requests)
 
 
+@pytest.mark.parametrize(("kind", "server", "expected"), [
+    ("openai", "sglang", "sglang"),  # accept.server names a backend whose acceptance is meta_info
+    ("openai", "auto", "vllm"),  # the endpoint's backend reports no acceptance: vLLM's metrics
+    ("sglang", "vllm", "vllm"),  # accept.server wins over the endpoint's kind
+])
+def test_the_servers_capabilities_decide_how_acceptance_is_read(
+        tmp_path: Path, drafter_dir: Path, servers: tuple[FakeServer, FakeServer], kind: str, server: str,
+        expected: str) -> None:
+    spec, _ = servers
+    cfg_path = _run_dir(tmp_path, merged=None, endpoint={"kind": kind, "base_url": spec.url},
+                        accept={"prompts": 2, "max_tokens": 10, "server": server})
+    rep = run_accept(load(cfg_path), drafter=drafter_dir, echo=lambda _s: None)
+    assert rep.server == expected
+    assert rep.acceptance.source == ("sglang-meta_info" if expected == "sglang" else "vllm-metrics")
+    assert all(("input_ids" in r) == (expected == "sglang") for r in spec.requests) and len(spec.requests) == 2
+
+
+def test_an_unreachable_metrics_endpoint_is_one_api_error(tmp_path: Path, drafter_dir: Path) -> None:
+    cfg_path = _run_dir(tmp_path, merged=None, endpoint={"kind": "vllm"})
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens: a connect error, translated
+    with pytest.raises(APIError, match=r"GET http://127\.0\.0\.1:\d+/metrics: .*; is the server up\?"):
+        run_accept(load(cfg_path), drafter=drafter_dir, base_url=url, prompts=1, echo=lambda _s: None)
+
+
 def test_cli_accept_without_drafts_fails_in_one_line(tmp_path: Path, drafter_dir: Path,
                                                      servers: tuple[FakeServer, FakeServer]) -> None:
     _, base = servers  # a server that never speculates

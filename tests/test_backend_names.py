@@ -2,8 +2,9 @@
 
 The scan reads every module of ``src/draftgen`` outside ``backends/`` with ``ast`` and fails on a
 comparison (``==``, ``!=``, ``in``, ``not in``, a ``match`` case) between a string literal equal to a
-registered ``endpoint.kind`` and an expression that mentions ``kind``, ``backend`` or ``.name``. Emulator
-code naming its own protocol in a hash key or a JSON body is not a comparison and passes.
+registered ``endpoint.kind`` and an expression that mentions ``kind``, ``backend``, ``server`` (a config key
+such as ``accept.server``, or a variable holding one) or ``.name``. Emulator code naming its own protocol in
+a hash key or a JSON body is not a comparison and passes.
 """
 
 from __future__ import annotations
@@ -11,15 +12,24 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from draftgen.backends import BACKENDS
+from draftgen.backends import backend_kind
+from draftgen.errors import ConfigError
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "draftgen"
+
+
+def _is_kind(name: str) -> bool:
+    try:
+        backend_kind(name)
+    except ConfigError:
+        return False
+    return True
 
 
 def _kind_literals(node: ast.expr) -> list[str]:
     """Registered kinds spelled by ``node``: a string literal, or a tuple/list/set of them."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return [node.value] if node.value in BACKENDS else []
+        return [node.value] if _is_kind(node.value) else []
     if isinstance(node, ast.Tuple | ast.List | ast.Set):
         return [k for elt in node.elts for k in _kind_literals(elt)]
     return []
@@ -27,7 +37,8 @@ def _kind_literals(node: ast.expr) -> list[str]:
 
 def _mentions_backend(node: ast.AST) -> bool:
     text = ast.unparse(node)
-    return "kind" in text or "backend" in text.lower() or ".name" in text
+    low = text.lower()
+    return "kind" in text or "backend" in low or "server" in low or ".name" in text
 
 
 def _violations(tree: ast.AST) -> list[tuple[int, str]]:
@@ -64,8 +75,12 @@ def test_no_backend_name_comparisons_outside_backends() -> None:
 def test_the_scan_catches_what_it_should() -> None:
     bad = ("if cfg.endpoint.kind == 'emulator': pass\n"
            "if backend.name in ('vllm', 'sglang'): pass\n"
-           "match ep.kind:\n    case 'openrouter': pass\n")
-    assert len(_violations(ast.parse(bad))) == 3
+           "match ep.kind:\n    case 'openrouter': pass\n"
+           "if cfg.accept.server == 'sglang': pass\n"  # a config key naming a backend kind
+           "if server != 'vllm': pass\n"  # a variable holding one
+           "x = 1 if 'sglang' == accept_server else 2\n"
+           "match server:\n    case 'vllm': pass\n")
+    assert len(_violations(ast.parse(bad))) == 7
     fine = ("key = ('openrouter', model)\n"  # a hash key naming a protocol
             "body = {'object': 'vllm'}\n"
             "if fmt == 'openai': pass\n")  # no kind/backend/.name on the other side

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from _common_helpers import config_dict, write_config
 from _report_helpers import T0, write_run_dir
-from draftgen.backends import wire
+from draftgen.backends import errors as backend_errors
 from draftgen.cli import _argv_key_problem, cli
 from draftgen.config import load_config, resolve_api_key
 from draftgen.engine.progress import RunLog
@@ -98,8 +98,8 @@ def test_redact_keeps_the_kind_and_the_rest_of_the_text() -> None:
     assert redact("max_tokens=512 key=value path=/a/b") == "max_tokens=512 key=value path=/a/b"
 
 
-def test_wire_redact_delegates() -> None:
-    assert wire.redact(f"x {FAKE_KEY} y") == redact(f"x {FAKE_KEY} y") == "x sk-or-v1-…[redacted] y"
+def test_backend_errors_redact_delegates() -> None:
+    assert backend_errors.redact(f"x {FAKE_KEY} y") == redact(f"x {FAKE_KEY} y") == "x sk-or-v1-…[redacted] y"
 
 
 def test_redact_obj_scrubs_nested_config_and_argv() -> None:

@@ -19,8 +19,9 @@ Messages never contain an API key: backends pass keys only in headers, never int
             ├── AuthError           401: the key is wrong
             └── PaymentRequired     402 for lack of credits: stop scheduling
 
-Foreign exceptions (aiohttp, JSON, tokenizers) are translated in one place each: HTTP and JSON in
-``backends.wire``, tokenizer loading in ``tokens.loader``.
+Foreign exceptions (aiohttp, JSON, tokenizers) are translated in one place each: HTTP errors (statuses,
+error envelopes, aiohttp/asyncio/OS exceptions) in ``backends.errors``, chat response bodies in
+``backends.wire``, JSON files in ``store``, tokenizer loading in ``tokens.loader``.
 
 Exit codes are the CLI's contract: ``EXIT_CODES`` below, rendered into docs/cli.md.
 """

@@ -22,9 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from draftgen.backends.base import Completion, CompletionRequest
+from draftgen.backends.errors import classify_http
 from draftgen.backends.openrouter import OpenAIChatBackend
 from draftgen.backends.sse import ChatStream, SSEParser
-from draftgen.backends.wire import check_completion, classify_http, completion_from_body, decode_chat
+from draftgen.backends.wire import check_completion, completion_from_body, decode_chat
 from draftgen.errors import APIError, PermanentAPIError, RetryableAPIError
 from draftgen.records import Message
 

@@ -1,7 +1,7 @@
 """Typed requests, completions and account data shared by every backend, and the backend protocol.
 
 A backend turns one ``CompletionRequest`` into one ``Completion`` or raises an ``errors.APIError``
-subclass (classified in ``backends.wire``). Everything constant for a run (model, routing, reasoning,
+subclass (classified in ``backends.errors``). Everything constant for a run (model, routing, reasoning,
 sampling) is fixed when the backend is opened; a request carries only what differs per sample.
 
 Nothing here does I/O. The structs are plain msgspec Structs so they cost little to build at thousands
@@ -34,8 +34,8 @@ __all__ = [
     "EndpointPricing",
     "KeyInfo",
     "LogprobToken",
-    "run_reasoning",
-    "run_sampling",
+    "reasoning_body",
+    "sampling_body",
     "token_limit",
 ]
 
@@ -88,14 +88,15 @@ class BackendKind(msgspec.Struct, frozen=True):
     doc: str = ""
 
 
-def run_sampling(cfg: RunConfig) -> dict[str, Any]:
-    """The run's sampling fields as plain data."""
+def sampling_body(cfg: RunConfig) -> dict[str, Any]:
+    """The run's sampling fields as plain data, as a request body carries them."""
     out: dict[str, Any] = msgspec.to_builtins(cfg.sampling)
     return out
 
 
-def run_reasoning(cfg: RunConfig) -> dict[str, Any]:
-    """The run's reasoning fields; a target profile that does not reason asks for that prompt variant."""
+def reasoning_body(cfg: RunConfig) -> dict[str, Any]:
+    """The run's reasoning fields as a request body carries them; a target profile that does not reason
+    asks for that prompt variant."""
     reasoning: dict[str, Any] = msgspec.to_builtins(cfg.reasoning)
     if not cfg.model.thinking and not reasoning:
         reasoning = {"enabled": False}

@@ -10,8 +10,9 @@ body (the streamed total, or the whole body) may be at most ``endpoint.max_body_
 ``1 MiB + 4 KiB × max_tokens``; reading stops as soon as it is passed. All of these are retryable, with
 the kinds ``idle_timeout``, ``request_timeout`` and ``body_too_large``.
 
-Transport exceptions are translated by ``wire.translate_exception``; non-2xx bodies by
-``wire.classify_http``. The API key lives only in the session's default headers.
+Transport exceptions (``backends.errors.TRANSPORT_ERRORS``) are translated by
+``backends.errors.translate_exception``; non-2xx bodies by ``backends.errors.classify_http``. The API key
+lives only in the session's default headers.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from typing import Any
 import aiohttp
 
 from draftgen.backends.base import Capabilities, Completion, CompletionRequest, Credits, EndpointInfo, KeyInfo
+from draftgen.backends.errors import TRANSPORT_ERRORS, classify_http, translate_exception
 from draftgen.backends.sse import SSEParser
-from draftgen.backends.wire import classify_http, translate_exception
 from draftgen.errors import ConfigError, RetryableAPIError
 
 __all__ = [
@@ -39,7 +40,6 @@ __all__ = [
     "read_events",
 ]
 
-_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
 _KIB = 1024
 _MIB = 1024 * 1024
 #: an error body, or an account answer, is read up to this much (the rest is not needed)
@@ -224,7 +224,7 @@ class HttpBackend:
                     body = await read_error_body(resp)
                     raise classify_http(resp.status, body, headers=resp.headers, where=f"GET {path}")
                 return await read_body(resp, ACCOUNT_BODY_BYTES, where=f"GET {path}")
-        except _TRANSPORT_ERRORS as exc:
+        except TRANSPORT_ERRORS as exc:
             raise translate_exception(exc, where=f"GET {self.base_url}{path}") from None
 
     async def get_key_info(self) -> KeyInfo | None:

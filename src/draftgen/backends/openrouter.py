@@ -8,11 +8,16 @@ once; a request only encodes its messages, and its own ``provider`` object when 
 the rest as configured).
 
 A streamed completion carries ``ttft_s``: from sending the request to its first SSE data event. An error
-raised once the stream named its provider is attributed to it (``wire.provider_of``).
+raised once the stream named its provider is attributed to it (``backends.errors.provider_of``).
 
 Responses are read streamed (SSE, ``backends.sse``) or whole (``wire.decode_chat``; leading whitespace
-padding allowed), within the bounds of ``http.Bounds`` (total deadline, data idle timeout, body size). Account endpoints (OpenRouter only): ``GET /key``, ``GET /credits`` (management key),
-``GET /models/{author}/{slug}/endpoints``.
+padding allowed), within the bounds of ``http.Bounds`` (total deadline, data idle timeout, body size).
+
+Account endpoints (OpenRouter only): ``GET /key``, ``GET /credits`` (management key),
+``GET /models/{author}/{slug}/endpoints``; their ``{"data": …}`` envelopes are decoded here
+(``decode_key_info``, ``decode_credits``, ``decode_endpoints``: unknown keys ignored, prices sent as
+strings parsed to floats), a body of another shape being a retryable ``bad_response``.
+``backends.account`` reads them through the ``Backend`` methods.
 """
 
 from __future__ import annotations
@@ -31,23 +36,14 @@ from draftgen.backends.base import (
     Credits,
     EndpointInfo,
     KeyInfo,
-    run_reasoning,
-    run_sampling,
+    reasoning_body,
+    sampling_body,
 )
+from draftgen.backends.errors import TRANSPORT_ERRORS, attribute, classify_http, one_line, translate_exception
 from draftgen.backends.http import Bounds, HttpBackend, drop_none, read_body, read_error_body, read_events
 from draftgen.backends.sse import ChatStream, SSEParser
-from draftgen.backends.wire import (
-    attribute,
-    check_completion,
-    classify_http,
-    completion_from_body,
-    decode_chat,
-    decode_credits,
-    decode_endpoints,
-    decode_key_info,
-    translate_exception,
-)
-from draftgen.errors import APIError
+from draftgen.backends.wire import check_completion, completion_from_body, decode_chat
+from draftgen.errors import APIError, RetryableAPIError
 
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
@@ -68,10 +64,9 @@ EMULATOR_CAPABILITIES = Capabilities(logprobs=True, account=True, prices=True, p
                                      attribution_headers=True, embedded_server=True,
                                      play_money=True)
 
-__all__ = ["OpenAIChatBackend", "chat_body_prefix"]
+__all__ = ["OpenAIChatBackend", "chat_body_prefix", "decode_credits", "decode_endpoints", "decode_key_info"]
 
 _enc = msgspec.json.Encoder()
-_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
 
 
 def chat_body_prefix(const: Mapping[str, Any]) -> bytes:
@@ -190,7 +185,7 @@ class OpenAIChatBackend(HttpBackend):
                         comp = acc.result()
                     else:
                         comp = completion_from_body(decode_chat(data), backend=self.name)
-        except _TRANSPORT_ERRORS as exc:
+        except TRANSPORT_ERRORS as exc:
             err = translate_exception(exc, where=self._where)
             raise (attribute(err, acc.provider) if acc is not None else err) from None
         except APIError as exc:
@@ -218,11 +213,55 @@ class OpenAIChatBackend(HttpBackend):
         return decode_endpoints(await self.get_json(f"/models/{slug}/endpoints"))
 
 
+# -- OpenRouter account bodies ---------------------------------------------------------------------------
+
+
+class _KeyEnv(msgspec.Struct):
+    data: KeyInfo
+
+
+class _CreditsEnv(msgspec.Struct):
+    data: Credits
+
+
+class _EndpointsData(msgspec.Struct):
+    endpoints: list[EndpointInfo] = msgspec.field(default_factory=list)
+
+
+class _EndpointsEnv(msgspec.Struct):
+    data: _EndpointsData
+
+
+def _decode_lenient(body: bytes, type_: type[Any], what: str) -> Any:
+    try:
+        return msgspec.json.decode(body, type=type_, strict=False)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise RetryableAPIError(f"{what}: unexpected response ({one_line(exc, 160)})", kind="bad_response") from None
+
+
+def decode_key_info(body: bytes) -> KeyInfo:
+    """``GET /key``'s body → its ``KeyInfo``."""
+    info: KeyInfo = _decode_lenient(body, _KeyEnv, "GET /key").data
+    return info
+
+
+def decode_credits(body: bytes) -> Credits:
+    """``GET /credits``' body → its ``Credits``."""
+    cr: Credits = _decode_lenient(body, _CreditsEnv, "GET /credits").data
+    return cr
+
+
+def decode_endpoints(body: bytes) -> list[EndpointInfo]:
+    """``GET /models/{author}/{slug}/endpoints``' body → the model's endpoints with their prices."""
+    eps: list[EndpointInfo] = _decode_lenient(body, _EndpointsEnv, "GET /endpoints").data.endpoints
+    return eps
+
+
 def _chat(cfg: RunConfig, session: aiohttp.ClientSession, url: str, bounds: Bounds, *,
           openrouter: bool) -> OpenAIChatBackend:
     return OpenAIChatBackend(
         session, url, model=cfg.model.id, stream=cfg.endpoint.stream, openrouter=openrouter,
-        routing=msgspec.to_builtins(cfg.routing), reasoning=run_reasoning(cfg), sampling=run_sampling(cfg),
+        routing=msgspec.to_builtins(cfg.routing), reasoning=reasoning_body(cfg), sampling=sampling_body(cfg),
         bounds=bounds,
     )
 

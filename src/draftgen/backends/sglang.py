@@ -30,15 +30,16 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import msgspec
 
-from draftgen.backends.base import Capabilities, Completion, CompletionRequest, run_sampling, token_limit
-from draftgen.backends.http import Bounds, HttpBackend, drop_none, read_body, read_error_body, read_events
-from draftgen.backends.wire import (
+from draftgen.backends.base import Capabilities, Completion, CompletionRequest, sampling_body, token_limit
+from draftgen.backends.errors import (
+    TRANSPORT_ERRORS,
     WireError,
-    check_completion,
     classify_http,
     error_from_wire,
     translate_exception,
 )
+from draftgen.backends.http import Bounds, HttpBackend, drop_none, read_body, read_error_body, read_events
+from draftgen.backends.wire import check_completion
 from draftgen.errors import ConfigError, RetryableAPIError
 from draftgen.records import Usage
 
@@ -52,7 +53,6 @@ SGLANG_CAPABILITIES = Capabilities(exact_ids=True, needs_prompt_ids=True, output
                                    acceptance="meta_info")
 
 _enc = msgspec.json.Encoder()
-_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
 
 
 class _Finish(msgspec.Struct):
@@ -140,7 +140,7 @@ class SGLangBackend(HttpBackend):
                     out = await self._read_stream(resp, req.max_tokens, cap)
                 else:
                     out = _decode(await read_body(resp, cap, where=self._where), self._where)
-        except _TRANSPORT_ERRORS as exc:
+        except TRANSPORT_ERRORS as exc:
             raise translate_exception(exc, where=self._where) from None
         return check_completion(self._completion(out, req))
 
@@ -254,4 +254,4 @@ class _StreamIds:
 
 def build_sglang(cfg: RunConfig, session: aiohttp.ClientSession, url: str, bounds: Bounds) -> SGLangBackend:
     """``endpoint.kind`` ``sglang``."""
-    return SGLangBackend(session, url, stream=cfg.endpoint.stream, sampling=run_sampling(cfg), bounds=bounds)
+    return SGLangBackend(session, url, stream=cfg.endpoint.stream, sampling=sampling_body(cfg), bounds=bounds)

@@ -20,15 +20,8 @@ Accumulation (``ChatStream``) of OpenAI-style ``chat.completion.chunk`` payloads
 from __future__ import annotations
 
 from draftgen.backends.base import Completion, LogprobToken
-from draftgen.backends.wire import (
-    _ToolCall,
-    _Usage,
-    attribute,
-    decode_chat,
-    error_from_wire,
-    pick_reasoning,
-    usage_from_wire,
-)
+from draftgen.backends.errors import attribute, error_from_wire
+from draftgen.backends.wire import WireToolCall, WireUsage, decode_chat, pick_reasoning, usage_from_wire
 from draftgen.errors import RetryableAPIError
 from draftgen.records import FunctionCall, ToolCall
 
@@ -141,7 +134,7 @@ class ChatStream:
         self.provider: str | None = None
         self.model: str | None = None
         self.generation_id: str | None = None
-        self.usage: _Usage | None = None
+        self.usage: WireUsage | None = None
         self.output_ids: list[int] | None = None
         self.prompt_ids: list[int] | None = None
 
@@ -195,7 +188,7 @@ class ChatStream:
             nfr = ch.native_finish_reason
             self.native_finish_reason = nfr if nfr is None or isinstance(nfr, str) else str(nfr)
 
-    def _add_tools(self, calls: list[_ToolCall]) -> None:
+    def _add_tools(self, calls: list[WireToolCall]) -> None:
         tools = self._tools if self._tools is not None else {}
         self._tools = tools
         for i, c in enumerate(calls):

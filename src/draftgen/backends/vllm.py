@@ -9,8 +9,8 @@ or per delta when streaming); both land in ``Completion.prompt_ids``/``output_id
 Both shapes of the reasoning parser's output are read (``wire.pick_reasoning``, ``sse.ChatStream``):
 current vLLM's ``message.reasoning`` / ``delta.reasoning`` (``reasoning_content`` was removed, vLLM PR
 #33402) and older servers' ``reasoning_content``; the record's ``reasoning_field`` says which came.
-Errors, by ``wire.classify_http`` / ``wire.error_from_wire``: current vLLM nests them as ``{"error":
-{"message", "type", "param", "code"}}`` (in a non-2xx body, or as a chunk of a 200 stream where ``code``
+Errors, by ``backends.errors.classify_http`` / ``error_from_wire``: current vLLM nests them as
+``{"error": {"message", "type", "param", "code"}}`` (in a non-2xx body, or as a chunk of a 200 stream where ``code``
 is the status), older vLLM sends them flat as ``{"object": "error", "message", "type", "param",
 "code"}``. Either way 5xx and 408/429 are retryable; other 4xx are permanent (a context-length message
 is ``context_length_exceeded``).
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from draftgen.backends.base import Capabilities, Completion, CompletionRequest, run_sampling
+from draftgen.backends.base import Capabilities, Completion, CompletionRequest, sampling_body
 from draftgen.backends.http import Bounds
 from draftgen.backends.openrouter import OpenAIChatBackend
 from draftgen.errors import RetryableAPIError
@@ -82,5 +82,5 @@ def build_vllm(cfg: RunConfig, session: aiohttp.ClientSession, url: str, bounds:
     """``endpoint.kind`` ``vllm``: the profile's thinking switch goes in ``chat_template_kwargs``."""
     kwarg = profile_class(cfg.model.profile).thinking_kwarg
     extra = {"chat_template_kwargs": {kwarg: cfg.model.thinking}} if kwarg else None
-    return VLLMBackend(session, url, model=cfg.model.id, stream=cfg.endpoint.stream, sampling=run_sampling(cfg),
+    return VLLMBackend(session, url, model=cfg.model.id, stream=cfg.endpoint.stream, sampling=sampling_body(cfg),
                        extra=extra, bounds=bounds)

@@ -31,7 +31,7 @@ from functools import partial
 from typing import Any, Literal, Protocol
 
 from draftgen.backends.base import Backend, Completion, CompletionRequest
-from draftgen.backends.wire import attribute, provider_of
+from draftgen.backends.errors import attribute, provider_of
 from draftgen.engine.assemble import (
     Assembler,
     UnusableResponse,

@@ -8,15 +8,17 @@ Reads the prepared prompts (``prepared/<dataset>/prompts.jsonl``) and the merged
    merge yet, every prepared prompt is eligible (a note says so).
 2. They are sent greedily (temperature 0, ``accept.max_tokens``, ``accept.concurrency`` in flight) to the
    server that serves the target with the drafter:
-   - vLLM (``endpoint.kind`` vllm, or ``accept.server: vllm``): through draftgen's vLLM backend (chat
-     completions); ``GET {root}/metrics`` is read before and after, and the ``vllm:spec_decode_*`` counters'
-     deltas give AL = 1 + Δaccepted / Δdrafts, per position Δaccepted_per_pos[i] / Δdrafts, acceptance rate
-     Δaccepted / Δdraft_tokens (counters summed over label sets, per position by its ``position`` label);
-   - SGLang: native ``POST {root}/generate`` with the prompt ids rendered by the target's profile; each
-     response's ``meta_info`` gives ``completion_tokens`` and ``spec_verify_ct``, and AL = Σcompletion_tokens /
-     Σspec_verify_ct.
+   The server's kind is ``accept.server``, or with ``auto`` the endpoint's kind when that backend reports
+   acceptance, else vLLM; its ``Capabilities.acceptance`` says how acceptance is read:
+   - ``metrics`` (vLLM): through draftgen's backend of that kind (chat completions); ``GET {root}/metrics``
+     is read before and after, and the ``vllm:spec_decode_*`` counters' deltas give AL = 1 + Δaccepted /
+     Δdrafts, per position Δaccepted_per_pos[i] / Δdrafts, acceptance rate Δaccepted / Δdraft_tokens
+     (counters summed over label sets, per position by its ``position`` label);
+   - ``meta_info`` (SGLang): native ``POST {root}/generate`` with the prompt ids rendered by the target's
+     profile; each response's ``meta_info`` gives ``completion_tokens`` and ``spec_verify_ct``, and AL =
+     Σcompletion_tokens / Σspec_verify_ct.
    A counter that went down between the scrapes (a restarted server) or a run without a single draft is an
-   error naming the fix.
+   error naming the fix. Transport failures are told apart by ``backends.errors.TRANSPORT_ERRORS``.
 3. With ``--baseline-url`` (``accept.baseline_url``) the same prompts go to a server without the drafter:
    tokens/s with and without speculation, and their ratio.
 4. Offline estimate: AL ≈ 1 + Σ_k Π_{j≤k} cond_acc_j from the training log's last validation record (else its
@@ -70,6 +72,8 @@ _VLLM = "vllm:spec_decode_"
 _DRAFTS, _DRAFT_TOKENS, _ACCEPTED, _PER_POS = (f"{_VLLM}num_drafts", f"{_VLLM}num_draft_tokens",
                                                f"{_VLLM}num_accepted_tokens", f"{_VLLM}num_accepted_tokens_per_pos")
 _RETRIES = 3
+#: the server kind ``accept.server: auto`` measures when the endpoint's kind reports no acceptance
+_DEFAULT_SERVER = "vllm"
 
 
 # -- Prometheus text ---------------------------------------------------------------------------------------
@@ -278,6 +282,8 @@ def _root(base_url: str) -> str:
 
 
 async def _scrape(session: aiohttp.ClientSession, base_url: str) -> SpecCounters:
+    from draftgen.backends.errors import TRANSPORT_ERRORS
+
     url = _root(base_url) + "/metrics"
     try:
         async with session.get(url) as resp:
@@ -285,12 +291,8 @@ async def _scrape(session: aiohttp.ClientSession, base_url: str) -> SpecCounters
             if resp.status != 200:
                 raise APIError(f"GET {url}: HTTP {resp.status}; the server must expose vLLM's /metrics",
                                status=resp.status)
-    except (OSError, TimeoutError) as exc:
+    except TRANSPORT_ERRORS as exc:
         raise APIError(f"GET {url}: {exc or type(exc).__name__}; is the server up?") from None
-    except Exception as exc:  # aiohttp.ClientError (imported lazily)
-        if type(exc).__module__.startswith("aiohttp"):
-            raise APIError(f"GET {url}: {exc or type(exc).__name__}; is the server up?") from None
-        raise
     c = vllm_counters(text)
     if not c.seen:
         raise APIError(f"GET {url}: no vllm:spec_decode_* counters; start vLLM with the drafter "
@@ -309,18 +311,19 @@ async def _with_retries(fn: Callable[[], Any]) -> Any:
     raise AssertionError("unreachable")
 
 
-def _greedy_cfg(cfg: RunConfig) -> RunConfig:
+def _greedy_cfg(cfg: RunConfig, server: str) -> RunConfig:
+    """``cfg`` for greedy, unstreamed requests to a server of kind ``server``."""
     s = msgspec.structs.replace(cfg.sampling, temperature=0.0, top_p=None, seed=None)
-    ep = msgspec.structs.replace(cfg.endpoint, kind="vllm", stream=False)
+    ep = msgspec.structs.replace(cfg.endpoint, kind=server, stream=False)
     return msgspec.structs.replace(cfg, sampling=s, endpoint=ep)
 
 
-async def _vllm_pass(cfg: RunConfig, url: str, prompts: Sequence[PromptRecord], scrape: bool) -> tuple[
+async def _vllm_pass(cfg: RunConfig, server: str, url: str, prompts: Sequence[PromptRecord], scrape: bool) -> tuple[
         ThroughputFigures, AcceptanceFigures | None]:
     from draftgen.backends import CompletionRequest, api_key_for, open_backend
     from draftgen.backends.http import make_session
 
-    g = _greedy_cfg(cfg)
+    g = _greedy_cfg(cfg, server)
     sem = asyncio.Semaphore(max(1, cfg.accept.concurrency))
     async with open_backend(g, api_key_for(g), base_urls=[url], connections=cfg.accept.concurrency + 2) as be:
         metrics = make_session(api_key=None, connections=2, connect_timeout_s=cfg.endpoint.connect_timeout_s,
@@ -355,16 +358,15 @@ class _GenReply(msgspec.Struct):
     output_ids: list[int] | None = None
 
 
-async def _sglang_pass(cfg: RunConfig, url: str, prompts: Sequence[PromptRecord], ids: Sequence[list[int]]) -> tuple[
-        ThroughputFigures, list[SGLangMeta]]:
-    import aiohttp
-
+async def _sglang_pass(cfg: RunConfig, server: str, url: str, prompts: Sequence[PromptRecord],
+                       ids: Sequence[list[int]]) -> tuple[ThroughputFigures, list[SGLangMeta]]:
     from draftgen.backends import api_key_for
+    from draftgen.backends.errors import TRANSPORT_ERRORS
     from draftgen.backends.http import make_session
 
     sem = asyncio.Semaphore(max(1, cfg.accept.concurrency))
     target = _root(url) + "/generate"
-    session = make_session(api_key=api_key_for(_greedy_cfg(cfg)), connections=cfg.accept.concurrency + 2,
+    session = make_session(api_key=api_key_for(_greedy_cfg(cfg, server)), connections=cfg.accept.concurrency + 2,
                            connect_timeout_s=cfg.endpoint.connect_timeout_s, idle_timeout_s=cfg.endpoint.idle_timeout_s)
     dec = msgspec.json.Decoder(_GenReply)
 
@@ -376,7 +378,7 @@ async def _sglang_pass(cfg: RunConfig, url: str, prompts: Sequence[PromptRecord]
                     raise RetryableAPIError(f"POST {target}: HTTP {resp.status}", status=resp.status)
                 if resp.status != 200:
                     raise APIError(f"POST {target}: HTTP {resp.status}: {data[:200]!r}", status=resp.status)
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except TRANSPORT_ERRORS as exc:
             raise RetryableAPIError(f"POST {target}: {exc or type(exc).__name__}") from None
         try:
             reply = dec.decode(data)
@@ -446,12 +448,20 @@ def _drafter_k(folder: Path) -> int | None:
 # -- the phase ---------------------------------------------------------------------------------------------
 
 
-def _server(cfg: RunConfig) -> str:
-    if cfg.accept.server != "auto":
-        return cfg.accept.server
+def _server(cfg: RunConfig) -> tuple[str, str]:
+    """The kind of the server measured (``accept.server``; ``auto``: the endpoint's kind when its backend
+    reports acceptance, else ``_DEFAULT_SERVER``) and how it reports acceptance (its
+    ``Capabilities.acceptance``: ``metrics`` or ``meta_info``)."""
     from draftgen.backends import backend_kind
 
-    return "sglang" if backend_kind(cfg.endpoint.kind).capabilities.acceptance == "meta_info" else "vllm"
+    server: str = cfg.accept.server
+    if server == "auto":
+        server = cfg.endpoint.kind if backend_kind(cfg.endpoint.kind).capabilities.acceptance else _DEFAULT_SERVER
+    acceptance = backend_kind(server).capabilities.acceptance
+    if acceptance is None:
+        raise ConfigError(f"accept.server {server!r} does not report a drafter's acceptance; use auto or a backend "
+                          "that does (vllm, sglang)")
+    return server, acceptance
 
 
 def run_accept(cfg: RunConfig, *, drafter: str | Path, base_url: str | None = None, baseline_url: str | None = None,
@@ -468,29 +478,29 @@ def run_accept(cfg: RunConfig, *, drafter: str | Path, base_url: str | None = No
     if n < 1:
         raise ConfigError(f"accept.prompts is {n}; it must be 1 or more")
     chosen, notes = held_out_prompts(cfg, rd, n)
-    server = _server(cfg)
+    server, acceptance = _server(cfg)
     echo(f"accept: {len(chosen)} held-out prompts → {url} ({server}), max_tokens {cfg.accept.max_tokens}")
     base_fig: ThroughputFigures | None = None
-    if server == "sglang":
+    if acceptance == "meta_info":
         from draftgen.tokens import profile_from_config
 
         profile = profile_from_config(cfg)
         ids = [profile.prompt_ids(p.messages, p.tools) for p in chosen]
-        spec, metas = asyncio.run(_sglang_pass(cfg, url, chosen, ids))
+        spec, metas = asyncio.run(_sglang_pass(cfg, server, url, chosen, ids))
         figures = sglang_acceptance(metas)
         if figures is None:
             raise APIError(f"{url}: no request reported spec_verify_ct; start SGLang with the drafter "
                            "(--speculative-algorithm EAGLE3 --speculative-draft-model-path ...)")
         if baseline:
-            base_fig, _ = asyncio.run(_sglang_pass(cfg, baseline, chosen, ids))
+            base_fig, _ = asyncio.run(_sglang_pass(cfg, server, baseline, chosen, ids))
     else:
-        spec, got = asyncio.run(_vllm_pass(cfg, url, chosen, scrape=True))
+        spec, got = asyncio.run(_vllm_pass(cfg, server, url, chosen, scrape=True))
         if got is None:
             raise APIError(f"{url}: vllm:spec_decode_num_drafts did not move during the run; is the drafter "
                            "enabled (--speculative-config '{\"method\": \"eagle3\", ...}')?")
         figures = got
         if baseline:
-            base_fig, _ = asyncio.run(_vllm_pass(cfg, baseline, chosen, scrape=False))
+            base_fig, _ = asyncio.run(_vllm_pass(cfg, server, baseline, chosen, scrape=False))
     cond, source = _offline(cfg, rd)
     report = AcceptReport(
         drafter=str(folder), server=server, prompts=len(chosen), sample_ids=[p.sample_id for p in chosen],

@@ -265,7 +265,7 @@ class VllmExtractBackend:
             async with session.get(url) as resp:
                 body = await resp.read()
                 if resp.status != 200:
-                    from draftgen.backends.wire import classify_http
+                    from draftgen.backends.errors import classify_http
 
                     raise classify_http(resp.status, body, headers=resp.headers, where=f"GET {url}")
             data = orjson.loads(body).get("data") or []
@@ -276,7 +276,7 @@ class VllmExtractBackend:
         return mid
 
     async def _attempt(self, row: ExtractRow, i: int) -> Captured:
-        from draftgen.backends.wire import classify_http
+        from draftgen.backends.errors import classify_http
 
         session = await self._ensure_session()
         base = self.opts.base_urls[i]
@@ -472,7 +472,7 @@ def _retryable(exc: BaseException, *, where: str) -> RetryableAPIError | None:
     """The retryable form of ``exc`` (transport errors, timeouts, retryable API errors), or None."""
     import aiohttp
 
-    from draftgen.backends.wire import translate_exception
+    from draftgen.backends.errors import translate_exception
 
     if isinstance(exc, RetryableAPIError):
         return exc
