@@ -449,9 +449,9 @@ def _drafter_k(folder: Path) -> int | None:
 def _server(cfg: RunConfig) -> str:
     if cfg.accept.server != "auto":
         return cfg.accept.server
-    from draftgen.backends import backend_kind
+    from draftgen.backends import capabilities
 
-    return "sglang" if backend_kind(cfg.endpoint.kind).capabilities.acceptance == "meta_info" else "vllm"
+    return "sglang" if capabilities(cfg.endpoint.kind).acceptance == "meta_info" else "vllm"
 
 
 def run_accept(cfg: RunConfig, *, drafter: str | Path, base_url: str | None = None, baseline_url: str | None = None,
