@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from draftgen.backends import backend_kind
+from draftgen.backends import BACKENDS
 from draftgen.errors import ConfigError
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "draftgen"
@@ -20,7 +20,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "draftgen"
 
 def _is_kind(name: str) -> bool:
     try:
-        backend_kind(name)
+        BACKENDS.get(name)
     except ConfigError:
         return False
     return True

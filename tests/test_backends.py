@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import msgspec
@@ -24,6 +26,17 @@ from draftgen.backends.sglang import sglang_root
 from draftgen.errors import AuthError, ConfigError, RetryableAPIError
 from draftgen.records import GroundTruthRecord
 from draftgen.store import iter_jsonl
+
+
+@contextmanager
+def swapped(kind: str, entry: BackendKind) -> Iterator[None]:
+    """``kind`` registered as ``entry`` for the block, then as it was (its doc kept)."""
+    old, doc = BACKENDS.get(kind), BACKENDS.docs()[kind]
+    BACKENDS.register(kind, entry, doc=doc, replace=True)
+    try:
+        yield
+    finally:
+        BACKENDS.register(kind, old, doc=doc, replace=True)
 
 
 def _req(i: int, prompt_ids: list[int] | None = None, tools: bool = False) -> CompletionRequest:
@@ -168,19 +181,19 @@ def test_registry_covers_every_endpoint_kind(tmp_path: Path) -> None:
     from draftgen.docgen import config_reference
     from draftgen.extensions import check_config
 
-    kinds = set(BACKENDS)
+    kinds = set(BACKENDS.names())
     assert kinds == {"openrouter", "emulator", "openai", "vllm", "sglang"}
     # the config accepts exactly the registered kinds, and the reference lists them
     (tmp_path / "c.yaml").write_text("endpoint: {kind: tgi}\ndatasets: [{name: a, path: a.jsonl}]\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"endpoint\.kind 'tgi' is not registered; use one of "
-                                          + ", ".join(BACKENDS)) as info:
+                                          + ", ".join(BACKENDS.names())) as info:
         check_config(load_config(tmp_path / "c.yaml"), "c.yaml")
     assert "\n" not in str(info.value)
     row = next(line for line in config_reference().splitlines() if line.startswith("| `endpoint.kind` |"))
     assert all(f"``{k}``" in row for k in kinds)
     assert {k for k in kinds if capabilities(k).embedded_server} == {"emulator"}
     for kind in kinds:
-        entry = BACKENDS[kind]
+        entry = BACKENDS.get(kind)
         assert isinstance(entry, BackendKind) and callable(entry.factory)
         assert capabilities(kind) is entry.capabilities
     # what the protocols declare (behaviour is decided from these, not from the names)
@@ -188,7 +201,7 @@ def test_registry_covers_every_endpoint_kind(tmp_path: Path) -> None:
     assert not any(capabilities(k).needs_prompt_ids for k in kinds - {"sglang"})
     assert {k for k in kinds if capabilities(k).exact_ids} == {"vllm", "sglang"}
     assert {k for k in kinds if capabilities(k).account} == {"openrouter", "emulator"}
-    with pytest.raises(ConfigError, match="not a known backend"):
+    with pytest.raises(ConfigError, match=r"endpoint\.kind: backend kind 'tgi' is not registered; use one of"):
         capabilities("tgi")
 
 
@@ -198,7 +211,7 @@ def test_built_backend_carries_its_kinds_capabilities(tmp_path: Path, kind: str)
 
     async def go() -> None:
         async with open_backend(cfg, "sk-or-test") as be:
-            assert be.capabilities is BACKENDS[kind].capabilities  # type: ignore[attr-defined]
+            assert be.capabilities is BACKENDS.get(kind).capabilities  # type: ignore[attr-defined]
 
     asyncio.run(go())
 
@@ -212,25 +225,25 @@ def test_capabilities_drive_the_key_policy(tmp_path: Path, monkeypatch: pytest.M
     assert api_key_for(make_config(tmp_path, ["b"], kind="emulator")) == EMULATOR_KEY
     with pytest.raises(ConfigError, match="no API key"):
         api_key_for(make_config(tmp_path, ["b"], kind="openrouter"))
-    base = BACKENDS["openai"]
-    monkeypatch.setitem(BACKENDS, "openai", BackendKind(msgspec.structs.replace(base.capabilities, requires_key=True),
-                                                        base.factory))
-    with pytest.raises(ConfigError, match="no API key"):
+    base = BACKENDS.get("openai")
+    requires_key = BackendKind(msgspec.structs.replace(base.capabilities, requires_key=True), base.factory)
+    with swapped("openai", requires_key), pytest.raises(ConfigError, match="no API key"):
         api_key_for(cfg)
-    monkeypatch.setitem(BACKENDS, "openai", BackendKind(
-        msgspec.structs.replace(base.capabilities, placeholder_key="sk-placeholder"), base.factory))
-    assert api_key_for(cfg) == "sk-placeholder"
-    monkeypatch.setenv("OPENROUTER_API_KEY", " sk-real ")
-    monkeypatch.setenv("DG_MGMT", " sk-mgmt ")
-    assert api_key_for(cfg) == "sk-real" and management_key_for(cfg) == "sk-mgmt"
+    with swapped("openai", BackendKind(msgspec.structs.replace(base.capabilities, placeholder_key="sk-placeholder"),
+                                       base.factory)):
+        assert api_key_for(cfg) == "sk-placeholder"
+        monkeypatch.setenv("OPENROUTER_API_KEY", " sk-real ")
+        monkeypatch.setenv("DG_MGMT", " sk-mgmt ")
+        assert api_key_for(cfg) == "sk-real" and management_key_for(cfg) == "sk-mgmt"
+    assert BACKENDS.get("openai") is base
 
 
 @pytest.mark.parametrize("needs", [False, True])
-def test_capabilities_drive_prompt_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, needs: bool) -> None:
+def test_capabilities_drive_prompt_ids(tmp_path: Path, needs: bool) -> None:
     from draftgen.phases.generate import GenerateOptions, run_generate
 
     sent: list[list[int] | None] = []
-    base = BACKENDS["vllm"]
+    base = BACKENDS.get("vllm")
 
     def factory(cfg, session, url, bounds):  # type: ignore[no-untyped-def]
         be = base.factory(cfg, session, url, bounds)
@@ -244,10 +257,9 @@ def test_capabilities_drive_prompt_ids(tmp_path: Path, monkeypatch: pytest.Monke
         return be
 
     caps = msgspec.structs.replace(base.capabilities, needs_prompt_ids=needs)
-    monkeypatch.setitem(BACKENDS, "vllm", BackendKind(caps, factory))
     run_dir = claim(make_config(tmp_path, ["a"]))
     write_prompts(run_dir, "a", 4)
-    with emulator() as emu:
+    with emulator() as emu, swapped("vllm", BackendKind(caps, factory)):
         cfg = make_config(tmp_path, ["a"], kind="vllm", base_url=emu.root_url + "/v1")
         rep = run_generate(cfg, GenerateOptions(), echo=lambda line: None)
     assert rep.done == 4 and len(sent) >= 4

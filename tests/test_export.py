@@ -177,7 +177,7 @@ def test_an_unknown_export_format_is_refused_before_anything_is_removed(tmp_path
     rd = RunDir(cfg.run_path)
     before = sorted(p for p in rd.root.rglob("*") if p.is_file() and p.name != ".draftgen.lock")
     cfg.merge.exports = ["speculators", "axolotl"]
-    with pytest.raises(ConfigError, match=r"merge\.exports 'axolotl' is not registered"):
+    with pytest.raises(ConfigError, match=r"merge\.exports: export format 'axolotl' is not registered"):
         run_merge(cfg, echo=_quiet)
     assert sorted(p for p in rd.root.rglob("*") if p.is_file() and p.name != ".draftgen.lock") == before
 

@@ -1,4 +1,4 @@
-"""Adding a backend is its module plus one registration line in ``backends.BACKENDS``.
+"""Adding a backend is its module plus one ``backends.BACKENDS.register`` line.
 
 A toy kind is registered here (an OpenAI-compatible chat backend subclass that counts its requests, with
 capabilities of its own: self-hosted, served by the embedded emulator when no base URL is given, no
@@ -73,10 +73,15 @@ def test_a_registered_toy_backend_runs_generate(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(ConfigError, match=r"endpoint\.kind"):
         check_config(load_config(path), str(path))  # not registered yet
 
-    # The one registration line (monkeypatch removes it again at the end of the test).
-    monkeypatch.setitem(BACKENDS, "toy", BackendKind(TOY_CAPABILITIES, build_toy, "a toy chat server"))
-    monkeypatch.setattr(ToyBackend, "sent", 0)
+    BACKENDS.register("toy", BackendKind(TOY_CAPABILITIES, build_toy), doc="a toy chat server")  # the one line
+    try:
+        _generate_through_toy(path, monkeypatch)
+    finally:
+        BACKENDS.unregister("toy")
 
+
+def _generate_through_toy(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ToyBackend, "sent", 0)
     cfg = load_config(path)
     check_config(cfg, str(path))
     assert cfg.endpoint.kind == "toy" and capabilities("toy").embedded_server

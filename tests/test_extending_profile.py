@@ -19,13 +19,13 @@ import pytest
 from draftgen.config import load_config
 from draftgen.emulator.scenarios import builtin_scenario
 from draftgen.emulator.scripted import EmulatedModel
-from draftgen.errors import TokenizerError
+from draftgen.errors import ConfigError
 from draftgen.phases.audit.run import run_audit
 from draftgen.phases.generate import GenerateOptions, run_generate
 from draftgen.phases.prepare import run_prepare
 from draftgen.records import ResponseRecord
 from draftgen.store import iter_jsonl
-from draftgen.tokens import load_profile, profile_class, profile_names, register_profile, unregister_profile
+from draftgen.tokens import PROFILES, load_profile, profile_class, register_profile
 from draftgen.tokens.qwen3 import Qwen3Profile
 
 QUIET = {"echo": lambda s: None}
@@ -46,7 +46,7 @@ def toy() -> Iterator[type[ToyProfile]]:
     try:
         yield ToyProfile
     finally:
-        unregister_profile(ToyProfile.name)
+        PROFILES.unregister(ToyProfile.name)
 
 
 def _config(tmp: Path, n: int = 8) -> Path:
@@ -68,11 +68,11 @@ def _config(tmp: Path, n: int = 8) -> Path:
 
 
 def test_registration_and_removal(toy: type[ToyProfile]) -> None:
-    assert profile_class("toy-qwen3") is toy and "toy-qwen3" in profile_names()
-    with pytest.raises(TokenizerError, match="already registered"):
+    assert profile_class("toy-qwen3") is toy and PROFILES.names()[-1] == "toy-qwen3"
+    with pytest.raises(ConfigError, match=r"model\.profile: profile 'toy-qwen3' is registered already"):
         register_profile(toy)
-    unregister_profile(toy.name)
-    with pytest.raises(TokenizerError, match="unknown profile 'toy-qwen3'"):
+    PROFILES.unregister(toy.name)
+    with pytest.raises(ConfigError, match=r"profile 'toy-qwen3' is not registered \(did you mean 'qwen3'\?\)"):
         profile_class("toy-qwen3")
     register_profile(toy)  # for the fixture's own removal
 

@@ -1,9 +1,11 @@
-"""extensions: a config may name only registered profiles, backend kinds and export formats; the CLI
-refuses the others with one line naming the key and the registered names, and the docs list them."""
+"""extensions: a config may name only registered profiles, backend kinds, export formats and capture
+backends; the CLI refuses the others with one line naming the key and the registered names, and the docs
+list them."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -13,8 +15,13 @@ from draftgen.backends import BACKENDS
 from draftgen.cli import cli
 from draftgen.errors import ConfigError
 from draftgen.exporters import EXPORTERS
-from draftgen.extensions import check_config, registered
-from draftgen.tokens import profile_names
+from draftgen.extensions import CONFIG_KEYS, check_config, registered
+from draftgen.phases.extract.capture import EXTRACT_BACKENDS
+from draftgen.registry import Registry
+from draftgen.tokens import PROFILES
+
+REGISTRIES: dict[str, Registry[Any]] = {"endpoint.kind": BACKENDS, "model.profile": PROFILES,
+                                        "merge.exports": EXPORTERS, "hidden_states.backend": EXTRACT_BACKENDS}
 
 
 @pytest.mark.parametrize(
@@ -23,6 +30,7 @@ from draftgen.tokens import profile_names
         ({"endpoint": {"kind": "tgi"}}, "endpoint.kind", "tgi"),
         ({"model": {"id": "m", "profile": "acme-1", "tokenizer": "bundled:qwen3"}}, "model.profile", "acme-1"),
         ({"merge": {"exports": ["speculators", "eagle-json"]}}, "merge.exports", "eagle-json"),
+        ({"hidden_states": {"backend": "sglang"}}, "hidden_states.backend", "sglang"),
     ],
 )
 def test_unregistered_names_are_refused_with_the_registered_ones(tmp_path: Path, sections: dict[str, object],
@@ -33,9 +41,7 @@ def test_unregistered_names_are_refused_with_the_registered_ones(tmp_path: Path,
         check_config(cfg, str(path))
     msg = str(info.value)
     assert "\n" not in msg and msg.startswith(f"{path}: {key} {bad!r} is not registered; use one of ")
-    known = {"endpoint.kind": list(BACKENDS), "model.profile": list(profile_names()),
-             "merge.exports": list(EXPORTERS)}[key]
-    assert ", ".join(known) in msg
+    assert msg.endswith(f"use one of {', '.join(REGISTRIES[key].names())} (see docs/config.md)")
 
     res = CliRunner().invoke(cli, ["prepare", str(path)])
     assert res.exit_code == ConfigError.exit_code, res.output
@@ -43,14 +49,19 @@ def test_unregistered_names_are_refused_with_the_registered_ones(tmp_path: Path,
 
 
 def test_a_registered_config_passes(tmp_path: Path) -> None:
-    path = write_config(tmp_path, config_dict(tmp_path, merge={"exports": list(EXPORTERS)}))
+    path = write_config(tmp_path, config_dict(tmp_path, merge={"exports": EXPORTERS.names()}))
     check_config(load(path), str(path))
 
 
+def test_every_registry_backed_key_is_checked() -> None:
+    assert set(CONFIG_KEYS) == set(REGISTRIES)
+    assert all(CONFIG_KEYS[key].registry() is reg and reg.key == key for key, reg in REGISTRIES.items())
+
+
 def test_the_docs_list_what_is_registered() -> None:
-    assert all(f"``{k}``" in registered("endpoint.kind") for k in BACKENDS)
-    assert all(f"``{p}``" in registered("model.profile") for p in profile_names())
-    assert all(f"``{e}``" in registered("merge.exports") for e in EXPORTERS)
-    assert registered("run_dir") == ""
     docs = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text(encoding="utf-8")
-    assert registered("endpoint.kind").replace("|", "\\|")[:40] in docs
+    for key, reg in REGISTRIES.items():
+        assert reg.names() and all(f"``{n}``" in registered(key) for n in reg.names()), key
+        row = next(line for line in docs.splitlines() if line.startswith(f"| `{key}` |"))
+        assert registered(key).replace("|", "\\|") in row, key
+    assert registered("run_dir") == ""

@@ -31,8 +31,8 @@ from draftgen.hidden.exports import (  # noqa: E402
     EXPORT_REPORT,
     HIDDEN_EXPORTERS,
     SAMPLE_IDS,
+    export_hidden,
     modelopt_name,
-    run_hidden_export,
 )
 from draftgen.store import read_json  # noqa: E402
 
@@ -63,15 +63,16 @@ def _close(a: Any, b: Any, tol: float = BF16_TOL) -> None:
 
 
 def test_registry_has_the_three_formats() -> None:
-    assert {"speculators", "specforge", "modelopt"} <= set(HIDDEN_EXPORTERS)
-    with pytest.raises(ConfigError, match="unknown hidden export format"):
-        run_hidden_export("/nowhere", ["nope"], "/tmp/x")
+    assert {"speculators", "specforge", "modelopt"} <= set(HIDDEN_EXPORTERS.names())
+    with pytest.raises(ConfigError, match=r"export-hidden --format: hidden export format 'nope' is not registered; "
+                                          r"use one of speculators, specforge, modelopt"):
+        export_hidden("/nowhere", ["nope"], "/tmp/x")
 
 
 def test_speculators_export_reads_back_with_speculators_arrowdataset(hidden: Any, tmp_path: Path) -> None:
     _model_dir, dest, rows, _post = hidden
     out = tmp_path / "spec"
-    rep = run_hidden_export(str(dest), ["speculators"], out)[0]
+    rep = export_hidden(str(dest), ["speculators"], out)[0]
     assert rep.samples == len(rows) and rep.layer_ids == [2, 4, 5] and rep.final_layer_id == 8
     dump = tmp_path / "dump.pt"
     code = (
@@ -102,7 +103,7 @@ def test_speculators_export_reads_back_with_speculators_arrowdataset(hidden: Any
     assert [x["file"] for x in lines] == [f"hidden_states/hs_{i}.safetensors" for i in range(len(rows))]
     # a second export of the same set is up to date (nothing rewritten)
     mtime = (out / "hidden_states" / "hs_0.safetensors").stat().st_mtime_ns
-    again = run_hidden_export(str(dest), ["speculators"], out)[0]
+    again = export_hidden(str(dest), ["speculators"], out)[0]
     assert again.seconds == rep.seconds
     assert (out / "hidden_states" / "hs_0.safetensors").stat().st_mtime_ns == mtime
 
@@ -112,7 +113,7 @@ def test_specforge_export_reads_back_with_specforge_offline_dataset(hidden: Any,
 
     model_dir, dest, rows, post = hidden
     out = tmp_path / "sf"
-    run_hidden_export(str(dest), ["specforge"], out, target_dir=model_dir)
+    export_hidden(str(dest), ["specforge"], out, target_dir=model_dir)
     ds = build_offline_eagle3_dataset(str(out), max_len=4096)
     assert len(ds) == len(rows)
     by_index = {int(Path(p).stem.removeprefix("data_")): k for k, p in enumerate(ds.datapaths)}
@@ -155,7 +156,7 @@ def test_modelopt_export_reads_back_with_modelopt_offline_dataset(hidden: Any, t
     utils = _modelopt_reader()
     model_dir, dest, rows, post = hidden
     out = tmp_path / "mo"
-    run_hidden_export(str(dest), ["modelopt"], out, target_dir=model_dir)
+    export_hidden(str(dest), ["modelopt"], out, target_dir=model_dir)
     files = sorted(str(p) for p in out.rglob("*.pt"))  # what Model-Optimizer's launcher globs
     assert len(files) == len(rows)
     ds = utils.OfflineSupervisedDataset(files, answer_only_loss=True)
@@ -177,13 +178,13 @@ def test_norm_from_another_model_is_refused(hidden: Any, tmp_path: Path) -> None
     _model_dir, dest, _rows, _post = hidden
     other = build_tiny_model(tmp_path / "other", layers=8, hidden=64, seed=1)
     with pytest.raises(InputError, match="final norm weight"):
-        run_hidden_export(str(dest), ["specforge"], tmp_path / "sf", target_dir=other)
+        export_hidden(str(dest), ["specforge"], tmp_path / "sf", target_dir=other)
     assert not (tmp_path / "sf" / EXPORT_REPORT).exists()
 
 
 def test_several_formats_one_folder_each_with_reports(hidden: Any, tmp_path: Path) -> None:
     model_dir, dest, rows, _post = hidden
-    reps = run_hidden_export(str(dest), ["specforge", "modelopt"], tmp_path / "all", target_dir=model_dir)
+    reps = export_hidden(str(dest), ["specforge", "modelopt"], tmp_path / "all", target_dir=model_dir)
     for rep in reps:
         on_disk = read_json(tmp_path / "all" / rep.format / EXPORT_REPORT, type(rep))
         assert on_disk.samples == len(rows) and on_disk.format == rep.format

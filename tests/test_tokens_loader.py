@@ -152,7 +152,7 @@ def test_profile_over_wrong_tokenizer_is_refused() -> None:
     need_shared()
     with pytest.raises(TokenizerError, match=r"profile 'qwen3' needs control token '<\|im_end\|>'"):
         load_profile("qwen3", str(ASSETS / "deepseek-v3.1"))
-    with pytest.raises(TokenizerError, match="unknown profile 'llama'"):
+    with pytest.raises(ConfigError, match=r"model\.profile: profile 'llama' is not registered"):
         load_profile("llama", "bundled:qwen3")
 
 

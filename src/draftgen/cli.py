@@ -312,11 +312,11 @@ def train(config: str, run_dir: str | None, hidden: str | None, verifier: str | 
 def export_hidden(config: str, run_dir: str | None, formats: tuple[str, ...], out: str | None, hidden: str | None,
                   target: str | None, include_flagged: bool) -> None:
     """Write hidden/ in a peer trainer's offline format, in extraction order (sample_ids.jsonl maps it)."""
-    from draftgen.hidden.exports import run_hidden_export
+    from draftgen.hidden import exports
 
     cfg = _load(config, {"run_dir": run_dir})
-    run_hidden_export(cfg, list(formats), out, hidden=hidden, target_dir=target, include_flagged=include_flagged,
-                      echo=click.echo)
+    exports.export_hidden(cfg, list(formats), out, hidden=hidden, target_dir=target, include_flagged=include_flagged,
+                          echo=click.echo)
 
 @cli.command(name="import")
 @click.argument("config", type=click.Path(dir_okay=False))

@@ -5,9 +5,9 @@ non-zero. Messages are built by the raiser and say what failed, where (file, lin
 Messages never contain an API key: backends pass keys only in headers, never into exception text.
 
     DraftgenError
-    ├── ConfigError                 bad YAML, unknown key, bad value, bad flag
+    ├── ConfigError                 bad YAML, unknown key, bad value, bad flag, unregistered name
     ├── InputError                  malformed prompt/record file (file:line)
-    ├── TokenizerError              missing/wrong tokenizer file, sha256 mismatch, unknown profile
+    ├── TokenizerError              missing/wrong tokenizer file, sha256 mismatch
     ├── RunDirError                 run directory written by another config, unreadable state
     ├── StorageError                disk full / write failure (nothing written is corrupted)
     ├── BudgetExhausted             dollar or token budget cannot cover the next request

@@ -12,7 +12,7 @@ Layout (paths relative to the run directory)::
                                        dataset card: its YAML ``configs`` name the shards per split, so
                                        ``datasets.load_dataset("merged")`` loads them), stats.json (MergeStats), and
                                        manifest.json (MergeManifest, every file merge wrote), written last
-    exports/<format>/train.jsonl       the train rows in a peer trainer's format (export.EXPORTERS), one folder each,
+    exports/<format>/train.jsonl       the train rows in a peer trainer's format (exporters.EXPORTERS), one folder each,
                                        so ``speculators prepare-data --data exports/speculators/`` reads only them
     exports/validation/<format>/       the validation rows in the same format (``merge.val_fraction`` > 0)
     logs/attempts.jsonl                AttemptRecord: every request attempt (provider health, report timelines)

@@ -8,11 +8,12 @@ Entry point::
         credits = await backend.get_credits(mgmt_key)  # capabilities.account + management key, else None
         eps = await backend.get_model_endpoints(cfg.model.id)  # capabilities.prices, else None
 
-``BACKENDS`` maps each ``endpoint.kind`` to a ``BackendKind``: its ``Capabilities`` and its factory.
+``BACKENDS`` (a ``draftgen.registry.Registry``) maps each ``endpoint.kind`` to a ``BackendKind``: its
+``Capabilities`` and its factory.
 ``openrouter``/``emulator`` → ``openrouter.OpenAIChatBackend`` (with routing and reasoning), ``openai`` →
 the same without OpenRouter-only fields, ``vllm`` → ``vllm.VLLMBackend`` (exact ids), ``sglang`` →
 ``sglang.SGLangBackend`` (exact ids, prompt ids in). Callers decide behaviour from ``capabilities(kind)``,
-never from a kind's or backend's name; adding a backend is its module plus one line in ``BACKENDS``.
+never from a kind's or backend's name; adding a backend is its module plus one ``BACKENDS.register`` line.
 
 Each base URL gets one aiohttp session (one connection pool); several URLs (``endpoint.base_urls``) are
 load-balanced by fewest requests in flight. Every request is bounded by ``http.Bounds``
@@ -51,6 +52,7 @@ from draftgen.backends.sglang import SGLANG_CAPABILITIES, build_sglang
 from draftgen.backends.vllm import VLLM_CAPABILITIES, build_vllm
 from draftgen.config import RunConfig, resolve_api_key
 from draftgen.errors import ConfigError
+from draftgen.registry import Registry
 
 __all__ = [
     "BACKENDS",
@@ -74,28 +76,22 @@ __all__ = [
     "open_backend",
 ]
 
-#: ``endpoint.kind`` → its capabilities, factory and doc. One line per backend: the config accepts exactly
-#: these kinds (``config._validate``) and docs/config.md lists them (``docgen``).
-BACKENDS: dict[str, BackendKind] = {
-    "emulator": BackendKind(EMULATOR_CAPABILITIES, build_openrouter, "the offline OpenRouter emulator, embedded"),
-    "openrouter": BackendKind(OPENROUTER_CAPABILITIES, build_openrouter, "OpenRouter, with routing and account"),
-    "openai": BackendKind(OPENAI_CAPABILITIES, build_openai, "any OpenAI-compatible chat server"),
-    "vllm": BackendKind(VLLM_CAPABILITIES, build_vllm, "vLLM, exact ids via return_token_ids"),
-    "sglang": BackendKind(SGLANG_CAPABILITIES, build_sglang, "SGLang native /generate, exact output_ids"),
-}
-
-
-def backend_kind(kind: str) -> BackendKind:
-    """The registered ``BackendKind`` of ``endpoint.kind``; a ConfigError naming the known kinds."""
-    try:
-        return BACKENDS[kind]
-    except KeyError:
-        raise ConfigError(f"endpoint.kind {kind!r} is not a known backend; use one of {', '.join(BACKENDS)}") from None
+#: ``endpoint.kind`` → its capabilities and factory, with a doc for docs/config.md (``docgen``). One line per
+#: backend: the config accepts exactly these kinds (``extensions.check_config``).
+BACKENDS: Registry[BackendKind] = Registry("endpoint.kind", "backend kind")
+BACKENDS.register("emulator", BackendKind(EMULATOR_CAPABILITIES, build_openrouter),
+                  doc="the offline OpenRouter emulator, embedded")
+BACKENDS.register("openrouter", BackendKind(OPENROUTER_CAPABILITIES, build_openrouter),
+                  doc="OpenRouter, with routing and account")
+BACKENDS.register("openai", BackendKind(OPENAI_CAPABILITIES, build_openai), doc="any OpenAI-compatible chat server")
+BACKENDS.register("vllm", BackendKind(VLLM_CAPABILITIES, build_vllm), doc="vLLM, exact ids via return_token_ids")
+BACKENDS.register("sglang", BackendKind(SGLANG_CAPABILITIES, build_sglang),
+                  doc="SGLang native /generate, exact output_ids")
 
 
 def capabilities(kind: str) -> Capabilities:
     """What a backend of ``endpoint.kind`` can do."""
-    return backend_kind(kind).capabilities
+    return BACKENDS.get(kind).capabilities
 
 
 def api_key_for(cfg: RunConfig) -> str | None:
@@ -176,7 +172,7 @@ class Balanced:
 
 def _build(cfg: RunConfig, url: str, api_key: str | None, connections: int) -> HttpBackend:
     ep = cfg.endpoint
-    kind = backend_kind(ep.kind)
+    kind = BACKENDS.get(ep.kind)
     headers = ({"HTTP-Referer": "https://github.com/draftgen/draftgen", "X-Title": "draftgen"}
                if kind.capabilities.attribution_headers else None)
     session = make_session(

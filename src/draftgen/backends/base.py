@@ -80,12 +80,11 @@ BackendFactory = Callable[["RunConfig", "aiohttp.ClientSession", str, "Bounds"],
 
 
 class BackendKind(msgspec.Struct, frozen=True):
-    """One ``endpoint.kind``: its capabilities, how to build a backend for it, and a few words for the
-    config reference (``docs/config.md`` lists every registered kind with its ``doc``)."""
+    """One ``endpoint.kind``: its capabilities and how to build a backend for it (registered in
+    ``backends.BACKENDS``, whose ``doc`` of each kind ``docs/config.md`` lists)."""
 
     capabilities: Capabilities
     factory: BackendFactory
-    doc: str = ""
 
 
 def sampling_body(cfg: RunConfig) -> dict[str, Any]:

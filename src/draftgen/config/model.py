@@ -15,7 +15,7 @@ class ModelConfig(Section):
     id: str = "qwen/qwen3-8b"
     """API model slug sent as ``model`` (OpenRouter: ``moonshotai/kimi-k2.5``)."""
     profile: str = "qwen3"
-    """Token profile, one of those registered in ``draftgen.tokens.PROFILE_TABLE``."""
+    """Token profile, one of those registered in ``draftgen.tokens.PROFILES``."""
     tokenizer: str = "bundled:qwen3"
     """Tokenizer: ``bundled:qwen3``, a local folder, or ``hf:org/name@revision``."""
     tokenizer_sha256: str | None = None

@@ -2,13 +2,13 @@
 
 One module per format: ``exporters.parquet`` (the shards, and the loop that writes every format of a split),
 ``exporters.card`` (``merged/README.md``), ``exporters.speculators``, ``exporters.specforge``; the registry of
-formats and the row handed over by merge are in ``exporters.base``. A format is a row builder plus one
-``@register_exporter`` line. Importing this face registers the built-in formats.
+formats (``EXPORTERS``, a ``draftgen.registry.Registry``) and the row handed over by merge are in
+``exporters.base``, which registers the built-in formats as lazy ``"module:attr"`` entries; a plugin's format
+is a row builder plus one ``@register_exporter`` line.
 """
 
 from __future__ import annotations
 
-from draftgen.exporters import specforge, speculators  # noqa: F401  (the built-in formats register on import)
 from draftgen.exporters.base import (
     EXPORTERS,
     Builder,
@@ -19,7 +19,6 @@ from draftgen.exporters.base import (
     RowSource,
     check_exports,
     export_usage,
-    exporter,
     loss_mask_bytes,
     register_exporter,
 )
@@ -48,7 +47,6 @@ __all__ = [
     "RowSource",
     "check_exports",
     "export_usage",
-    "exporter",
     "file_digest",
     "file_entry",
     "loss_mask_bytes",

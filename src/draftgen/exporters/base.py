@@ -2,7 +2,10 @@
 
 ``MergedRow``: where a selected sample's ids sit in one Arrow list array, its lengths and metadata, and the byte
 offsets of its raw response and prepared prompt lines; ``RowReaders`` reads those lines back for the formats that
-need text. ``EXPORTERS`` maps a format name (``merge.exports``) to its row builder. No file is written here."""
+need text. ``EXPORTERS`` (a ``draftgen.registry.Registry``) maps a format name (``merge.exports``) to its
+``Exporter``: the built-in formats are registered here as lazy ``"module:attr"`` entries (their modules are
+imported on first use, so this registry does not depend on importing the ``exporters`` face first); a
+plugin's format is a builder plus one ``@register_exporter`` line. No file is written here."""
 
 from __future__ import annotations
 
@@ -13,11 +16,11 @@ from typing import Any
 
 import msgspec
 
-from draftgen.errors import ConfigError
 from draftgen.records import (
     PromptRecord,
     ResponseRecord,
 )
+from draftgen.registry import Registry
 from draftgen.rundir import RunDir
 from draftgen.store import JsonlReader
 from draftgen.tokens import Profile
@@ -119,29 +122,25 @@ Builder = Callable[[ExportContext, MergedRow, list[int], list[int]], "msgspec.St
 
 @dataclass(frozen=True)
 class Exporter:
-    """One peer format: its ``merge.exports`` name (also its folder under exports/) and row builder."""
+    """One peer format (registered in ``EXPORTERS`` under its ``merge.exports`` name, also its folder under
+    exports/): its row builder and how its consumer reads it."""
 
-    name: str
     build: Builder
     pretokenized: bool  # rows carry input_ids + loss_mask: rows without a supervised token are left out
     usage: str  # how the consumer reads it; {dir} and {file} are the train split's folder and file
-    doc: str = ""  # one line for docs/config.md (``merge.exports``)
 
 
-EXPORTERS: dict[str, Exporter] = {}
-
-
-"""The export formats by ``merge.exports`` name, in registration order: the one list of them (config
-validation, docs/config.md, merge and the dataset card read it). A format is a builder + ``@register_exporter``."""
-
-
-def exporter(name: str) -> Exporter:
-    """The registered format ``name``; a ConfigError naming ``merge.exports`` and the registered formats."""
-    try:
-        return EXPORTERS[name]
-    except KeyError:
-        raise ConfigError(f"merge.exports {name!r} is not registered; use one of {', '.join(EXPORTERS)} "
-                          "(see docs/config.md)") from None
+#: The export formats by ``merge.exports`` name, in registration order: the one list of them (config
+#: validation, docs/config.md, merge and the dataset card read it). Each doc is one line for docs/config.md.
+EXPORTERS: Registry[Exporter] = Registry("merge.exports", "export format")
+EXPORTERS.register("speculators", "draftgen.exporters.speculators:SPECULATORS",
+                   doc="pre-tokenized rows for ``speculators prepare-data --data exports/speculators/``")
+EXPORTERS.register("specforge", "draftgen.exporters.specforge:SPECFORGE",
+                   doc="pre-tokenized ``{input_ids, loss_mask}`` JSONL for SpecForge ``data.prompts_path``: the "
+                       "exact ids; set its ``data.max_length`` >= ``merge.max_seq_len``")
+EXPORTERS.register("specforge-conversations", "draftgen.exporters.specforge:SPECFORGE_CONVERSATIONS",
+                   doc="conversation rows for SpecForge ``data.train_data_path``; SpecForge re-renders and "
+                       "re-tokenizes them, so their ids are not exact")
 
 
 def register_exporter(name: str, *, pretokenized: bool, usage: str, doc: str = "") -> Callable[[Builder], Builder]:
@@ -149,23 +148,22 @@ def register_exporter(name: str, *, pretokenized: bool, usage: str, doc: str = "
 
     ``pretokenized``: its rows carry ``input_ids`` + ``loss_mask``, so rows without a supervised token are
     left out. ``usage``: how its consumer reads it (``{dir}``/``{file}``: the train split's folder and file).
-    ``EXPORTERS.pop(name)`` removes it again."""
+    A name already registered is a ConfigError; ``EXPORTERS.unregister(name)`` removes it again."""
     def deco(build: Builder) -> Builder:
-        if name in EXPORTERS:
-            raise ValueError(f"export format {name!r} is registered twice")
-        EXPORTERS[name] = Exporter(name, build, pretokenized, usage, doc)
+        EXPORTERS.register(name, Exporter(build, pretokenized, usage), doc=doc)
         return build
 
     return deco
 
 
 def check_exports(names: Sequence[str]) -> None:
-    """Every name is a registered format (``exporter``); merge calls this before it removes anything."""
+    """Every name is a registered format (a ConfigError naming the registered ones); merge calls this before
+    it removes anything."""
     for name in names:
-        exporter(name)
+        EXPORTERS.get(name)
 
 
 def export_usage(rd: RunDir, kind: str) -> str:
     """How the consumer of an export format reads the train split, with this run's paths."""
-    return exporter(kind).usage.format(dir=rd.export_dir(kind).relative_to(rd.root).as_posix(),
+    return EXPORTERS.get(kind).usage.format(dir=rd.export_dir(kind).relative_to(rd.root).as_posix(),
                                         file=rd.export_file(kind, "train").relative_to(rd.root).as_posix())

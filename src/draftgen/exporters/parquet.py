@@ -11,8 +11,8 @@ prompt lines) and writes, per split (``train``, ``validation``), at the paths ``
 - ``merged/README.md`` (``write_card``): the Hugging Face dataset card; its YAML ``configs`` list the shards
   of each split, so ``datasets.load_dataset("<run>/merged")`` and ``datasets.load_dataset("parquet",
   data_dir="<run>/merged")`` both load every row and nothing else (merged/ holds no other data file).
-- one folder per export format in ``merge.exports`` (``EXPORTERS``, filled by ``@register_exporter``: a
-  format is a row builder plus that one line), ``exports/<format>/train.jsonl`` and
+- one folder per export format in ``merge.exports`` (``EXPORTERS``: a format is a row builder plus one
+  registration line), ``exports/<format>/train.jsonl`` and
   ``exports/validation/<format>/validation.jsonl``:
 
   ``speculators``  ``records.SpeculatorsRow`` ``{id, primary_id, input_ids, loss_mask, text, metadata}``, as
@@ -52,13 +52,13 @@ import msgspec
 
 from draftgen.errors import StorageError
 from draftgen.exporters.base import (
+    EXPORTERS,
     ExportContext,
     Exporter,
     MergedRow,
     RowReaders,
     RowSource,
     check_exports,
-    exporter,
     loss_mask_bytes,
 )
 from draftgen.records import (
@@ -153,6 +153,7 @@ def file_entry(rd: RunDir, path: Path, split: str, kind: str, rows: int) -> Merg
 class _Out:
     """One open export file of a split."""
 
+    kind: str  # the format's merge.exports name
     exporter: Exporter
     tmp: Path
     final: Path
@@ -193,7 +194,7 @@ def write_split(
             tmp.parent.mkdir(parents=True, exist_ok=True)
             tmp.unlink(missing_ok=True)
             tmp_paths.append(tmp)
-            outs.append(_Out(exporter(kind), tmp, final, JsonlWriter(tmp, fsync=False)))
+            outs.append(_Out(kind, EXPORTERS.get(kind), tmp, final, JsonlWriter(tmp, fsync=False)))
         for s, shard in enumerate(shards):
             final = rd.merged_shard(split, s, len(shards))
             tmp = final.with_name(f".{final.name}.tmp")
@@ -209,7 +210,7 @@ def write_split(
         for out in outs:
             out.writer.close()
             publish(out.tmp, out.final)
-            files.append(file_entry(rd, out.final, split, out.exporter.name, out.rows))
+            files.append(file_entry(rd, out.final, split, out.kind, out.rows))
     except OSError as exc:  # pyarrow's IO errors are OSErrors too (disk full while writing Parquet)
         raise StorageError(f"{rd.root}: write failed ({exc.strerror or exc}); free space and rerun merge") from None
     finally:

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from draftgen.exporters.base import ExportContext, MergedRow, register_exporter
+from draftgen.exporters.base import ExportContext, Exporter, MergedRow
 from draftgen.records import (
     SpecForgeConversationRow,
     SpecForgeMessage,
@@ -24,11 +24,12 @@ from draftgen.records import (
 )
 
 
-@register_exporter("specforge", pretokenized=True, usage="SpecForge data.prompts_path: {file}",
-                   doc="pre-tokenized ``{input_ids, loss_mask}`` JSONL for SpecForge ``data.prompts_path``: the "
-                       "exact ids; set its ``data.max_length`` >= ``merge.max_seq_len``")
-def _specforge(ctx: ExportContext, row: MergedRow, ids: list[int], mask: list[int]) -> msgspec.Struct | str:
+def build_specforge(ctx: ExportContext, row: MergedRow, ids: list[int], mask: list[int]) -> msgspec.Struct | str:
     return SpecForgePromptRow(id=row.row_id, input_ids=ids, loss_mask=mask)
+
+
+#: ``merge.exports: [specforge]`` (registered in ``exporters.base.EXPORTERS`` by this path).
+SPECFORGE = Exporter(build_specforge, pretokenized=True, usage="SpecForge data.prompts_path: {file}")
 
 
 def _json_text(value: Any) -> str:
@@ -60,11 +61,7 @@ def _message(role: str, content: str | None, reasoning: str | None, tool_calls: 
                             tool_calls=_tool_calls_text(tool_calls), tool_call_id=tool_call_id or "")
 
 
-@register_exporter("specforge-conversations", pretokenized=False,
-                   usage="SpecForge data.train_data_path: {file} (re-tokenized by SpecForge: not the exact ids)",
-                   doc="conversation rows for SpecForge ``data.train_data_path``; SpecForge re-renders and "
-                       "re-tokenizes them, so their ids are not exact")
-def _specforge_conversation(ctx: ExportContext, row: MergedRow, ids: list[int],
+def build_specforge_conversation(ctx: ExportContext, row: MergedRow, ids: list[int],
                             mask: list[int]) -> msgspec.Struct | str:
     prompt = ctx.prompt(row)
     if prompt is None:
@@ -79,3 +76,9 @@ def _specforge_conversation(ctx: ExportContext, row: MergedRow, ids: list[int],
     if any(m.role == "assistant" and not m.content.strip() for m in conv):
         return "an assistant turn with empty content, which SpecForge rejects"
     return SpecForgeConversationRow(id=row.row_id, conversations=conv, tools=_tools_text(prompt.tools))
+
+
+#: ``merge.exports: [specforge-conversations]`` (registered in ``exporters.base.EXPORTERS`` by this path).
+SPECFORGE_CONVERSATIONS = Exporter(
+    build_specforge_conversation, pretokenized=False,
+    usage="SpecForge data.train_data_path: {file} (re-tokenized by SpecForge: not the exact ids)")

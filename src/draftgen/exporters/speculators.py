@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from draftgen.exporters.base import ExportContext, MergedRow, register_exporter
+from draftgen.exporters.base import ExportContext, Exporter, MergedRow
 from draftgen.records import (
     MERGED_COLUMNS,
     SpeculatorsMetadata,
@@ -29,8 +29,10 @@ def speculators_metadata(row: MergedRow) -> msgspec.Struct:
 _META_COLUMNS = tuple(c for c in MERGED_COLUMNS if c.meta is not None)
 
 
-@register_exporter("speculators", pretokenized=True, usage="speculators prepare-data --data {dir}/",
-                   doc="pre-tokenized rows for ``speculators prepare-data --data exports/speculators/``")
-def _speculators(ctx: ExportContext, row: MergedRow, ids: list[int], mask: list[int]) -> msgspec.Struct | str:
+def build_speculators(ctx: ExportContext, row: MergedRow, ids: list[int], mask: list[int]) -> msgspec.Struct | str:
     return SpeculatorsRow(id=row.row_id, primary_id=row.sample_id, input_ids=ids, loss_mask=mask,
                           text=ctx.profile.tokenizer.decode(ids), metadata=speculators_metadata(row))
+
+
+#: ``merge.exports: [speculators]`` (registered in ``exporters.base.EXPORTERS`` by this path).
+SPECULATORS = Exporter(build_speculators, pretokenized=True, usage="speculators prepare-data --data {dir}/")

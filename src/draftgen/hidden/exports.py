@@ -1,5 +1,9 @@
 """Hidden states in the peer trainers' offline formats (``draftgen export-hidden``, and ``draftgen train``).
 
+``export_hidden(source, kinds, out)`` is the entry point; each format is one ``HiddenExporter`` in
+``HIDDEN_EXPORTERS`` (a ``draftgen.registry.Registry`` keyed by ``export-hidden --format``), registered with
+``@register_hidden_exporter`` like a plugin's would be.
+
 Reads a finished ``draftgen.hidden/1`` set (``extract.format.open_hidden``: manifest + per-sample files,
 in manifest = extraction = merged train order) and writes one folder per format, each sample ``i`` being the
 i-th sample of the manifest (flagged samples left out unless asked), so provenance holds: every folder
@@ -39,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from draftgen.errors import ConfigError, InputError
 from draftgen.hidden.format import HiddenSet, LoadedSample, open_hidden, require, sample_key
 from draftgen.records import HiddenExportReport, HiddenExportSample, HiddenManifest
+from draftgen.registry import Registry
 from draftgen.store import atomic_write_json, encode_json, read_json, read_json_object
 
 if TYPE_CHECKING:
@@ -52,12 +57,13 @@ __all__ = [
     "SAMPLE_IDS",
     "ExportContext",
     "FinalNorm",
+    "HiddenExporter",
     "default_export_dir",
+    "export_hidden",
     "hidden_url",
     "load_final_norm",
     "manifest_fingerprint",
     "register_hidden_exporter",
-    "run_hidden_export",
 ]
 
 # Names inside an export folder (not run-directory layout names).
@@ -110,25 +116,28 @@ class ExportContext:
         return self.norm.apply(final)
 
 
-@dataclass
-class _Exporter:
-    name: str
+@dataclass(frozen=True)
+class HiddenExporter:
+    """One hidden-state format: ``fn(ctx)`` writes every selected sample under ``ctx.out`` (one per-sample
+    file each, ending in ``.safetensors``, ``.ckpt`` or ``.pt``, listed in ``ctx.files`` in sample order);
+    ``needs_norm``: it writes post-norm states, so the target's final norm is loaded into ``ctx.norm``."""
+
     fn: Callable[[ExportContext], None]
-    needs_norm: bool
-    doc: str
+    needs_norm: bool = False
 
 
-HIDDEN_EXPORTERS: dict[str, _Exporter] = {}
+#: ``export-hidden --format`` name → its ``HiddenExporter``, in registration order (no config key names
+#: these: the CLI's ``--format`` and ``draftgen train``, which writes ``speculators``, do).
+HIDDEN_EXPORTERS: Registry[HiddenExporter] = Registry("export-hidden --format", "hidden export format")
 
 
 def register_hidden_exporter(name: str, *, needs_norm: bool = False,
                              doc: str = "") -> Callable[[Callable[[ExportContext], None]], Callable[[ExportContext], None]]:
-    """Register ``fn(ctx)`` as the hidden-state export format ``name`` (written to ``ctx.out``)."""
+    """Register ``fn(ctx)`` as the hidden-state export format ``name`` (written to ``ctx.out``); a name already
+    registered is a ConfigError. ``HIDDEN_EXPORTERS.unregister(name)`` removes it again."""
 
     def deco(fn: Callable[[ExportContext], None]) -> Callable[[ExportContext], None]:
-        if name in HIDDEN_EXPORTERS:
-            raise ValueError(f"hidden export format {name!r} is already registered")
-        HIDDEN_EXPORTERS[name] = _Exporter(name, fn, needs_norm, doc)
+        HIDDEN_EXPORTERS.register(name, HiddenExporter(fn, needs_norm), doc=doc)
         return fn
 
     return deco
@@ -350,11 +359,11 @@ def _up_to_date(out: Path, kind: str, fingerprint: str, include_flagged: bool) -
     return rep if same else None
 
 
-def run_hidden_export(source: RunConfig | str, kinds: list[str], out_dir: str | Path | None = None, *,
-                      hidden: str | None = None, target_dir: str | Path | None = None,
-                      include_flagged: bool = False,
-                      storage_options: dict[str, Any] | None = None,
-                      echo: Callable[[str], None] | None = None) -> list[HiddenExportReport]:
+def export_hidden(source: RunConfig | str, kinds: list[str], out_dir: str | Path | None = None, *,
+                  hidden: str | None = None, target_dir: str | Path | None = None,
+                  include_flagged: bool = False,
+                  storage_options: dict[str, Any] | None = None,
+                  echo: Callable[[str], None] | None = None) -> list[HiddenExportReport]:
     """Write the hidden set of ``source`` (a config, or a hidden-set URL/path) in each format of ``kinds``.
 
     ``out_dir``: the output folder (with several kinds, one subfolder per kind); default
@@ -362,10 +371,9 @@ def run_hidden_export(source: RunConfig | str, kinds: list[str], out_dir: str | 
     (default: ``hidden_states.model``, else the manifest's target name when it is a local folder)."""
     from draftgen.config import RunConfig
 
-    unknown = [k for k in kinds if k not in HIDDEN_EXPORTERS]
-    if unknown or not kinds:
-        raise ConfigError(f"--format {', '.join(unknown) or '(none)'}: unknown hidden export format; one of "
-                          f"{', '.join(sorted(HIDDEN_EXPORTERS))}")
+    if not kinds:
+        raise ConfigError(f"{HIDDEN_EXPORTERS.key}: give at least one of {', '.join(HIDDEN_EXPORTERS.names())}")
+    specs = {kind: HIDDEN_EXPORTERS.get(kind) for kind in kinds}  # every name checked before anything is read
     cfg = source if isinstance(source, RunConfig) else None
     url = hidden or (hidden_url(cfg) if cfg is not None else str(source))
     opts = storage_options if storage_options is not None else (
@@ -394,7 +402,7 @@ def run_hidden_export(source: RunConfig | str, kinds: list[str], out_dir: str | 
             say(f"export-hidden {kind}: {out} is up to date ({done.samples} samples)")
             reports.append(done)
             continue
-        spec = HIDDEN_EXPORTERS[kind]
+        spec = specs[kind]
         norm = None
         if spec.needs_norm:
             tdir = _target_dir(cfg, m, target_dir)

@@ -452,12 +452,12 @@ def _server(cfg: RunConfig) -> tuple[str, str]:
     """The kind of the server measured (``accept.server``; ``auto``: the endpoint's kind when its backend
     reports acceptance, else ``_DEFAULT_SERVER``) and how it reports acceptance (its
     ``Capabilities.acceptance``: ``metrics`` or ``meta_info``)."""
-    from draftgen.backends import backend_kind
+    from draftgen.backends import capabilities
 
     server: str = cfg.accept.server
     if server == "auto":
-        server = cfg.endpoint.kind if backend_kind(cfg.endpoint.kind).capabilities.acceptance else _DEFAULT_SERVER
-    acceptance = backend_kind(server).capabilities.acceptance
+        server = cfg.endpoint.kind if capabilities(cfg.endpoint.kind).acceptance else _DEFAULT_SERVER
+    acceptance = capabilities(server).acceptance
     if acceptance is None:
         raise ConfigError(f"accept.server {server!r} does not report a drafter's acceptance; use auto or a backend "
                           "that does (vllm, sglang)")

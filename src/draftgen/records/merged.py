@@ -49,7 +49,7 @@ MANIFEST_LAYOUT = 2
 class MergedFile(msgspec.Struct):
     path: str  # relative to the run directory (layout 2; relative to merged/ in a layout-1 manifest)
     split: str  # "train" | "validation" | "all" (the dataset card, stats.json)
-    kind: str  # "parquet" | "card" | "stats" | an export format (``export.EXPORTERS``)
+    kind: str  # "parquet" | "card" | "stats" | an export format (``exporters.EXPORTERS``)
     rows: int
     bytes: int
     sha256: str

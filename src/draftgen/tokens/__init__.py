@@ -4,19 +4,20 @@
 profile that renders prompts and rebuilds generated ids for that model family.
 ``profile_from_config(cfg)`` does the same from a run configuration's ``model`` section.
 
-Profiles are registered in ``PROFILE_TABLE`` (name → ``"module:Class"`` in this package, imported on first
-use): adding a profile is its module plus one line there. ``register_profile(cls)`` adds one at run time
-(a plugin, a test) and ``unregister_profile(name)`` removes it; ``profile_names()`` lists them all.
+Profiles are registered in ``PROFILES`` (a ``draftgen.registry.Registry`` keyed by ``model.profile``): the
+built-in ones below as lazy ``"module:Class"`` entries, imported on first use, so adding a profile is its
+module plus one ``PROFILES.register`` line. ``register_profile(cls)`` (usable as a decorator) registers a
+class under its own ``cls.name`` (a plugin, a test); ``PROFILES.unregister(name)`` removes it.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftgen.errors import TokenizerError
+from draftgen.registry import Registry
 from draftgen.tokens.loader import DEFAULT_CONTEXT_LENGTH, LoadedTokenizer, context_length_of, load_tokenizer
 from draftgen.tokens.profile import Field, Lit, ParsedOutput, Profile, Reconstruction, Special
 from draftgen.tokens.tokenizer import Tokenizer
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_CONTEXT_LENGTH",
     "PROFILES",
-    "PROFILE_TABLE",
     "Field",
     "Lit",
     "LoadedTokenizer",
@@ -41,60 +41,34 @@ __all__ = [
     "load_tokenizer",
     "profile_class",
     "profile_from_config",
-    "profile_names",
     "register_profile",
-    "unregister_profile",
 ]
 
-#: profile name → ``"module:Class"`` of this package, imported on first use. One line per profile.
-PROFILE_TABLE: dict[str, str] = {
-    "kimi-k2.5": "kimi:KimiK25Profile",
-    "kimi-k2-thinking": "kimi:KimiK2ThinkingProfile",
-    "qwen3": "qwen3:Qwen3Profile",
-    "qwen3-thinking-2507": "qwen3:Qwen3ThinkingProfile",
-    "deepseek-r1": "deepseek:DeepSeekR1Profile",
-    "deepseek-v3.1": "deepseek:DeepSeekV31Profile",
-    "glm-4.5": "glm:Glm45Profile",
-    "gpt-oss": "gpt_oss:GptOssProfile",
-    "generic": "generic:GenericProfile",
-}
-
-#: The built-in profiles' names (``PROFILE_TABLE``); ``profile_names()`` adds those registered at run time.
-PROFILES: tuple[str, ...] = tuple(PROFILE_TABLE)
-
-#: Profiles registered at run time (``register_profile``), name → class.
-_RUNTIME: dict[str, type[Profile]] = {}
+#: ``model.profile`` → profile class. The built-in ones are lazy (imported on first use); one line each.
+PROFILES: Registry[type[Profile]] = Registry("model.profile", "profile")
+PROFILES.register("kimi-k2.5", "draftgen.tokens.kimi:KimiK25Profile")
+PROFILES.register("kimi-k2-thinking", "draftgen.tokens.kimi:KimiK2ThinkingProfile")
+PROFILES.register("qwen3", "draftgen.tokens.qwen3:Qwen3Profile")
+PROFILES.register("qwen3-thinking-2507", "draftgen.tokens.qwen3:Qwen3ThinkingProfile")
+PROFILES.register("deepseek-r1", "draftgen.tokens.deepseek:DeepSeekR1Profile")
+PROFILES.register("deepseek-v3.1", "draftgen.tokens.deepseek:DeepSeekV31Profile")
+PROFILES.register("glm-4.5", "draftgen.tokens.glm:Glm45Profile")
+PROFILES.register("gpt-oss", "draftgen.tokens.gpt_oss:GptOssProfile")
+PROFILES.register("generic", "draftgen.tokens.generic:GenericProfile")
 
 
 def register_profile(cls: type[Profile]) -> type[Profile]:
-    """Register ``cls`` under ``cls.name`` (usable as a decorator). A name already taken is a TokenizerError."""
-    if cls.name in PROFILE_TABLE or cls.name in _RUNTIME:
-        raise TokenizerError(f"profile {cls.name!r} is already registered")
-    _RUNTIME[cls.name] = cls
+    """Register ``cls`` under ``cls.name`` (usable as a decorator); a name already taken is a ConfigError.
+    ``PROFILES.unregister(cls.name)`` removes it."""
+    PROFILES.register(cls.name, cls)
     return cls
 
 
-def unregister_profile(name: str) -> None:
-    """Remove a profile registered with ``register_profile`` (built-in ones stay)."""
-    _RUNTIME.pop(name, None)
-
-
-def profile_names() -> tuple[str, ...]:
-    """Every registered profile's name: the built-in ones, then those registered at run time."""
-    return PROFILES + tuple(_RUNTIME)
-
-
 def profile_class(name: str) -> type[Profile]:
-    """The profile class registered as ``name``; a TokenizerError naming the known profiles."""
-    if name in _RUNTIME:
-        return _RUNTIME[name]
-    target = PROFILE_TABLE.get(name)
-    if target is None:
-        raise TokenizerError(f"unknown profile {name!r}; known profiles: {', '.join(profile_names())}")
-    module, _, attr = target.partition(":")
-    cls: type[Profile] = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
-    if cls.name != name:  # the table and the class must agree, or records would carry another name
-        raise TokenizerError(f"PROFILE_TABLE[{name!r}] names {cls.__name__}, whose name is {cls.name!r}")
+    """The profile class registered as ``name``; a miss is a ConfigError naming the registered profiles."""
+    cls = PROFILES.get(name)
+    if cls.name != name:  # the entry and the class must agree, or records would carry another name
+        raise TokenizerError(f"profile {name!r} is registered as {cls.__name__}, whose name is {cls.name!r}")
     return cls
 
 

@@ -1,7 +1,7 @@
 """``draftgen extract``: capture the target model's hidden states for every merged training row.
 
 Reads ``merged/train-*.parquet`` (``input_ids``, ``loss_mask``, ``sample_id``), runs the target model with a
-capture backend (``extract.backends.EXTRACT_BACKENDS``: ``hf`` = transformers with forward hooks, ``vllm``),
+capture backend (``capture.EXTRACT_BACKENDS``: ``hf`` = transformers with forward hooks, ``vllm``),
 checks every sample (``extract.checks``) and writes the ``draftgen.hidden/1`` format (``extract.format``) to
 ``hidden_states.output`` (default ``<run>/hidden``; any fsspec URL such as ``s3://bucket/prefix``).
 

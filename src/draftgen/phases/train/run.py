@@ -191,7 +191,7 @@ def run_train(cfg: RunConfig, *, echo: Echo = print, restart: bool = False, forc
 
 
 def _train(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> TrainReport:
-    from draftgen.hidden.exports import hidden_url, run_hidden_export
+    from draftgen.hidden.exports import export_hidden, hidden_url
     from draftgen.hidden.format import open_hidden
 
     tc = cfg.train
@@ -206,7 +206,7 @@ def _train(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> TrainReport
         shutil.rmtree(ckpts, ignore_errors=True)
     before = data / "export.json"
     old = read_json(before, HiddenExportReport) if before.is_file() else None
-    rep = run_hidden_export(cfg, ["speculators"], data, hidden=url, echo=echo)[0]
+    rep = export_hidden(cfg, ["speculators"], data, hidden=url, echo=echo)[0]
     if old is not None and old.manifest_fingerprint != rep.manifest_fingerprint and _last_epoch_dir(ckpts):
         raise InputError(f"{ckpts}: these checkpoints were trained on another hidden set; rerun with --restart "
                          "to train from scratch on the new one")

@@ -1,8 +1,9 @@
 """Capture backends of ``draftgen extract``, registered by ``hidden_states.backend`` kind.
 
-``EXTRACT_BACKENDS`` maps a kind to an ``ExtractBackendKind``: a factory (a ``"module:attr"`` string imported
-when used, so registering loads nothing), its ``ExtractCapabilities`` and a one-line doc. The factory is
-called as ``factory(cfg: RunConfig) -> ExtractBackend``.
+``EXTRACT_BACKENDS`` (a ``draftgen.registry.Registry``) maps a kind to an ``ExtractBackendKind``: a factory,
+called as ``factory(cfg: RunConfig) -> ExtractBackend``, and its ``ExtractCapabilities``. The built-in kinds
+are lazy ``"module:attr"`` entries (``hf.HF_KIND``, ``vllm.VLLM_KIND``), imported when used, so registering
+loads nothing; each has a one-line doc for docs/config.md.
 
 An ``ExtractBackend`` loads the target, resolves the layer ids (``extract.layers``) and exposes:
 
@@ -16,17 +17,17 @@ An ``ExtractBackend`` loads the target, resolves the layer ids (``extract.layers
   the next ids at every position;
 - ``close()``.
 
-Adding a backend is its module plus one line in ``EXTRACT_BACKENDS``.
+Adding a backend is its module plus one ``EXTRACT_BACKENDS.register`` line.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from draftgen.errors import ConfigError
+from draftgen.registry import Registry
 
 if TYPE_CHECKING:
     import numpy as np
@@ -44,7 +45,6 @@ __all__ = [
     "ExtractRow",
     "Reference",
     "TargetInfo",
-    "extract_backend",
     "open_extract_backend",
 ]
 
@@ -110,43 +110,26 @@ class ExtractCapabilities:
 
 @dataclass(frozen=True)
 class ExtractBackendKind:
-    factory: str | Callable[[RunConfig], ExtractBackend]  # "module:attr", imported on use
+    """One ``hidden_states.backend`` kind: how to load it, and what it can do."""
+
+    factory: Callable[[RunConfig], ExtractBackend]
     capabilities: ExtractCapabilities
-    doc: str
-
-    def load_factory(self) -> Callable[[RunConfig], ExtractBackend]:
-        if not isinstance(self.factory, str):
-            return self.factory
-        mod, _, attr = self.factory.partition(":")
-        f: Callable[[RunConfig], ExtractBackend] = getattr(importlib.import_module(mod), attr)
-        return f
 
 
-#: ``hidden_states.backend`` → factory, capabilities, doc. One line per backend.
-EXTRACT_BACKENDS: dict[str, ExtractBackendKind] = {
-    "hf": ExtractBackendKind("draftgen.phases.extract.capture.hf:HFExtractBackend", ExtractCapabilities(reference=True, device_map=True),
-                             "transformers forward hooks (CPU or GPU; device_map for large models)"),
-    "vllm": ExtractBackendKind("draftgen.phases.extract.capture.vllm:VllmExtractBackend",
-                               ExtractCapabilities(reference=False, needs_gpu=False),
-                               "vLLM servers running extract_hidden_states + ExampleHiddenStatesConnector "
-                               "(emulate --model rehearses on CPU)"),
-}
-
-
-def extract_backend(kind: str) -> ExtractBackendKind:
-    try:
-        return EXTRACT_BACKENDS[kind]
-    except KeyError:
-        raise ConfigError(f"hidden_states.backend: unknown backend {kind!r}; one of "
-                          f"{', '.join(sorted(EXTRACT_BACKENDS))}") from None
+#: ``hidden_states.backend`` → its kind, lazily imported from the backend's module. One line per backend.
+EXTRACT_BACKENDS: Registry[ExtractBackendKind] = Registry("hidden_states.backend", "capture backend")
+EXTRACT_BACKENDS.register("hf", "draftgen.phases.extract.capture.hf:HF_KIND",
+                          doc="transformers forward hooks, on CPU or GPU; device_map for large models")
+EXTRACT_BACKENDS.register("vllm", "draftgen.phases.extract.capture.vllm:VLLM_KIND",
+                          doc="vLLM servers running extract_hidden_states + ExampleHiddenStatesConnector; "
+                              "emulate --model rehearses it on CPU")
 
 
 def open_extract_backend(cfg: RunConfig) -> ExtractBackend:
     """The configured backend, loaded (the target model on its device)."""
-    kind = extract_backend(cfg.hidden_states.backend)
     try:
-        factory = kind.load_factory()
+        kind = EXTRACT_BACKENDS.get(cfg.hidden_states.backend)
     except ImportError as exc:
         raise ConfigError(f"hidden_states.backend {cfg.hidden_states.backend!r}: {exc.name or exc} is not installed; "
                           "pip install 'draftgen[extract]'") from None
-    return factory(cfg)
+    return kind.factory(cfg)

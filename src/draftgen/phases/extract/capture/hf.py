@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from draftgen.errors import ConfigError
 from draftgen.hidden.format import Captured, require
-from draftgen.phases.extract.capture import ExtractRow, Reference, TargetInfo
+from draftgen.phases.extract.capture import (
+    ExtractBackendKind,
+    ExtractCapabilities,
+    ExtractRow,
+    Reference,
+    TargetInfo,
+)
 from draftgen.phases.extract.layers import resolve_layer_ids
 
 if TYPE_CHECKING:
@@ -187,3 +193,7 @@ class HFExtractBackend:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+
+
+#: ``hidden_states.backend`` kind, registered in ``capture.EXTRACT_BACKENDS`` by this path.
+HF_KIND = ExtractBackendKind(HFExtractBackend, ExtractCapabilities(reference=True, device_map=True))

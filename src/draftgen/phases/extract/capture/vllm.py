@@ -44,10 +44,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from draftgen.backends import backend_kind
+from draftgen.backends import capabilities
 from draftgen.errors import ConfigError, PermanentAPIError, RetryableAPIError, StorageError
 from draftgen.hidden.format import Captured, require
-from draftgen.phases.extract.capture import ExtractRow, Reference, TargetInfo
+from draftgen.phases.extract.capture import (
+    ExtractBackendKind,
+    ExtractCapabilities,
+    ExtractRow,
+    Reference,
+    TargetInfo,
+)
 from draftgen.phases.extract.layers import resolve_layer_ids
 from draftgen.store import read_json_object
 
@@ -177,7 +183,7 @@ class VllmExtractBackend:
         hs = cfg.hidden_states
         ep = cfg.endpoint
         urls = [str(u) for u in (hs.base_urls)]
-        if not urls and backend_kind(ep.kind).capabilities.hidden_states:
+        if not urls and capabilities(ep.kind).hidden_states:
             urls = [u for u in [ep.base_url, *ep.base_urls] if u]
         if not urls:
             raise ConfigError("hidden_states.base_urls: empty; give the vLLM servers running extract_hidden_states "
@@ -480,3 +486,7 @@ def _retryable(exc: BaseException, *, where: str) -> RetryableAPIError | None:
         err = translate_exception(exc, where=where)
         return err if isinstance(err, RetryableAPIError) else None
     return None
+
+
+#: ``hidden_states.backend`` kind, registered in ``capture.EXTRACT_BACKENDS`` by this path.
+VLLM_KIND = ExtractBackendKind(VllmExtractBackend, ExtractCapabilities(reference=False, needs_gpu=False))
