@@ -10,6 +10,7 @@ import pytest
 
 from _emulator_helpers import chat, chat_body, parse_sse, request
 from draftgen.emulator import EmulatorOptions, builtin_scenario, start_in_thread
+from draftgen.emulator.local_wire import GenerateRequest, parse_generate
 from draftgen.emulator.server import RunningEmulator
 from draftgen.records import GroundTruthRecord, Message
 from draftgen.store import iter_jsonl
@@ -150,3 +151,31 @@ def test_kimi_k25_on_a_synthetic_vocab(tmp_path: Path, tokenizer_assets: Path) -
     markup = [b["choices"][0]["message"]["content"] for b in replies
               if "<|tool_calls_section_begin|><|tool_call_begin|>functions." in b["choices"][0]["message"]["content"]]
     assert markup and all("<|tool_call_argument_begin|>{" in c for c in markup)
+
+
+def test_one_generate_parser_for_both_servers() -> None:
+    """``local_wire.parse_generate``: what the scripted emulator and the model server accept."""
+
+    def enc(text: str) -> list[int]:
+        return [len(text)]
+
+    one = parse_generate({"input_ids": [1, 2], "text": "ignored", "stream": True}, enc)
+    assert isinstance(one, GenerateRequest)
+    assert (one.prompts, one.max_new, one.batched, one.stream) == ([[1, 2]], [128], False, True)
+    batch = parse_generate({"text": ["ab", "c"], "sampling_params": [{"max_new_tokens": 3}, {"top_k": 5}]}, enc)
+    assert isinstance(batch, GenerateRequest)
+    assert (batch.prompts, batch.max_new, batch.batched) == ([[2], [1]], [3, 128], True)
+    assert batch.sampling[1] == {"top_k": 5}
+    # An empty prompt: the scripted emulator serves one, a model cannot.
+    assert isinstance(parse_generate({"input_ids": []}, enc), GenerateRequest)
+    assert parse_generate({"input_ids": []}, enc, allow_empty_ids=False) == (
+        "input_ids must be a list of integers (or a list of such lists)")
+    assert parse_generate({"input_ids": [[1], [True]]}, enc) == (
+        "input_ids must be a list of integers (or a list of such lists)")
+    assert parse_generate({"text": 3}, enc) == "text must be a string or a list of strings"
+    assert parse_generate({}, enc) == "either text or input_ids is required"
+    assert parse_generate({"text": ["a", "b"], "sampling_params": [{}]}, enc) == (
+        "sampling_params must be an object or one object per prompt")
+    for bad in (0, True, "8"):
+        assert parse_generate({"text": "a", "sampling_params": {"max_new_tokens": bad}}, enc) == (
+            "sampling_params.max_new_tokens must be a positive integer")

@@ -49,7 +49,7 @@ def test_starts_on_a_free_port_and_stops_cleanly() -> None:
     assert e.base_url == f"http://127.0.0.1:{e.port}/api/v1" and e.root_url.endswith(str(e.port))
     assert request(f"{e.root_url}/health").status == 200
     e.stop()
-    assert not e._thread.is_alive()
+    assert not e.alive
     with pytest.raises(OSError):
         request(f"{e.root_url}/health", timeout=2)
 

@@ -249,6 +249,13 @@ def iter_jsonl(path: Path, type: type[T], *, skip_partial_tail: bool = True) -> 
     An unterminated last line is a crash artefact and is skipped when ``skip_partial_tail``. A record
     whose type has ``schema_version`` and whose line carries an unknown one is an InputError too.
     """
+    for lineno, _, rec in _decode_lines(path, type, skip_partial_tail):
+        yield lineno, rec
+
+
+def _decode_lines(path: Path, type: type[T], skip_partial_tail: bool) -> Iterator[tuple[int, int, T]]:
+    """The one JSONL decode loop: (line number, byte offset, record) for every non-blank line; a missing
+    file yields nothing (see ``iter_jsonl`` for the errors)."""
     decoder = msgspec.json.Decoder(type)
     try:
         fh = open(path, "rb")  # noqa: SIM115 (entered just below)
@@ -256,8 +263,11 @@ def iter_jsonl(path: Path, type: type[T], *, skip_partial_tail: bool = True) -> 
         return
     with fh:
         lineno = 0
+        offset = 0
         for raw in fh:
             lineno += 1
+            start = offset
+            offset += len(raw)
             if not raw.endswith(b"\n") and skip_partial_tail:
                 return
             if not raw.strip():
@@ -269,7 +279,7 @@ def iter_jsonl(path: Path, type: type[T], *, skip_partial_tail: bool = True) -> 
             except msgspec.DecodeError as exc:
                 raise InputError(f"{path}:{lineno}: corrupt line ({exc}); remove or fix that line") from None
             _check_version(rec, path, lineno)
-            yield lineno, rec
+            yield lineno, start, rec
 
 
 def raw_ids_len(raw: msgspec.Raw) -> int:
@@ -331,30 +341,7 @@ def iter_jsonl_offsets(path: Path, type: type[T]) -> Iterator[tuple[int, int, T]
 
     The offsets let ``JsonlReader.at`` re-read one line later without keeping the records in memory.
     """
-    decoder = msgspec.json.Decoder(type)
-    try:
-        fh = open(path, "rb")  # noqa: SIM115 (closed by the with below)
-    except FileNotFoundError:
-        return
-    with fh:
-        lineno = 0
-        offset = 0
-        for raw in fh:
-            lineno += 1
-            start = offset
-            offset += len(raw)
-            if not raw.endswith(b"\n"):
-                return
-            if not raw.strip():
-                continue
-            try:
-                rec = decoder.decode(raw)
-            except msgspec.ValidationError as exc:
-                raise InputError(f"{path}:{lineno}: {exc}") from None
-            except msgspec.DecodeError as exc:
-                raise InputError(f"{path}:{lineno}: corrupt line ({exc}); remove or fix that line") from None
-            _check_version(rec, path, lineno)
-            yield lineno, start, rec
+    return _decode_lines(path, type, True)
 
 
 def first_records(path: Path, type: type[T], sample_ids: Iterable[str]) -> dict[str, T]:

@@ -8,10 +8,12 @@ Run it with ``draftgen emulate`` or embed it::
     with start_in_thread(EmulatorOptions(scenario_obj=sc, credits=1.0, ground_truth="gt.jsonl")) as emu:
         ...  # POST f"{emu.base_url}/chat/completions"; inspect emu.state
 
-Modules: ``server`` (routes, lifecycle), ``core`` (options, auth, prompt cache, fault draws),
-``openrouter`` (chat completions), ``responses`` (wire shapes, quirks), ``metadata`` (/key, /credits,
-/generation, /models, /endpoints), ``routing``, ``accounting``, ``envelopes`` (error shapes), ``model``
-(deterministic outputs through a token profile), ``textgen``, ``scenarios``, ``local_servers``.
+Modules: ``server`` (routes, lifecycle), ``threaded`` (serving an app in a thread or the foreground,
+shared with ``real.server``), ``core`` (options, auth, prompt cache, fault draws), ``openrouter`` (chat
+completions), ``responses`` (wire shapes, quirks), ``metadata`` (/key, /credits, /generation, /models,
+/endpoints), ``routing``, ``accounting``, ``envelopes`` (error shapes), ``scripted`` (deterministic
+outputs through a token profile), ``textgen``, ``scenarios``, ``local_servers``, ``local_wire`` (the
+SGLang/vLLM request parsing and error bodies shared with ``real.server``), ``real`` (``emulate --model``).
 
 The names below are loaded on first use (PEP 562), so importing ``draftgen.emulator`` (or a phase that
 may start it, such as ``generate``) loads neither the server modules nor ``aiohttp.web``.

@@ -38,7 +38,9 @@ no ``token_ids`` / ``prompt_token_ids`` keys unless asked (the first streamed ch
 ``token_ids: []``). ``chat_template_kwargs`` switches thinking with the profile's keyword
 (``enable_thinking`` / ``thinking``).
 
-No faults and no latency here: these stand in for the user's own servers.
+Request bodies, the ``/generate`` parser and the error and stream framing are ``emulator.local_wire``'s,
+shared with the model-backed server (``emulator.real.server``). No faults and no latency here: these stand
+in for the user's own servers.
 """
 
 from __future__ import annotations
@@ -53,37 +55,25 @@ from aiohttp import web
 from draftgen.emulator.accounting import GenerationInfo
 from draftgen.emulator.core import CORE, EmulatorCore
 from draftgen.emulator.envelopes import ApiError
+from draftgen.emulator.local_wire import (
+    json_body,
+    json_response,
+    parse_generate,
+    send_sse,
+    sglang_error,
+    vllm_chunk,
+    vllm_error,
+    vllm_stream_end,
+)
 from draftgen.emulator.scenarios import ModelInfo
 from draftgen.emulator.scripted import Output, stable_hash
 
 __all__ = ["sglang_generate", "vllm_chat", "vllm_models"]
 
 
-_VLLM_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
-
-
 def _vllm_error(core: EmulatorCore, status: int, message: str, param: str | None = None) -> web.Response:
-    """vLLM's ErrorResponse: nested ``{"error": {…}}`` now, flat ``{"object": "error", …}`` when legacy."""
-    info = {"message": message, "type": _VLLM_ERROR_TYPES.get(status, "BadRequestError"), "param": param,
-            "code": status}
-    body = {"object": "error", **info} if core.scenario.vllm_legacy else {"error": info}
-    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
-
-
-def _sglang_error(message: str) -> web.Response:
-    return web.Response(status=400, body=orjson.dumps({"error": {"message": message}}),
-                        content_type="application/json")
-
-
-async def _json_body(request: web.Request) -> dict[str, Any] | str:
-    """The request's JSON object, or why it is not one."""
-    try:
-        body = orjson.loads(await request.read())
-    except orjson.JSONDecodeError as exc:
-        return f"request body is not valid JSON ({exc})"
-    if not isinstance(body, dict):
-        return "request body must be a JSON object"
-    return body
+    """vLLM's ErrorResponse in the scenario's shape (flat when ``vllm_legacy``)."""
+    return vllm_error(status, message, param, legacy=core.scenario.vllm_legacy)
 
 
 def _record(core: EmulatorCore, gen_id: str, out: Output, prompt_ids: list[int], server: str) -> None:
@@ -96,12 +86,9 @@ def _record(core: EmulatorCore, gen_id: str, out: Output, prompt_ids: list[int],
 
 # -- SGLang ---------------------------------------------------------------------------------------
 
-async def _sglang_one(core: EmulatorCore, prompt_ids: list[int], sp: dict[str, Any]) -> tuple[str, Output]:
+async def _sglang_one(core: EmulatorCore, prompt_ids: list[int], sp: dict[str, Any], max_new: int) -> tuple[str, Output]:
     think_end = core.model.profile(True).think_end_id
     thinking = core.opts.thinking and not (think_end is not None and think_end in prompt_ids[-8:])
-    max_new = sp.get("max_new_tokens", 128)
-    if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
-        raise _Bad("sampling_params.max_new_tokens must be a positive integer")
     digest = hashlib.blake2b(orjson.dumps(prompt_ids), digest_size=16).hexdigest()
     key = stable_hash("sample", digest, "sglang", thinking, sp.get("temperature"), sp.get("top_p"),
                       sp.get("sampling_seed"))
@@ -110,10 +97,6 @@ async def _sglang_one(core: EmulatorCore, prompt_ids: list[int], sp: dict[str, A
     if stop:
         out = core.model.cut_at_stop(out, [stop] if isinstance(stop, str) else list(stop), thinking=thinking)
     return core.new_generation_id().replace("gen-", ""), out
-
-
-class _Bad(Exception):
-    pass
 
 
 def _sglang_text(core: EmulatorCore, out: Output, ids: list[int]) -> str:
@@ -172,48 +155,23 @@ async def sglang_generate(request: web.Request) -> web.StreamResponse:
     core = request.app[CORE]
     core.state.requests += 1
     t0 = time.monotonic()
-    body = await _json_body(request)
+    body = await json_body(request)
     if isinstance(body, str):
-        return _sglang_error(body)
-    text, input_ids = body.get("text"), body.get("input_ids")
-    tok = core.model.tokenizer
-    batched = isinstance(text, list) or (isinstance(input_ids, list) and bool(input_ids)
-                                         and isinstance(input_ids[0], list))
-    prompts: list[list[int]]
-    if input_ids is not None:
-        raw = input_ids if batched else [input_ids]
-        if not all(isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in raw):
-            return _sglang_error("input_ids must be a list of integers (or a list of such lists)")
-        prompts = [list(p) for p in raw]
-    elif text is not None:
-        raw_t = text if batched else [text]
-        if not all(isinstance(t, str) for t in raw_t):
-            return _sglang_error("text must be a string or a list of strings")
-        prompts = [tok.encode(t) for t in raw_t]
-    else:
-        return _sglang_error("either text or input_ids is required")
-    sps = body.get("sampling_params") or {}
-    sp_list = sps if isinstance(sps, list) else [sps] * len(prompts)
-    if len(sp_list) != len(prompts) or not all(isinstance(s, dict) for s in sp_list):
-        return _sglang_error("sampling_params must be an object or one object per prompt")
-    try:
-        results = [(await _sglang_one(core, p, s), p) for p, s in zip(prompts, sp_list, strict=True)]
-    except _Bad as exc:
-        return _sglang_error(str(exc))
+        return sglang_error(body)
+    req = parse_generate(body, core.model.tokenizer.encode)
+    if isinstance(req, str):
+        return sglang_error(req)
+    results = [(await _sglang_one(core, p, s, n), p) for p, s, n in zip(req.prompts, req.sampling, req.max_new, strict=True)]
     for (rid, out), p in results:
         _record(core, rid, out, p, "sglang")
     core.state.by_status[200] += 1
-    if body.get("stream") is True:
-        if batched:
-            return _sglang_error("the emulator streams only single prompts")
+    if req.stream:
+        if req.batched:
+            return sglang_error("the emulator streams only single prompts")
         (rid, out), p = results[0]
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(_sglang_events(core, rid, out, p, t0))
-        await resp.write_eof()
-        return resp
+        return await send_sse(request, _sglang_events(core, rid, out, p, t0))
     payload = [_sglang_result(core, rid, out, p, t0) for (rid, out), p in results]
-    return web.Response(body=orjson.dumps(payload if batched else payload[0]), content_type="application/json")
+    return json_response(payload if req.batched else payload[0])
 
 
 # -- vLLM -----------------------------------------------------------------------------------------
@@ -222,7 +180,7 @@ async def vllm_models(request: web.Request) -> web.Response:
     core = request.app[CORE]
     data = [{"id": m.id, "object": "model", "created": 0, "owned_by": "vllm", "root": m.id,
              "max_model_len": m.context_length} for m in core.scenario.models]
-    return web.Response(body=orjson.dumps({"object": "list", "data": data}), content_type="application/json")
+    return json_response({"object": "list", "data": data})
 
 
 def _vllm_model(core: EmulatorCore, requested: Any) -> ModelInfo | None:
@@ -241,7 +199,7 @@ async def vllm_chat(request: web.Request) -> web.StreamResponse:
     core = request.app[CORE]
     core.state.requests += 1
     legacy = core.scenario.vllm_legacy
-    body = await _json_body(request)
+    body = await json_body(request)
     if isinstance(body, str):
         return _vllm_error(core, 400, body)
     kwargs = body.get("chat_template_kwargs") or {}
@@ -305,20 +263,16 @@ async def vllm_chat(request: web.Request) -> web.StreamResponse:
         choice["token_ids"] = out.ids if with_ids else None
         resp_body.update(service_tier=None, system_fingerprint=None, usage=usage, prompt_logprobs=None,
                          prompt_token_ids=prompt_ids if with_ids else None, kv_transfer_params=None)
-    return web.Response(body=orjson.dumps(resp_body), content_type="application/json")
+    return json_response(resp_body)
 
 
 async def _vllm_stream(request: web.Request, core: EmulatorCore, body: dict[str, Any], out: Output, gen_id: str,
                        created: int, model_id: str, prompt_ids: list[int], with_ids: bool,
                        usage: dict[str, Any]) -> web.StreamResponse:
     legacy = core.scenario.vllm_legacy
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await resp.prepare(request)
 
     def ev(choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        obj = {"id": gen_id, "object": "chat.completion.chunk", "created": created, "model": model_id,
-               "choices": choices, **extra}
-        return b"data: " + orjson.dumps(obj) + b"\n\n"
+        return vllm_chunk(gen_id, created, model_id, choices, **extra)
 
     def ids(part: list[int]) -> dict[str, Any]:
         # current vLLM sets token_ids on every content chunk (null unless asked); legacy only when asked
@@ -346,11 +300,5 @@ async def _vllm_stream(request: web.Request, core: EmulatorCore, body: dict[str,
     last: dict[str, Any] = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": out.finish_reason,
                             "stop_reason": None, **ids(out.ids[sent:])}
     buf += ev([last])
-    opts = body.get("stream_options")
-    if isinstance(opts, dict) and opts.get("include_usage"):
-        # dumped with exclude_none: no prompt_tokens_details
-        buf += ev([], usage={k: v for k, v in usage.items() if v is not None})
-    buf += b"data: [DONE]\n\n"
-    await resp.write(bytes(buf))
-    await resp.write_eof()
-    return resp
+    buf += vllm_stream_end(body, usage, gen_id, created, model_id)
+    return await send_sse(request, bytes(buf))

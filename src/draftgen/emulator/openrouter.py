@@ -405,6 +405,36 @@ async def _serve(request: web.Request, core: EmulatorCore, req: ChatRequest, p: 
     return await delivery.whole()
 
 
+class _SseOut:
+    """The bytes of one streamed answer: gathered in ``buf``; with a prepared ``resp`` they go out at each
+    ``flush``, else the whole body is one response at ``finish``."""
+
+    def __init__(self, resp: web.StreamResponse | None, headers: dict[str, str], buf: bytearray) -> None:
+        self.resp, self.headers, self.buf = resp, headers, buf
+
+    async def flush(self) -> None:
+        if self.resp is not None and self.buf:
+            await self.resp.write(bytes(self.buf))
+            self.buf.clear()
+
+    async def finish(self) -> web.StreamResponse:
+        if self.resp is None:
+            return web.Response(body=bytes(self.buf), headers=self.headers)
+        await self.flush()
+        await self.resp.write_eof()
+        return self.resp
+
+    async def keepalive_for(self, seconds: float, interval: float) -> None:
+        """Wait ``seconds`` (the time to first token), sending a keep-alive comment every ``interval``."""
+        await self.flush()
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            await asyncio.sleep(min(left, interval))
+            if time.monotonic() < end:
+                self.buf += KEEPALIVE
+                await self.flush()
+
+
 @dataclass
 class _Delivery:
     request: web.Request
@@ -512,77 +542,59 @@ class _Delivery:
         if self.ttft > 0 or self.per_token > 0 or fault in ("hang", "reset"):
             resp = web.StreamResponse(status=200, headers=headers)
             await resp.prepare(self.request)
-        buf = bytearray(KEEPALIVE * max(0, sc.keepalive_comments))
-
-        async def flush() -> None:
-            if resp is not None and buf:
-                await resp.write(bytes(buf))
-                buf.clear()
-
-        async def finish() -> web.StreamResponse:
-            if resp is None:
-                return web.Response(body=bytes(buf), headers=headers)
-            await flush()
-            await resp.write_eof()
-            return resp
-
+        o = _SseOut(resp, headers, bytearray(KEEPALIVE * max(0, sc.keepalive_comments)))
         if self.ttft > 0:
-            await flush()
-            interval = max(sc.scaled(sc.keepalive_s), 1e-3)
-            end = time.monotonic() + self.ttft
-            while (left := end - time.monotonic()) > 0:
-                await asyncio.sleep(min(left, interval))
-                if time.monotonic() < end:
-                    buf += KEEPALIVE
-                    await flush()
-
-        def ck(choices: list[dict[str, Any]], **extra: Any) -> bytes:
-            return sse(chunk(self.gen_id, self.created, p, self.model, choices, **extra))
-
-        if fault == "error_in_200":
-            buf += sse({"error": self._error_obj(), "user_id": USER_ID})
-            return await finish()
-        if fault == "error_in_200_choices":
-            buf += ck([{"index": 0, "delta": {"content": ""}, "finish_reason": "error",
-                        "native_finish_reason": "error"}], error=self._error_obj())
-            return await finish()
-        n_prompt = len(self.prompt_ids)
-        if fault == "empty_200":
-            buf += ck([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None,
-                        "native_finish_reason": None}])
-            buf += ck([finish_choice("stop")])
-            buf += ck([], usage=usage_obj(n_prompt, 0, 0, p))
-            buf += DONE
-            return await finish()
-
+            await o.keepalive_for(self.ttft, max(sc.scaled(sc.keepalive_s), 1e-3))
+        early = self._fault_body(fault)
+        if early is not None:
+            o.buf += early
+            return await o.finish()
+        ck = self._chunk
         partial = self.partial_tokens if fault in ("finish_error", "midstream_error", "hang", "reset") else None
         view = self.view(partial)
         start = time.monotonic()
         prefix = chunk_prefix(self.gen_id, self.created, p, self.model)
         for piece, frag in zip(view.pieces, delta_frags(view, p), strict=True):
-            buf += prefix + frag + b"]}\n\n"
+            o.buf += prefix + frag + b"]}\n\n"
             if self.per_token > 0:
                 delay = start + self.per_token * piece.tok1 - time.monotonic()
                 if delay > 0.001:
-                    await flush()
+                    await o.flush()
                     await asyncio.sleep(delay)
         if partial is not None:
-            await flush()
+            await o.flush()
             if fault == "reset":
                 reset_connection(self.request)
                 await asyncio.sleep(3600)
             if fault == "hang":
                 await _hang_then_close(self.request, sc.hang_s)
-            buf += ck([{"index": 0, "delta": {"content": ""}, "finish_reason": "error",
+            o.buf += ck([{"index": 0, "delta": {"content": ""}, "finish_reason": "error",
                         "native_finish_reason": "error"}], error=self._error_obj())
-            return await finish()
+            return await o.finish()
         fr = out.finish_reason
-        usage = usage_obj(n_prompt, len(out.ids), out.reasoning_tokens, p)
-        buf += ck([finish_choice(fr)])
+        usage = usage_obj(len(self.prompt_ids), len(out.ids), out.reasoning_tokens, p)
+        o.buf += ck([finish_choice(fr)])
         if p.repeat_finish_chunk:
-            buf += ck([finish_choice(fr)], usage=usage)
+            o.buf += ck([finish_choice(fr)], usage=usage)
         else:
-            buf += ck([], usage=usage)
-        buf += DONE
+            o.buf += ck([], usage=usage)
+        o.buf += DONE
         self.complete(streamed=True)  # before the last byte leaves (see whole())
-        return await finish()
+        return await o.finish()
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        return sse(chunk(self.gen_id, self.created, self.p, self.model, choices, **extra))
+
+    def _fault_body(self, fault: str | None) -> bytes | None:
+        """The whole stream of a fault that sends no tokens (an error or an empty answer in a 200), else None."""
+        ck = self._chunk
+        if fault == "error_in_200":
+            return sse({"error": self._error_obj(), "user_id": USER_ID})
+        if fault == "error_in_200_choices":
+            return ck([{"index": 0, "delta": {"content": ""}, "finish_reason": "error",
+                        "native_finish_reason": "error"}], error=self._error_obj())
+        if fault == "empty_200":
+            return (ck([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None,
+                         "native_finish_reason": None}])
+                    + ck([finish_choice("stop")]) + ck([], usage=usage_obj(len(self.prompt_ids), 0, 0, self.p)) + DONE)
+        return None

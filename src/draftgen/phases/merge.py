@@ -150,11 +150,11 @@ class _Scanner:
         return {rec.sample_id: (off, rec.content_hash) for _, off, rec in iter_jsonl_offsets(path, PromptIdView)}
 
     def scan(self, name: str) -> None:
-        cfg, m = self.cfg, self.cfg.merge
+        """Read one dataset's responses: count each into its stats and add the kept ones to the buffer."""
+        cfg = self.cfg
         st = MergedDatasetStats(dataset=name)
         self.stats[name] = st
-        rows: list[MergedRow] = []
-        self.rows[name] = rows
+        self.rows[name] = []
         rd = RunDir(cfg.run_path)
         raw_path = rd.raw(name)
         if not raw_path.is_file():
@@ -163,19 +163,12 @@ class _Scanner:
         ppath = rd.prepared(name)
         pindex = self._prompt_index(ppath) if ppath.is_file() else {}
         preader = JsonlReader(ppath, PromptRecord) if pindex else None
-        failed = self.failed.get(name, {})
-        keep_unusable = cfg.quality.keep_unusable
-        seen: set[str] = set()
-        drop = st.dropped
-        cap = m.max_seq_len
-
-        def dropped(reason: str) -> None:
-            drop[reason] = drop.get(reason, 0) + 1
-
-        vocab = self.profile.tokenizer.vocab_size
         if not pindex:
             self.notes.append(f"{name}: {ppath.relative_to(cfg.run_path)} is missing or empty; only samples of "
                               "the prepared set are merged (run `draftgen prepare`)")
+        failed = self.failed.get(name, {})
+        seen: set[str] = set()
+        vocab = self.profile.tokenizer.vocab_size
         try:
             for lineno, off, rec in iter_jsonl_offsets(raw_path, ResponseMergeView):
                 where = f"{raw_path}:{lineno}"
@@ -184,75 +177,85 @@ class _Scanner:
                 check_ids(rec.prompt_ids, vocab, where, "prompt_ids")
                 sid = rec.sample_id
                 if sid in seen:
-                    dropped("duplicate_record")
-                    continue
-                seen.add(sid)
-                if sid not in pindex:
-                    st.orphans += 1
-                    continue
-                st.records += 1
-                out = rec.output_ids
-                if sid in failed:
-                    dropped(failed[sid])
-                    continue
-                unusable = any(f.startswith("unusable:") for f in rec.recon_flags)
-                if unusable and not keep_unusable:
-                    dropped("unusable")
-                    continue
-                if "reasoning_dropped" in rec.recon_flags and not (unusable and keep_unusable):
-                    dropped("reasoning_dropped")
-                    continue
-                if not out:
-                    dropped("no_output")
-                    continue
-                truncated = rec.finish_reason == "length" or any(f.startswith("truncated") for f in rec.recon_flags)
-                if m.drop_truncated and truncated:
-                    dropped("truncated")
-                    continue
-                if len(out) < m.min_tokens:
-                    dropped("min_tokens")
-                    continue
-                if m.max_tokens is not None and len(out) > m.max_tokens:
-                    dropped("max_tokens")
-                    continue
-                pinfo = pindex[sid]
-                prompt = rec.prompt_ids
-                if prompt is None:
-                    if preader is None:
-                        dropped("no_prompt")
-                        continue
-                    p: PromptRecord = preader.at(pinfo[0])
-                    prompt = self.profile.prompt_ids(p.messages, p.tools)
-                p_len, c_len = len(prompt), len(out)
-                total = p_len + c_len
-                capped = total > cap
-                if capped and (m.overflow == "drop" or p_len >= cap):
-                    dropped("over_max_seq_len" if m.overflow == "drop" else "prompt_over_max_seq_len")
-                    continue
-                keep_c = min(c_len, cap - p_len)
-                r_len = min(reasoning_length(self.profile, out, has_content=_raw_nonempty(rec.content)), keep_c)
-                if m.dedupe_key == "sequence":
-                    h = hashlib.sha256(array("i", prompt).tobytes())
-                    h.update(array("i", out).tobytes())
-                    key = h.hexdigest()
-                elif pinfo[1]:
-                    key = pinfo[1]
+                    reason: str | None = "duplicate_record"
                 else:
-                    key = hashlib.sha256(array("i", prompt).tobytes()).hexdigest()
-                rows.append(MergedRow(
-                    dataset=name, sample_id=sid, buf_index=len(self.offsets) - 1,
-                    prompt_len=p_len, completion_len=keep_c, reasoning_len=r_len, uncapped_len=total,
-                    capped=capped, finish_reason=rec.finish_reason, provider=rec.provider,
-                    ids_source=rec.ids_source, is_tool_call=_raw_nonempty(rec.tool_calls)
-                    or rec.finish_reason == "tool_calls",
-                    raw_offset=off, prompt_offset=pinfo[0], key=key,
-                ))
-                self.values.extend(prompt)
-                self.values.extend(out if keep_c == c_len else out[:keep_c])
-                self.offsets.append(len(self.values))
+                    seen.add(sid)
+                    if sid not in pindex:
+                        st.orphans += 1
+                        continue
+                    st.records += 1
+                    reason = self._drop_reason(rec, failed) or self._add(name, rec, off, pindex[sid], preader)
+                if reason is not None:
+                    st.dropped[reason] = st.dropped.get(reason, 0) + 1
         finally:
             if preader is not None:
                 preader.close()
+
+    def _drop_reason(self, rec: ResponseMergeView, failed: dict[str, str]) -> str | None:
+        """Why a record of the prepared set is dropped before its prompt is looked at, or None."""
+        m, keep_unusable = self.cfg.merge, self.cfg.quality.keep_unusable
+        out = rec.output_ids
+        if rec.sample_id in failed:
+            return failed[rec.sample_id]
+        unusable = any(f.startswith("unusable:") for f in rec.recon_flags)
+        if unusable and not keep_unusable:
+            return "unusable"
+        if "reasoning_dropped" in rec.recon_flags and not (unusable and keep_unusable):
+            return "reasoning_dropped"
+        if not out:
+            return "no_output"
+        truncated = rec.finish_reason == "length" or any(f.startswith("truncated") for f in rec.recon_flags)
+        if m.drop_truncated and truncated:
+            return "truncated"
+        if len(out) < m.min_tokens:
+            return "min_tokens"
+        if m.max_tokens is not None and len(out) > m.max_tokens:
+            return "max_tokens"
+        return None
+
+    def _add(
+        self, name: str, rec: ResponseMergeView, off: int, pinfo: tuple[int, str], preader: JsonlReader | None
+    ) -> str | None:
+        """Add a record that passed ``_drop_reason`` as a row (ids capped at ``max_seq_len``); returns the
+        reason it is dropped instead (no prompt ids, or over the cap), or None once added."""
+        m, cap = self.cfg.merge, self.cfg.merge.max_seq_len
+        out = rec.output_ids or []
+        prompt = rec.prompt_ids
+        if prompt is None:
+            if preader is None:
+                return "no_prompt"
+            p: PromptRecord = preader.at(pinfo[0])
+            prompt = self.profile.prompt_ids(p.messages, p.tools)
+        p_len, c_len = len(prompt), len(out)
+        total = p_len + c_len
+        capped = total > cap
+        if capped and (m.overflow == "drop" or p_len >= cap):
+            return "over_max_seq_len" if m.overflow == "drop" else "prompt_over_max_seq_len"
+        keep_c = min(c_len, cap - p_len)
+        r_len = min(reasoning_length(self.profile, out, has_content=_raw_nonempty(rec.content)), keep_c)
+        self.rows[name].append(MergedRow(
+            dataset=name, sample_id=rec.sample_id, buf_index=len(self.offsets) - 1,
+            prompt_len=p_len, completion_len=keep_c, reasoning_len=r_len, uncapped_len=total,
+            capped=capped, finish_reason=rec.finish_reason, provider=rec.provider,
+            ids_source=rec.ids_source, is_tool_call=_raw_nonempty(rec.tool_calls)
+            or rec.finish_reason == "tool_calls",
+            raw_offset=off, prompt_offset=pinfo[0], key=self._dedupe_key(prompt, out, pinfo[1]),
+        ))
+        self.values.extend(prompt)
+        self.values.extend(out if keep_c == c_len else out[:keep_c])
+        self.offsets.append(len(self.values))
+        return None
+
+    def _dedupe_key(self, prompt: Sequence[int], out: Sequence[int], content_hash: str) -> str:
+        """``merge.dedupe_key``: sha256 of prompt + completion ids, or the prompt's content hash (its ids'
+        sha256 for a prompt without one)."""
+        if self.cfg.merge.dedupe_key == "sequence":
+            h = hashlib.sha256(array("i", prompt).tobytes())
+            h.update(array("i", out).tobytes())
+            return h.hexdigest()
+        if content_hash:
+            return content_hash
+        return hashlib.sha256(array("i", prompt).tobytes()).hexdigest()
 
     def id_array(self) -> Any:
         import pyarrow as pa

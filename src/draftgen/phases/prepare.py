@@ -172,22 +172,60 @@ def _umask() -> int:
 def prepare_dataset(cfg: RunConfig, ds: DatasetConfig, profile: Profile, *, echo: Echo = print) -> DatasetStats:
     """Prepare one dataset and write its files (see the module docstring). Returns its stats."""
     base = Path(cfg.base_dir or ".")
-    mode = ds.multi_turn or cfg.prepare.multi_turn
     bad = _Bad(cfg.prepare.skip_bad, echo, ds.name)
-    stats = DatasetStats(dataset=ds.name, source=source_label(ds), multi_turn=mode,
+    stats = DatasetStats(dataset=ds.name, source=source_label(ds), multi_turn=ds.multi_turn or cfg.prepare.multi_turn,
                          fingerprint=_fingerprint(cfg, ds))
-    ctx, ctx_from = context_length(cfg, profile)
+    ctx = context_length(cfg, profile)
+    picked = _select(cfg, ds, line_byte_limit(ctx[0]), bad, stats)
+    if not picked:
+        got = (f"{stats.rows_read:,} rows read, {bad.count:,} bad rows skipped, "
+               f"{stats.duplicates_removed:,} duplicates removed" if stats.rows_read else "no rows")
+        raise _no_prompts(ds, base, got)
+    rd = RunDir(cfg.run_path)
+    out = rd.prepared(ds.name)
+    stats_path = rd.prepared_stats(ds.name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stats_path.unlink(missing_ok=True)  # the dataset is incomplete until the new stats.json exists
+    tmp = _temp_beside(out)
+    try:
+        with JsonlWriter(tmp, fsync=False) as w:
+            batch: list[PromptRecord] = []
+            for p in picked:
+                rec = _record(cfg, ds, profile, p, ctx, bad)
+                if rec is None:
+                    continue
+                batch.append(rec)
+                _count(stats, rec)
+                if len(batch) >= 512:
+                    w.write_many(batch)
+                    batch = []
+            w.write_many(batch)
+        if not stats.samples:
+            raise _no_prompts(ds, base, f"all {len(picked):,} prompts were skipped: over the context length or "
+                                        "rejected by the chat template")
+        publish(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    stats.bad_lines_skipped = bad.count
+    atomic_write_json(stats_path, stats)
+    return stats
+
+
+def _select(cfg: RunConfig, ds: DatasetConfig, max_line_bytes: int, bad: _Bad, stats: DatasetStats) -> list[_Picked]:
+    """The prompts of ``ds`` to write, in source order: rows read and adapted, prompts cut, repeats dropped
+    (``prepare.dedupe``) and, with ``max_samples``, the seeded bottom-k sample. Counts into ``stats``."""
     seen: dict[str, int] = {}
     heap: list[_Picked] = []  # max-heap on key (neg_key) when max_samples is set; else all prompts
     order = 0
     limit = ds.max_samples
-    for row in iter_rows(ds, base, max_line_bytes=line_byte_limit(ctx)):
+    for row in iter_rows(ds, Path(cfg.base_dir or "."), max_line_bytes=max_line_bytes):
         stats.rows_read += 1
         if row.error is not None:
             bad(row.where, row.error, row.fix)
             continue
         try:
-            cuts = prompts_from(to_conversation(row.data, ds.format, ds.field), mode)
+            cuts = prompts_from(to_conversation(row.data, ds.format, ds.field), stats.multi_turn)
         except RowError as exc:
             bad(row.where, str(exc))
             continue
@@ -210,75 +248,63 @@ def prepare_dataset(cfg: RunConfig, ds: DatasetConfig, profile: Profile, *, echo
                 heapq.heapreplace(heap, item)
     if limit is not None:
         stats.not_selected = order - len(heap)
-    picked = sorted(heap, key=lambda p: p.order)
-    del heap, seen
-    if not picked:
-        got = (f"{stats.rows_read:,} rows read, {bad.count:,} bad rows skipped, "
-               f"{stats.duplicates_removed:,} duplicates removed" if stats.rows_read else "no rows")
-        raise _no_prompts(ds, base, got)
+    return sorted(heap, key=lambda p: p.order)
 
-    rd = RunDir(cfg.run_path)
-    out = rd.prepared(ds.name)
-    stats_path = rd.prepared_stats(ds.name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stats_path.unlink(missing_ok=True)  # the dataset is incomplete until the new stats.json exists
-    # A temp file of this writer's own: two runs never write, fsync or rename the same one.
+
+def _temp_beside(out: Path) -> Path:
+    """A new temp file of this writer's own beside ``out``: two runs never write, fsync or rename the same
+    one. Its mode is what the umask gives a new file (mkstemp's 0600 would make prompts.jsonl private)."""
     fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    tmp = Path(tmp_name)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would make prompts.jsonl private
+        os.fchmod(fd, 0o666 & ~_umask())
     finally:
         os.close(fd)
-    long_at = cfg.prepare.long_prompt_tokens
+    return Path(tmp_name)
+
+
+def _record(
+    cfg: RunConfig, ds: DatasetConfig, profile: Profile, p: _Picked, ctx: tuple[int, str], bad: _Bad
+) -> PromptRecord | None:
+    """The record of one picked prompt: tokens counted, partition chosen; None (and ``bad`` told) for a
+    prompt the chat template rejects or one over the context length ``ctx`` (tokens, where it comes from)."""
+    limit, limit_from = ctx
     try:
-        with JsonlWriter(tmp, fsync=False) as w:
-            batch: list[PromptRecord] = []
-            for p in picked:
-                try:
-                    over = _over_context(profile, p.cut, ctx)
-                    n_tok = len(profile.prompt_ids(p.cut.messages, p.cut.tools)) if over is None else over[0]
-                except TokenizerError as exc:
-                    bad(p.where, f"the chat template rejected this prompt ({exc})")
-                    continue
-                if n_tok > ctx:
-                    count = f"{n_tok:,} tokens" if over is None else (
-                        f"at least {n_tok:,} tokens in its first {over[1]:,} characters")
-                    bad(p.where, f"the prompt has {count}, over the context length of {ctx:,} ({ctx_from})",
-                        "raise model.context_length or pass --skip-bad to skip such prompts")
-                    continue
-                part = ds.partition if ds.partition != "auto" else ("long" if n_tok >= long_at else "short")
-                batch.append(PromptRecord(
-                    sample_id=f"{ds.name}-{p.hash[:16]}" + (p.hash[64:] if len(p.hash) > 64 else ""),
-                    dataset=ds.name,
-                    messages=p.cut.messages,
-                    tools=p.cut.tools,
-                    partition=part,
-                    prompt_tokens=n_tok,
-                    content_hash=p.hash[:64],
-                    source=p.where,
-                    turn_index=p.cut.turn_index,
-                ))
-                stats.samples += 1
-                stats.prompt_tokens += n_tok
-                stats.max_prompt_tokens = max(stats.max_prompt_tokens, n_tok)
-                if part == "long":
-                    stats.long += 1
-                else:
-                    stats.short += 1
-                if len(batch) >= 512:
-                    w.write_many(batch)
-                    batch = []
-            w.write_many(batch)
-        if not stats.samples:
-            raise _no_prompts(ds, base, f"all {len(picked):,} prompts were skipped: over the context length or "
-                                        "rejected by the chat template")
-        publish(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    stats.bad_lines_skipped = bad.count
-    atomic_write_json(stats_path, stats)
-    return stats
+        over = _over_context(profile, p.cut, limit)
+        n_tok = len(profile.prompt_ids(p.cut.messages, p.cut.tools)) if over is None else over[0]
+    except TokenizerError as exc:
+        bad(p.where, f"the chat template rejected this prompt ({exc})")
+        return None
+    if n_tok > limit:
+        count = f"{n_tok:,} tokens" if over is None else (
+            f"at least {n_tok:,} tokens in its first {over[1]:,} characters")
+        bad(p.where, f"the prompt has {count}, over the context length of {limit:,} ({limit_from})",
+            "raise model.context_length or pass --skip-bad to skip such prompts")
+        return None
+    long_at = cfg.prepare.long_prompt_tokens
+    part = ds.partition if ds.partition != "auto" else ("long" if n_tok >= long_at else "short")
+    return PromptRecord(
+        sample_id=f"{ds.name}-{p.hash[:16]}" + (p.hash[64:] if len(p.hash) > 64 else ""),
+        dataset=ds.name,
+        messages=p.cut.messages,
+        tools=p.cut.tools,
+        partition=part,
+        prompt_tokens=n_tok,
+        content_hash=p.hash[:64],
+        source=p.where,
+        turn_index=p.cut.turn_index,
+    )
+
+
+def _count(stats: DatasetStats, rec: PromptRecord) -> None:
+    """Add one written prompt to the dataset's totals."""
+    n_tok = rec.prompt_tokens or 0  # ``_record`` always counts them
+    stats.samples += 1
+    stats.prompt_tokens += n_tok
+    stats.max_prompt_tokens = max(stats.max_prompt_tokens, n_tok)
+    if rec.partition == "long":
+        stats.long += 1
+    else:
+        stats.short += 1
 
 
 def _is_current(cfg: RunConfig, ds: DatasetConfig) -> DatasetStats | None:

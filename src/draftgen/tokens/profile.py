@@ -102,6 +102,17 @@ class Reconstruction:
 
 
 @dataclass
+class _Layout:
+    """A suffix filled with the returned fields: each part a control id or (text, kind), kind "r"
+    (reasoning), "c" (content) or "l" (literal); the texts as encoded; whether a junction was restored."""
+
+    parts: list[int | tuple[str, str]] = field(default_factory=list)
+    reasoning_text: str | None = None
+    content_text: str = ""
+    restored: bool = False
+
+
+@dataclass
 class ParsedOutput:
     reasoning: str | None
     content: str
@@ -368,8 +379,41 @@ class Profile:
         reasoning, content = self.repair_fields(reasoning, content, flags)
         content = content or ""
         reasoning = reasoning or ""
-        tok = self.tokenizer
         suffix = self.suffix_for(reasoning, content, reasoning_tokens, tool_calls)
+        in_reasoning = self._output_flags(suffix, reasoning, content, finish_reason, reasoning_tokens, tool_calls, flags)
+        tool_text = self.render_tool_calls(tool_calls, content, flags) if tool_calls else ""
+        layout = self._lay_out(suffix, reasoning, content, tool_text, in_reasoning)
+        if layout.restored:
+            flags.append("junction_restored")
+        end = self.end_token(content, finish_reason, tool_calls) if finish_reason in ("stop", "tool_calls") else None
+        if end is not None:
+            layout.parts.append(self.tokenizer.special_tokens[end])
+            if self.end_token_assumed:
+                flags.append("assumed_end_token")
+        exact_content = None if tool_text else content_ids
+        ids, texts, reasoning_count = self._encode_parts(layout.parts, in_reasoning, exact_content, flags)
+        return Reconstruction(
+            ids=ids,
+            flags=flags,
+            reasoning_token_count=reasoning_count,
+            reasoning_text=layout.reasoning_text,
+            content_text=layout.content_text,
+            text="".join(texts),
+            ended=end is not None,
+        )
+
+    def _output_flags(
+        self,
+        suffix: Sequence[Piece],
+        reasoning: str,
+        content: str,
+        finish_reason: str | None,
+        reasoning_tokens: int,
+        tool_calls: Sequence[ToolCall] | None,
+        flags: list[str],
+    ) -> bool:
+        """Append the flags the returned fields alone imply; True when the output was cut inside the
+        reasoning (finish_reason=length, a reasoning suffix, no content and no tool calls)."""
         has_reasoning = any(isinstance(p, Field) and p.name == "reasoning" for p in suffix)
         truncated = finish_reason == "length"
         in_reasoning = truncated and has_reasoning and content == "" and not tool_calls
@@ -383,49 +427,53 @@ class Profile:
             # U+FFFD usually stands for bytes the server could not decode (a cut inside a character):
             # the sampled bytes are lost and re-encoding gives the replacement character's own bytes.
             flags.append("replacement_char")
-        tool_text = self.render_tool_calls(tool_calls, content, flags) if tool_calls else ""
+        return in_reasoning
 
-        # parts: control id, or (text, kind) with kind "r" (reasoning), "c" (content) or "l" (literal)
-        parts: list[int | tuple[str, str]] = []
-        restored = False
-        reasoning_text: str | None = None
-        content_text = ""
+    def _lay_out(
+        self, suffix: Sequence[Piece], reasoning: str, content: str, tool_text: str, in_reasoning: bool
+    ) -> _Layout:
+        """The suffix's pieces filled with the fields, junctions restored (only the missing part)."""
+        tok = self.tokenizer
+        out = _Layout()
         for piece in suffix:
             if isinstance(piece, Special):
-                parts.append(tok.special_tokens[piece.text])
+                out.parts.append(tok.special_tokens[piece.text])
             elif isinstance(piece, Lit):
-                parts.append((piece.text, "l"))
+                out.parts.append((piece.text, "l"))
             elif piece.name == "reasoning":
                 text, r1 = restore_lead(reasoning, piece.lead)
                 if in_reasoning:
                     # Cut inside the reasoning: no trail junction, no end-of-think, nothing after.
-                    restored |= r1 and reasoning != ""
-                    reasoning_text = text if reasoning else ""
-                    parts.append((reasoning_text, "r"))
+                    out.restored |= r1 and reasoning != ""
+                    out.reasoning_text = text if reasoning else ""
+                    out.parts.append((out.reasoning_text, "r"))
                     break
                 text, r2 = restore_trail(text, piece.trail)
-                restored |= r1 or r2
-                reasoning_text = text
-                parts.append((text, "r"))
+                out.restored |= r1 or r2
+                out.reasoning_text = text
+                out.parts.append((text, "r"))
             else:
                 text, r1 = restore_lead(content, piece.lead)
                 text, r2 = restore_trail(text, piece.trail)
-                restored |= r1 or r2
-                content_text = text + tool_text
-                parts.append((content_text, "c"))
-        if restored:
-            flags.append("junction_restored")
-        end = self.end_token(content, finish_reason, tool_calls) if finish_reason in ("stop", "tool_calls") else None
-        if end is not None:
-            parts.append(tok.special_tokens[end])
-            if self.end_token_assumed:
-                flags.append("assumed_end_token")
+                out.restored |= r1 or r2
+                out.content_text = text + tool_text
+                out.parts.append((out.content_text, "c"))
+        return out
 
+    def _encode_parts(
+        self,
+        parts: Sequence[int | tuple[str, str]],
+        in_reasoning: bool,
+        content_ids: Sequence[int] | None,
+        flags: list[str],
+    ) -> tuple[list[int], list[str], int]:
+        """(ids, decoded texts, reasoning token count) of laid-out parts. Adjacent text parts form one
+        run, encoded as one string; ``content_ids`` replace the encoding of a run that is content only."""
         ids: list[int] = []
         texts: list[str] = []
         reasoning_count = 0
         think_end = self.think_end_id
-        id_to_special = tok.id_to_special
+        id_to_special = self.tokenizer.id_to_special
         run: list[str] = []
         run_kinds = ""
         for part in (*parts, None):
@@ -436,7 +484,7 @@ class Profile:
             if run:
                 text = "".join(run)
                 texts.append(text)
-                if content_ids is not None and run_kinds == "c" and not tool_text:
+                if content_ids is not None and run_kinds == "c":
                     ids.extend(content_ids)
                 elif text:
                     ids.extend(self.encode_run(text, "r" in run_kinds, flags))
@@ -450,15 +498,7 @@ class Profile:
                 reasoning_count = len(ids)
         if in_reasoning:
             reasoning_count = len(ids)
-        return Reconstruction(
-            ids=ids,
-            flags=flags,
-            reasoning_token_count=reasoning_count,
-            reasoning_text=reasoning_text,
-            content_text=content_text,
-            text="".join(texts),
-            ended=end is not None,
-        )
+        return ids, texts, reasoning_count
 
     def encode_run(self, text: str, in_reasoning: bool, flags: list[str]) -> list[int]:
         """Encode one text run between control tokens (see the module docstring for literal specials)."""

@@ -1,4 +1,5 @@
-"""Small pieces of ``emulate --model``'s HTTP layer: request parsing, vLLM/SGLang error bodies, counters.
+"""Small pieces of ``emulate --model``'s HTTP layer: counters and sampling fields (the request bodies and
+error bodies it shares with the scripted emulator are ``emulator.local_wire``'s).
 
 ``Counters`` holds what ``/metrics`` (vLLM's ``vllm:spec_decode_*`` counters) and ``/server_info`` report;
 ``job_of`` turns a request's sampling fields into an engine job (or says why they are invalid).
@@ -9,14 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-from aiohttp import web
-
 from draftgen.emulator.real.engine import GenJob, GenResult
 
-__all__ = ["Counters", "body_of", "error", "job_of", "json_response", "sglang_error", "token_id"]
-
-_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
+__all__ = ["Counters", "job_of", "token_id"]
 
 
 @dataclass
@@ -66,27 +62,3 @@ def job_of(body: dict[str, Any], prompt_ids: list[int], max_new: int) -> GenJob 
     return GenJob(prompt_ids=prompt_ids, max_new=max_new, temperature=None if temp is None else float(temp),
                   top_p=None if top_p is None else float(top_p), top_k=top_k if top_k and top_k > 0 else None,
                   seed=seed)
-
-
-async def body_of(request: web.Request) -> dict[str, Any] | str:
-    try:
-        body = orjson.loads(await request.read())
-    except orjson.JSONDecodeError as exc:
-        return f"request body is not valid JSON ({exc})"
-    if not isinstance(body, dict):
-        return "request body must be a JSON object"
-    return body
-
-
-def json_response(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
-
-
-def error(status: int, message: str, param: str | None = None) -> web.Response:
-    """vLLM's ErrorResponse (current nested shape)."""
-    return json_response({"error": {"message": message, "type": _ERROR_TYPES.get(status, "BadRequestError"),
-                            "param": param, "code": status}}, status)
-
-
-def sglang_error(message: str) -> web.Response:
-    return json_response({"error": {"message": message}}, 400)

@@ -17,36 +17,36 @@ Generation is batched across concurrent requests by ``model_engine.ModelEngine``
 (``message.reasoning``) only when the output holds the template's end-of-think marker.
 
 ``start_in_thread(opts)`` runs it on its own event loop in a daemon thread (tests);
-``serve_forever(opts, echo)`` blocks until SIGINT/SIGTERM (the CLI).
+``serve_forever(opts, echo)`` blocks until SIGINT/SIGTERM (the CLI); both on ``emulator.threaded``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import signal
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
 
-from draftgen.emulator.real.engine import GenJob, GenResult, LoadedModel, ModelEngine, load_model
-from draftgen.emulator.real.http import (
-    Counters,
-    body_of,
-    error,
-    job_of,
+from draftgen.emulator import threaded
+from draftgen.emulator.local_wire import (
+    json_body,
     json_response,
+    parse_generate,
+    send_sse,
     sglang_error,
-    token_id,
+    vllm_chunk,
+    vllm_error,
+    vllm_stream_end,
 )
+from draftgen.emulator.real.engine import GenJob, GenResult, LoadedModel, ModelEngine, load_model
+from draftgen.emulator.real.http import Counters, job_of, token_id
+from draftgen.emulator.threaded import Serving, ThreadedServer
 
 if TYPE_CHECKING:
     import torch
@@ -199,7 +199,7 @@ class ModelServer:
     def _modelerror(self, body: dict[str, Any]) -> web.Response | None:
         m = body.get("model")
         if m is not None and m != self.name:
-            return error(404, f"The model `{m}` does not exist.", "model")
+            return vllm_error(404, f"The model `{m}` does not exist.", "model")
         return None
 
     # -- routes --------------------------------------------------------------------------------------
@@ -240,17 +240,17 @@ class ModelServer:
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        body = await body_of(request)
+        body = await json_body(request)
         if isinstance(body, str):
-            return error(400, body)
+            return vllm_error(400, body)
         if (err := self._modelerror(body)) is not None:
             return err
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            return error(400, "messages must be a non-empty list", "messages")
+            return vllm_error(400, "messages must be a non-empty list", "messages")
         kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
-            return error(400, "chat_template_kwargs must be an object", "chat_template_kwargs")
+            return vllm_error(400, "chat_template_kwargs must be an object", "chat_template_kwargs")
         tok = self.lm.tokenizer
         try:
             text = tok.apply_chat_template(
@@ -258,14 +258,14 @@ class ModelServer:
                 add_generation_prompt=bool(body.get("add_generation_prompt", True)),
                 continue_final_message=bool(body.get("continue_final_message", False)), **kwargs)
         except Exception as exc:  # a template error is the request's fault, as in vLLM
-            return error(400, f"chat template: {exc}", "messages")
+            return vllm_error(400, f"chat template: {exc}", "messages")
         prompt_ids: list[int] = list(tok.encode(text, add_special_tokens=False))
         mt = self._max_tokens(body, len(prompt_ids), None)
         if isinstance(mt, str):
-            return error(400, mt, "max_tokens")
+            return vllm_error(400, mt, "max_tokens")
         job = job_of(body, prompt_ids, mt)
         if isinstance(job, str):
-            return error(400, job)
+            return vllm_error(400, job)
         res = await self._run(job)
         gen_id = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
@@ -296,13 +296,8 @@ class ModelServer:
     async def _chat_stream(self, request: web.Request, body: dict[str, Any], res: GenResult, gen_id: str,
                            created: int, model_id: str, prompt_ids: list[int], with_ids: bool,
                            usage: dict[str, Any]) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-
         def ev(choices: list[dict[str, Any]], **extra: Any) -> bytes:
-            obj = {"id": gen_id, "object": "chat.completion.chunk", "created": created, "model": model_id,
-                   "choices": choices, **extra}
-            return b"data: " + orjson.dumps(obj) + b"\n\n"
+            return vllm_chunk(gen_id, created, model_id, choices, **extra)
 
         buf = bytearray(ev([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None}], prompt_token_ids=prompt_ids if with_ids else None))
@@ -317,13 +312,8 @@ class ModelServer:
                 pending = []
         buf += ev([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": res.finish_reason,
                     "stop_reason": None, "token_ids": pending if with_ids else None}])
-        opts = body.get("stream_options")
-        if isinstance(opts, dict) and opts.get("include_usage"):
-            buf += ev([], usage={k: v for k, v in usage.items() if v is not None})
-        buf += b"data: [DONE]\n\n"
-        await resp.write(bytes(buf))
-        await resp.write_eof()
-        return resp
+        buf += vllm_stream_end(body, usage, gen_id, created, model_id)
+        return await send_sse(request, bytes(buf))
 
     def _text_chunks(self, ids: list[int], reasoning: bool) -> list[tuple[list[int], str]]:
         """Split ``ids`` into chunks whose texts concatenate to the segment's text, never cutting a
@@ -354,9 +344,9 @@ class ModelServer:
         return out
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        body = await body_of(request)
+        body = await json_body(request)
         if isinstance(body, str):
-            return error(400, body)
+            return vllm_error(400, body)
         if (err := self._modelerror(body)) is not None:
             return err
         prompt = body.get("prompt")
@@ -368,16 +358,16 @@ class ModelServer:
               and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
             prompt_ids = list(prompt)
         else:
-            return error(400, "prompt must be a non-empty string or list of token ids (one prompt)", "prompt")
+            return vllm_error(400, "prompt must be a non-empty string or list of token ids (one prompt)", "prompt")
         vocab = int(self.lm.model.config.vocab_size)
         if any(not 0 <= t < vocab for t in prompt_ids):
-            return error(400, f"prompt holds a token id outside the vocabulary [0, {vocab})", "prompt")
+            return vllm_error(400, f"prompt holds a token id outside the vocabulary [0, {vocab})", "prompt")
         mt = self._max_tokens(body, len(prompt_ids), 16)
         if isinstance(mt, str):
-            return error(400, mt, "max_tokens")
+            return vllm_error(400, mt, "max_tokens")
         job = job_of(body, prompt_ids, mt)
         if isinstance(job, str):
-            return error(400, job)
+            return vllm_error(400, job)
         rid = f"cmpl-{uuid.uuid4().hex}"
         path: str | None = None
         writer = self.writer
@@ -407,36 +397,16 @@ class ModelServer:
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         t0 = time.monotonic()
-        body = await body_of(request)
+        body = await json_body(request)
         if isinstance(body, str):
             return sglang_error(body)
-        text, input_ids = body.get("text"), body.get("input_ids")
         tok = self.lm.tokenizer
-        batched = isinstance(text, list) or (isinstance(input_ids, list) and bool(input_ids)
-                                             and isinstance(input_ids[0], list))
-        prompts: list[list[int]]
-        if input_ids is not None:
-            raw = input_ids if batched else [input_ids]
-            if not all(isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
-                       for p in raw):
-                return sglang_error("input_ids must be a list of integers (or a list of such lists)")
-            prompts = [list(p) for p in raw]
-        elif text is not None:
-            raw_t = text if batched else [text]
-            if not all(isinstance(t, str) for t in raw_t):
-                return sglang_error("text must be a string or a list of strings")
-            prompts = [list(tok.encode(t, add_special_tokens=False)) for t in raw_t]
-        else:
-            return sglang_error("either text or input_ids is required")
-        sps = body.get("sampling_params") or {}
-        sp_list = sps if isinstance(sps, list) else [sps] * len(prompts)
-        if len(sp_list) != len(prompts) or not all(isinstance(s, dict) for s in sp_list):
-            return sglang_error("sampling_params must be an object or one object per prompt")
+        req = parse_generate(body, lambda t: list(tok.encode(t, add_special_tokens=False)), allow_empty_ids=False)
+        if isinstance(req, str):
+            return sglang_error(req)
+        prompts = req.prompts
         jobs: list[GenJob] = []
-        for p, sp in zip(prompts, sp_list, strict=True):
-            mt = sp.get("max_new_tokens", 128)
-            if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
-                return sglang_error("sampling_params.max_new_tokens must be a positive integer")
+        for p, sp, mt in zip(prompts, req.sampling, req.max_new, strict=True):
             job = job_of({"temperature": sp.get("temperature"), "top_p": sp.get("top_p"), "top_k": sp.get("top_k"),
                         "seed": sp.get("sampling_seed")}, p, min(mt, max(1, self.lm.max_len - len(p))))
             if isinstance(job, str):
@@ -444,11 +414,9 @@ class ModelServer:
             jobs.append(job)
         results = await asyncio.gather(*(self._run(j) for j in jobs))
         payload = [self._sglang_result(p, r, t0) for p, r in zip(prompts, results, strict=True)]
-        if body.get("stream") is True:
-            if batched:
+        if req.stream:
+            if req.batched:
                 return sglang_error("the emulator streams only single prompts")
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await resp.prepare(request)
             buf = bytearray()
             res = results[0]
             step = max(1, self.opts.stream_chunk_tokens)
@@ -457,10 +425,8 @@ class ModelServer:
                 ev = self._sglang_result(prompts[0], part, t0, final=len(part.ids) == len(res.ids))
                 buf += b"data: " + orjson.dumps(ev) + b"\n\n"
             buf += b"data: [DONE]\n\n"
-            await resp.write(bytes(buf))
-            await resp.write_eof()
-            return resp
-        return json_response(payload if batched else payload[0])
+            return await send_sse(request, bytes(buf))
+        return json_response(payload if req.batched else payload[0])
 
     def _sglang_result(self, prompt_ids: list[int], res: GenResult, t0: float, final: bool = True) -> dict[str, Any]:
         ids = res.ids
@@ -487,103 +453,28 @@ class ModelServer:
 # -- lifecycle ---------------------------------------------------------------------------------------
 
 
-async def _start(server: ModelServer) -> tuple[web.AppRunner, int]:
-    o = server.opts
-    runner = web.AppRunner(server.app(), access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, o.host, o.port, reuse_address=True)
-    await site.start()
-    port = int(runner.addresses[0][1]) if runner.addresses else o.port
-    return runner, port
-
-
-def _listenerror(o: ModelServerOptions, exc: OSError) -> Exception:
-    from draftgen.errors import ConfigError
-
-    return ConfigError(f"emulate: cannot listen on {o.host}:{o.port} ({exc.strerror or exc}); "
-                       "choose another --port (0 picks a free one)")
-
-
-class RunningModelServer:
+class RunningModelServer(ThreadedServer):
     """A model server in a background thread: ``with start_in_thread(opts) as srv: srv.root_url ...``"""
 
-    def __init__(self, server: ModelServer, loop: asyncio.AbstractEventLoop, thread: threading.Thread,
-                 stop_event: asyncio.Event, port: int) -> None:
+    def __init__(self, server: ModelServer, serving: Serving) -> None:
+        super().__init__(serving, server.opts.host)
         self.server = server
-        self._loop, self._thread, self._stop_event = loop, thread, stop_event
-        self.port = port
-        h = server.opts.host
-        self.root_url = f"http://{f'[{h}]' if ':' in h else h}:{port}"
         self.base_url = self.root_url + "/v1"
-
-    def stop(self) -> None:
-        if self._thread.is_alive():
-            with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._stop_event.set)
-            self._thread.join(timeout=30)
-
-    def __enter__(self) -> RunningModelServer:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 
 
 def start_in_thread(opts: ModelServerOptions) -> RunningModelServer:
     """Load the model, start serving on a daemon thread; returns once listening."""
     server = ModelServer(opts)
-    ready = threading.Event()
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        stop_event = asyncio.Event()
-
-        async def main() -> None:
-            try:
-                runner, port = await _start(server)
-            except OSError as exc:
-                box["error"] = exc
-                ready.set()
-                return
-            box.update(loop=loop, stop=stop_event, port=port)
-            ready.set()
-            try:
-                await stop_event.wait()
-            finally:
-                await runner.cleanup()
-                server.close()
-
-        try:
-            loop.run_until_complete(main())
-        finally:
-            loop.close()
-
-    thread = threading.Thread(target=run, name="draftgen-model-server", daemon=True)
-    thread.start()
-    ready.wait()
-    if "error" in box:
-        server.close()
-        raise _listenerror(opts, box["error"])
-    return RunningModelServer(server, box["loop"], thread, box["stop"], box["port"])
+    serving = threaded.start_in_thread(server.app, opts.host, opts.port, close=server.close, what="emulate",
+                                       thread_name="draftgen-model-server")
+    return RunningModelServer(server, serving)
 
 
 def serve_forever(opts: ModelServerOptions, echo: Callable[[str], None]) -> None:
     """Serve until SIGINT/SIGTERM (``draftgen emulate --model``)."""
     server = ModelServer(opts)
 
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        stop_event = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop_event.set)
-        try:
-            runner, port = await _start(server)
-        except OSError as exc:
-            raise _listenerror(opts, exc) from None
+    def listening(port: int) -> None:
         lm = server.lm
         echo(f"vLLM-compatible model server: http://{opts.host}:{port}/v1  (model {server.name}: {lm.num_layers} "
              f"layers, hidden {lm.hidden_size}, {str(lm.dtype).replace('torch.', '')}, {opts.device})")
@@ -593,11 +484,7 @@ def serve_forever(opts: ModelServerOptions, echo: Callable[[str], None]) -> None
         if server.spec is not None:
             echo(f"drafter {opts.drafter}: {opts.num_speculative_tokens} speculative tokens")
         echo("Ctrl-C stops")
-        try:
-            await stop_event.wait()
-        finally:
-            await runner.cleanup()
-            server.close()
-        echo(f"model server stopped: {server.counters.requests} requests")
 
-    asyncio.run(main())
+    threaded.serve_until_signal(server.app, opts.host, opts.port, close=server.close, what="emulate",
+                                on_listening=listening)
+    echo(f"model server stopped: {server.counters.requests} requests")
