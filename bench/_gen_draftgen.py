@@ -64,7 +64,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     from draftgen.backends.openrouter import OpenAIChatBackend
     from draftgen.config import config_from_mapping
     from draftgen.engine import scheduler
-    from draftgen.phases.generate import GenerateOptions, run_generate
+    from draftgen.phases.generate import run_generate
     from draftgen.phases.prepare import run_prepare
     from draftgen.records import ResponseRecord
     from draftgen.store import iter_jsonl
@@ -158,7 +158,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     run_prepare(cfg, echo=lambda s: None)
     prepare_cpu = _cpu() - p0
     acc["prompt"] = 0.0  # prompt ids counted while preparing are not part of the generate run
-    report = run_generate(cfg, GenerateOptions(partition="short"), echo=lambda s: None)
+    report = run_generate(cfg, echo=lambda s: None, partition="short")
     # the whole process so far (imports, config, tokenizer load, the run, its finish) less the prepare step:
     # what `draftgen generate` costs as its own process
     process_cpu = _cpu() - prepare_cpu

@@ -166,7 +166,7 @@ def worker_draftgen(spec: dict[str, Any]) -> dict[str, Any]:
     import threading
 
     from draftgen.config import load_config
-    from draftgen.phases.generate import GenerateOptions, run_generate
+    from draftgen.phases.generate import run_generate
     from draftgen.phases.prepare import run_prepare
     from draftgen.store import scan_responses
     from draftgen.tokens.profile import Profile
@@ -192,7 +192,7 @@ def worker_draftgen(spec: dict[str, Any]) -> dict[str, Any]:
     Profile.build_output = timed(Profile.build_output)  # type: ignore[method-assign]
     Profile.prompt_ids = timed(Profile.prompt_ids)  # type: ignore[method-assign]
     start = _measure_start()
-    report = run_generate(cfg, GenerateOptions(argv=["bench_peers"]), echo=lambda s: None)
+    report = run_generate(cfg, echo=lambda s: None, argv=["bench_peers"])
     idx = scan_responses(cfg.run_path / "raw" / "peers" / "raw_responses.jsonl")
     return _measure_end(start, responses=len(idx.done), failed=spec["n"] - len(idx.done),
                         exit_code=report.exit_code, ids_cpu_s=spent["ids"])

@@ -215,7 +215,7 @@ def _run_policy(work: Path, scale: int, policy: str, credits: float) -> dict[str
     import yaml
 
     from draftgen.config import config_from_mapping
-    from draftgen.phases.generate import GenerateOptions, run_generate
+    from draftgen.phases.generate import run_generate
 
     port = free_port()
     url = f"http://127.0.0.1:{port}/api/v1"
@@ -230,7 +230,7 @@ def _run_policy(work: Path, scale: int, policy: str, credits: float) -> dict[str
 
         run_prepare(cfg, echo=lambda s: None)
         w0 = time.perf_counter()
-        rep = run_generate(cfg, GenerateOptions(argv=["bench_replay"]), echo=lambda s: None)
+        rep = run_generate(cfg, echo=lambda s: None, argv=["bench_replay"])
         run_wall = time.perf_counter() - w0
     finally:
         stop_process(emu)

@@ -78,7 +78,7 @@ def worker(config: str, base_url: str) -> dict[str, Any]:
     import resource
 
     from draftgen.config import load_config
-    from draftgen.phases.generate import GenerateOptions, run_generate
+    from draftgen.phases.generate import run_generate
     from draftgen.phases.prepare import run_prepare
 
     pin_cpu(1)
@@ -88,7 +88,7 @@ def worker(config: str, base_url: str) -> dict[str, Any]:
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.time()
     w0 = time.perf_counter()
-    report = run_generate(cfg, GenerateOptions(argv=["bench_scale"], base_url_flag=base_url), echo=lambda s: None)
+    report = run_generate(cfg, echo=lambda s: None, argv=["bench_scale"], base_url_flag=base_url)
     wall = time.perf_counter() - w0
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return {"wall_s": wall, "start": t0, "cpu_s": ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime,

@@ -88,7 +88,7 @@ def _fake_generate(cfg: RunConfig, *, seed: int, truncate_every: int, with_promp
             source.unlink(missing_ok=True)
             with JsonlWriter(source, fsync=False) as w:
                 w.write_many(recs)
-            run_import(cfg, ds.name, source, echo=lambda s: None)
+            run_import(cfg, echo=lambda s: None, dataset=ds.name, source=source)
             recs = [r for _, r in iter_jsonl(out, ResponseRecord)]
         else:
             with JsonlWriter(out, fsync=False) as w:

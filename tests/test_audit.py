@@ -116,7 +116,7 @@ def test_structural_faults_are_found(tmp_path: Path) -> None:
         return msgspec.structs.replace(r, output_ids=ids)
 
     _rewrite(raw, edit)
-    assert run_import(run.cfg, "alpha", legacy, **QUIET).imported == 1
+    assert run_import(run.cfg, **QUIET, dataset="alpha", source=legacy).imported == 1
     bare = [r for _, r in iter_jsonl(raw, ResponseRecord) if r.sample_id == "alpha-0005"]
     assert len(bare) == 1 and bare[0].content is None and bare[0].prompt_ids is None
     # An id outside the vocabulary is a corrupt record: the audit stops on it, naming file:line.

@@ -240,7 +240,7 @@ def test_capabilities_drive_the_key_policy(tmp_path: Path, monkeypatch: pytest.M
 
 @pytest.mark.parametrize("needs", [False, True])
 def test_capabilities_drive_prompt_ids(tmp_path: Path, needs: bool) -> None:
-    from draftgen.phases.generate import GenerateOptions, run_generate
+    from draftgen.phases.generate import run_generate
 
     sent: list[list[int] | None] = []
     base = BACKENDS.get("vllm")
@@ -261,7 +261,7 @@ def test_capabilities_drive_prompt_ids(tmp_path: Path, needs: bool) -> None:
     write_prompts(run_dir, "a", 4)
     with emulator() as emu, swapped("vllm", BackendKind(caps, factory)):
         cfg = make_config(tmp_path, ["a"], kind="vllm", base_url=emu.root_url + "/v1")
-        rep = run_generate(cfg, GenerateOptions(), echo=lambda line: None)
+        rep = run_generate(cfg, echo=lambda line: None)
     assert rep.done == 4 and len(sent) >= 4
     recs = {r.sample_id: r for r in responses(run_dir, "a")}
     if needs:

@@ -12,7 +12,7 @@ import pytest
 from tests._generate_helpers import claim, emulator, fast, make_config, responses, write_prompts
 
 from draftgen.engine.budget import MIN_SAMPLES, Admission, BudgetGovernor, LengthEstimate, Prices, TokenBudget
-from draftgen.phases.generate import GenerateOptions, run_generate
+from draftgen.phases.generate import run_generate
 
 quiet: dict[str, Any] = {"echo": lambda s: None}
 
@@ -142,7 +142,7 @@ def _run(tmp_path: Path, budget: dict[str, Any], n: int = 160, **scenario: Any) 
     with emulator(sc) as emu:
         cfg = make_config(tmp_path, ["a", "b"], base_url=emu.base_url, budget=budget,
                           partitions={"short": {"concurrency": 16, "max_tokens": 2048}})
-        rep = run_generate(cfg, GenerateOptions(), **quiet)
+        rep = run_generate(cfg, **quiet)
         billed = emu.state.spend_usd
     return rep, run_dir, billed
 

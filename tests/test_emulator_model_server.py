@@ -133,9 +133,9 @@ def test_generate_phase_records_the_models_greedy_ids(srv: RunningModelServer, h
     cfg = make_config(tmp_path, ["a"], kind="vllm", base_url=srv.base_url, model=model,
                       partitions={"short": {"concurrency": 6, "max_tokens": 16},
                                   "long": {"concurrency": 2, "max_tokens": 16}})
-    from draftgen.phases.generate import GenerateOptions, run_generate
+    from draftgen.phases.generate import run_generate
 
-    rep = run_generate(cfg, GenerateOptions(), echo=lambda s: None)
+    rep = run_generate(cfg, echo=lambda s: None)
     recs = responses(run_dir, "a")
     assert rep.done == 6 and len(recs) == 6, rep
     for r in recs:

@@ -29,7 +29,7 @@ from draftgen.backends.openrouter import OpenAIChatBackend
 from draftgen.config import RunConfig, load_config
 from draftgen.errors import ConfigError
 from draftgen.extensions import check_config
-from draftgen.phases.generate import GenerateOptions, run_generate
+from draftgen.phases.generate import run_generate
 
 # -- the toy backend: what a new module under backends/ would hold -------------------------------------------
 
@@ -87,7 +87,7 @@ def _generate_through_toy(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert cfg.endpoint.kind == "toy" and capabilities("toy").embedded_server
     run_dir = claim(cfg)
     write_prompts(run_dir, "a", 5)
-    rep = run_generate(cfg, GenerateOptions(), echo=lambda s: None)
+    rep = run_generate(cfg, echo=lambda s: None)
     assert rep.exit_code == 0 and rep.done == 5, rep.message
     recs = responses(run_dir, "a")
     assert len(recs) == 5 and {r.backend for r in recs} == {"toy"}

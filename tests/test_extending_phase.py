@@ -73,9 +73,9 @@ def test_a_registered_phase_runs_is_fingerprinted_and_skipped_when_unchanged(tmp
     rd = RunDir(cfg.run_path)
     toy = _Toy()
     table = PHASES.copy()
-    table.register(_toy_phase(toy), after="merge")  # the one registration line
-    assert table.names == ["prepare", "generate", "audit", "merge", "toy", "extract", "report"]
-    assert PHASES.names == DEFAULT  # the copy is the test's own
+    table.add(_toy_phase(toy), after="merge")  # the one registration line
+    assert table.names() == ["prepare", "generate", "audit", "merge", "toy", "extract", "report"]
+    assert PHASES.names() == DEFAULT  # the copy is the test's own
 
     lines: list[str] = []
     rep = run_pipeline(cfg, argv=["draftgen", "run"], echo=lines.append, phases=table)
@@ -100,12 +100,12 @@ def test_the_default_table_is_left_as_it_was() -> None:
     toy = _Toy()
     register_phase(_toy_phase(toy), after="merge")
     try:
-        assert PHASES.names == ["prepare", "generate", "audit", "merge", "toy", "extract", "report"]
+        assert PHASES.names() == ["prepare", "generate", "audit", "merge", "toy", "extract", "report"]
     finally:
         unregister_phase("toy")
-    assert PHASES.names == DEFAULT
+    assert PHASES.names() == DEFAULT
     # Without a place, a phase goes before the final one (the report stays last).
     table = PHASES.copy()
-    table.register(_toy_phase(toy))
-    assert table.names == ["prepare", "generate", "audit", "merge", "extract", "toy", "report"]
-    assert PHASES.names == DEFAULT and toy.runs == 0
+    table.add(_toy_phase(toy))
+    assert table.names() == ["prepare", "generate", "audit", "merge", "extract", "toy", "report"]
+    assert PHASES.names() == DEFAULT and toy.runs == 0

@@ -21,7 +21,7 @@ from draftgen.emulator.scenarios import builtin_scenario
 from draftgen.emulator.scripted import EmulatedModel
 from draftgen.errors import ConfigError
 from draftgen.phases.audit.run import run_audit
-from draftgen.phases.generate import GenerateOptions, run_generate
+from draftgen.phases.generate import run_generate
 from draftgen.phases.prepare import run_prepare
 from draftgen.records import ResponseRecord
 from draftgen.store import iter_jsonl
@@ -93,7 +93,7 @@ def test_the_emulator_writes_what_the_profile_declares(toy: type[ToyProfile]) ->
 def test_prepare_generate_audit_with_a_registered_profile(tmp_path: Path, toy: type[ToyProfile]) -> None:
     cfg = load_config(_config(tmp_path))
     run_prepare(cfg, **QUIET)
-    rep = run_generate(cfg, GenerateOptions(), **QUIET)
+    rep = run_generate(cfg, **QUIET)
     assert rep.exit_code == 0 and rep.done == 8, rep.message
     recs = [r for _, r in iter_jsonl(cfg.run_path / "raw" / "ideas" / "raw_responses.jsonl", ResponseRecord)]
     assert len(recs) == 8 and all(r.provenance is None or r.provenance.profile == "toy-qwen3" for r in recs)

@@ -23,7 +23,7 @@ from _generate_helpers import (
 from draftgen.config import load_config
 from draftgen.emulator import builtin_scenario
 from draftgen.errors import EXIT_FAILURES, AuthError, RunDirError
-from draftgen.phases.generate import GenerateOptions, run_generate
+from draftgen.phases.generate import run_generate
 from draftgen.phases.importer import run_import
 from draftgen.records import GroundTruthRecord, ResponseRecord, RunManifest, Usage
 from draftgen.rundir import scrub_argv
@@ -47,7 +47,7 @@ def test_generate_embedded_emulator_ids_provenance_and_resume(tmp_path: Path, ke
     ids_a = write_prompts(run_dir, "a", 40, long_every=5, tools_every=7)
     ids_b = write_prompts(run_dir, "b", 15)
     argv = ["draftgen", "generate", "cfg.yaml", "--api-key", SECRET_KEY, f"--api-key-file={key_file}"]
-    rep = run_generate(cfg, GenerateOptions(argv=argv), **quiet)
+    rep = run_generate(cfg, **quiet, argv=argv)
     assert rep.exit_code == 0 and rep.message is None
     assert rep.done == 55 and rep.failed == 0
     truth = _truth(run_dir / "emulator" / "ground_truth.jsonl")
@@ -75,14 +75,14 @@ def test_generate_embedded_emulator_ids_provenance_and_resume(tmp_path: Path, ke
     assert b"SECRETSECRET" not in _all_text(run_dir)
 
     # Resume: nothing left, nothing appended.
-    rep2 = run_generate(cfg, GenerateOptions(), **quiet)
+    rep2 = run_generate(cfg, **quiet)
     assert rep2.done == 0 and rep2.requests == 0
     assert len(responses(run_dir, "a")) == 40
 
     # Another config in the same run dir is refused.
     other = make_config(tmp_path, ["a", "b"], sampling={"temperature": 0.3})
     with pytest.raises(RunDirError, match="another config"):
-        run_generate(other, GenerateOptions(), **quiet)
+        run_generate(other, **quiet)
 
 
 def test_scrub_argv() -> None:
@@ -98,7 +98,7 @@ def test_chaos_every_sample_done_once_or_failed_with_reason(tmp_path: Path) -> N
     with emulator(sc, seed=3) as emu:
         cfg = make_config(tmp_path, ["c"], base_url=emu.base_url,
                           endpoint={"idle_timeout_s": 0.4}, retry={"max_attempts": 4})
-        rep = run_generate(cfg, GenerateOptions(), **quiet)
+        rep = run_generate(cfg, **quiet)
         assert sum(emu.state.by_fault.values()) > 20  # chaos really happened
     done = [r.sample_id for r in responses(run_dir, "c")]
     assert len(done) == len(set(done))
@@ -117,7 +117,7 @@ def test_chaos_every_sample_done_once_or_failed_with_reason(tmp_path: Path) -> N
     with emulator(sc, seed=4) as emu:
         cfg = make_config(tmp_path, ["c"], base_url=emu.base_url, endpoint={"idle_timeout_s": 0.4},
                           retry={"max_attempts": 10})
-        run_generate(cfg, GenerateOptions(), **quiet)
+        run_generate(cfg, **quiet)
     done2 = [r.sample_id for r in responses(run_dir, "c")]
     assert len(done2) == len(set(done2)) and set(done2) == set(ids)
 
@@ -129,7 +129,7 @@ def test_dollar_budget_stops_within_reservation(tmp_path: Path) -> None:
         cfg = make_config(tmp_path, ["a"], base_url=emu.base_url,
                           budget={"max_spend_usd": 0.08, "token_policy": "strict"},
                           partitions={"short": {"concurrency": 8, "max_tokens": 2048}})
-        rep = run_generate(cfg, GenerateOptions(), **quiet)
+        rep = run_generate(cfg, **quiet)
         spent = emu.state.spend_usd
     assert rep.exit_code != 0 and rep.message is not None and "dollar budget" in rep.message
     recs = responses(run_dir, "a")
@@ -140,7 +140,7 @@ def test_dollar_budget_stops_within_reservation(tmp_path: Path) -> None:
     # Resume counts the prior spend: nothing more can be sent.
     with emulator() as emu:
         cfg = make_config(tmp_path, ["a"], base_url=emu.base_url, budget={"max_spend_usd": 0.08})
-        rep2 = run_generate(cfg, GenerateOptions(), **quiet)
+        rep2 = run_generate(cfg, **quiet)
         assert emu.state.requests == 0
     assert rep2.exit_code != 0 and rep2.done == 0
 
@@ -153,7 +153,7 @@ def test_402_stops_scheduling_cleanly(tmp_path: Path, monkeypatch: pytest.Monkey
     with emulator(credits=0.05) as emu:
         cfg = make_config(tmp_path, ["a"], kind="openai", base_url=emu.base_url,
                           endpoint={"api_key_env": "DRAFTGEN_TEST_KEY"})
-        rep = run_generate(cfg, GenerateOptions(), **quiet)
+        rep = run_generate(cfg, **quiet)
         requests = emu.state.requests
     assert rep.exit_code == 1
     assert rep.message is not None and "out of credits" in rep.message and "\n" not in rep.message
@@ -176,7 +176,7 @@ def test_token_budgets(tmp_path: Path) -> None:
     with emulator() as emu:
         cfg = make_config(tmp_path, ["a", "b"], base_url=emu.base_url, budget={"token_budget": 5000, "token_policy": "strict"},
                           partitions={"short": {"concurrency": 4, "max_tokens": 1000}})
-        rep = run_generate(cfg, GenerateOptions(), echo=lines.append)
+        rep = run_generate(cfg, echo=lines.append)
     by = {d.name: d for d in rep.datasets}
     assert by["a"].done == 0 and by["a"].skipped and "token budget" in by["a"].skipped
     assert any("a: skipped" in ln for ln in lines)
@@ -194,7 +194,7 @@ def test_ignored_provider_never_used(tmp_path: Path) -> None:
     with emulator() as emu:
         cfg = make_config(tmp_path, ["a"], base_url=emu.base_url, routing={"ignore": ["chutes"]},
                           endpoint={"stream": False})
-        rep = run_generate(cfg, GenerateOptions(), **quiet)
+        rep = run_generate(cfg, **quiet)
         assert "Chutes" not in emu.state.by_provider
     provs = Counter(r.provider for r in responses(run_dir, "a"))
     assert rep.done == 40 and "Chutes" not in provs and len(provs) == 2
@@ -208,7 +208,7 @@ def test_legacy_sglang_rows_count_as_done(tmp_path: Path) -> None:
     source = tmp_path / "sglang.jsonl"
     source.write_bytes(b"".join(msgspec.json.encode({"sample_id": i, "output_ids": [1, 2, 3]}) + b"\n"
                                 for i in ids[:8]))
-    imp = run_import(claimed, "a", source, **quiet)
+    imp = run_import(claimed, **quiet, dataset="a", source=source)
     assert (imp.imported, imp.duplicates, imp.not_prepared) == (8, 0, 0)
     stamp = msgspec.structs.replace(provenance(claimed), imported_from=str(source.resolve()))
     assert [(r.sample_id, r.dataset, r.output_ids, r.usage, r.provenance) for r in responses(run_dir, "a")] == \
@@ -219,7 +219,7 @@ def test_legacy_sglang_rows_count_as_done(tmp_path: Path) -> None:
         fh.write(b'{"sample_id": "a-000')  # plus a line cut by a crash
     with emulator() as emu:
         cfg = make_config(tmp_path, ["a"], base_url=emu.base_url)
-        rep = run_generate(cfg, GenerateOptions(), **quiet)
+        rep = run_generate(cfg, **quiet)
         assert emu.state.requests == 12
     recs = responses(run_dir, "a")
     assert rep.done == 12 and len(recs) == 20 and len({r.sample_id for r in recs}) == 20
@@ -233,12 +233,12 @@ def test_bad_key_stops_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     with emulator(api_key="sk-or-the-right-one") as emu:
         cfg = make_config(tmp_path, ["a"], base_url=emu.base_url, endpoint={"api_key_env": "DRAFTGEN_TEST_KEY"})
         with pytest.raises(AuthError, match="API key was rejected"):
-            run_generate(cfg, GenerateOptions(), **quiet)
+            run_generate(cfg, **quiet)
         assert emu.state.requests == 0  # caught by GET /key before any completion
         # without the /key check (a plain OpenAI-compatible server), the first 401 stops the run
         cfg = make_config(tmp_path, ["a"], kind="openai", base_url=emu.base_url,
                           endpoint={"api_key_env": "DRAFTGEN_TEST_KEY"})
-        rep = run_generate(cfg, GenerateOptions(), **quiet)
+        rep = run_generate(cfg, **quiet)
         assert rep.exit_code == 1 and rep.message is not None and "API key was rejected" in rep.message
         assert emu.state.requests <= cfg.partitions.short.concurrency
     assert not (run_dir / "raw" / "a" / "failures.jsonl").exists()
@@ -252,7 +252,7 @@ def test_exact_id_backends_through_generate(tmp_path: Path, kind: str) -> None:
     with emulator(ground_truth=str(gt)) as emu:
         url = emu.root_url + "/v1" if kind == "vllm" else emu.root_url
         cfg = make_config(tmp_path, ["a"], kind=kind, base_url=url)
-        rep = run_generate(cfg, GenerateOptions(), **quiet)
+        rep = run_generate(cfg, **quiet)
     truth = {k.replace("gen-", ""): v for k, v in _truth(gt).items()}
     recs = responses(run_dir, "a")
     assert rep.done == 12 and len(recs) == 12
@@ -275,7 +275,7 @@ def test_logprobs_path_gives_the_true_ids(tmp_path: Path) -> None:
     with emulator(fast(non_canonical_rate=0.5), ground_truth=str(gt)) as emu:
         cfg = make_config(tmp_path, ["a"], base_url=emu.base_url, routing={"only": ["deepinfra"]},
                           sampling={"logprobs": True})
-        rep = run_generate(cfg, GenerateOptions(), **quiet)
+        rep = run_generate(cfg, **quiet)
     truth = _truth(gt)
     recs = responses(run_dir, "a")
     assert rep.done == 40
@@ -317,6 +317,6 @@ def test_unreachable_server_stops_instead_of_failing_every_sample(tmp_path: Path
     run_dir = claim(make_config(tmp_path, ["a"]))
     write_prompts(run_dir, "a", 500)
     cfg = make_config(tmp_path, ["a"], base_url=f"http://127.0.0.1:{port}/api/v1")
-    rep = run_generate(cfg, GenerateOptions(), **quiet)
+    rep = run_generate(cfg, **quiet)
     assert rep.exit_code == 1 and rep.message is not None and "cannot reach the server" in rep.message
     assert rep.done == 0 and rep.failed < 100

@@ -29,7 +29,7 @@ from draftgen.backends.vllm import VLLMBackend
 from draftgen.emulator.envelopes import ApiError
 from draftgen.emulator.routing import ProviderPrefs, parse_prefs
 from draftgen.errors import PermanentAPIError, RetryableAPIError
-from draftgen.phases.generate import GenerateOptions, run_generate
+from draftgen.phases.generate import run_generate
 from draftgen.records import GroundTruthRecord
 from draftgen.store import iter_jsonl
 from draftgen.tokens import Profile
@@ -57,7 +57,7 @@ def test_each_shape_through_generate_gives_the_true_ids(tmp_path: Path, qwen3_pr
     with emulator(sc, ground_truth=str(gt)) as emu:
         url = emu.root_url + "/v1" if kind == "vllm" else emu.root_url
         cfg = make_config(tmp_path, ["a"], kind=kind, base_url=url, endpoint={"stream": stream})
-        rep = run_generate(cfg, GenerateOptions(), **quiet)
+        rep = run_generate(cfg, **quiet)
     truth = _truth(gt)
     recs = responses(run_dir, "a")
     assert rep.done == 10 and rep.failed == 0 and len(recs) == 10
@@ -330,7 +330,7 @@ def test_max_price_strings_through_generate(tmp_path: Path) -> None:
                 assert c.provider in ("DeepInfra", "Chutes")
 
         asyncio.run(go())
-        rep = run_generate(cfg, GenerateOptions(), **quiet)
+        rep = run_generate(cfg, **quiet)
     recs = responses(run_dir, "a")
     assert rep.done == 12 and rep.failed == 0
     assert {r.provider for r in recs} <= {"DeepInfra", "Chutes"}

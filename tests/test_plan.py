@@ -19,7 +19,7 @@ from draftgen.cli import cli
 from draftgen.config import RoutingConfig, load_config
 from draftgen.emulator.server import EmulatorOptions, RunningEmulator, start_in_thread
 from draftgen.errors import AuthError
-from draftgen.phases.generate import GenerateOptions, run_generate
+from draftgen.phases.generate import run_generate
 from draftgen.phases.plan import run_plan
 from draftgen.records import GroundTruthRecord, ResponseRecord
 from draftgen.store import iter_jsonl
@@ -78,7 +78,7 @@ def test_pilot_is_kept_and_reused_by_the_run(tmp_path: Path) -> None:
     # Planning again sends nothing new; the run sends only the rest.
     again = run_plan(cfg, echo=lambda s: None)
     assert again.pilot_responses == 0 and [len(_records(run, n)) for n in ("a", "b")] == [2, 2]
-    gen = run_generate(cfg, GenerateOptions(argv=["draftgen", "generate"]), echo=lambda s: None)
+    gen = run_generate(cfg, echo=lambda s: None, argv=["draftgen", "generate"])
     assert gen.exit_code == 0
     assert [d.done_before for d in gen.datasets] == [2, 2] and gen.done == 11
 

@@ -13,8 +13,12 @@ from _report_helpers import make_config, run_config, write_run_dir
 from draftgen.config import load_config
 from draftgen.fmt import fmt_int, fmt_usd
 from draftgen.phases.importer import run_import
-from draftgen.phases.report.html import run_report
 from draftgen.phases.report.metrics import RunMetrics, compute_metrics
+from draftgen.phases.report.run import run_report
+
+
+def _quiet(line: str) -> None:
+    pass
 
 
 def _embedded(page: str, element_id: str) -> bytes:
@@ -65,7 +69,7 @@ def test_duplicates_count_once_and_legacy_rows_use_output_ids(tmp_path: Path) ->
     # A legacy local-SGLang row (ids only, no usage) of a prepared sample, brought in by `draftgen import`.
     source = tmp_path / "sglang.jsonl"
     source.write_bytes(msgspec.json.encode({"sample_id": "chat-0008", "output_ids": [1, 2, 3, 4, 5]}) + b"\n")
-    assert run_import(run_config(run, ("chat",)), "chat", source, echo=lambda s: None).imported == 1
+    assert run_import(run_config(run, ("chat",)), echo=lambda s: None, dataset="chat", source=source).imported == 1
     m = compute_metrics(run)
     d = m.datasets[0]
     assert d.duplicates == 1
@@ -79,8 +83,9 @@ def test_report_embeds_the_recomputable_metrics(tmp_path: Path) -> None:
     run = tmp_path / "run"
     write_run_dir(run)
     cfg = load_config(make_config(tmp_path, run))
-    path = run_report(cfg)
-    assert path == run / "report.html"
+    lines: list[str] = []
+    path = run_report(cfg, echo=lines.append).path
+    assert path == run / "report.html" and lines == [f"report: {path}"]
     page = path.read_text(encoding="utf-8")
     embedded = msgspec.json.decode(_embedded(page, "draftgen-metrics"), type=RunMetrics)
     # The page was written into the run dir, so recomputing now also sees "reported".
@@ -110,7 +115,7 @@ def test_report_is_self_contained(tmp_path: Path) -> None:
         # chat-0002 is prepared but not done yet (an orphan would not count in the providers)
         w.write(msgspec.structs.replace(written["chat"][0], sample_id="chat-0002", provider="evil</script><b>"))
     cfg = load_config(make_config(tmp_path, run))
-    out = run_report(cfg, output=tmp_path / "elsewhere" / "r.html")
+    out = run_report(cfg, echo=_quiet, output=tmp_path / "elsewhere" / "r.html").path
     page = out.read_text(encoding="utf-8")
     assert not (run / "report.html").exists()
     assert not re.search(r"""<(script|link|img)[^>]+(src|href)=["']?https?:""", page)
@@ -125,7 +130,7 @@ def test_report_of_an_empty_run_dir(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
     cfg = load_config(make_config(tmp_path, run))
-    page = run_report(cfg).read_text(encoding="utf-8")
+    page = run_report(cfg, echo=_quiet).path.read_text(encoding="utf-8")
     m = msgspec.json.decode(_embedded(page, "draftgen-metrics"), type=RunMetrics)
     assert m.total.done == 0 and [d.prepared for d in m.datasets] == [None, None]
     assert "no failures" in page
@@ -270,7 +275,7 @@ def test_report_page_shows_the_verdict_and_highlights_broken_thresholds(tmp_path
     m = _verdict_run(tmp_path, broken=True, cooldown=True)
     rows = audit_rows(m)
     assert [(r.dataset, r.broken) for r in rows] == [("chat", ["semantic"]), ("all", [])]
-    page = run_report(load_config(make_config(tmp_path, tmp_path / "run", ("chat",)))).read_text(encoding="utf-8")
+    page = run_report(load_config(make_config(tmp_path, tmp_path / "run", ("chat",))), echo=_quiet).path.read_text(encoding="utf-8")
     assert re.search(r'<section class="verdict red" id="verdict" data-level="red">', page)
     assert "NOT USABLE" in page and "provider cool-downs: A 1" in page
     assert re.search(r'<tr class=" broken" data-audit="chat"', page)
@@ -371,7 +376,7 @@ def test_sample_viewer_and_mismatch_context(tmp_path: Path) -> None:
     assert rows[0].before == "…" + prof.tokenizer.decode(out[pos - 16:pos])[-90:]
     assert rows[0].after.startswith(prof.tokenizer.decode(out[pos + 2:pos + 18])[:90])
 
-    page = run_report(cfg).read_text(encoding="utf-8")
+    page = run_report(cfg, echo=_quiet).path.read_text(encoding="utf-8")
     assert 'id="sample-viewer"' in page and 'id="mismatches"' in page
     viewer = page[page.index('id="sample-viewer"'):page.index("<footer>")]
     segs = re.findall(r'data-segment="(\w+)"', viewer)
@@ -394,7 +399,7 @@ def test_report_shares_and_synthetic_attempts(tmp_path: Path) -> None:
     m = compute_metrics(run, ["chat", "code"])
     assert sum(p.responses for p in m.providers_table) == m.total.done
     assert sum(p.attempts for p in m.providers_table) == len(attempts)
-    page = run_report(load_config(make_config(tmp_path, run))).read_text(encoding="utf-8")
+    page = run_report(load_config(make_config(tmp_path, run)), echo=_quiet).path.read_text(encoding="utf-8")
     # reasoning share is a percentage wherever it is shown
     for d in [*m.datasets, m.total]:
         assert _cells(page, d.name)[5] == f"{d.reasoning_share * 100:.1f}%"  # type: ignore[operator]

@@ -20,7 +20,7 @@ from _common_helpers import BROWSER_MISSING
 from _report_helpers import make_config, run_config, write_attempts_and_health, write_run_dir
 from draftgen.config import load_config
 from draftgen.phases.merge import run_merge
-from draftgen.phases.report.html import run_report
+from draftgen.phases.report.run import run_report
 
 CHROMIUM = Path(shutil.which("chromium") or "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -40,7 +40,7 @@ def test_report_renders_in_chromium(tmp_path: Path) -> None:
     write_attempts_and_health(run_config(run), written)
     cfg = load_config(make_config(tmp_path, run, extra="merge:\n  max_seq_len: 1024"))
     run_merge(cfg, echo=lambda s: None)
-    page_path = run_report(cfg)
+    page_path = run_report(cfg, echo=lambda s: None).path
     problems: list[str] = []
     requests: list[str] = []
     with sync_playwright() as p:

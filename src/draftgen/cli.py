@@ -192,12 +192,11 @@ def generate_overrides(kw: dict[str, Any]) -> dict[str, Any]:
 @friendly
 def generate(config: str, **kw: Any) -> None:
     """Send prepared prompts and write raw responses with exact token ids (resumable)."""
-    from draftgen.phases.generate import GenerateOptions, run_generate
+    from draftgen.phases.generate import run_generate
 
     cfg = _load(config, generate_overrides(kw))
-    opts = GenerateOptions(datasets=list(kw["datasets"]), partition=kw["partition"], argv=sys.argv,
-                           base_url_flag=kw.get("base_url"), force=kw["force"])
-    report = run_generate(cfg, opts)
+    report = run_generate(cfg, echo=click.echo, force=kw["force"], datasets=list(kw["datasets"]),
+                          partition=kw["partition"], argv=sys.argv, base_url_flag=kw.get("base_url"))
     if report.exit_code:
         sys.exit(report.exit_code)
 
@@ -330,7 +329,7 @@ def import_(config: str, file: str, dataset: str, run_dir: str | None, force: bo
     from draftgen.phases.importer import run_import
 
     cfg = _load(config, {"run_dir": run_dir})
-    run_import(cfg, dataset, Path(file), force=force, echo=click.echo)
+    run_import(cfg, echo=click.echo, force=force, dataset=dataset, source=Path(file))
 
 
 @cli.command()
@@ -363,7 +362,7 @@ def accept(config: str, run_dir: str | None, api_key_file: str | None, base_url:
     from draftgen.phases.accept import run_accept
 
     cfg = _load(config, {"run_dir": run_dir, **endpoint_overrides(api_key_file, base_url)})
-    run_accept(cfg, drafter=drafter, baseline_url=baseline_url, prompts=prompts, echo=click.echo)
+    run_accept(cfg, echo=click.echo, drafter=drafter, baseline_url=baseline_url, prompts=prompts)
 
 
 @cli.command()
@@ -424,11 +423,10 @@ def status(target: str, watch: float | None, as_json: bool) -> None:
 @friendly
 def report(config: str, run_dir: str | None, output: str | None) -> None:
     """Write report.html: one self-contained page with tables and charts."""
-    from draftgen.phases.report.html import run_report
+    from draftgen.phases.report.run import run_report
 
     cfg = _load(config, {"run_dir": run_dir})
-    path = run_report(cfg, output=Path(output) if output else None)
-    click.echo(f"report: {path}")
+    run_report(cfg, echo=click.echo, output=Path(output) if output else None)  # echoes "report: PATH"
 
 
 @cli.command()

@@ -22,7 +22,7 @@ import pytest
 from _generate_helpers import claim, emulator, failures, make_config, responses, write_prompts
 from draftgen.emulator import Provider, builtin_scenario
 from draftgen.emulator.scenarios import Scenario
-from draftgen.phases.generate import GenerateOptions, GenerateReport, run_generate
+from draftgen.phases.generate import GenerateReport, run_generate
 from draftgen.records import AttemptRecord, HealthEvent
 from draftgen.rundir import RunDir
 from draftgen.store import iter_jsonl
@@ -57,7 +57,7 @@ def _run(tmp: Path, sc: Scenario, n: int, **sections: Any) -> tuple[Path, Genera
     write_prompts(run_dir, "q", n)
     with emulator(sc) as emu:
         cfg = make_config(tmp, ["q"], base_url=emu.base_url, **sections)
-        rep = run_generate(cfg, GenerateOptions(), **quiet)
+        rep = run_generate(cfg, **quiet)
     return run_dir, rep
 
 

@@ -4,36 +4,45 @@ A ``Phase`` record says what ``pipeline.run_pipeline`` needs to know of one phas
 work:
 
 - ``run``: an adapter ``(PhaseContext) -> PhaseOutcome`` that calls the phase's ``run_<phase>`` and turns
-  its report into a ``PhaseOutcome`` (an exit code, a message, and what the loop does next);
+  its report into a ``PhaseOutcome`` (an exit code, a message, and what the loop does next); a callable,
+  or its lazy ``"module:attr"`` name (the built-ins: ``phase_run`` in the phase's own module);
 - ``inputs``: the files whose size and mtime feed its fingerprint, ``digests``: those whose content does,
   ``config``: the config sections in it (``config_hash`` and the dataset names always are);
 - ``output``: the path whose existence means "done"; with ``skippable``, a phase whose fingerprint is
   the one ``pipeline.json`` recorded and whose output exists is skipped (``up_to_date`` is printed, and
-  ``when_current`` gives the outcome of the output already there);
+  ``when_current``, a callable or ``"module:attr"`` too, gives the outcome of the output already there);
 - ``final``: the phase runs last, also when an outcome ended the loop early (``then="report"``);
 - ``spends``: the phase may cost money; before the first such phase the pipeline shows the plan and,
   above ``plan.confirm_above_usd``, asks before going on (``pipeline``);
 - ``enabled``: a predicate on the config; a phase it rejects is left out of the run entirely (``extract``
-  runs only with ``hidden_states.extract: true``).
+  runs only with ``hidden_states.extract: true``);
+- ``doc``: its one-line description (``PHASES.docs()``).
 
-``PHASES`` is the default table: prepare → generate → audit → merge → [extract] → report. Adding a phase is its own
-module plus one line, ``register_phase(Phase(...), after="merge")`` (a plugin, a test); a test may copy
-the table (``PHASES.copy()``) and pass its copy to ``run_pipeline(phases=...)`` instead.
+``PHASES`` is the default table, a ``registry.Registry`` of ``Phase`` records in run order: prepare →
+generate → audit → merge → [extract] → report. Adding a phase is its own module plus one line,
+``register_phase(Phase(...), after="merge")`` (a plugin, a test); a test may copy the table
+(``PHASES.copy()``) and pass its copy to ``run_pipeline(phases=...)`` instead.
 
-Layering: ``pipeline`` imports this module; the adapters import their phase module when they run, so
-importing the table loads no phase (nor the emulator), and no phase module imports this one or pipeline.
-Nothing here reads or writes a file, except what the adapters' phases do and ``when_current`` reads.
+The one phase signature: every phase's entry point is ``run_<phase>(cfg, *, echo=print, profile=None,
+force=False, ...) -> <Phase>Report``, its own inputs keyword-only after those (``tests/test_phases.py``
+checks it). ``Echo``, the type of ``echo``, is defined here, once.
+
+Layering: this module imports no phase module (the adapters are named, not imported), so importing the
+table loads no phase (nor the emulator); the phase modules import this one for ``Echo``, ``PhaseContext``
+and ``PhaseOutcome``, and ``pipeline`` imports it for the table. Nothing here reads or writes a file.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from draftgen.config import RunConfig
-from draftgen.errors import EXIT_FAILURES, EXIT_INTERRUPTED, EXIT_OK, DraftgenError, ThresholdBroken
+from draftgen.errors import EXIT_OK, ConfigError
+from draftgen.registry import Registry
 from draftgen.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -41,6 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PHASES",
+    "Echo",
     "Phase",
     "PhaseContext",
     "PhaseOutcome",
@@ -51,6 +61,7 @@ __all__ = [
     "unregister_phase",
 ]
 
+#: Where a phase's progress lines go: ``print``, ``click.echo``, a test's ``list.append``.
 Echo = Callable[[str], object]
 Then = Literal["continue", "report", "stop"]
 
@@ -105,129 +116,110 @@ def _no_paths(cfg: RunConfig, rd: RunDir) -> list[Path]:
     return []
 
 
+Adapter = Callable[[PhaseContext], PhaseOutcome]
+
+
+def _resolve(target: Adapter | str) -> Adapter:
+    """An adapter, or the one its ``"module:attr"`` names (imported now; Python caches the module)."""
+    if not isinstance(target, str):
+        return target
+    module, _, attr = target.partition(":")
+    fn: Adapter = getattr(importlib.import_module(module), attr)
+    return fn
+
+
 @dataclass(frozen=True)
 class Phase:
     """One row of the phase table (see the module docstring)."""
 
     name: str
-    run: Callable[[PhaseContext], PhaseOutcome]
+    run: Adapter | str
     inputs: Callable[[RunConfig, RunDir], Sequence[Path]] = _no_paths
     digests: Callable[[RunConfig, RunDir], Sequence[Path]] = _no_paths
     config: tuple[str, ...] = ()
     output: Callable[[RunDir], Path] | None = None
     skippable: bool = False
     up_to_date: str | None = None
-    when_current: Callable[[PhaseContext], PhaseOutcome] | None = None
+    when_current: Adapter | str | None = None
     final: bool = False
     spends: bool = False
     enabled: Callable[[RunConfig], bool] | None = None
+    doc: str = ""
 
     def __post_init__(self) -> None:
         if self.skippable and self.output is None:
-            raise DraftgenError(f"phase {self.name!r}: a skippable phase needs an output (its 'done' marker)")
+            raise ConfigError(f"phase {self.name!r}: a skippable phase needs an output (its 'done' marker)")
+        for target in (self.run, self.when_current):
+            if isinstance(target, str) and ":" not in target:
+                raise ConfigError(f"phase {self.name!r}: adapter {target!r} is no 'module:attr'")
+
+    def adapter(self) -> Adapter:
+        """``run`` as a callable (a lazy name is imported now)."""
+        return _resolve(self.run)
+
+    def current(self) -> Adapter | None:
+        """``when_current`` as a callable, or None."""
+        return None if self.when_current is None else _resolve(self.when_current)
 
 
-class PhaseTable:
-    """The phases in run order. Final phases stay last: a phase registered without a place goes before
-    the first final one."""
+class PhaseTable(Registry[Phase]):
+    """The phases in run order: a ``Registry`` of ``Phase`` records (never lazy ones: the order needs
+    ``final``). Final phases stay last: a phase added without a place goes before the first final one."""
 
     def __init__(self, phases: Sequence[Phase] = ()) -> None:
-        self._phases: list[Phase] = []
+        super().__init__("phases", "phase")
         for p in phases:  # in the order given
-            self.register(p, after=self._phases[-1].name if self._phases else None)
+            self.add(p, after=self.names()[-1] if len(self) else None)
 
     def __iter__(self) -> Iterator[Phase]:
-        return iter(list(self._phases))
-
-    def __len__(self) -> int:
-        return len(self._phases)
-
-    @property
-    def names(self) -> list[str]:
-        return [p.name for p in self._phases]
+        return iter([self.get(n) for n in self.names()])
 
     def copy(self) -> PhaseTable:
-        return PhaseTable(self._phases)
+        return PhaseTable(list(self))
 
     def after(self, name: str) -> list[Phase]:
         """The phases after ``name``, in order."""
-        return self._phases[self.names.index(name) + 1:]
+        return list(self)[self.names().index(name) + 1:]
 
-    def register(self, phase: Phase, *, after: str | None = None, before: str | None = None) -> Phase:
+    def register(self, name: str, target: Phase | str, *, doc: str = "", replace: bool = False) -> None:
+        """``Registry.register`` for a ``Phase`` named ``name``: placed as ``add`` places it, or, with
+        ``replace``, where the one it replaces was."""
+        if isinstance(target, str) or target.name != name:
+            raise ConfigError(f"phases: register a Phase record named {name!r} (register_phase(Phase(...)))")
+        if replace and name in self:
+            at = self.names().index(name)
+            super().unregister(name)
+            self._insert(target, at, doc or target.doc)
+            return
+        self.add(target, doc=doc)
+
+    def add(self, phase: Phase, *, after: str | None = None, before: str | None = None, doc: str = "") -> Phase:
         """Add ``phase`` after ``after`` (or before ``before``; default: before the final phases). A name
-        already taken, or a place that is not in the table, is a DraftgenError."""
-        if phase.name in self.names:
-            raise DraftgenError(f"phase {phase.name!r} is already registered; unregister it first")
+        already taken, or a place that is not in the table, is a ConfigError."""
+        names = self.names()
+        if phase.name in names:
+            raise ConfigError(f"phases: phase {phase.name!r} is already registered; unregister it first")
         for where in (after, before):
-            if where is not None and where not in self.names:
-                raise DraftgenError(f"phase {where!r} is not registered (phases: {', '.join(self.names)})")
+            if where is not None and where not in names:
+                raise ConfigError(f"phases: phase {where!r} is not registered (phases: {', '.join(names)})")
         if after is not None:
-            at = self.names.index(after) + 1
+            at = names.index(after) + 1
         elif before is not None:
-            at = self.names.index(before)
+            at = names.index(before)
         else:
-            at = next((i for i, p in enumerate(self._phases) if p.final), len(self._phases))
-        self._phases.insert(at, phase)
+            at = next((i for i, p in enumerate(self) if p.final), len(names))
+        self._insert(phase, at, doc or phase.doc)
         return phase
 
-    def unregister(self, name: str) -> None:
-        """Remove the phase ``name`` (nothing when it is not registered)."""
-        self._phases = [p for p in self._phases if p.name != name]
-
-
-# -- the default phases' adapters (each imports its phase module when it runs) ---------------------------
-
-
-def _prepare(ctx: PhaseContext) -> PhaseOutcome:
-    from draftgen.phases.prepare import run_prepare
-
-    run_prepare(ctx.cfg, echo=ctx.echo, profile=ctx.profile)
-    return PhaseOutcome()
-
-
-def _generate(ctx: PhaseContext) -> PhaseOutcome:
-    from draftgen.phases.generate import GenerateOptions, run_generate
-
-    o = ctx.options
-    gen = run_generate(ctx.cfg, GenerateOptions(datasets=list(o.datasets), partition=o.partition, argv=list(o.argv),
-                                                base_url_flag=o.base_url_flag, force=o.force),
-                       echo=ctx.echo, profile=ctx.profile)
-    usable = sum(d.done_before + d.done for d in gen.datasets)
-    if gen.exit_code == EXIT_INTERRUPTED:
-        return PhaseOutcome(EXIT_INTERRUPTED, gen.message, then="stop")
-    if gen.exit_code not in (EXIT_OK, EXIT_FAILURES) or not usable:
-        message = gen.message or "generate produced no usable record"
-        ctx.echo(f"generate {'stopped early' if gen.exit_code != EXIT_FAILURES else 'finished'} ({message})"
-                 + ("" if usable else "; nothing usable to merge") + "; skipping audit and merge, writing the report")
-        return PhaseOutcome(gen.exit_code or EXIT_FAILURES, message, then="report")
-    # Some samples failing (exit 4) is no early stop: the phases after run over what is done.
-    return PhaseOutcome(gen.exit_code, gen.message if gen.exit_code else None)
-
-
-def _audit_verdict(ctx: PhaseContext, broken: list[str]) -> PhaseOutcome:
-    if not broken:
-        return PhaseOutcome()
-    message = "audit thresholds broken: " + "; ".join(broken)
-    ctx.echo(f"{message}; merge skipped (fix the data or relax the audit thresholds)")
-    return PhaseOutcome(ThresholdBroken.exit_code, message, then="report", stale_after=True)
-
-
-def _audit(ctx: PhaseContext) -> PhaseOutcome:
-    from draftgen.phases.audit.run import run_audit
-
-    try:
-        audit = run_audit(ctx.cfg, echo=ctx.echo, force=ctx.options.force, profile=ctx.profile)
-        broken = list(audit.thresholds_broken)
-    except ThresholdBroken as exc:
-        broken = [str(exc).splitlines()[0] if str(exc) else "audit threshold broken"]
-    return _audit_verdict(ctx, broken)
-
-
-def _audit_current(ctx: PhaseContext) -> PhaseOutcome:
-    from draftgen.records import AuditReport
-    from draftgen.store import read_json
-
-    return _audit_verdict(ctx, read_json(ctx.rd.audit_json, AuditReport).thresholds_broken)
+    def _insert(self, phase: Phase, at: int, doc: str) -> None:
+        # The registry keeps registration order: take the tail off, add the phase, put the tail back.
+        docs = self.docs()
+        tail = [(n, self.get(n), docs[n]) for n in self.names()[at:]]
+        for n, _, _ in tail:
+            super().unregister(n)
+        super().register(phase.name, phase, doc=doc)
+        for n, p, d in tail:
+            super().register(n, p, doc=d)
 
 
 def _audit_inputs(cfg: RunConfig, rd: RunDir) -> list[Path]:
@@ -235,54 +227,35 @@ def _audit_inputs(cfg: RunConfig, rd: RunDir) -> list[Path]:
     return [*dataset_logs(cfg, rd), ref]
 
 
-def _merge(ctx: PhaseContext) -> PhaseOutcome:
-    from draftgen.phases.merge import run_merge
-
-    run_merge(ctx.cfg, echo=ctx.echo, force=ctx.options.force, profile=ctx.profile)
-    return PhaseOutcome()
-
-
-def _extract(ctx: PhaseContext) -> PhaseOutcome:
-    from draftgen.phases.extract.run import run_extract
-
-    try:
-        run_extract(ctx.cfg, rd=ctx.rd, echo=ctx.echo)
-    except ThresholdBroken as exc:
-        message = str(exc).splitlines()[0] if str(exc) else "extract checks failed"
-        ctx.echo(message)
-        return PhaseOutcome(ThresholdBroken.exit_code, message)
-    return PhaseOutcome()
-
-
-def _report(ctx: PhaseContext) -> PhaseOutcome:
-    from draftgen.phases.report.html import run_report
-
-    return PhaseOutcome(path=run_report(ctx.cfg, profile=ctx.profile))
-
-
 def _audit_json(cfg: RunConfig, rd: RunDir) -> list[Path]:
     return [rd.audit_json]
 
 
+# The built-in phases; each adapter is ``phase_run`` in the module of the phase's ``run_<phase>``.
 PHASES = PhaseTable([
-    Phase("prepare", _prepare),  # resumable on its own (prepare's stats.json fingerprints)
-    Phase("generate", _generate, spends=True),  # resumes by sample_id
-    Phase("audit", _audit, inputs=_audit_inputs, config=("audit",), output=lambda rd: rd.audit_json,
-          skippable=True, up_to_date="audit: up to date (no new responses since the last audit)",
-          when_current=_audit_current),
-    Phase("merge", _merge, inputs=dataset_logs, digests=_audit_json, config=("merge", "datasets"),
-          output=lambda rd: rd.merged_manifest, skippable=True, up_to_date="merge: up to date"),
+    Phase("prepare", "draftgen.phases.prepare:phase_run",  # resumable on its own (stats.json fingerprints)
+          doc="normalise the prompt datasets into prepared/"),
+    Phase("generate", "draftgen.phases.generate:phase_run", spends=True,  # resumes by sample_id
+          doc="send the prepared prompts; raw responses with exact token ids"),
+    Phase("audit", "draftgen.phases.audit.run:phase_run", inputs=_audit_inputs, config=("audit",),
+          output=lambda rd: rd.audit_json, skippable=True,
+          up_to_date="audit: up to date (no new responses since the last audit)",
+          when_current="draftgen.phases.audit.run:phase_current", doc="check the reconstructed ids"),
+    Phase("merge", "draftgen.phases.merge:phase_run", inputs=dataset_logs, digests=_audit_json,
+          config=("merge", "datasets"), output=lambda rd: rd.merged_manifest, skippable=True,
+          up_to_date="merge: up to date", doc="filter, dedupe, split into merged/ plus exports"),
     # resumes by sample_id on its own (hidden/ index parts); off unless hidden_states.extract
-    Phase("extract", _extract, enabled=lambda cfg: cfg.hidden_states.extract),
-    Phase("report", _report, final=True),
+    Phase("extract", "draftgen.phases.extract.run:phase_run", enabled=lambda cfg: cfg.hidden_states.extract,
+          doc="capture the target's hidden states into hidden/"),
+    Phase("report", "draftgen.phases.report.run:phase_run", final=True, doc="write report.html"),
 ])
 
 
 def register_phase(phase: Phase, *, after: str | None = None, before: str | None = None) -> Phase:
-    """Add ``phase`` to the default table (``PhaseTable.register``); returns it."""
-    return PHASES.register(phase, after=after, before=before)
+    """Add ``phase`` to the default table (``PhaseTable.add``); returns it."""
+    return PHASES.add(phase, after=after, before=before)
 
 
 def unregister_phase(name: str) -> None:
-    """Remove ``name`` from the default table."""
+    """Remove ``name`` from the default table (a name not registered is a ConfigError)."""
     PHASES.unregister(name)

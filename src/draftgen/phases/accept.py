@@ -39,6 +39,7 @@ import msgspec
 
 from draftgen.config import RunConfig
 from draftgen.errors import APIError, ConfigError, InputError, RetryableAPIError
+from draftgen.phases import Echo
 from draftgen.records import (
     AcceptanceFigures,
     AcceptReport,
@@ -53,6 +54,8 @@ from draftgen.store import atomic_write_json, iter_jsonl, read_json, read_json_o
 if TYPE_CHECKING:
     import aiohttp
 
+    from draftgen.tokens import Profile
+
 __all__ = [
     "PromSample",
     "SGLangMeta",
@@ -66,7 +69,6 @@ __all__ = [
     "vllm_counters",
 ]
 
-Echo = Callable[[str], object]
 
 _VLLM = "vllm:spec_decode_"
 _DRAFTS, _DRAFT_TOKENS, _ACCEPTED, _PER_POS = (f"{_VLLM}num_drafts", f"{_VLLM}num_draft_tokens",
@@ -464,9 +466,14 @@ def _server(cfg: RunConfig) -> tuple[str, str]:
     return server, acceptance
 
 
-def run_accept(cfg: RunConfig, *, drafter: str | Path, base_url: str | None = None, baseline_url: str | None = None,
-               prompts: int | None = None, echo: Echo = print) -> AcceptReport:
-    """Measure the served drafter's acceptance (see the module docstring); write and return the report."""
+def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
+               drafter: str | Path, base_url: str | None = None, baseline_url: str | None = None,
+               prompts: int | None = None) -> AcceptReport:
+    """Measure the served drafter's acceptance (see the module docstring); write and return the report.
+    ``profile``: the already loaded profile of ``cfg.model``, for the SGLang pass's prompt ids (default:
+    loaded there). ``force``: nothing to accept (accept checks no provenance); the one phase signature.
+    ``drafter``: the checkpoint folder the server serves; ``base_url``/``baseline_url``: the servers with and
+    without it (default: the config's); ``prompts``: how many held-out prompts (default ``accept.prompts``)."""
     rd = RunDir(cfg.run_path)
     folder = Path(drafter)
     k = _drafter_k(folder)
@@ -484,7 +491,7 @@ def run_accept(cfg: RunConfig, *, drafter: str | Path, base_url: str | None = No
     if acceptance == "meta_info":
         from draftgen.tokens import profile_from_config
 
-        profile = profile_from_config(cfg)
+        profile = profile if profile is not None else profile_from_config(cfg)
         ids = [profile.prompt_ids(p.messages, p.tools) for p in chosen]
         spec, metas = asyncio.run(_sglang_pass(cfg, server, url, chosen, ids))
         figures = sglang_acceptance(metas)

@@ -27,7 +27,7 @@ import os
 import resource
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,23 +64,32 @@ from draftgen.engine import (
     make_display,
     summary_lines,
 )
-from draftgen.errors import EXIT_FAILURES, APIError, ConfigError, DraftgenError, InputError
+from draftgen.errors import (
+    EXIT_FAILURES,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    APIError,
+    ConfigError,
+    DraftgenError,
+    InputError,
+)
+from draftgen.phases import Echo, PhaseContext, PhaseOutcome
 from draftgen.records import Provenance
 from draftgen.store import scan_responses
 from draftgen.tokens import Profile, profile_from_config
 
 __all__ = [
     "DatasetSummary",
-    "GenerateOptions",
     "GenerateReport",
+    "phase_run",
     "run_generate",
 ]
-
-Echo = Callable[[str], object]
 
 
 @dataclass
 class GenerateOptions:
+    """``run_generate``'s own inputs, as the run reads them."""
+
     datasets: list[str] = field(default_factory=list)  # empty: every dataset of the config
     partition: str = "all"  # short | long | all
     argv: list[str] = field(default_factory=list)
@@ -154,19 +163,23 @@ def _prepared(cfg: RunConfig, rd: rundir.RunDir, names: list[str], echo: Echo,
 # -- the run ---------------------------------------------------------------------------------------------
 
 
-def run_generate(cfg: RunConfig, opts: GenerateOptions, *, echo: Echo | None = None,
-                 profile: Profile | None = None) -> GenerateReport:
+def run_generate(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
+                 datasets: Sequence[str] = (), partition: str = "all", argv: Sequence[str] = (),
+                 base_url_flag: str | None = None) -> GenerateReport:
     """Generate every pending sample of the selected datasets and partitions (see module docstring).
     ``profile``: the already loaded profile of ``cfg.model`` (default: loaded here, once, and shared with
-    prepare and the embedded emulator)."""
+    prepare and the embedded emulator). ``force``: accept records whose provenance differs from the config.
+    ``datasets``: the ones to generate (default: every dataset of the config); ``partition``: short, long
+    or all; ``argv``: the command line recorded in run.json and the log; ``base_url_flag``: ``--base-url``."""
+    opts = GenerateOptions(datasets=list(datasets), partition=partition, argv=list(argv),
+                           base_url_flag=base_url_flag, force=force)
     names = opts.datasets or [d.name for d in cfg.datasets]
     for n in names:
         cfg.dataset(n)  # ConfigError naming the known datasets
     if opts.partition not in ("short", "long", "all"):
         raise ConfigError(f"--partition {opts.partition!r}: use short, long or all")
     with rundir.writer(cfg, "generate", argv=opts.argv, force=opts.force, same_config=True) as rd:
-        return _run_generate(cfg, opts, rd, names, echo if echo is not None else (lambda line: print(line, flush=True)),
-                             profile)
+        return _run_generate(cfg, opts, rd, names, echo, profile)
 
 
 def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, names: list[str],
@@ -444,3 +457,21 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
             await display.stop()
         await _reconcile(backend, mgmt, key_usage, credits_usage, stats, log)
     return result.exit_code, result.stop_reason
+
+
+def phase_run(ctx: PhaseContext) -> PhaseOutcome:
+    """The ``generate`` row of ``phases.PHASES``: an early stop (budget, auth) skips to the report, Ctrl-C
+    stops the run, and a run with no usable record skips audit and merge too."""
+    o = ctx.options
+    gen = run_generate(ctx.cfg, echo=ctx.echo, profile=ctx.profile, force=o.force, datasets=o.datasets,
+                       partition=o.partition, argv=o.argv, base_url_flag=o.base_url_flag)
+    usable = sum(d.done_before + d.done for d in gen.datasets)
+    if gen.exit_code == EXIT_INTERRUPTED:
+        return PhaseOutcome(EXIT_INTERRUPTED, gen.message, then="stop")
+    if gen.exit_code not in (EXIT_OK, EXIT_FAILURES) or not usable:
+        message = gen.message or "generate produced no usable record"
+        ctx.echo(f"generate {'stopped early' if gen.exit_code != EXIT_FAILURES else 'finished'} ({message})"
+                 + ("" if usable else "; nothing usable to merge") + "; skipping audit and merge, writing the report")
+        return PhaseOutcome(gen.exit_code or EXIT_FAILURES, message, then="report")
+    # Some samples failing (exit 4) is no early stop: the phases after run over what is done.
+    return PhaseOutcome(gen.exit_code, gen.message if gen.exit_code else None)

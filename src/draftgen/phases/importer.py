@@ -21,7 +21,6 @@ that are not in the current prepared set (they would never be merged).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -29,13 +28,13 @@ import msgspec
 from draftgen import rundir
 from draftgen.config import RunConfig
 from draftgen.errors import InputError
+from draftgen.phases import Echo
 from draftgen.records import PromptIdView, ResponseRecord, check_ids
 from draftgen.store import JsonlWriter, iter_jsonl, scan_responses
-from draftgen.tokens import profile_from_config
+from draftgen.tokens import Profile, profile_from_config
 
 __all__ = ["ImportReport", "run_import"]
 
-Echo = Callable[[str], object]
 _BATCH = 512
 
 
@@ -48,18 +47,21 @@ class ImportReport(msgspec.Struct, kw_only=True):
     forced: list[str] = msgspec.field(default_factory=list)
 
 
-def run_import(cfg: RunConfig, dataset: str, source: Path, *, force: bool = False, echo: Echo = print) -> ImportReport:
-    """Check every line of ``source`` and append the new ones to the dataset's raw log (module docstring)."""
+def run_import(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
+               dataset: str, source: Path) -> ImportReport:
+    """Check every line of ``source`` and append the new ones to the ``dataset``'s raw log (module docstring).
+    ``profile``: the already loaded profile of ``cfg.model`` (default: loaded here). ``force``: accept
+    records (and a run directory) of another provenance."""
     cfg.dataset(dataset)  # ConfigError naming the known datasets
     if not source.is_file():
         raise InputError(f"{source}: file not found; give the JSONL file of records to import")
     with rundir.writer(cfg, "import", force=force) as rd:
+        profile = profile if profile is not None else profile_from_config(cfg)
         if not rd.prepared(dataset).is_file():
             from draftgen.phases.prepare import run_prepare
 
-            run_prepare(cfg, echo=echo)
+            run_prepare(cfg, echo=echo, profile=profile, force=force)
         prepared = {r.sample_id for _, r in iter_jsonl(rd.prepared(dataset), PromptIdView)}
-        profile = profile_from_config(cfg)
         want = rundir.expected_provenance(cfg, profile.tokenizer_sha256)
         forced: set[str] = set()
         done = scan_responses(rd.raw(dataset), check=lambda p, where: rundir.check_provenance(

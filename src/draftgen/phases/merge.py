@@ -39,7 +39,7 @@ import contextlib
 import hashlib
 import math
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,7 @@ from draftgen.hidden.estimate import (
     hidden_states_report,
     tokens_under_cap,
 )
+from draftgen.phases import Echo, PhaseContext, PhaseOutcome
 from draftgen.records import (
     MANIFEST_LAYOUT,
     AuditReport,
@@ -79,9 +80,8 @@ from draftgen.rundir import RunDir, check_provenance, expected_provenance, write
 from draftgen.store import JsonlReader, atomic_write_json, iter_jsonl_offsets, read_json
 from draftgen.tokens import Profile, profile_from_config
 
-__all__ = ["MergeReport", "reasoning_length", "run_merge"]
+__all__ = ["MergeReport", "phase_run", "reasoning_length", "run_merge"]
 
-Echo = Callable[[str], object]
 _WHAT_IF_CAPS = (4096, 8192, 16384, 32768)
 
 
@@ -399,10 +399,10 @@ def _clear(rd: RunDir) -> None:
         rd.exports.rmdir()
 
 
-def run_merge(cfg: RunConfig, *, echo: Echo = print, force: bool = False,
-              profile: Profile | None = None) -> MergeReport:
+def run_merge(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None,
+              force: bool = False) -> MergeReport:
     """Build merged/ from the run directory (see the module docstring). ``profile``: the already loaded
-    profile of ``cfg.model`` (default: loaded here)."""
+    profile of ``cfg.model`` (default: loaded here). ``force``: accept records of another provenance."""
     with writer(cfg, "merge", force=force) as rd:
         return _merge(cfg, rd, echo, force, profile)
 
@@ -457,3 +457,9 @@ def _merge(cfg: RunConfig, rd: RunDir, echo: Echo, force: bool, profile: Profile
     for kind in exports:
         echo(f"export {kind}: {export_usage(rd, kind)}")
     return MergeReport(merged_dir=out_dir, stats=stats, files=files, train_rows=len(train), validation_rows=len(val))
+
+
+def phase_run(ctx: PhaseContext) -> PhaseOutcome:
+    """The ``merge`` row of ``phases.PHASES``: merge, then go on."""
+    run_merge(ctx.cfg, echo=ctx.echo, profile=ctx.profile, force=ctx.options.force)
+    return PhaseOutcome()

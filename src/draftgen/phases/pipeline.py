@@ -1,8 +1,9 @@
 """``draftgen run CONFIG``: the phases of ``phases.PHASES`` in order (prepare → generate → audit → merge →
 report), resuming where it stopped.
 
-The loop knows no phase by name: each is a row of the phase table (``phases.Phase``) and says, through the
-``PhaseOutcome`` its adapter returns, whether the run goes on, skips to the final phases (the report), or
+The loop knows no phase by name: each is a row of the phase table (``phases.Phase``, a ``Registry`` of
+them) whose adapter it calls with a ``PhaseContext``, and which says, through the ``PhaseOutcome`` the
+adapter returns, whether the run goes on, skips to the final phases (the report), or
 stops. Every phase is resumable on its own: ``prepare`` is a no-op when its fingerprint matches,
 ``generate`` skips samples already in the raw logs, and ``audit`` and ``merge`` rebuild their outputs
 from the raw logs. So a rerun after a crash or Ctrl-C simply runs the phases again. To avoid redoing
@@ -44,14 +45,13 @@ import msgspec
 from draftgen.config import RunConfig, config_hash
 from draftgen.errors import EXIT_ERROR, ConfigError
 from draftgen.fmt import fmt_usd
-from draftgen.phases import PHASES, Phase, PhaseContext, PhaseOutcome, PhaseTable, RunOptions
+from draftgen.phases import PHASES, Echo, Phase, PhaseContext, PhaseOutcome, PhaseTable, RunOptions
 from draftgen.rundir import RunDir, writer
 from draftgen.store import atomic_write_json, read_json
 
 __all__ = ["Confirm", "PhaseMark", "PipelineReport", "PipelineState", "fingerprint", "run_pipeline",
            "spend_question", "spends_money"]
 
-Echo = Callable[[str], object]
 #: Asks the user a yes/no question (the CLI's prompt); True: go on.
 Confirm = Callable[[str], bool]
 
@@ -222,9 +222,10 @@ def _run(ctx: PhaseContext, table: PhaseTable, gate: _Gate | None = None) -> Pip
         if fp is not None and phase.output is not None and state.current(phase.name, fp, phase.output(rd)):
             echo(phase.up_to_date or f"{phase.name}: up to date")
             rep.phases_skipped.append(phase.name)
-            outcome = phase.when_current(ctx) if phase.when_current is not None else PhaseOutcome()
+            current = phase.current()
+            outcome = current(ctx) if current is not None else PhaseOutcome()
         else:
-            outcome = phase.run(ctx)
+            outcome = phase.adapter()(ctx)
             if fp is not None:
                 state.mark(phase.name, fp)
             rep.phases_run.append(phase.name)

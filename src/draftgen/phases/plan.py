@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
 
 import msgspec
 
@@ -35,6 +34,7 @@ from draftgen.backends.pricing import PriceEstimate, eligible_endpoints, estimat
 from draftgen.config import RunConfig
 from draftgen.fmt import fmt_duration, fmt_int, fmt_usd
 from draftgen.hidden.estimate import DatasetTokens, format_bytes, format_hidden_report, hidden_states_report
+from draftgen.phases import Echo
 from draftgen.phases.probe import embedded_endpoint
 from draftgen.phases.report.datasets import DatasetMetrics
 from draftgen.phases.report.metrics import compute_metrics
@@ -57,9 +57,7 @@ from draftgen.store import (
 )
 from draftgen.tokens import Profile, profile_from_config
 
-__all__ = ["ASSUMED_TOKENS_PER_S", "DatasetPlanLine", "PlanReport", "estimate_plan", "run_pilot", "run_plan"]
-
-Echo = Callable[[str], object]
+__all__ = ["ASSUMED_TOKENS_PER_S", "DatasetPlanLine", "PlanReport", "estimate_plan", "run_plan", "send_pilot"]
 
 #: Decode speed of one stream assumed when there is neither a pilot nor ``plan.avg_latency_s``.
 ASSUMED_TOKENS_PER_S = 50.0
@@ -156,8 +154,8 @@ def _adopt(pilot: RunDir, run: RunDir, names: list[str]) -> int:
     return added
 
 
-def run_pilot(cfg: RunConfig, n: int, *, echo: Echo = print,
-              profile: Profile | None = None) -> tuple[int, str | None]:
+def send_pilot(cfg: RunConfig, n: int, *, echo: Echo = print,
+               profile: Profile | None = None) -> tuple[int, str | None]:
     """Generate up to ``n`` responses per dataset through ``run_generate`` and keep them in the run's raw
     logs. Returns the number of records added to the run, and why the pilot stopped early (or None).
     ``profile``: the command's already loaded profile of ``cfg.model`` (default: generate loads it)."""
@@ -169,7 +167,7 @@ def run_pilot(cfg: RunConfig, n: int, *, echo: Echo = print,
 
 def _pilot(cfg: RunConfig, pilot_cfg: RunConfig, pilot: RunDir, n: int, echo: Echo,
            profile: Profile | None) -> tuple[int, str | None]:
-    from draftgen.phases.generate import GenerateOptions, run_generate
+    from draftgen.phases.generate import run_generate
 
     run = RunDir(cfg.run_path)
     names: list[str] = []
@@ -189,8 +187,8 @@ def _pilot(cfg: RunConfig, pilot_cfg: RunConfig, pilot: RunDir, n: int, echo: Ec
             pilot_cfg = msgspec.structs.replace(
                 pilot_cfg, budget=msgspec.structs.replace(cfg.budget, max_spend_usd=left))
         echo(f"pilot: {n} prompts per dataset ({', '.join(names)})")
-        rep = run_generate(pilot_cfg, GenerateOptions(datasets=names, argv=["draftgen", "plan", "--pilot", str(n)]),
-                           echo=lambda line: echo(f"  pilot: {line}"), profile=profile)
+        rep = run_generate(pilot_cfg, echo=lambda line: echo(f"  pilot: {line}"), profile=profile, datasets=names,
+                           argv=["draftgen", "plan", "--pilot", str(n)])
         if rep.exit_code:
             stopped = rep.message or f"exit code {rep.exit_code}"
             echo("  pilot: planning with what came back")
@@ -392,23 +390,25 @@ def _budget_bound(cfg: RunConfig, rep: PlanReport) -> str:
             "output length and switches to worst cases near the cap")
 
 
-def run_plan(cfg: RunConfig, *, echo: Echo = print) -> PlanReport:
+def run_plan(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None,
+             force: bool = False) -> PlanReport:
     """Estimate what the run will cost and take (see the module docstring). Holds the run directory's
-    writer lock: prepare and the pilot write into it."""
-    with writer(cfg, "plan"):
-        return _plan(cfg, echo)
+    writer lock: prepare and the pilot write into it. ``profile``: the already loaded profile of
+    ``cfg.model`` (default: loaded here, once, for prepare, the pilot and the emulator). ``force``: hold a
+    run directory made with another target (``rundir.writer``)."""
+    with writer(cfg, "plan", force=force):
+        return _plan(cfg, echo, profile if profile is not None else profile_from_config(cfg), force)
 
 
-def _plan(cfg: RunConfig, echo: Echo) -> PlanReport:
+def _plan(cfg: RunConfig, echo: Echo, profile: Profile, force: bool) -> PlanReport:
     names = [d.name for d in cfg.datasets]
     rd = RunDir(cfg.run_path)
-    profile = profile_from_config(cfg)  # the command's one load: prepare, the pilot and the emulator share it
     if any(not rd.prepared_stats(n).is_file() for n in names):
         from draftgen.phases.prepare import run_prepare
 
-        run_prepare(cfg, echo=echo, profile=profile)
+        run_prepare(cfg, echo=echo, profile=profile, force=force)
     notes: list[str] = []
-    pilot_added, stopped = (run_pilot(cfg, cfg.plan.pilot, echo=echo, profile=profile) if cfg.plan.pilot > 0
+    pilot_added, stopped = (send_pilot(cfg, cfg.plan.pilot, echo=echo, profile=profile) if cfg.plan.pilot > 0
                             else (0, None))
     if stopped:
         notes.append(f"the pilot stopped early (its reason is above); the estimates use the {pilot_added} "

@@ -33,7 +33,6 @@ import hashlib
 import heapq
 import os
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,14 +52,13 @@ from draftgen.datasets import (
     to_conversation,
 )
 from draftgen.errors import ConfigError, DraftgenError, InputError, TokenizerError
+from draftgen.phases import Echo, PhaseContext, PhaseOutcome
 from draftgen.records import DatasetStats, PromptRecord
 from draftgen.rundir import RunDir, writer
 from draftgen.store import JsonlWriter, atomic_write_json, publish, read_json
 from draftgen.tokens import DEFAULT_CONTEXT_LENGTH, Profile, context_length_of, profile_from_config
 
-__all__ = ["PrepareReport", "prepare_dataset", "run_prepare"]
-
-Echo = Callable[[str], object]
+__all__ = ["PrepareReport", "phase_run", "prepare_dataset", "run_prepare"]
 
 
 @dataclass
@@ -319,10 +317,12 @@ def _is_current(cfg: RunConfig, ds: DatasetConfig) -> DatasetStats | None:
     return st if st.fingerprint == _fingerprint(cfg, ds) else None
 
 
-def run_prepare(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None) -> PrepareReport:
+def run_prepare(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None,
+                force: bool = False) -> PrepareReport:
     """Prepare every dataset of ``cfg`` under the run directory's writer lock (``rundir.writer``).
-    ``profile``: the already loaded profile of ``cfg.model`` (default: loaded here, only if a dataset needs it)."""
-    with writer(cfg, "prepare") as rd:
+    ``profile``: the already loaded profile of ``cfg.model`` (default: loaded here, only if a dataset needs it).
+    ``force``: hold a run directory made with another target (``rundir.writer``)."""
+    with writer(cfg, "prepare", force=force) as rd:
         return _run_prepare(cfg, rd, echo, profile)
 
 
@@ -350,3 +350,9 @@ def _run_prepare(cfg: RunConfig, rd: RunDir, echo: Echo, profile: Profile | None
             f"{st.short} short / {st.long} long → {rd.prepared(ds.name)}"
         )
     return report
+
+
+def phase_run(ctx: PhaseContext) -> PhaseOutcome:
+    """The ``prepare`` row of ``phases.PHASES``: prepare, then go on."""
+    run_prepare(ctx.cfg, echo=ctx.echo, profile=ctx.profile, force=ctx.options.force)
+    return PhaseOutcome()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -44,6 +44,7 @@ from draftgen.backends.account import AccountSnapshot, read_account
 from draftgen.backends.pricing import eligible_endpoints, endpoint_matches, matching_endpoints
 from draftgen.config import RunConfig
 from draftgen.errors import APIError, AuthError, DraftgenError, PaymentRequired
+from draftgen.phases import Echo
 from draftgen.records import Message
 
 if TYPE_CHECKING:
@@ -51,8 +52,6 @@ if TYPE_CHECKING:
 
 __all__ = ["EMULATOR_KEY", "OUTPUT_CHANGING_QUANTIZATIONS", "ProbeReport", "api_key_for", "embedded_endpoint",
            "probe_max_tokens", "run_probe", "verdict"]
-
-Echo = Callable[[str], object]
 
 #: Quantizations known to change a model's outputs against its reference weights: a probe served by one
 #: warns unless ``routing.quantizations`` lists it (the user chose it).
@@ -341,13 +340,17 @@ class _Probe:
         self.rebuild(comp, profile)
 
 
-def run_probe(cfg: RunConfig, *, echo: Echo = print) -> ProbeReport:
-    """Send one request and report what came back; ``ok`` is false on any failure."""
+def run_probe(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None,
+              force: bool = False) -> ProbeReport:
+    """Send one request and report what came back; ``ok`` is false on any failure. ``profile``: the already
+    loaded profile of ``cfg.model`` (default: loaded here, once: the embedded emulator and the rebuild share
+    it). ``force``: nothing to accept (the probe writes no run directory); the one phase signature."""
     probe = _Probe(cfg, echo)
     try:
         from draftgen.tokens import profile_from_config
 
-        profile = profile_from_config(cfg)  # once: the embedded emulator and the rebuild share it
+        if profile is None:
+            profile = profile_from_config(cfg)
         with embedded_endpoint(cfg, profile=profile) as urls:
             asyncio.run(probe.run(urls, profile))
     except DraftgenError as exc:

@@ -38,6 +38,7 @@ from rich.text import Text
 
 from draftgen.errors import InputError, RunDirError
 from draftgen.fmt import fmt_duration, fmt_int, fmt_pct, fmt_time, fmt_usd
+from draftgen.phases import Echo
 from draftgen.phases.report.datasets import DatasetMetrics
 from draftgen.phases.report.metrics import RunMetrics, compute_metrics
 from draftgen.phases.report.providers import ProviderMetrics
@@ -440,9 +441,13 @@ def _status(target: str, *, now: float | None) -> tuple[StatusReport, str, str]:
         redact(msgspec.json.encode(summary).decode())
 
 
-def run_status(target: str, *, echo: Callable[[str], object] = print, now: float | None = None,
+def run_status(target: str, *, echo: Echo = print, now: float | None = None,
                as_json: bool = False) -> StatusReport:
-    """Summarise the run directory ``target`` (or a config's run directory) and echo it (or its JSON)."""
+    """Summarise the run directory ``target`` (or a config's run directory) and echo it (or its JSON).
+
+    Not of the phase signature (``run_<phase>(cfg, *, echo, profile, force)``) on purpose: status reads a
+    run directory that may have no config at hand (another machine's, a copy) and writes nothing, so it
+    takes a path, loads no profile and has nothing to force."""
     report, text, js = _status(target, now=now)
     echo(js if as_json else text)
     return report
@@ -451,7 +456,7 @@ def run_status(target: str, *, echo: Callable[[str], object] = print, now: float
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen
 
 
-def watch_status(target: str, interval: float, *, echo: Callable[[str], object] = print, as_json: bool = False,
+def watch_status(target: str, interval: float, *, echo: Echo = print, as_json: bool = False,
                  tty: bool | None = None, sleep: Callable[[float], object] = time.sleep) -> int:
     """Show the status every ``interval`` seconds until interrupted; returns the blocks shown.
 
@@ -474,7 +479,7 @@ def watch_status(target: str, interval: float, *, echo: Callable[[str], object] 
 
 
 def status_command(target: str, *, watch: float | None = None, as_json: bool = False,
-                   echo: Callable[[str], object] = print) -> None:
+                   echo: Echo = print) -> None:
     """``draftgen status``: one summary, or (``watch``) one every ``watch`` seconds until Ctrl-C."""
     if watch is None:
         run_status(target, echo=echo, as_json=as_json)

@@ -23,11 +23,11 @@ exclusions) is broken, after writing the file.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from draftgen.config import RunConfig
 from draftgen.errors import RunDirError, ThresholdBroken
+from draftgen.phases import Echo, PhaseContext, PhaseOutcome
 from draftgen.phases.audit.checks import (
     RecordFindings,
     audit_record,
@@ -50,7 +50,7 @@ from draftgen.records import (
     check_ids,
 )
 from draftgen.rundir import RunDir, check_provenance, expected_provenance, writer
-from draftgen.store import JsonlReader, atomic_write_json, iter_jsonl, iter_jsonl_offsets
+from draftgen.store import JsonlReader, atomic_write_json, iter_jsonl, iter_jsonl_offsets, read_json
 from draftgen.tokens import Profile, profile_from_config
 
 __all__ = [
@@ -60,6 +60,8 @@ __all__ = [
     "billing_cause",
     "compare_reference",
     "first_diff_span",
+    "phase_current",
+    "phase_run",
     "run_audit",
 ]
 
@@ -277,7 +279,7 @@ def summary_lines(report: AuditReport) -> list[str]:
     return lines
 
 
-def run_audit(cfg: RunConfig, *, echo: Callable[[str], object] = print, profile: Profile | None = None,
+def run_audit(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None,
               force: bool = False) -> AuditReport:
     """Audit the run directory of ``cfg`` (see the module docstring). ``profile``: an already loaded
     profile for ``cfg.model`` (default: load it). ``force`` accepts records of another provenance."""
@@ -285,7 +287,7 @@ def run_audit(cfg: RunConfig, *, echo: Callable[[str], object] = print, profile:
         return _audit(cfg, rd, echo, profile, force)
 
 
-def _audit(cfg: RunConfig, rd: RunDir, echo: Callable[[str], object], profile: Profile | None,
+def _audit(cfg: RunConfig, rd: RunDir, echo: Echo, profile: Profile | None,
            force: bool) -> AuditReport:
     run = rd.root
     raws = {d.name: rd.raw(d.name) for d in cfg.datasets}
@@ -333,3 +335,30 @@ def _audit(cfg: RunConfig, rd: RunDir, echo: Callable[[str], object], profile: P
             + f"; see {rd.audit_json}"
         )
     return report
+
+
+# -- the audit row of phases.PHASES ----------------------------------------------------------------------
+
+
+def _verdict(ctx: PhaseContext, broken: list[str]) -> PhaseOutcome:
+    """A broken threshold skips merge (its data failed a gate the user set) and drops the later marks."""
+    if not broken:
+        return PhaseOutcome()
+    message = "audit thresholds broken: " + "; ".join(broken)
+    ctx.echo(f"{message}; merge skipped (fix the data or relax the audit thresholds)")
+    return PhaseOutcome(ThresholdBroken.exit_code, message, then="report", stale_after=True)
+
+
+def phase_run(ctx: PhaseContext) -> PhaseOutcome:
+    """The ``audit`` row of ``phases.PHASES``: audit, then the verdict of its thresholds."""
+    try:
+        audit = run_audit(ctx.cfg, echo=ctx.echo, force=ctx.options.force, profile=ctx.profile)
+        broken = list(audit.thresholds_broken)
+    except ThresholdBroken as exc:
+        broken = [str(exc).splitlines()[0] if str(exc) else "audit threshold broken"]
+    return _verdict(ctx, broken)
+
+
+def phase_current(ctx: PhaseContext) -> PhaseOutcome:
+    """The verdict of the audit.json already there (the phase was up to date)."""
+    return _verdict(ctx, read_json(ctx.rd.audit_json, AuditReport).thresholds_broken)

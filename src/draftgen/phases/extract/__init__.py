@@ -10,7 +10,7 @@ transformers, safetensors and fsspec only when they run (``pip install 'draftgen
 
 Public API (imported on first use, so ``import draftgen.phases.extract`` stays light)::
 
-    run_extract(cfg, rd=None, ...) -> ExtractReport
+    run_extract(cfg, *, echo=print, profile=None, force=False, rd=None, ...) -> ExtractReport
     Captured, LoadedSample, HiddenStore, HiddenSet, open_hidden, encode_sample, decode_sample,
     sample_key, sample_path, SCHEMA
     LayerIds, default_aux_ids, check_layer_ids, to_sglang, resolve_layer_ids

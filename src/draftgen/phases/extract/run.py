@@ -23,14 +23,15 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from draftgen import __version__
 from draftgen.errors import ConfigError, InputError, RunDirError, ThresholdBroken
 from draftgen.hidden.format import SCHEMA, HiddenStore, decode_sample, encode_sample, require
+from draftgen.phases import Echo, PhaseContext, PhaseOutcome
 from draftgen.phases.extract.layers import CONVENTION
 from draftgen.records import (
     HiddenChecksSummary,
@@ -49,10 +50,10 @@ if TYPE_CHECKING:
     from draftgen.config import RunConfig
     from draftgen.config.hidden import HiddenStatesConfig
     from draftgen.phases.extract.capture import ExtractBackend, ExtractRow, TargetInfo
+    from draftgen.tokens import Profile
 
-__all__ = ["ExtractReport", "extract_batch", "hidden_destination", "read_merged_rows", "run_extract"]
+__all__ = ["ExtractReport", "extract_batch", "hidden_destination", "phase_run", "read_merged_rows", "run_extract"]
 
-Echo = Callable[[str], object]
 WINDOW = 512  # rows of merged order sorted by length together
 
 
@@ -231,15 +232,16 @@ def extract_batch(be: ExtractBackend, store: HiddenStore, hs: HiddenStatesConfig
     return records, written
 
 
-def run_extract(cfg: RunConfig, *, rd: RunDir | None = None, echo: Echo = print, profile: Any = None,
-                limit: int | None = None, pilot: int | None = None,
+def run_extract(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
+                rd: RunDir | None = None, limit: int | None = None, pilot: int | None = None,
                 backend: ExtractBackend | None = None) -> ExtractReport:
-    """Extract the hidden states of every merged train row (see the module docstring). ``rd``: a run
-    directory the caller already holds (``draftgen run``); else this takes the writer lock. ``backend``: an
-    already loaded backend (tests, benchmarks); else the configured one is loaded. ``profile`` is unused
-    (the phase signature)."""
+    """Extract the hidden states of every merged train row (see the module docstring). ``profile``: not
+    needed (the rows hold their token ids; the backend loads the target model itself). ``force``: hold a run
+    directory made with another target (``rundir.writer``). ``rd``: a run directory the caller already holds
+    (``draftgen run``); else this takes the writer lock. ``limit``/``pilot``: stop after that many new
+    samples. ``backend``: an already loaded backend (tests, benchmarks); else the configured one is loaded."""
     if rd is None:
-        with writer(cfg, "extract") as held:
+        with writer(cfg, "extract", force=force) as held:
             return _extract(cfg, held, echo, limit, pilot, backend)
     return _extract(cfg, rd, echo, limit, pilot, backend)
 
@@ -373,3 +375,14 @@ def _echo_summary(echo: Echo, rep: ExtractReport, man: HiddenManifest, pilot: in
              f"{left / rep.throughput_tokens_per_s / 3600:.2f} h at this rate (recorded for draftgen plan)")
     if not man.complete:
         echo(f"extract: stopped after the limit; rerun without --limit/--pilot to finish ({store.url})")
+
+
+def phase_run(ctx: PhaseContext) -> PhaseOutcome:
+    """The ``extract`` row of ``phases.PHASES``: a failed check is the run's exit 3, the report still runs."""
+    try:
+        run_extract(ctx.cfg, echo=ctx.echo, profile=ctx.profile, force=ctx.options.force, rd=ctx.rd)
+    except ThresholdBroken as exc:
+        message = str(exc).splitlines()[0] if str(exc) else "extract checks failed"
+        ctx.echo(message)
+        return PhaseOutcome(ThresholdBroken.exit_code, message)
+    return PhaseOutcome()

@@ -13,7 +13,7 @@ from draftgen.phases.report.datasets import DatasetMetrics
 from draftgen.phases.report.providers import ProviderMetrics
 from draftgen.records import AuditReport, MergeStats
 
-__all__ = ["Verdict", "run_verdict"]
+__all__ = ["Verdict", "grade_run"]
 
 
 class Verdict(msgspec.Struct, kw_only=True):
@@ -40,8 +40,8 @@ def _kinds(counts: dict[str, int], limit: int = 4) -> str:
     return text + (f", +{len(items) - limit} more" if len(items) > limit else "")
 
 
-def run_verdict(t: DatasetMetrics, audit: AuditReport | None, merged: MergeStats | None, phases: dict[str, bool],
-             providers: list[ProviderMetrics]) -> Verdict:
+def grade_run(t: DatasetMetrics, audit: AuditReport | None, merged: MergeStats | None, phases: dict[str, bool],
+              providers: list[ProviderMetrics]) -> Verdict:
     """Red: an audit threshold is broken, or failures remain and nothing was merged (or merge wrote no row).
     Amber: failures, exclusions (audit or merge), provider cool-downs or dropped reasoning, orphans, samples not
     generated, audited or merged yet, merge notes. Green otherwise. ``reason`` is the first finding."""

@@ -1,7 +1,8 @@
-"""``draftgen report CONFIG``: write ``report.html``, one self-contained page about a run directory.
+"""The page of ``draftgen report``: ``render_html`` builds ``report.html``, one self-contained page about a run.
 
-Reads the run directory through ``metrics.compute_metrics`` (so the page shows exactly what ``status``
-would) and writes ``<run_dir>/report.html`` (or ``output``) atomically. The page has no external
+``report.run.run_report`` computes the run's ``RunMetrics`` (``metrics.compute_metrics``, so the page shows
+exactly what ``status`` would) and writes the page this module builds; nothing here writes a file. It reads
+the run directory only for the sample viewer and the example rows. The page has no external
 resources: plotly's JavaScript is inlined once, styles are inline, fonts are the system's. The computed
 ``RunMetrics`` is embedded as JSON in ``<script type="application/json" id="draftgen-metrics">``; every
 number on the page is taken from it, and every number in it can be recomputed from the run directory.
@@ -25,20 +26,18 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from draftgen.config import RunConfig
 from draftgen.fmt import fmt_duration, fmt_float, fmt_int, fmt_pct, fmt_time, fmt_usd
 from draftgen.phases.report.charts import TIME_UNITS, SeqLengths
-from draftgen.phases.report.metrics import RunMetrics, compute_metrics
+from draftgen.phases.report.metrics import RunMetrics
 from draftgen.records import DatasetAudit, MismatchExample, ResponseIdsView
-from draftgen.rundir import RunDir, writer
+from draftgen.rundir import RunDir
 from draftgen.secrets import redact
-from draftgen.store import atomic_write_bytes, first_records
+from draftgen.store import first_records
 
 if TYPE_CHECKING:
     from draftgen.tokens import Profile, Tokenizer
 
-__all__ = ["AuditRow", "ExampleRow", "SampleView", "audit_rows", "example_rows", "render_html", "run_report",
-           "sample_view"]
+__all__ = ["AuditRow", "ExampleRow", "SampleView", "audit_rows", "example_rows", "render_html", "sample_view"]
 
 _PALETTE = {"reasoning": "#6d5dfc", "content": "#16a394", "cost": "#e8590c", "tput": "#1c7ed6", "fail": "#e03131"}
 _PIE = ["#6d5dfc", "#16a394", "#1c7ed6", "#e8590c", "#f59f00", "#c2255c", "#5c940d", "#868e96"]
@@ -554,54 +553,3 @@ def _redact_page(page: str, verbatim: str) -> str:
     if i < 0:
         return redact(page)
     return redact(page[:i]) + verbatim + redact(page[i + len(verbatim):])
-
-
-def run_report(cfg: RunConfig, *, output: Path | None = None, echo: Any = None,
-               profile: Profile | None = None) -> Path:
-    """Compute the run's metrics and write the page (under the run directory's writer lock); returns its path.
-    ``profile``: the already loaded profile of ``cfg.model`` for the token views (default: loaded here when
-    the page has token views; a profile that does not load leaves them out)."""
-    with writer(cfg, "report") as rd:
-        return _report(cfg, rd, output, echo, profile)
-
-
-def _report(cfg: RunConfig, rd: RunDir, output: Path | None, echo: Any, loaded: Profile | None) -> Path:
-    run_dir = cfg.run_path
-    out = output if output is not None else rd.report_html
-    m = compute_metrics(run_dir, [d.name for d in cfg.datasets])
-    # The page marks the run reported when it lands where compute_metrics looks for it.
-    if out.resolve() == rd.report_html.resolve():
-        m.phases["reported"] = True
-    settings = {
-        "model": m.model or cfg.model.id,
-        "profile": cfg.model.profile,
-        "endpoint": m.endpoint or cfg.endpoint.kind,
-        "run directory": str(run_dir),
-        "config hash": m.config_hash or "–",
-    }
-    notes: list[str] = []
-    sample: SampleView | None = None
-    profile: Profile | None = None
-    wants_tokens = m.phases.get("merged") or (m.audit is not None and (m.audit.overall.examples
-                                                                        or any(a.examples for a in m.audit.datasets)))
-    if wants_tokens and loaded is not None:
-        profile = loaded
-    elif wants_tokens:
-        try:
-            from draftgen.tokens import profile_from_config
-
-            profile = profile_from_config(cfg)
-        except Exception as exc:  # the page is still worth writing without the tokenizer
-            notes.append(f"token views left out: the profile tokenizer did not load ({exc})")
-    if profile is not None and m.phases.get("merged"):
-        try:
-            sample = sample_view(run_dir, m, profile)
-        except Exception as exc:  # a sample viewer must never cost the report
-            notes.append(f"sample viewer left out: {exc}")
-    examples = example_rows(run_dir, m, profile)
-    page = render_html(m, title=f"draftgen report · {run_dir.name}", generated_at=time.time(), settings=settings,
-                       sample=sample, examples=examples, notes=notes)
-    atomic_write_bytes(out, page.encode("utf-8"))
-    if echo is not None:
-        echo(f"report: {out}")
-    return out

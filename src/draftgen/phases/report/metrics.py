@@ -50,7 +50,7 @@ from draftgen.phases.report.datasets import (
     row_cost,
     scan_raw,
 )
-from draftgen.phases.report.grade import Verdict, run_verdict
+from draftgen.phases.report.grade import Verdict, grade_run
 from draftgen.phases.report.providers import ProviderAcc, ProviderMetrics
 from draftgen.records import (
     AttemptRecord,
@@ -186,7 +186,7 @@ def compute_metrics(run_dir: Path, configured: list[str] | None = None) -> RunMe
         providers_table=providers_table,
         activity=activity,
         seq_lengths=seq,
-        verdict=run_verdict(total_m, audit, merged, phases, providers_table),
+        verdict=grade_run(total_m, audit, merged, phases, providers_table),
     )
 
 

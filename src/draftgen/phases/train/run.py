@@ -29,12 +29,13 @@ import shutil
 import subprocess
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftgen.config import RunConfig
 from draftgen.errors import ConfigError, DraftgenError, InputError
+from draftgen.phases import Echo
 from draftgen.phases.train.convert import to_eagle3
 from draftgen.phases.train.vocab import build_vocab_mapping, save_vocab_mapping
 from draftgen.records import HiddenExportReport, TrainLogRecord, TrainReport
@@ -48,11 +49,13 @@ from draftgen.store import (
     read_json_object,
 )
 
+if TYPE_CHECKING:
+    from draftgen.tokens import Profile
+
 __all__ = [
     "find_speculators_python", "offline_al", "parse_metrics", "read_report", "run_train", "speculators_args",
 ]
 
-Echo = Callable[[str], None]
 
 ENV = "DRAFTGEN_SPECULATORS"
 RUNNER = Path(__file__).with_name("speculators_runner.py")
@@ -183,9 +186,11 @@ def _fmt(rec: TrainLogRecord) -> str:
     return f"train: step {rec.global_step} epoch {rec.epoch} loss {rec.loss:.4f} cond_acc {acc}"
 
 
-def run_train(cfg: RunConfig, *, echo: Echo = print, restart: bool = False, force: bool = False,
-              argv: list[str] | None = None) -> TrainReport:
-    """Train the drafter (see the module docstring). ``restart``: drop earlier checkpoints first."""
+def run_train(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
+              restart: bool = False, argv: list[str] | None = None) -> TrainReport:
+    """Train the drafter (see the module docstring). ``profile``: not needed (the vocabulary comes from the
+    hidden set's token counts and the verifier's config). ``force``: hold a run directory made with another
+    target (``rundir.writer``). ``restart``: drop earlier checkpoints first. ``argv``: recorded in run.json."""
     with writer(cfg, "train", force=force, argv=argv) as rd:
         return _train(cfg, rd, echo, restart)
 
@@ -206,7 +211,11 @@ def _train(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> TrainReport
         shutil.rmtree(ckpts, ignore_errors=True)
     before = data / "export.json"
     old = read_json(before, HiddenExportReport) if before.is_file() else None
-    rep = export_hidden(cfg, ["speculators"], data, hidden=url, echo=echo)[0]
+
+    def say(line: str) -> None:  # the export's echo returns None; ours may return anything
+        echo(line)
+
+    rep = export_hidden(cfg, ["speculators"], data, hidden=url, echo=say)[0]
     if old is not None and old.manifest_fingerprint != rep.manifest_fingerprint and _last_epoch_dir(ckpts):
         raise InputError(f"{ckpts}: these checkpoints were trained on another hidden set; rerun with --restart "
                          "to train from scratch on the new one")
