@@ -5,7 +5,7 @@ vocabulary of 151,669 ids) and a run directory holding only merged/ (synthetic r
 200-600, the last half of each row a completion), then:
 
 1. bare: ``model.model(ids, mask)`` (the base model: what capture runs) and ``model(ids, mask)`` (with the
-   lm_head logits) over exactly the batches ``run_extract`` forms (``extract.run._batches``);
+   lm_head logits) over exactly the batches ``run_extract`` forms (``extract.batches.split_batches``);
 2. extract: ``run_extract`` into a fresh local destination (capture by hooks, encode, every-sample checks,
    the teacher/reference check on ``teacher_fraction`` of samples, atomic publish, index parts, manifest),
    at teacher_fraction 0.05 (the default) and 0.
@@ -120,7 +120,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from draftgen.config import load_config
-    from draftgen.phases.extract.run import _batches, read_merged_rows, run_extract
+    from draftgen.phases.extract.batches import read_merged_rows, split_batches
+    from draftgen.phases.extract.run import run_extract
     from draftgen.rundir import RunDir
 
     torch.set_num_threads(1)
@@ -132,7 +133,7 @@ def main() -> None:
         base = load_config(cfg_path)
         rows = read_merged_rows(RunDir(base.run_path))
         batch_tokens = 4096
-        batches = list(_batches(rows, batch_tokens))
+        batches = list(split_batches(rows, batch_tokens))
         tokens = sum(len(r.input_ids) for r in rows)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
         bare(model, batches[:1], full=False)  # warm-up

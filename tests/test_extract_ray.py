@@ -207,7 +207,7 @@ def test_an_error_inside_an_actor_comes_back_as_itself(setup: Setup, tmp_path: P
     import numpy as np
 
     from draftgen.phases.extract.capture import ExtractRow
-    from draftgen.phases.extract.ray_pool import ExtractActor, _encode_batch, _error_class
+    from draftgen.phases.extract.worker import ExtractActor, encode_batch, error_class
 
     _, run_cfg, common = setup
     out = tmp_path / "h"
@@ -219,7 +219,7 @@ def test_an_error_inside_an_actor_comes_back_as_itself(setup: Setup, tmp_path: P
     actor = ExtractActor(cfg, str(out), {}, dict([next(iter(done.items()))]))
     sid, ids, mask = merged_rows(run_cfg.parent / "run")[-1]
     row = ExtractRow(sample_id=sid, input_ids=np.asarray(ids, dtype=np.int64), loss_mask=np.asarray(mask, dtype=np.uint8))
-    res = actor({"payload": np.array([_encode_batch([row])], dtype=object)})
+    res = actor({"payload": np.array([encode_batch([row])], dtype=object)})
     assert list(res["error_class"]) == ["RunDirError"] and "aux width" in res["error"][0]
-    assert _error_class("RunDirError") is RunDirError and _error_class("KeyError").__name__ == "DraftgenError"
+    assert error_class("RunDirError") is RunDirError and error_class("KeyError").__name__ == "DraftgenError"
     assert index_lines(out).total() == 2  # the refused actor wrote nothing

@@ -29,8 +29,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from draftgen.drafter.hf import decoder_layers
 from draftgen.errors import ConfigError
-from draftgen.phases.extract.capture.hf import decoder_layers
 
 __all__ = ["AuxCapture", "Proposer", "SpecResult", "greedy_generate", "greedy_speculative_generate",
            "target_forward"]

@@ -3,8 +3,8 @@
 One module per format: ``exporters.parquet`` (the shards, and the loop that writes every format of a split),
 ``exporters.card`` (``merged/README.md``), ``exporters.speculators``, ``exporters.specforge``; the registry of
 formats (``EXPORTERS``, a ``draftgen.registry.Registry``) and the row handed over by merge are in
-``exporters.base``, which registers the built-in formats as lazy ``"module:attr"`` entries; a plugin's format
-is a row builder plus one ``@register_exporter`` line.
+``exporters.base``. This face registers the built-in formats as lazy ``"module:attr"`` entries; a plugin's
+format is a row builder plus one ``@register_exporter`` line.
 """
 
 from __future__ import annotations
@@ -33,6 +33,17 @@ from draftgen.exporters.parquet import (
     write_split,
 )
 from draftgen.exporters.speculators import speculators_metadata
+
+# The built-in formats, registered lazily by the call a plugin uses (here, above every format module, so
+# that ``base`` imports none of them: importing ``draftgen.exporters.base`` runs this face first).
+EXPORTERS.register("speculators", "draftgen.exporters.speculators:SPECULATORS",
+                   doc="pre-tokenized rows for ``speculators prepare-data --data exports/speculators/``")
+EXPORTERS.register("specforge", "draftgen.exporters.specforge:SPECFORGE",
+                   doc="pre-tokenized ``{input_ids, loss_mask}`` JSONL for SpecForge ``data.prompts_path``: the "
+                       "exact ids; set its ``data.max_length`` >= ``merge.max_seq_len``")
+EXPORTERS.register("specforge-conversations", "draftgen.exporters.specforge:SPECFORGE_CONVERSATIONS",
+                   doc="conversation rows for SpecForge ``data.train_data_path``; SpecForge re-renders and "
+                       "re-tokenizes them, so their ids are not exact")
 
 __all__ = [
     "CHUNK_ROWS",

@@ -132,16 +132,7 @@ class Exporter:
 
 #: The export formats by ``merge.exports`` name, in registration order: the one list of them (config
 #: validation, docs/config.md, merge and the dataset card read it). Each doc is one line for docs/config.md.
-EXPORTERS: Registry[Exporter] = Registry("merge.exports", "export format")
-EXPORTERS.register("speculators", "draftgen.exporters.speculators:SPECULATORS",
-                   doc="pre-tokenized rows for ``speculators prepare-data --data exports/speculators/``")
-EXPORTERS.register("specforge", "draftgen.exporters.specforge:SPECFORGE",
-                   doc="pre-tokenized ``{input_ids, loss_mask}`` JSONL for SpecForge ``data.prompts_path``: the "
-                       "exact ids; set its ``data.max_length`` >= ``merge.max_seq_len``")
-EXPORTERS.register("specforge-conversations", "draftgen.exporters.specforge:SPECFORGE_CONVERSATIONS",
-                   doc="conversation rows for SpecForge ``data.train_data_path``; SpecForge re-renders and "
-                       "re-tokenizes them, so their ids are not exact")
-
+EXPORTERS: Registry[Exporter] = Registry("merge.exports", "export format")  # built-ins: the face registers them
 
 def register_exporter(name: str, *, pretokenized: bool, usage: str, doc: str = "") -> Callable[[Builder], Builder]:
     """Register the decorated builder as export format ``name`` (written to ``exports/<name>/<split>.jsonl``).

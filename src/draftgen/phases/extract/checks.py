@@ -123,7 +123,7 @@ def check_sample(s: LoadedSample, row: ExtractRow, backend: ExtractBackend, hs: 
 def _teacher(s: LoadedSample, row: ExtractRow, backend: ExtractBackend, hs: HiddenStatesConfig,
              fail: list[str]) -> TeacherResult:
     torch = require("torch")
-    from draftgen.phases.extract.capture.hf import rms_norm
+    from draftgen.drafter.hf import rms_norm
 
     info = backend.info
     chance = -math.log(info.vocab_size)

@@ -3,13 +3,14 @@
 With two or more entries in ``hidden_states.devices`` (and ``ray`` off), ``run`` hands the PENDING rows
 (draftgen's own resume by sample_id) to ``extract_with_processes``, which:
 
-1. cuts them into the SAME batches as one process (``run._batches``), so the files are the same, byte for byte;
+1. cuts them into the SAME batches as one process (``batches.split_batches``), so the files are the same,
+   byte for byte;
 2. starts one spawned process per entry: ``cuda:N`` sees only GPU N (``CUDA_VISIBLE_DEVICES``) and runs the
-   target with ``device: cuda``; ``cpu`` runs it on the CPU. Each process is a ``ray_pool.ExtractActor`` (the
-   target loaded once; per batch ``run.extract_batch``: capture → encode → check → publish each file
+   target with ``device: cuda``; ``cpu`` runs it on the CPU. Each process is a ``worker.ExtractActor`` (the
+   target loaded once; per batch ``batches.extract_batch``: capture → encode → check → publish each file
    atomically → its own index part, no shared writer);
 3. feeds the batches through one shared queue (a process that is done with a batch takes the next), and
-   collects the small result rows as Ray's driver does (``ray_pool.collect_rows``): progress lines, a line
+   collects the small result rows as Ray's driver does (``worker.collect_rows``): progress lines, a line
    per process, a DraftgenError raised in a process comes back with its class and message.
 
 ``run`` then writes manifest.json LAST, in merged order, as for one process. Ctrl-C or an error stops every
@@ -29,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from draftgen.errors import ConfigError, DraftgenError
-from draftgen.phases.extract.ray_pool import ExtractActor, PoolResult, _encode_batch, collect_rows
+from draftgen.phases.extract.batches import split_batches
+from draftgen.phases.extract.worker import ExtractActor, PoolResult, collect_rows, encode_batch
 from draftgen.records import HiddenIndexRecord
 
 if TYPE_CHECKING:
@@ -81,13 +83,11 @@ def extract_with_processes(cfg: RunConfig, store: HiddenStore, pending: Sequence
                            done: dict[str, HiddenIndexRecord], echo: Any, *, total: int,
                            done_before: int) -> PoolResult:
     """Extract ``pending`` with one process per ``hidden_states.devices`` entry (module docstring)."""
-    from draftgen.phases.extract.run import _batches
-
     validate_devices(cfg)
     hs = cfg.hidden_states
     ctx = mp.get_context("spawn")
     tasks, results = ctx.Queue(), ctx.Queue()
-    batches = list(_batches(pending, hs.batch_tokens))
+    batches = list(split_batches(pending, hs.batch_tokens))
     probe = dict([next(iter(done.items()))]) if done else {}
     procs = [ctx.Process(target=_worker, daemon=True,
                          args=(cfg, d, store.url, dict(hs.storage_options), probe, tasks, results))
@@ -96,7 +96,7 @@ def extract_with_processes(cfg: RunConfig, store: HiddenStore, pending: Sequence
     for p in procs:
         p.start()
     for b in batches:
-        tasks.put(_encode_batch(b))
+        tasks.put(encode_batch(b))
     for _ in procs:
         tasks.put(None)
     echo(f"extract (processes): {len(pending):,} of {total:,} samples to do ({done_before:,} done before) in "

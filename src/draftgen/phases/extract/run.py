@@ -2,12 +2,15 @@
 
 Reads ``merged/manifest.json`` and the train shards it lists (columns ``sample_id``, ``input_ids``,
 ``loss_mask``), in merged order. Skips the samples the destination already has (``HiddenStore.done``: in an
-index part and published), captures the rest with the configured backend (``backends``) in batches (rows
-sorted by length inside windows of merged order, up to ``hidden_states.batch_tokens`` padded tokens),
-checks each stored sample (``checks``), publishes its file, writes one index part per batch, and writes
-``manifest.json`` LAST: every done sample in merged order, the check summary and the measured throughput.
-With ``hidden_states.ray`` the pending batches run on a Ray Data actor pool instead (``ray_pool``), each
-actor running the same ``extract_batch``; the manifest is still written here, last.
+index part and published), captures the rest with the configured backend (``capture``) in batches
+(``batches.split_batches``: rows sorted by length inside windows of merged order, up to
+``hidden_states.batch_tokens`` padded tokens), checks each stored sample (``checks``), publishes its file,
+writes one index part per batch (``batches.extract_batch``), and writes ``manifest.json`` LAST: every done
+sample in merged order, the check summary and the measured throughput. With ``hidden_states.ray`` the
+pending batches run on a Ray Data actor pool instead (``ray_pool``), with ``hidden_states.devices`` on one
+process per device (``proc_pool``); each of their workers (``worker.ExtractActor``) runs the same
+``extract_batch``; the manifest is still written here, last. Imports: run → {proc_pool, ray_pool} →
+{worker, batches}; nothing imports run back.
 
 Resume: a kill at any moment loses at most the batch in flight. A temp file never counts; a published file
 no index part lists is redone (overwritten with the same bytes: capture is deterministic for a batch); the
@@ -23,15 +26,16 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from draftgen import __version__
-from draftgen.errors import ConfigError, InputError, RunDirError, ThresholdBroken
-from draftgen.hidden.format import SCHEMA, HiddenStore, decode_sample, encode_sample, require
+from draftgen.errors import ConfigError, ThresholdBroken
+from draftgen.hidden.format import SCHEMA, HiddenStore
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
+from draftgen.phases.extract.batches import check_settings, extract_batch, read_merged_rows, split_batches
 from draftgen.phases.extract.layers import CONVENTION
 from draftgen.records import (
     HiddenChecksSummary,
@@ -41,20 +45,15 @@ from draftgen.records import (
     HiddenManifest,
     HiddenSampleEntry,
     HiddenTarget,
-    MergeManifest,
 )
 from draftgen.rundir import HiddenLayout, RunDir, writer
-from draftgen.store import read_json
 
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
-    from draftgen.config.hidden import HiddenStatesConfig
     from draftgen.phases.extract.capture import ExtractBackend, ExtractRow, TargetInfo
     from draftgen.tokens import Profile
 
-__all__ = ["ExtractReport", "extract_batch", "hidden_destination", "phase_run", "read_merged_rows", "run_extract"]
-
-WINDOW = 512  # rows of merged order sorted by length together
+__all__ = ["ExtractReport", "hidden_destination", "phase_run", "run_extract"]
 
 
 class ExtractReport(msgspec.Struct, omit_defaults=True):
@@ -80,49 +79,6 @@ def hidden_destination(cfg: RunConfig, rd: RunDir) -> str:
     if not out:
         return str(rd.hidden)
     return out if "://" in out else str(cfg.path(out).resolve())
-
-
-def read_merged_rows(rd: RunDir) -> list[ExtractRow]:
-    """The merged train rows in merged order (merged/manifest.json lists the shards)."""
-    np = require("numpy")
-    pq = require("pyarrow.parquet")
-    from draftgen.phases.extract.capture import ExtractRow
-
-    if not rd.merged_manifest.is_file():
-        raise InputError(f"{rd.merged_manifest}: no merged data; run draftgen merge first")
-    man = read_json(rd.merged_manifest, MergeManifest)
-    files = sorted(f.path for f in man.files if f.split == "train" and f.kind == "parquet")
-    rows: list[ExtractRow] = []
-    seen: set[str] = set()
-    for rel in files:
-        path = (rd.root if man.layout >= 2 else rd.merged) / rel
-        t = pq.read_table(path, columns=["sample_id", "input_ids", "loss_mask"])
-        for sid, ids, mask in zip(t.column("sample_id").to_pylist(), t.column("input_ids").to_pylist(),
-                                  t.column("loss_mask").to_pylist(), strict=True):
-            if sid in seen:
-                continue
-            seen.add(sid)
-            rows.append(ExtractRow(sample_id=sid, input_ids=np.asarray(ids, dtype=np.int64),
-                                   loss_mask=np.asarray(mask, dtype=np.uint8)))
-    if not rows:
-        raise InputError(f"{rd.merged}: no train rows; run draftgen merge first (with some usable data)")
-    return rows
-
-
-def _batches(rows: Sequence[ExtractRow], batch_tokens: int) -> Iterator[list[ExtractRow]]:
-    """Windows of merged order, each sorted by length (longest first), cut into batches whose padded size
-    (rows × longest) stays within ``batch_tokens``; a longer row runs alone."""
-    for w in range(0, len(rows), WINDOW):
-        window = sorted(rows[w:w + WINDOW], key=lambda r: -len(r.input_ids))
-        batch: list[ExtractRow] = []
-        for r in window:
-            width = len(batch[0].input_ids) if batch else len(r.input_ids)
-            if batch and (len(batch) + 1) * width > batch_tokens:
-                yield batch
-                batch = []
-            batch.append(r)
-        if batch:
-            yield batch
 
 
 def _summary(done: dict[str, HiddenIndexRecord], fraction: float) -> HiddenChecksSummary:
@@ -151,33 +107,6 @@ def _summary(done: dict[str, HiddenIndexRecord], fraction: float) -> HiddenCheck
     return out
 
 
-def _check_settings(store: HiddenStore, done: dict[str, HiddenIndexRecord], cfg: RunConfig,
-                    backend: ExtractBackend | None) -> None:
-    """Refuse to mix samples made with other settings into one destination (field named)."""
-    hs = cfg.hidden_states
-    fix = "use another hidden_states.output, or delete that destination to start over"
-    if store.has_manifest():
-        m = store.read_manifest()
-        if m.dtype != hs.dtype:
-            raise RunDirError(f"{store.url}: written with hidden_states.dtype {m.dtype}, not {hs.dtype}; {fix}")
-        if backend is not None:
-            info = backend.info
-            if list(info.layers.aux) != m.layer_ids.aux or info.hidden_size != m.hidden_size:
-                raise RunDirError(f"{store.url}: written with hidden_states.layer_ids {m.layer_ids.aux} (hidden "
-                                  f"{m.hidden_size}), not {list(info.layers.aux)} (hidden {info.hidden_size}); {fix}")
-        elif hs.layer_ids is not None and sorted(hs.layer_ids) != m.layer_ids.aux:
-            raise RunDirError(f"{store.url}: written with hidden_states.layer_ids {m.layer_ids.aux}, not "
-                              f"{sorted(hs.layer_ids)}; {fix}")
-    if done and backend is not None:
-        first = next(iter(done.values()))
-        s = decode_sample(store.read_bytes(first.file))
-        info = backend.info
-        if s.dtype != hs.dtype or s.aux.shape[-1] != len(info.layers.aux) * info.hidden_size:
-            raise RunDirError(f"{store.url}: its samples were written with dtype {s.dtype} and aux width "
-                              f"{s.aux.shape[-1]}, not {hs.dtype} and {len(info.layers.aux) * info.hidden_size} "
-                              f"(hidden_states.dtype / layer_ids); {fix}")
-
-
 def _manifest(cfg: RunConfig, info: TargetInfo, rows: Sequence[ExtractRow],
               done: dict[str, HiddenIndexRecord], throughput: float | None) -> HiddenManifest:
     aux = list(info.layers.aux)
@@ -198,38 +127,6 @@ def _manifest(cfg: RunConfig, info: TargetInfo, rows: Sequence[ExtractRow],
         throughput_tokens_per_s=throughput, complete=len(entries) == len(rows),
         backend=cfg.hidden_states.backend, draftgen_version=__version__,
     )
-
-
-def extract_batch(be: ExtractBackend, store: HiddenStore, hs: HiddenStatesConfig, batch: Sequence[ExtractRow],
-                  timings: dict[str, float]) -> tuple[list[HiddenIndexRecord], int]:
-    """One batch, the same in one process and in a Ray actor (``ray_pool``): capture → encode → check the
-    bytes → publish each file → ONE index part listing them. Returns the records and the bytes written;
-    adds seconds to ``timings`` (capture/check/encode/publish)."""
-    from draftgen.phases.extract.checks import check_sample, teacher_selected
-
-    t = time.monotonic()
-    caps = be.capture(batch)
-    timings["capture"] += time.monotonic() - t
-    records: list[HiddenIndexRecord] = []
-    written = 0
-    for row, c in zip(batch, caps, strict=True):
-        t = time.monotonic()
-        data = encode_sample(c, hs.dtype)
-        timings["encode"] += time.monotonic() - t
-        t = time.monotonic()
-        res = check_sample(decode_sample(data), row, be, hs, teacher=teacher_selected(row.sample_id,
-                                                                                  hs.teacher_fraction))
-        timings["check"] += time.monotonic() - t
-        t = time.monotonic()
-        rel = store.publish(row.sample_id, data)
-        timings["publish"] += time.monotonic() - t
-        written += len(data)
-        records.append(HiddenIndexRecord(sample_id=row.sample_id, file=rel, length=len(row.input_ids),
-                                         n_loss=int(row.loss_mask.sum()), failed=res.failed, teacher=res.teacher))
-    t = time.monotonic()
-    store.write_index_part(records)
-    timings["publish"] += time.monotonic() - t
-    return records, written
 
 
 def run_extract(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
@@ -269,7 +166,7 @@ def _extract(cfg: RunConfig, rd: RunDir, echo: Echo, limit: int | None, pilot: i
     done_before = sum(1 for r in rows if r.sample_id in done)
     t_start = time.monotonic()
     if not pending and store.has_manifest():
-        _check_settings(store, done, cfg, None)
+        check_settings(store, done, cfg, None)
         m = store.read_manifest()
         if m.complete and m.counts.samples == len(rows):
             echo(f"extract: up to date ({len(rows):,} samples in {store.url})")
@@ -282,7 +179,7 @@ def _extract(cfg: RunConfig, rd: RunDir, echo: Echo, limit: int | None, pilot: i
     own = backend is None
     be = open_extract_backend(cfg) if backend is None else backend
     try:
-        _check_settings(store, done, cfg, be)
+        check_settings(store, done, cfg, be)
         info = be.info
         echo(f"extract: {len(pending):,} of {len(rows):,} samples to do ({done_before:,} done before) → {store.url}; "
              f"target {info.name} ({info.num_layers} layers, hidden {info.hidden_size}), aux layers "
@@ -292,7 +189,7 @@ def _extract(cfg: RunConfig, rd: RunDir, echo: Echo, limit: int | None, pilot: i
         every = max(1, len(pending) // 20)
         next_echo = every
         t0 = time.monotonic()
-        for batch in _batches(pending, hs.batch_tokens):
+        for batch in split_batches(pending, hs.batch_tokens):
             records, nbytes = extract_batch(be, store, hs, batch, timings)
             written += nbytes
             for r in records:
@@ -329,7 +226,7 @@ def _extract_ray(cfg: RunConfig, store: HiddenStore, rows: Sequence[ExtractRow],
     from draftgen.phases.extract.proc_pool import extract_with_processes
     from draftgen.phases.extract.ray_pool import extract_with_ray
 
-    _check_settings(store, done, cfg, None)  # the backend half runs in each worker, on a done sample
+    check_settings(store, done, cfg, None)  # the backend half runs in each worker, on a done sample
     pool_fn = extract_with_processes if processes else extract_with_ray
     pool = pool_fn(cfg, store, pending, done, echo, total=len(rows), done_before=done_before)
     throughput = pool.tokens / pool.seconds if pool.tokens and pool.seconds > 0 else None

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from draftgen.drafter.hf import decoder_layers, rms_norm
 from draftgen.errors import ConfigError
 from draftgen.hidden.format import Captured, require
 from draftgen.phases.extract.capture import (
@@ -36,27 +37,9 @@ if TYPE_CHECKING:
 
     from draftgen.config import RunConfig
 
-__all__ = ["HFExtractBackend", "decoder_layers", "rms_norm"]
+__all__ = ["HFExtractBackend"]
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-
-
-def decoder_layers(model: Any, where: str = "hidden_states.model") -> Any:
-    """The decoder layer list of an HF causal LM (``model.model.layers``); ``where`` names the setting."""
-    base = getattr(model, "model", None)
-    layers = getattr(base, "layers", None)
-    if layers is None:
-        raise ConfigError(f"{where}: {type(model).__name__} has no model.layers; draftgen supports "
-                          "decoder-only causal LMs laid out as model.model.layers (Llama, Qwen2/3, ...)")
-    return layers
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm in float32: x * rsqrt(mean(x^2) + eps) * weight."""
-    th = require("torch")
-    xf = x.float()
-    out: torch.Tensor = xf * th.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float().to(xf.device)
-    return out
 
 
 def _first(out: Any) -> Any:

@@ -440,7 +440,7 @@ class VllmExtractBackend:
     def head_logprobs(self, final_pre: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         import torch
 
-        from draftgen.phases.extract.capture.hf import rms_norm
+        from draftgen.drafter.hf import rms_norm
 
         if self._head is None:
             names = ("lm_head.weight", "model.embed_tokens.weight") if self.weights.tie else ("lm_head.weight",)
