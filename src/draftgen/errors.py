@@ -19,8 +19,9 @@ Messages never contain an API key: backends pass keys only in headers, never int
             ├── AuthError           401: the key is wrong
             └── PaymentRequired     402 for lack of credits: stop scheduling
 
-Foreign exceptions (aiohttp, JSON, tokenizers) are translated in one place each: HTTP and JSON in
-``backends.wire``, tokenizer loading in ``tokens.loader``.
+Foreign exceptions (aiohttp, JSON, tokenizers, storage) are translated in one place each: HTTP and JSON in
+``backends.wire``, tokenizer loading in ``tokens.loader``, hidden-state storage (fsspec/s3fs/botocore, a full
+disk, truncated safetensors/torch files) in ``hidden.format``.
 
 Exit codes are the CLI's contract: ``EXIT_CODES`` below, rendered into docs/cli.md.
 """
