@@ -19,9 +19,10 @@ Messages never contain an API key: backends pass keys only in headers, never int
             ├── AuthError           401: the key is wrong
             └── PaymentRequired     402 for lack of credits: stop scheduling
 
-Foreign exceptions (aiohttp, JSON, tokenizers) are translated in one place each: HTTP errors (statuses,
-error envelopes, aiohttp/asyncio/OS exceptions) in ``backends.errors``, chat response bodies in
-``backends.wire``, JSON files in ``store``, tokenizer loading in ``tokens.loader``.
+Foreign exceptions (aiohttp, JSON, tokenizers, storage) are translated in one place each: HTTP errors
+(statuses, error envelopes, aiohttp/asyncio/OS exceptions) in ``backends.errors``, chat response bodies in
+``backends.wire``, JSON files in ``store``, tokenizer loading in ``tokens.loader``, hidden-state storage
+(fsspec/s3fs/botocore, a full disk, truncated safetensors/torch files) in ``hidden.format``.
 
 Exit codes are the CLI's contract: ``EXIT_CODES`` below, rendered into docs/cli.md.
 """

@@ -15,6 +15,10 @@ What counts as a key:
 - in URLs, the ``user:password@`` part and the values of query parameters such as ``key``, ``api_key``,
   ``token``, ``secret``, ``password``, ``sig``.
 
+Storage (fsspec / S3) credentials have no shape to recognise, so ``storage_credentials`` refuses them by
+name: an option such as ``key``, ``secret``, ``token``, ``password``, ``aws_secret_access_key`` (also
+nested, e.g. under ``client_kwargs``), and any ``user:password@`` part in the URL or in an option's value.
+
 Paths, model slugs (``moonshotai/kimi-k2.5``), sample ids (``dataset-<16 hex>``), sha256 hex strings and
 environment variable names are not keys.
 """
@@ -26,7 +30,16 @@ import re
 from collections import Counter
 from typing import Any
 
-__all__ = ["REDACTED", "contains_key", "looks_like_key", "redact", "redact_obj", "url_credentials"]
+__all__ = [
+    "REDACTED",
+    "STORAGE_CREDENTIALS_FIX",
+    "contains_key",
+    "looks_like_key",
+    "redact",
+    "redact_obj",
+    "storage_credentials",
+    "url_credentials",
+]
 
 REDACTED = "…[redacted]"
 
@@ -141,3 +154,58 @@ def url_credentials(url: str) -> str | None:
     if redact(url) != url:
         return "an API key"
     return None
+
+
+#: where storage credentials come from instead of the config (what the refusal tells the user to do)
+STORAGE_CREDENTIALS_FIX = ("credentials come from the environment: export AWS_ACCESS_KEY_ID and "
+                           "AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN), or set AWS_PROFILE to a profile in "
+                           "~/.aws/credentials")
+#: option names (lower case, '-' as '_') that are a credential whatever their value
+_CREDENTIAL_NAMES = frozenset({"key", "secret", "token", "password", "passwd", "pwd", "auth", "sig",
+                               "signature", "credentials", "connection_string", "sas", "sas_token"})
+#: ``_``-separated words of an option name that make it a credential (``aws_session_token``, ``client_secret``)
+_CREDENTIAL_WORDS = frozenset({"secret", "token", "password", "passwd", "credential", "credentials"})
+#: parts of an option name that make it a credential (``aws_access_key_id``, ``sse_customer_key``)
+_CREDENTIAL_PARTS = ("access_key", "account_key", "private_key", "api_key", "apikey", "customer_key")
+
+
+def _credential_name(name: str) -> bool:
+    n = name.strip().lower().replace("-", "_")
+    return (n in _CREDENTIAL_NAMES or bool(_CREDENTIAL_WORDS.intersection(n.split("_")))
+            or n.endswith("_key") or any(p in n for p in _CREDENTIAL_PARTS))
+
+
+def _option_credential(obj: Any, key: str) -> tuple[str, str] | None:
+    """(key path, what) of the first credential in ``obj`` (nested mappings and lists), or None."""
+    if isinstance(obj, str):
+        what = url_credentials(obj) if ("://" in obj or "@" in obj or "=" in obj) else None
+        if what is None and contains_key(obj):
+            what = "an API key"
+        return (key, f"holds {what}") if what else None
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            path = f"{key}.{k}"
+            if _credential_name(str(k)) and v not in (None, "", False):
+                return path, "is a credential"
+            found = _option_credential(v, path)
+            if found:
+                return found
+    elif isinstance(obj, list | tuple):
+        for i, v in enumerate(obj):
+            found = _option_credential(v, f"{key}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def storage_credentials(url: str | None, options: Any, *, url_key: str, options_key: str) -> str | None:
+    """Why a storage destination (an fsspec ``url`` and its ``options``) holds a credential, as the tail of a
+    one-line message naming the key path and the fix (``"hidden_states.storage_options.key is a credential;
+    ..."``), or None when it holds none. Never contains the credential itself."""
+    what = url_credentials(url) if url and "://" in url else None
+    found = (url_key, f"holds {what}") if what else _option_credential(options or {}, options_key)
+    if found is None:
+        return None
+    path, how = found
+    fix = "give the URL without it (e.g. http://host:9000)" if how.startswith("holds") else "remove it"
+    return f"{path} {how}; credentials never go in the config: {fix}; {STORAGE_CREDENTIALS_FIX}"

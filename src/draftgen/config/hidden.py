@@ -7,7 +7,7 @@ Kept apart from ``config.py`` for size; ``config.RunConfig.hidden_states`` is th
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -47,8 +47,8 @@ class HiddenStatesConfig(Section):
     """Padded tokens per forward batch (samples sorted by length; a longer sample runs alone)."""
     output: str | None = None
     """Destination: a folder (relative to the config file) or an fsspec URL (``s3://bucket/prefix``); unset: ``<run>/hidden``."""
-    storage_options: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
-    """fsspec options for ``output`` (S3: ``endpoint_url``, ``client_kwargs``); credentials come from the usual AWS_* variables, never from here."""
+    storage_options: dict[str, Any] = msgspec.field(default_factory=dict)
+    """fsspec options for ``output`` (S3: ``endpoint_url``, ``client_kwargs``, ``config_kwargs``); credentials (``key``, ``secret``, ``token``, a ``user:password@`` in a URL) are refused here: they come from the AWS_* variables, AWS_PROFILE or a credentials file."""
     teacher_fraction: float = 0.05
     """Share of samples (chosen by a hash of sample_id) whose stored states are checked against a plain forward pass of the target."""
     teacher_positions: int = 64

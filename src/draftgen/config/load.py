@@ -164,6 +164,8 @@ def _validate_no_key(cfg: RunConfig, where: str) -> None:
             raise ConfigError(f"{where}: {name}{flag} holds {what}; credentials never go in the URL: "
                               f"give the bare API root (e.g. https://openrouter.ai/api/v1) and {how}")
 
+    _validate_no_storage_credentials(cfg, where)
+
     def walk(obj: Any, key: str) -> None:
         if isinstance(obj, str):
             if contains_key(obj):
@@ -178,6 +180,19 @@ def _validate_no_key(cfg: RunConfig, where: str) -> None:
                 walk(v, f"{key}[{i}]")
 
     walk({k: v for k, v in msgspec.to_builtins(cfg).items() if k != "base_dir"}, "")
+
+
+def _validate_no_storage_credentials(cfg: RunConfig, where: str) -> None:
+    """No storage credential in the hidden-state destination (``hidden_states.output`` and its
+    ``storage_options``) nor in ``train.hidden``: refused by key path, the value never echoed."""
+    from draftgen.secrets import storage_credentials
+
+    hs = cfg.hidden_states
+    for url, url_key, opts in ((hs.output, "hidden_states.output", hs.storage_options),
+                               (cfg.train.hidden, "train.hidden", None)):
+        why = storage_credentials(url, opts, url_key=url_key, options_key="hidden_states.storage_options")
+        if why:
+            raise ConfigError(f"{where}: {why}")
 
 
 def config_from_mapping(data: Any, *, where: str, base_dir: Path) -> RunConfig:

@@ -30,6 +30,7 @@ Files are published atomically (temp + rename). torch/safetensors/datasets are i
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import shutil
@@ -41,7 +42,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from draftgen.errors import ConfigError, InputError
-from draftgen.hidden.format import HiddenSet, LoadedSample, open_hidden, require, sample_key
+from draftgen.hidden.format import (
+    HiddenSet,
+    LoadedSample,
+    atomic_write_bytes,
+    open_hidden,
+    require,
+    sample_key,
+    storage_faults,
+)
 from draftgen.records import HiddenExportReport, HiddenExportSample, HiddenManifest
 from draftgen.registry import Registry
 from draftgen.store import atomic_write_json, encode_json, read_json, read_json_object
@@ -146,29 +155,11 @@ def register_hidden_exporter(name: str, *, needs_norm: bool = False,
 # -- helpers -------------------------------------------------------------------------------------------------
 
 
-def _atomic_save(path: Path, write: Callable[[str], None]) -> None:
-    """``write(tmp)`` then rename to ``path`` (same folder): a reader sees the whole file or none."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _writer(data: bytes) -> Callable[[str], None]:
-    def write(tmp: str) -> None:
-        Path(tmp).write_bytes(data)
-
-    return write
-
-
 def _torch_save(path: Path, obj: Any) -> None:
     torch = require("torch")
-    _atomic_save(path, lambda tmp: torch.save(obj, tmp))
+    buf = io.BytesIO()
+    torch.save(obj, buf)  # in memory: torch's own file writer reports a full disk as "unexpected pos"
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def _split_aux(s: LoadedSample, n_aux: int) -> torch.Tensor:
@@ -246,11 +237,7 @@ def export_speculators(ctx: ExportContext) -> None:
         hs = torch.cat([_split_aux(s, n_aux), s.final[:, None, :]], dim=1).to(ctx.dtype).contiguous()
         tensors = {"hidden_states": hs, "token_ids": s.input_ids.to(torch.int64).contiguous()}
         path = states / f"hs_{i}.safetensors"
-
-        def save(tmp: str, t: dict[str, Any] = tensors) -> None:
-            st.save_file(t, tmp)
-
-        _atomic_save(path, save)
+        atomic_write_bytes(path, st.save(tensors))
         ctx.files.append(str(path.relative_to(ctx.out)))
         mask = s.loss_mask.to(torch.int64)
         rows["input_ids"].append(s.input_ids.tolist())
@@ -414,10 +401,11 @@ def export_hidden(source: RunConfig | str, kinds: list[str], out_dir: str | Path
         (out / EXPORT_REPORT).unlink(missing_ok=True)
         t0 = time.perf_counter()
         ctx = ExportContext(hidden=hset, manifest=m, out=out, selected=selected, dtype=_out_dtype(m), norm=norm)
-        spec.fn(ctx)
+        with storage_faults(str(out), "write"):  # a full disk: one line naming the folder (the files name theirs)
+            spec.fn(ctx)
         listing = b"".join(encode_json(HiddenExportSample(index=i, sample_id=sid, file=f)) + b"\n"
                            for (i, sid, _), f in zip(selected, _files_per_sample(ctx, kind), strict=True))
-        _atomic_save(out / SAMPLE_IDS, _writer(listing))
+        atomic_write_bytes(out / SAMPLE_IDS, listing)
         secs = time.perf_counter() - t0
         rep = HiddenExportReport(format=kind, out=str(out), hidden=url, manifest_fingerprint=fingerprint,
                                  samples=len(selected), tokens=ctx.tokens, skipped_flagged=len(flagged),

@@ -21,25 +21,33 @@ never sees half a file; a published file no index lists is simply redone. ``Hidd
 of all parts by sample_id (also requiring the file to exist).
 
 torch, safetensors, numpy and fsspec are optional dependencies (``draftgen[extract]``), imported on use.
-Credentials in ``storage_options`` (or the usual AWS_* variables s3fs reads) are never printed.
+Credentials come from the AWS_* variables, AWS_PROFILE or a credentials file, never from ``storage_options``
+or the URL (``HiddenStore`` refuses them, as the config loader does) and are never printed.
+
+Storage faults: foreign exceptions raised at this boundary (fsspec/s3fs/botocore/aiohttp, safetensors,
+torch, OSError) are translated into one-line draftgen errors naming the path or URL and the fix by ONE
+table, ``_FAULTS`` (``storage_faults`` applies it); an exception no row matches propagates unchanged (a bug).
+``read_safetensors`` / ``read_torch`` read other safetensors / torch files (connector files, checkpoints)
+through the same table; ``atomic_write_bytes`` is the one local atomic writer (the store, export-hidden).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import struct
 import tempfile
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from draftgen.errors import ConfigError, InputError, StorageError
+from draftgen.errors import ConfigError, DraftgenError, InputError, StorageError
 from draftgen.records import HiddenIndexRecord, HiddenManifest
 from draftgen.rundir import HiddenLayout
 from draftgen.store import decode_json, decode_json_object, encode_json
@@ -56,12 +64,17 @@ __all__ = [
     "HiddenSet",
     "HiddenStore",
     "LoadedSample",
+    "atomic_write_bytes",
     "decode_sample",
     "encode_sample",
     "open_hidden",
+    "read_safetensors",
+    "read_torch",
     "require",
     "sample_key",
     "sample_path",
+    "storage_faults",
+    "translate_storage_error",
 ]
 
 SCHEMA = "draftgen.hidden/1"
@@ -174,26 +187,30 @@ def _safetensors_bytes(tensors: dict[str, Any], metadata: dict[str, str]) -> byt
     return struct.pack("<Q", len(head)) + head + b"".join(blobs)
 
 
-def _header_metadata(data: bytes) -> dict[str, str]:
+def _header_metadata(data: bytes, where: str) -> dict[str, str]:
     if len(data) < 8:
-        raise InputError("hidden-state file: truncated (no safetensors header)")
+        raise InputError(f"{where}: truncated (no safetensors header); {_REDO}")
     (n,) = struct.unpack("<Q", data[:8])
     try:
         header = decode_json_object(data[8:8 + n])
     except ValueError:
-        raise InputError("hidden-state file: unreadable safetensors header") from None
+        raise InputError(f"{where}: unreadable safetensors header (truncated or corrupt); {_REDO}") from None
     meta = header.get("__metadata__") or {}
     return {str(k): str(v) for k, v in meta.items()}
 
 
-def decode_sample(data: bytes) -> LoadedSample:
-    """A stored sample from its bytes, dequantized (aux/final float32)."""
+def decode_sample(data: bytes, where: str = "hidden-state file") -> LoadedSample:
+    """A stored sample from its bytes, dequantized (aux/final float32); ``where`` names it in errors."""
     torch = require("torch")
     st = require("safetensors.torch")
-    meta = _header_metadata(data)
+    meta = _header_metadata(data, where)
     if meta.get("schema") != SCHEMA:
-        raise InputError(f"hidden-state file: schema {meta.get('schema')!r}, expected {SCHEMA!r}")
-    t = st.load(data)
+        raise InputError(f"{where}: schema {meta.get('schema')!r}, expected {SCHEMA!r}")
+    with storage_faults(where):
+        t = st.load(data)
+    missing = [k for k in ("input_ids", "loss_mask", "aux", "final") if k not in t]
+    if missing:
+        raise InputError(f"{where}: no {', '.join(missing)} tensor; not a {SCHEMA} sample: {_REDO}")
     aux, final = t["aux"].float(), t["final"].float()
     if "aux_scale" in t:
         aux = aux * t["aux_scale"].float()
@@ -201,6 +218,178 @@ def decode_sample(data: bytes) -> LoadedSample:
     return LoadedSample(sample_id=meta.get("sample_id", ""), input_ids=t["input_ids"].to(torch.int64),
                         loss_mask=t["loss_mask"].to(torch.uint8), aux=aux, final=final,
                         dtype=meta.get("dtype", "bf16"))
+
+
+# -- storage faults: one translation table -----------------------------------------------------------------
+
+_REDO = "delete it and rerun the step that wrote it (draftgen extract redoes a missing sample)"
+_RERUN = "then rerun: completed files are kept"
+_ENDPOINT = "hidden_states.storage_options.endpoint_url"
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling (s3fs wraps botocore's)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen and len(seen) < 8:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def _named(exc: BaseException, *names: str) -> BaseException | None:
+    """The first exception of ``exc``'s chain with a class (or base class) called one of ``names``."""
+    for e in _chain(exc):
+        if any(c.__name__ in names for c in type(e).__mro__):
+            return e
+    return None
+
+
+def _missing_bucket(exc: BaseException) -> bool:
+    return (_named(exc, "NoSuchBucket") is not None
+            or any("bucket does not exist" in str(e).lower() for e in _chain(exc)))
+
+
+def _disk_full(exc: BaseException) -> bool:
+    return any(getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "os error 28" in str(e)
+               for e in _chain(exc))
+
+
+def _bucket(where: str) -> str:
+    from urllib.parse import urlsplit
+
+    return urlsplit(where).netloc or where
+
+
+def _profile(exc: BaseException) -> str:
+    kwargs = getattr(_named(exc, "ProfileNotFound"), "kwargs", None) or {}
+    return str(kwargs.get("profile") or os.environ.get("AWS_PROFILE", ""))
+
+
+@dataclass(frozen=True)
+class _Fault:
+    """A row of ``_FAULTS``: a foreign exception (a class name anywhere in the MRO of an exception of its
+    chain: the libraries are optional imports), an optional extra test, the draftgen error and its message
+    (``str.format`` fields: where, detail, bucket, profile)."""
+
+    names: tuple[str, ...]
+    error: type[DraftgenError]
+    message: str
+    test: Callable[[BaseException, str], bool] | None = None
+
+
+#: foreign exception → draftgen error, first matching row wins (see the module docstring)
+_FAULTS: tuple[_Fault, ...] = (
+    _Fault(("OSError", "SafetensorError"), StorageError,
+           "{where}: disk full (no space left on device); free some space or write elsewhere, " + _RERUN,
+           lambda e, op: _disk_full(e)),
+    _Fault(("ProfileNotFound",), ConfigError,
+           "{where}: AWS_PROFILE {profile!r} is not a profile in ~/.aws/config or ~/.aws/credentials; set "
+           "AWS_PROFILE to one that is, or unset it and export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
+    _Fault(("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"), ConfigError,
+           "{where}: no usable AWS credentials ({detail}); export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+           "or set AWS_PROFILE to a profile in ~/.aws/credentials"),
+    _Fault(("HTTPClientError", "ValueError"), ConfigError,
+           "{where}: the storage endpoint URL holds credentials (user:password@); give the bare "
+           f"http://host:port in {_ENDPOINT} and export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+           lambda e, op: any("credentials encoded in url" in str(x).lower() for x in _chain(e))),
+    _Fault(("FileNotFoundError", "NoSuchBucket"), ConfigError,
+           "{where}: bucket {bucket!r} does not exist; create it, or name an existing bucket in "
+           "hidden_states.output", lambda e, op: _missing_bucket(e)),
+    _Fault(("PermissionError", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"),
+           StorageError, "{where}: permission denied ({detail}); check the folder's permissions, or for an "
+           "object store the credentials (AWS_* variables, AWS_PROFILE) and the bucket's policy"),
+    _Fault(("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
+            "ClientConnectionError", "ServerDisconnectedError", "ClientPayloadError", "ConnectionError",
+            "TimeoutError"), StorageError,
+           "{where}: the storage endpoint cannot be reached ({detail}); check that it is up and "
+           f"{_ENDPOINT} (and the network), " + _RERUN),
+    _Fault(("FileNotFoundError",), InputError,
+           "{where}: not found; check the path, or rerun the step that writes it", lambda e, op: op == "read"),
+    _Fault(("SafetensorError", "HeaderTooLarge", "UnpicklingError", "EOFError", "error", "UnicodeDecodeError"),
+           InputError, "{where}: unreadable ({detail}): truncated or corrupt; " + _REDO,
+           lambda e, op: op == "read"),
+    _Fault(("RuntimeError",), InputError, "{where}: unreadable torch file ({detail}): truncated or corrupt; " + _REDO,
+           lambda e, op: op == "read" and "PytorchStreamReader" in str(e)),
+    _Fault(("ClientError",), StorageError,
+           "{where}: the object store refused the request ({detail}); check the bucket, the credentials and "
+           f"{_ENDPOINT}"),
+    _Fault(("OSError",), StorageError,
+           "{where}: write failed ({detail}); check the path and its permissions, " + _RERUN,
+           lambda e, op: op == "write"),
+)
+
+
+def _detail(exc: BaseException) -> str:
+    from draftgen.secrets import redact
+
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    text = " ".join(redact(text or type(exc).__name__).split())
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def translate_storage_error(exc: BaseException, where: str, op: str = "read") -> DraftgenError | None:
+    """The draftgen error for a foreign exception raised reading (``op="read"``), listing or writing
+    (``"write"``) ``where`` (a path or URL), or None when ``_FAULTS`` has no row for it."""
+    if isinstance(exc, DraftgenError):
+        return exc
+    for fault in _FAULTS:
+        hit = _named(exc, *fault.names)
+        if hit is not None and (fault.test is None or fault.test(exc, op)):
+            shown = where.rstrip("/")
+            return fault.error(fault.message.format(where=shown, detail=_detail(hit), bucket=_bucket(shown),
+                                                    profile=_profile(exc)))
+    return None
+
+
+@contextlib.contextmanager
+def storage_faults(where: str, op: str = "read") -> Iterator[None]:
+    """Translate what the block raises about ``where`` through ``_FAULTS`` (unmatched: unchanged)."""
+    try:
+        yield
+    except Exception as exc:
+        err = translate_storage_error(exc, where, op)
+        if err is None or err is exc:
+            raise
+        raise err from None
+
+
+def read_safetensors(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The tensors of a safetensors file (on CPU); a missing, truncated or corrupt file is one InputError
+    naming ``path``."""
+    st = require("safetensors.torch")
+    with storage_faults(str(path)):
+        tensors: dict[str, Any] = st.load_file(str(path), device="cpu")
+    return tensors
+
+
+def read_torch(path: str | os.PathLike[str]) -> Any:
+    """``torch.load(path, weights_only=True)``; a missing, truncated or corrupt file is one InputError
+    naming ``path``."""
+    torch = require("torch")
+    with storage_faults(str(path)):
+        return torch.load(str(path), weights_only=True, map_location="cpu")
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Publish ``data`` at local ``path`` atomically: a temp file in the same folder (``.<name>.<random>.tmp``,
+    never read), fsync, ``os.replace``; on failure the temp file is removed and the error translated
+    (a full disk: StorageError naming ``path``)."""
+    target = os.fspath(path)
+    with storage_faults(target, "write"):
+        folder = os.path.dirname(target) or "."
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(target)}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
 
 def _utc_stamp() -> str:
@@ -211,9 +400,16 @@ class HiddenStore:
     """One hidden-state destination, local path or fsspec URL (see the module docstring)."""
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        from draftgen.secrets import storage_credentials
+
+        why = storage_credentials(url, dict(storage_options or {}), url_key="the hidden-state URL",
+                                  options_key="storage_options")
+        if why:
+            raise ConfigError(why)
         fsspec = require("fsspec", "s3" if "://" in url and not url.startswith("file://") else "extract")
         try:
-            fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+            with storage_faults(url):
+                fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
         except ImportError as exc:  # e.g. s3fs missing for s3://
             raise ConfigError(f"hidden_states.output {url!r}: {exc}; pip install 'draftgen[s3]'") from None
         self.url = url
@@ -225,31 +421,15 @@ class HiddenStore:
         return f"{self.root}/{rel}"
 
     def _where(self, rel: str) -> str:
-        return f"{self.url.rstrip('/')}/{rel}"
+        return f"{self.url.rstrip('/')}/{rel}" if rel else self.url
 
     # -- writing
     def _put(self, rel: str, data: bytes) -> None:
-        target = self.path(rel)
-        try:
-            if self.local:
-                folder = os.path.dirname(target)
-                os.makedirs(folder, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(target)}.", suffix=".tmp")
-                try:
-                    with os.fdopen(fd, "wb") as fh:
-                        fh.write(data)
-                        fh.flush()
-                        os.fsync(fh.fileno())
-                    os.replace(tmp, target)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp)
-                    raise
-            else:
-                self.fs.pipe_file(target, data)  # one put: the object appears whole or not at all
-        except OSError as exc:
-            raise StorageError(f"{self._where(rel)}: write failed ({exc.strerror or type(exc).__name__}); "
-                               "completed samples are kept, rerun to resume") from None
+        if self.local:
+            atomic_write_bytes(self.path(rel), data)
+            return
+        with storage_faults(self._where(rel), "write"):
+            self.fs.pipe_file(self.path(rel), data)  # one put: the object appears whole or not at all
 
     def publish(self, sample_id: str, data: bytes) -> str:
         """Publish one sample's bytes atomically; returns its path relative to the root."""
@@ -270,10 +450,13 @@ class HiddenStore:
 
     # -- reading
     def _list(self, rel: str) -> list[str]:
-        try:
-            return [str(p) for p in self.fs.find(self.path(rel))]
-        except FileNotFoundError:
-            return []
+        with storage_faults(self._where(rel), "list"):
+            try:
+                return [str(p) for p in self.fs.find(self.path(rel))]
+            except FileNotFoundError as exc:
+                if _missing_bucket(exc):
+                    raise
+                return []  # nothing written there yet
 
     def index_parts(self) -> list[str]:
         return sorted(p for p in self._list(HiddenLayout.index)
@@ -283,9 +466,12 @@ class HiddenStore:
         """Samples done: listed in some index part and whose published file exists (union of all parts)."""
         out: dict[str, HiddenIndexRecord] = {}
         for part in self.index_parts():
-            for lineno, line in enumerate(self.fs.cat_file(part).splitlines(), 1):
+            rel = part[len(self.root) + 1:]
+            with storage_faults(self._where(rel)):
+                lines = self.fs.cat_file(part).splitlines()
+            for lineno, line in enumerate(lines, 1):
                 if line.strip():
-                    rec = decode_json(line, HiddenIndexRecord, where=f"{part}:{lineno}")
+                    rec = decode_json(line, HiddenIndexRecord, where=f"{self._where(rel)}:{lineno}")
                     out.setdefault(rec.sample_id, rec)
         if out:
             published = {p[len(self.root) + 1:] for p in self._list(HiddenLayout.states)
@@ -294,24 +480,32 @@ class HiddenStore:
         return out
 
     def read_bytes(self, rel: str) -> bytes:
-        try:
-            data: bytes = self.fs.cat_file(self.path(rel))
-        except FileNotFoundError:
-            raise InputError(f"{self._where(rel)}: file not found") from None
+        where = self._where(rel)
+        with storage_faults(where):
+            try:
+                data: bytes = self.fs.cat_file(self.path(rel))
+            except FileNotFoundError as exc:
+                if _missing_bucket(exc):
+                    raise
+                raise InputError(f"{where}: file not found") from None
         return data
 
     def read_sample(self, rel: str) -> LoadedSample:
-        return decode_sample(self.read_bytes(rel))
+        return decode_sample(self.read_bytes(rel), self._where(rel))
 
     def has_manifest(self) -> bool:
-        return bool(self.fs.exists(self.path(HiddenLayout.manifest)))
+        with storage_faults(self._where(HiddenLayout.manifest)):
+            return bool(self.fs.exists(self.path(HiddenLayout.manifest)))
 
     def read_manifest(self) -> HiddenManifest:
         where = self._where(HiddenLayout.manifest)
-        try:
-            data = self.fs.cat_file(self.path(HiddenLayout.manifest))
-        except FileNotFoundError:
-            raise InputError(f"{where}: no manifest; run draftgen extract first (or let it finish)") from None
+        with storage_faults(where):
+            try:
+                data = self.fs.cat_file(self.path(HiddenLayout.manifest))
+            except FileNotFoundError as exc:
+                if _missing_bucket(exc):
+                    raise
+                raise InputError(f"{where}: no manifest; run draftgen extract first (or let it finish)") from None
         return decode_json(data, HiddenManifest, where=where)
 
     def clean_temps(self) -> int:

@@ -97,7 +97,7 @@ def check_settings(store: HiddenStore, done: dict[str, HiddenIndexRecord], cfg: 
                               f"{sorted(hs.layer_ids)}; {fix}")
     if done and backend is not None:
         first = next(iter(done.values()))
-        s = decode_sample(store.read_bytes(first.file))
+        s = store.read_sample(first.file)
         info = backend.info
         if s.dtype != hs.dtype or s.aux.shape[-1] != len(info.layers.aux) * info.hidden_size:
             raise RunDirError(f"{store.url}: its samples were written with dtype {s.dtype} and aux width "

@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from draftgen.backends import capabilities
-from draftgen.errors import ConfigError, PermanentAPIError, RetryableAPIError, StorageError
-from draftgen.hidden.format import Captured, require
+from draftgen.errors import ConfigError, InputError, PermanentAPIError, RetryableAPIError, StorageError
+from draftgen.hidden.format import Captured, read_safetensors, require
 from draftgen.phases.extract.capture import (
     ExtractBackendKind,
     ExtractCapabilities,
@@ -127,12 +127,15 @@ async def wait_for_lock(path: str, timeout_s: float, poll_s: float = 0.005) -> N
 
 
 def read_connector_file(path: str) -> ServerFile:
-    """The two tensors of one connector file (StorageError when unreadable or keys are missing)."""
-    st = require("safetensors.torch")
+    """The two tensors of one connector file (StorageError naming ``path`` when it is missing, truncated or
+    unreadable, or its keys are missing)."""
     try:
-        data = st.load_file(path, device="cpu")
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise StorageError(f"{path}: cannot read the connector's safetensors file ({exc})") from None
+        data = read_safetensors(path)
+    except InputError as exc:  # the storage boundary's one-line reason, with the connector's fix
+        reason = str(exc).removeprefix(f"{path}: ").split(";")[0]
+        raise StorageError(f"{path}: cannot read the connector's safetensors file ({reason}); keep "
+                           "use_synchronization_lock on in the server's kv_transfer_config and its "
+                           "shared_storage_path on a filesystem this host reads whole, then rerun") from None
     missing = [k for k in ("hidden_states", "token_ids") if k not in data]
     if missing:
         raise StorageError(f"{path}: no {', '.join(missing)} tensor; not an ExampleHiddenStatesConnector file")
