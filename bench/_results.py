@@ -59,6 +59,8 @@ class BenchRun:
     wall_s: float = 0.0
     output: str = ""
     results: list[dict[str, Any]] = field(default_factory=list)
+    #: ``output`` is already what the file shows (read back from a RESULTS.md), not to be cut again
+    shown: bool = False
 
     def figures(self) -> dict[str, Any]:
         merged: dict[str, Any] = {}
@@ -73,6 +75,13 @@ class BenchRun:
             if key in res["figures"]:
                 return res["figures"][key]
         return None
+
+    def label(self, key: str) -> str:
+        """The name ``figures()`` gives the figure ``figure(key)`` returns."""
+        if len(self.results) == 1:
+            return key
+        res = next((r for r in self.results if key in r["figures"]), {})
+        return f"{res.get('name', '')}.{key}"
 
 
 @dataclass
@@ -138,7 +147,7 @@ def check(t: Target, runs: dict[str, BenchRun], bench_dir: Path) -> Verdict:
                 parts = [f"{d} {fmt(run.figure(d))}" for d in t.detail if run.figure(d) is not None]
                 if parts:
                     got += f" ({', '.join(parts)})"
-                return Verdict(_met(t, float(v)), got, bench, key)
+                return Verdict(_met(t, float(v)), got, bench, run.label(key))
         whys.append(f"{bench}: none of {', '.join(t.keys)} reported")
     return Verdict("not measured", "; ".join(whys))
 
@@ -181,7 +190,7 @@ def section_lines(run: BenchRun, goals: dict[str, tuple[Target, str]]) -> list[s
             tail = f" (goal {goal[0].op} {fmt(goal[0].threshold)}, {goal[0].source}: {goal[1]})" if goal else ""
             lines.append(f"| {k} | {fmt(v)}{tail} |")
         lines.append("")
-    out = shown_output(run.output)
+    out = run.output if run.shown else shown_output(run.output)
     fence = "````" if "```" in out else "```"
     lines += ["<details><summary>raw output</summary>", "", fence + "text", out.rstrip("\n"), fence, "", "</details>"]
     return lines
@@ -250,7 +259,7 @@ def _split_sections(text: str) -> list[tuple[str, list[str]]]:
 
 
 def _read_run(name: str, lines: list[str], bench_dir: Path) -> BenchRun:
-    run = BenchRun(name, bench_dir / f"{name}.py")
+    run = BenchRun(name, bench_dir / f"{name}.py", shown=True)
     status = next((m for m in map(_STATUS.fullmatch, lines) if m), None)
     if status is not None:
         run.status, run.wall_s = status.group(1), float(status.group(2))
@@ -295,7 +304,7 @@ def verify(text: str, targets: list[Target], bench_dir: Path, expected: list[str
     if expected is not None and [r.name for r in runs] != expected:
         problems.append(f"benchmark sections {[r.name for r in runs]} are not the benchmarks {expected}")
     body = text[len(head) + 1:].rstrip("\n").split("\n")
-    want = body_lines([r for r in runs if r.path.is_file()], targets, bench_dir)
+    want = "\n".join(body_lines([r for r in runs if r.path.is_file()], targets, bench_dir)).split("\n")
     for i, (got, exp) in enumerate(zip(body, want, strict=False)):
         if got != exp:
             problems.append(f"line {len(head_lines) + i + 1}: {got[:120]!r} is not the generated {exp[:120]!r}")
