@@ -13,7 +13,9 @@ that the committed file is what this renders.
 Flags: ``--quick`` (smoke size: every script gets ``DRAFTGEN_BENCH_QUICK=1`` and, where it accepts it,
 ``--quick``), ``--only NAME`` (repeatable; ``resume`` or ``bench_resume``), ``--budget SECONDS``,
 ``--timeout SECONDS`` (per script, overriding the defaults), ``--output PATH`` (default bench/RESULTS.md;
-with ``--quick``, bench/RESULTS-quick.md so that a smoke run never replaces the full figures unless asked).
+with ``--quick``, bench/RESULTS-quick.md so that a smoke run never replaces the full figures unless asked),
+``--update`` (with ``--only``: re-run those and keep every other benchmark's section from the output file as
+it is, the header naming the kept ones and that file's date; for a machine too loaded to run all in one go).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import time
 from pathlib import Path
 
 from bench._common import REPO_ROOT, git_sha, machine_info, package_versions, parse_results
-from bench._results import BenchRun, Header, Target, render
+from bench._results import BenchRun, Header, Target, read_date, read_runs, render
 
 BENCH_DIR = Path(__file__).resolve().parent
 PACKAGES = [
@@ -185,6 +187,16 @@ def load_average() -> str:
         return "unknown"
 
 
+def _update(runs: list[BenchRun], previous: str) -> tuple[list[BenchRun], list[str], str]:
+    """Every benchmark, in the run order: the ones run now, the others as ``previous`` (a RESULTS.md) shows them
+    (absent there: not run); with the names kept and ``previous``'s date."""
+    now = {r.name: r for r in runs}
+    before = {r.name: r for r in read_runs(previous, BENCH_DIR)}
+    out = [now.get(p.stem) or before.get(p.stem) or BenchRun(p.stem, p) for p in discover([])]
+    kept = [r.name for r in out if r.name not in now and r.name in before]
+    return out, kept, read_date(previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="smoke size (minutes, not the headline figures)")
@@ -193,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=None, help="per-script timeout in seconds")
     ap.add_argument("--output", type=Path, default=None,
                     help="default bench/RESULTS.md (quick: bench/RESULTS-quick.md, so the full one is kept)")
+    ap.add_argument("--update", action="store_true",
+                    help="keep the sections of the benchmarks not run now from the output file")
     args = ap.parse_args(argv)
     raw_argv = list(argv if argv is not None else sys.argv[1:])
     budget = args.budget if args.budget is not None else (1800.0 if args.quick else 2400.0)
@@ -210,9 +224,14 @@ def main(argv: list[str] | None = None) -> int:
         run_one(run, quick=args.quick, timeout=min(own, left))
         print(f"=== {run.name}: {run.status}, {run.wall_s:.1f} s", flush=True)
     total = time.perf_counter() - t0
+    kept: list[str] = []
+    kept_date = ""
+    if args.update and output.is_file():
+        runs, kept, kept_date = _update(runs, output.read_text(encoding="utf-8"))
     header = Header(argv=raw_argv, date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
                     git=git_sha() or "unknown", quick=args.quick, total_s=total, machine=machine_info(),
-                    packages=package_versions(PACKAGES), load_before=load_before, load_after=load_average())
+                    packages=package_versions(PACKAGES), load_before=load_before, load_after=load_average(),
+                    kept=kept, kept_date=kept_date)
     output.write_text(render(header, runs, TARGETS, BENCH_DIR), encoding="utf-8")
     print(f"\nwrote {output} ({total:.0f} s)")
     return 0 if all(r.status.startswith("ok") for r in runs) else 1

@@ -32,6 +32,9 @@ HEADER_PATTERNS = [
     r"- size: (full|quick \(smoke size; figures are not the headline ones\))", r"- total wall time: \d+ s",
     r"- machine: .+", r"- Python .+", r"- packages: .+", r"- load average \(1/5/15 min\) before: .+", "",
 ]
+# The one optional header line (after the total wall time), written by ``python -m bench --update``.
+KEPT_PATTERN = r"- kept from the previous file \(dated [^)]+\), not run now: bench_\w+(, bench_\w+)*"
+_DATE = re.compile(r"- date: (.+)")
 
 
 @dataclass
@@ -97,6 +100,9 @@ class Header:
     packages: dict[str, str]
     load_before: str
     load_after: str
+    #: ``--update``: the sections kept from the file this one replaces, and that file's date
+    kept: list[str] = field(default_factory=list)
+    kept_date: str = ""
 
 
 @dataclass
@@ -224,6 +230,7 @@ def header_lines(h: Header) -> list[str]:
         f"- git: `{h.git}`",
         f"- size: {'quick (smoke size; figures are not the headline ones)' if h.quick else 'full'}",
         f"- total wall time: {h.total_s:.0f} s",
+        *([f"- kept from the previous file (dated {h.kept_date}), not run now: {', '.join(h.kept)}"] if h.kept else []),
         f"- machine: {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable), {m['ram_gib']} GiB RAM",
         f"- Python {m['python']} ({m['implementation']}), {m['os']}, {m['libc']}",
         "- packages: " + ", ".join(f"{k} {v}" for k, v in h.packages.items()),
@@ -274,6 +281,12 @@ def _read_run(name: str, lines: list[str], bench_dir: Path) -> BenchRun:
     return run
 
 
+def read_date(text: str) -> str:
+    """The ``- date:`` of a rendered file's header ("unknown" when it has none)."""
+    m = next((m for m in map(_DATE.fullmatch, text.split("\n")[:12]) if m), None)
+    return m.group(1) if m else "unknown"
+
+
 def read_runs(text: str, bench_dir: Path) -> list[BenchRun]:
     """The runs a rendered RESULTS.md was made from, as far as the file holds them (shown outputs)."""
     return [_read_run(title, lines, bench_dir) for title, lines in _split_sections(text)
@@ -289,6 +302,8 @@ def verify(text: str, targets: list[Target], bench_dir: Path, expected: list[str
     if not sep:
         return ["no '## Targets' section: not a file `python -m bench` wrote"]
     head_lines = head.split("\n")
+    if len(head_lines) > 8 and re.fullmatch(KEPT_PATTERN, head_lines[8]):
+        del head_lines[8]
     if len(head_lines) != len(HEADER_PATTERNS):
         problems.append(f"header has {len(head_lines)} lines, the generated one {len(HEADER_PATTERNS)}")
     for i, (line, pat) in enumerate(zip(head_lines, HEADER_PATTERNS, strict=False), 1):
