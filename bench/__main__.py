@@ -1,15 +1,21 @@
-"""``python -m bench``: run every benchmark and write bench/RESULTS.md.
+"""``python -m bench``: run every benchmark and write bench/RESULTS.md, the whole file.
 
 Runs each ``bench/bench_*.py`` in its own subprocess (own process group, own timeout), so one failure or
-hang does not stop the rest, and the whole run stays inside a global time budget (default 19 minutes).
-A script's figures are read from its ``RESULT-JSON: {...}`` lines (see ``bench/_common.py``); its whole
-output is kept verbatim as well. RESULTS.md holds the machine, package versions, git SHA and date, a table
-of the targets from the issues (met / not met / not measured), every figure, and the raw outputs.
+hang does not stop the rest, and the whole run stays inside a global time budget (default 40 minutes; quick
+30). A script's figures are read from its ``RESULT-JSON: {...}`` lines (see ``bench/_common.py``); its whole
+output is kept verbatim as well. RESULTS.md (``bench/_results.py`` renders it) holds the machine, package
+versions, git SHA, date and size (full or quick), a table of the targets from the issues (met / not met / not
+measured), one section per script (every figure, each measured one with its goal, and the raw output), and
+nothing else: every section is generated, the hidden-state extraction (``bench_extract``) and the CPU
+drafter chain (``bench_chain``, scripts/tiny-chain's ``chain``) included; tests/test_bench_common.py checks
+that the committed file is what this renders.
 
 Flags: ``--quick`` (smoke size: every script gets ``DRAFTGEN_BENCH_QUICK=1`` and, where it accepts it,
 ``--quick``), ``--only NAME`` (repeatable; ``resume`` or ``bench_resume``), ``--budget SECONDS``,
 ``--timeout SECONDS`` (per script, overriding the defaults), ``--output PATH`` (default bench/RESULTS.md;
-with ``--quick``, bench/RESULTS-quick.md so that a smoke run never replaces the full figures).
+with ``--quick``, bench/RESULTS-quick.md so that a smoke run never replaces the full figures unless asked),
+``--update`` (with ``--only``: re-run those and keep every other benchmark's section from the output file as
+it is, the header naming the kept ones and that file's date; for a machine too loaded to run all in one go).
 """
 
 from __future__ import annotations
@@ -17,17 +23,15 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from bench._common import REPO_ROOT, git_sha, machine_info, package_versions, parse_results
+from bench._results import BenchRun, Header, Target, read_date, read_runs, render
 
 BENCH_DIR = Path(__file__).resolve().parent
 PACKAGES = [
@@ -44,6 +48,8 @@ TIMEOUTS: dict[str, tuple[int, int]] = {
     "bench_scale": (450, 120),
     "bench_peers": (420, 180),
     "bench_replay": (600, 600),
+    "bench_extract": (300, 150),
+    "bench_chain": (1200, 900),
 }
 DEFAULT_TIMEOUT = (180, 90)
 # Smoke-size flags for scripts that neither read DRAFTGEN_BENCH_QUICK nor accept --quick.
@@ -53,22 +59,7 @@ QUICK_ARGS: dict[str, list[str]] = {
 }
 # Run order: cheap and independent first, the long engine runs after.
 ORDER = ["bench_resume", "bench_reconstruct", "bench_emulator", "bench_report", "bench_merge", "bench_generate",
-         "bench_scale", "bench_peers", "bench_replay"]
-RAW_TAIL_CHARS = 12_000
-
-
-@dataclass
-class Target:
-    """A performance target from an issue, checked against the first of ``keys`` a script reported."""
-
-    label: str
-    benches: tuple[str, ...]
-    keys: tuple[str, ...]
-    op: str  # ">=" or "<="
-    threshold: float
-    source: str
-    #: fallback for scripts without RESULT-JSON: a regex whose first group is the figure, in the raw output
-    pattern: str | None = None
+         "bench_scale", "bench_peers", "bench_replay", "bench_extract", "bench_chain"]
 
 
 TARGETS = [
@@ -76,7 +67,7 @@ TARGETS = [
            ("responses_per_s_per_core", "responses_per_s", "emulator_responses_per_s"), ">=", 1000, "issue 2",
            pattern=r"target >= 1000 responses/s.*?\((\d+(?:\.\d+)?)/s\)"),
     Target("request-path CPU vs openai-SDK baseline (ratio)", ("bench_generate",),
-           ("request_path_cpu_ratio",), "<=", 1 / 3, "issue 3"),
+           ("request_path_cpu_ratio",), "<=", 1 / 3, "issue 3", detail=("total_cpu_ratio",)),
     Target("reconstruction cost vs raw tokenizer encode (ratio)", ("bench_reconstruct", "bench_generate"),
            ("reconstruct_vs_raw_ratio", "ratio_vs_raw", "overhead_ratio", "reconstruct_inline_vs_raw_ratio"),
            "<=", 1.25, "issue 3"),
@@ -95,32 +86,18 @@ TARGETS = [
            ("expected_occupancy",), ">=", 0.95, "issue 13"),
     Target("reference job replay: wall time vs ideal API-bound time (expected)", ("bench_replay",),
            ("expected_time_vs_ideal",), "<=", 1.1, "issue 13"),
+    Target("hidden-state extract vs the bare base-model forward, teacher_fraction 0.05 (ratio)", ("bench_extract",),
+           ("extract_overhead_vs_forward",), "<=", 1.15, "issue 14",
+           detail=("teacher5_extract_s", "bare_base_forward_s")),
+    Target("drafter chain: AL trained - untrained (k=3, vLLM /metrics)", ("bench_chain",),
+           ("al_trained_minus_untrained",), ">=", 0.3, "issue 15", detail=("al_trained", "al_untrained")),
+    Target("drafter chain: AL trained - broken (aux states not captured)", ("bench_chain",),
+           ("al_trained_minus_broken",), ">=", 0.2, "issue 15", detail=("al_trained", "al_broken")),
+    Target("drafter chain: SGLang meta_info AL vs the vLLM-counter AL (absolute difference)", ("bench_chain",),
+           ("al_trained_sglang_vs_vllm",), "<=", 0.15, "issue 15", detail=("al_trained_sglang", "al_trained")),
+    Target("drafter chain: states shifted by one, samples the extract checks flag reference_aux", ("bench_chain",),
+           ("shifted_reference_aux",), ">=", 1, "issue 15", detail=("shifted_flagged", "shifted_samples")),
 ]
-
-
-@dataclass
-class BenchRun:
-    name: str
-    path: Path
-    status: str = "not run"
-    rc: int | None = None
-    wall_s: float = 0.0
-    output: str = ""
-    results: list[dict[str, Any]] = field(default_factory=list)
-
-    def figures(self) -> dict[str, Any]:
-        merged: dict[str, Any] = {}
-        for res in self.results:
-            prefix = "" if len(self.results) == 1 else f"{res.get('name', '')}."
-            for k, v in res["figures"].items():
-                merged[prefix + k] = v
-        return merged
-
-    def figure(self, key: str) -> Any:
-        for res in self.results:
-            if key in res["figures"]:
-                return res["figures"][key]
-        return None
 
 
 def discover(only: list[str]) -> list[Path]:
@@ -203,45 +180,6 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, bool) or v is None:
-        return str(v)
-    if isinstance(v, float):
-        if v == 0 or 0.001 <= abs(v) < 10:
-            return f"{v:.4f}".rstrip("0").rstrip(".")
-        if 10 <= abs(v) < 1e9:
-            return f"{v:,.2f}".rstrip("0").rstrip(".")
-        return f"{v:.4g}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v).replace("|", "\\|").replace("\n", " ")
-
-
-def _check(t: Target, runs: dict[str, BenchRun]) -> tuple[str, str]:
-    whys = []
-    for bench in t.benches:
-        run = runs.get(bench)
-        if run is not None and not run.results and t.pattern and run.status.startswith("ok"):
-            m = re.search(t.pattern, run.output)
-            if m:
-                v = float(m.group(1))
-                ok = v >= t.threshold if t.op == ">=" else v <= t.threshold
-                return ("met" if ok else "NOT met"), f"{bench}: {_fmt(v)} (read from its printed output)"
-        if run is None or not run.results:
-            if run is not None:
-                whys.append(f"{bench}: {run.status}")
-            else:
-                whys.append(f"{bench}: " + ("not run" if (BENCH_DIR / f"{bench}.py").exists() else "script absent"))
-            continue
-        for key in t.keys:
-            v = run.figure(key)
-            if isinstance(v, int | float) and not isinstance(v, bool):
-                ok = v >= t.threshold if t.op == ">=" else v <= t.threshold
-                return ("met" if ok else "NOT met"), f"{bench}: {key} = {_fmt(float(v))}"
-        whys.append(f"{bench}: none of {', '.join(t.keys)} reported")
-    return "not measured", "; ".join(whys)
-
-
 def load_average() -> str:
     try:
         return " / ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -249,63 +187,29 @@ def load_average() -> str:
         return "unknown"
 
 
-def render(runs: list[BenchRun], *, quick: bool, total_s: float, argv: list[str], load_before: str) -> str:
-    m = machine_info()
-    by_name = {r.name: r for r in runs}
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [
-        "# draftgen benchmark results",
-        "",
-        "Generated by `python -m bench" + (" " + " ".join(argv) if argv else "") + "`; do not edit by hand.",
-        "",
-        f"- date: {now}",
-        f"- git: `{git_sha() or 'unknown'}`",
-        f"- size: {'quick (smoke size; figures are not the headline ones)' if quick else 'full'}",
-        f"- total wall time: {total_s:.0f} s",
-        f"- machine: {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable), {m['ram_gib']} GiB RAM",
-        f"- Python {m['python']} ({m['implementation']}), {m['os']}, {m['libc']}",
-        "- packages: " + ", ".join(f"{k} {v}" for k, v in package_versions(PACKAGES).items()),
-        f"- load average (1/5/15 min) before: {load_before}; after: {load_average()} "
-        "(other work on the machine slows wall-clock figures; CPU-second figures are steadier)",
-        "",
-        "## Targets",
-        "",
-        "| target | source | goal | status | measured |",
-        "|---|---|---|---|---|",
-    ]
-    for t in TARGETS:
-        status, got = _check(t, by_name)
-        lines.append(f"| {t.label} | {t.source} | {t.op} {_fmt(t.threshold)} | {status} | {got} |")
-    lines += ["", "## Benchmarks", "", "| benchmark | status | wall s | figures |", "|---|---|---|---|"]
-    for r in runs:
-        lines.append(f"| {r.name} | {r.status} | {r.wall_s:.1f} | {len(r.figures())} |")
-    for r in runs:
-        lines += ["", f"## {r.name}", "", f"Status: {r.status}; {r.wall_s:.1f} s.", ""]
-        figs = r.figures()
-        if figs:
-            lines += ["| figure | value |", "|---|---|"]
-            lines += [f"| {k} | {_fmt(v)} |" for k, v in figs.items()]
-            lines.append("")
-        out = r.output
-        if len(out) > RAW_TAIL_CHARS:
-            out = f"[... {len(out) - RAW_TAIL_CHARS:,} characters cut ...]\n" + out[-RAW_TAIL_CHARS:]
-        fence = "````" if "```" in out else "```"
-        lines += ["<details><summary>raw output</summary>", "", fence + "text", out.rstrip("\n"), fence, "",
-                  "</details>"]
-    return "\n".join(lines) + "\n"
+def _update(runs: list[BenchRun], previous: str) -> tuple[list[BenchRun], list[str], str]:
+    """Every benchmark, in the run order: the ones run now, the others as ``previous`` (a RESULTS.md) shows them
+    (absent there: not run); with the names kept and ``previous``'s date."""
+    now = {r.name: r for r in runs}
+    before = {r.name: r for r in read_runs(previous, BENCH_DIR)}
+    out = [now.get(p.stem) or before.get(p.stem) or BenchRun(p.stem, p) for p in discover([])]
+    kept = [r.name for r in out if r.name not in now and r.name in before]
+    return out, kept, read_date(previous)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="smoke size (minutes, not the headline figures)")
     ap.add_argument("--only", action="append", default=[], metavar="NAME", help="run only this benchmark")
-    ap.add_argument("--budget", type=float, default=None, help="global time budget in seconds (default 1140)")
+    ap.add_argument("--budget", type=float, default=None, help="global time budget in seconds (default 2400; quick 1800)")
     ap.add_argument("--timeout", type=float, default=None, help="per-script timeout in seconds")
     ap.add_argument("--output", type=Path, default=None,
                     help="default bench/RESULTS.md (quick: bench/RESULTS-quick.md, so the full one is kept)")
+    ap.add_argument("--update", action="store_true",
+                    help="keep the sections of the benchmarks not run now from the output file")
     args = ap.parse_args(argv)
     raw_argv = list(argv if argv is not None else sys.argv[1:])
-    budget = args.budget if args.budget is not None else (600.0 if args.quick else 1140.0)
+    budget = args.budget if args.budget is not None else (1800.0 if args.quick else 2400.0)
     output: Path = args.output or BENCH_DIR / ("RESULTS-quick.md" if args.quick else "RESULTS.md")
     paths = discover(args.only)
     runs = [BenchRun(p.stem, p) for p in paths]
@@ -320,7 +224,15 @@ def main(argv: list[str] | None = None) -> int:
         run_one(run, quick=args.quick, timeout=min(own, left))
         print(f"=== {run.name}: {run.status}, {run.wall_s:.1f} s", flush=True)
     total = time.perf_counter() - t0
-    output.write_text(render(runs, quick=args.quick, total_s=total, argv=raw_argv, load_before=load_before), encoding="utf-8")
+    kept: list[str] = []
+    kept_date = ""
+    if args.update and output.is_file():
+        runs, kept, kept_date = _update(runs, output.read_text(encoding="utf-8"))
+    header = Header(argv=raw_argv, date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                    git=git_sha() or "unknown", quick=args.quick, total_s=total, machine=machine_info(),
+                    packages=package_versions(PACKAGES), load_before=load_before, load_after=load_average(),
+                    kept=kept, kept_date=kept_date)
+    output.write_text(render(header, runs, TARGETS, BENCH_DIR), encoding="utf-8")
     print(f"\nwrote {output} ({total:.0f} s)")
     return 0 if all(r.status.startswith("ok") for r in runs) else 1
 
