@@ -20,7 +20,6 @@ from draftgen.cli import cli
 from draftgen.errors import APIError, InputError
 from draftgen.phases.accept import (
     SGLangMeta,
-    held_out_prompts,
     offline_al,
     parse_prometheus,
     run_accept,
@@ -28,6 +27,7 @@ from draftgen.phases.accept import (
     vllm_acceptance,
     vllm_counters,
 )
+from draftgen.phases.heldout import held_out_prompts
 from draftgen.records import AcceptReport, MergedFile, MergeManifest, Message, PromptRecord, TrainLogRecord
 from draftgen.rundir import RunDir
 from draftgen.store import atomic_write_json, encode_json, read_json
@@ -121,13 +121,14 @@ def _run_dir(tmp: Path, *, merged: list[str] | None, **sections: Any) -> Path:
 def test_held_out_prompts_skip_merged_rows_deterministically(tmp_path: Path) -> None:
     merged = [f"chat-{i}" for i in range(5)] + ["code-0#rep1", "code-1"]
     cfg = load(_run_dir(tmp_path, merged=merged))
-    got, notes = held_out_prompts(cfg, RunDir(cfg.run_path), 4)
-    ids = [p.sample_id for p in got]
+    held = held_out_prompts(cfg, RunDir(cfg.run_path), 4)
+    ids = [p.sample_id for p in held.prompts]
     assert ids[0] == "chat-5" and set(ids[1:]) <= {f"code-{i}" for i in range(2, 6)} and len(ids) == 4
     assert not set(ids) & {s.split("#")[0] for s in merged}
-    assert held_out_prompts(cfg, RunDir(cfg.run_path), 4)[0] == got and notes == []
-    few, notes = held_out_prompts(cfg, RunDir(cfg.run_path), 50)
-    assert len(few) == 5 and "only 5" in notes[0]
+    assert held_out_prompts(cfg, RunDir(cfg.run_path), 4) == held and held.notes == []
+    assert held.excluded_by_content == 0 and held.prompts[0].messages[0].content == "chat 5"
+    few = held_out_prompts(cfg, RunDir(cfg.run_path), 50)
+    assert len(few.prompts) == 5 and "only 5" in few.notes[0]
 
 
 def test_no_held_out_prompt_is_an_input_error(tmp_path: Path) -> None:
@@ -232,6 +233,7 @@ def test_run_accept_vllm_with_baseline_and_train_log(tmp_path: Path, drafter_dir
                         accept={"prompts": 6, "max_tokens": 10})
     rd = RunDir(tmp_path / "run")
     rd.train.mkdir(parents=True)
+    drafter_dir = drafter_dir.rename(rd.train_drafter)  # a drafter of this run: its estimate is the train log's
     (rd.train / "log.jsonl").write_bytes(
         encode_json(TrainLogRecord(kind="train", global_step=5, epoch=0, loss=1.0, cond_acc_k=[0.9, 0.9, 0.9]))
         + b"\n" + encode_json(TrainLogRecord(kind="val", global_step=5, epoch=0, loss=1.0,
@@ -250,7 +252,8 @@ def test_run_accept_vllm_with_baseline_and_train_log(tmp_path: Path, drafter_dir
     assert all(r["temperature"] == 0.0 and r["max_tokens"] == 10 and not r.get("stream") for r in spec.requests)
     assert len(base.requests) == 6
     saved = read_json(rd.root / "accept" / "acceptance.json", AcceptReport)
-    assert saved == rep
+    assert saved == rep and read_json(rd.accept_report(rep.drafter_key), AcceptReport) == rep
+    assert rep.drafter_key.startswith("train-drafter-")
     assert any("acceptance length 2.500" in ln and "offline estimate 1.750" in ln for ln in lines)
 
 
@@ -371,9 +374,8 @@ def test_run_accept_against_the_model_server(tmp_path: Path) -> None:
         cfg = load(cfg_path, {"endpoint.kind": "sglang"})
         rep2 = run_accept(cfg, drafter=tmp_path / "drafter", echo=lambda _s: None)
     profile = profile_from_config(cfg)
-    chosen, _ = held_out_prompts(cfg, RunDir(cfg.run_path), 3)
     tokens = verify = 0
-    for p in chosen:
+    for p in held_out_prompts(cfg, RunDir(cfg.run_path), 3).prompts:
         r = greedy_speculative_generate(target, drafter, profile.prompt_ids(p.messages, p.tools), k=3,
                                         max_new_tokens=24, eos_ids=[151645, 151643], aux_layer_ids=[2, 4, 5])
         tokens, verify = tokens + len(r.ids), verify + r.verify_calls

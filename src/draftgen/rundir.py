@@ -277,9 +277,22 @@ class RunDir:
         return self.train / _TRAIN_REPORT
 
     @property
+    def accept(self) -> Path:
+        """``accept/``: one folder per drafter measured, and the latest report."""
+        return self.root / _ACCEPT
+
+    @property
     def accept_json(self) -> Path:
-        """``accept/acceptance.json``: the last ``draftgen accept`` report."""
-        return self.root / _ACCEPT / _ACCEPT_JSON
+        """``accept/acceptance.json``: a copy of the latest ``draftgen accept`` report."""
+        return self.accept / _ACCEPT_JSON
+
+    def accept_report(self, key: str) -> Path:
+        """``accept/<key>/acceptance.json``: the report of the drafter whose key is ``key``."""
+        return self.accept / key / _ACCEPT_JSON
+
+    def accept_reports(self) -> list[Path]:
+        """Every drafter's report, ordered by key."""
+        return sorted(self.accept.glob(f"*/{_ACCEPT_JSON}"))
 
     # -- around the phases
     @property

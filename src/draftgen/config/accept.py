@@ -15,8 +15,9 @@ class AcceptConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     """How ``draftgen accept`` measures acceptance of the served drafter on held-out prompts."""
 
     prompts: int = 20
-    """Held-out prompts to send: prepared prompts that are in no merged row, taken in a fixed order (by a
-    hash of the sample id), spread over the datasets."""
+    """Held-out prompts to send: prepared prompts that are in no merged row, by sample id or by content (the
+    same prompt under another dataset name is not held out), taken in a fixed order (by a hash of the sample
+    id), spread over the datasets."""
     datasets: list[str] | None = None
     """Datasets to take held-out prompts from (default: every dataset of the config)."""
     max_tokens: int = 256
@@ -29,4 +30,5 @@ class AcceptConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     baseline_url: str | None = None
     """A second server of the same target without the drafter: tokens/s with and without speculation."""
     offline_cond_acc: list[float] | None = None
-    """Per-step conditional accuracies for the offline estimate when the run has no training log."""
+    """Per-step conditional accuracies for the offline estimate of a drafter that has no training log here (one
+    not under the run's ``train/``, or a run without ``train/log.jsonl``)."""

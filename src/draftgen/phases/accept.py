@@ -1,11 +1,15 @@
 """``draftgen accept CONFIG --drafter PATH``: the served drafter's acceptance on held-out prompts.
 
-Reads the prepared prompts (``prepared/<dataset>/prompts.jsonl``) and the merged shards' sample ids
-(``merged/manifest.json`` → its Parquet files); writes ``accept/acceptance.json`` (``AcceptReport``).
+Reads the prepared prompts (``prepared/<dataset>/prompts.jsonl``), the merged shards' sample ids
+(``merged/manifest.json`` → its Parquet files) and, for a drafter under ``train/``, ``train/log.jsonl``.
+Writes one ``AcceptReport`` per drafter, ``accept/<drafter key>/acceptance.json`` (the key: the drafter
+folder's last two path parts and a digest of its resolved path, ``drafter_key``; measuring the same folder
+again replaces its report), and a copy of the latest one as ``accept/acceptance.json``.
 
-1. Held-out prompts: prepared prompts whose sample id is in no merged row (train or validation), ordered by
-   sha256 of the sample id and taken round-robin over ``accept.datasets`` until ``accept.prompts``. With no
-   merge yet, every prepared prompt is eligible (a note says so).
+1. Held-out prompts (``phases.heldout``): prepared prompts in no merged row (train or validation) by sample
+   id or by content (merge's prompt dedupe key), ordered by sha256 of the sample id and taken round-robin
+   over ``accept.datasets`` until ``accept.prompts``. With no merge yet, every prepared prompt is eligible
+   (a note says so).
 2. They are sent greedily (temperature 0, ``accept.max_tokens``, ``accept.concurrency`` in flight) to the
    server that serves the target with the drafter:
    The server's kind is ``accept.server``, or with ``auto`` the endpoint's kind when that backend reports
@@ -21,8 +25,9 @@ Reads the prepared prompts (``prepared/<dataset>/prompts.jsonl``) and the merged
    error naming the fix. Transport failures are told apart by ``backends.errors.TRANSPORT_ERRORS``.
 3. With ``--baseline-url`` (``accept.baseline_url``) the same prompts go to a server without the drafter:
    tokens/s with and without speculation, and their ratio.
-4. Offline estimate: AL ≈ 1 + Σ_k Π_{j≤k} cond_acc_j from the training log's last validation record (else its
-   last step), or ``accept.offline_cond_acc``; shown next to the measured AL.
+4. Offline estimate: AL ≈ 1 + Σ_k Π_{j≤k} cond_acc_j from the drafter's own training log, the run's
+   ``train/log.jsonl`` when the drafter folder is under ``train/`` (its last validation record, else its last
+   step), else ``accept.offline_cond_acc``, else none; shown next to the measured AL.
 """
 
 from __future__ import annotations
@@ -40,16 +45,16 @@ import msgspec
 from draftgen.config import RunConfig
 from draftgen.errors import APIError, ConfigError, InputError, RetryableAPIError
 from draftgen.phases import Echo
+from draftgen.phases.heldout import held_out_prompts
 from draftgen.records import (
     AcceptanceFigures,
     AcceptReport,
-    MergeManifest,
     PromptRecord,
     ThroughputFigures,
     TrainLogRecord,
 )
 from draftgen.rundir import RunDir
-from draftgen.store import atomic_write_json, iter_jsonl, read_json, read_json_object
+from draftgen.store import atomic_write_json, iter_jsonl, read_json_object
 
 if TYPE_CHECKING:
     import aiohttp
@@ -60,7 +65,7 @@ __all__ = [
     "PromSample",
     "SGLangMeta",
     "SpecCounters",
-    "held_out_prompts",
+    "drafter_key",
     "offline_al",
     "parse_prometheus",
     "run_accept",
@@ -220,60 +225,6 @@ def offline_al(cond_acc: Sequence[float]) -> float:
     return total
 
 
-# -- held-out prompts --------------------------------------------------------------------------------------
-
-
-def _merged_ids(rd: RunDir) -> set[str] | None:
-    """Bare sample ids of every merged row (``#repN`` dropped), or None when nothing was merged."""
-    if not rd.merged_manifest.is_file():
-        return None
-    man = read_json(rd.merged_manifest, MergeManifest)
-    import pyarrow.parquet as pq
-
-    ids: set[str] = set()
-    for f in man.files:
-        if f.kind != "parquet":
-            continue
-        path = rd.root / f.path if man.layout >= 2 else rd.merged / f.path
-        try:
-            col = pq.read_table(path, columns=["sample_id"]).column("sample_id").to_pylist()
-        except (OSError, KeyError) as exc:
-            raise InputError(f"{path}: cannot read its sample_id column ({exc}); run `draftgen merge` again") from None
-        ids.update(str(s).split("#rep", 1)[0] for s in col)
-    return ids
-
-
-def held_out_prompts(cfg: RunConfig, rd: RunDir, n: int) -> tuple[list[PromptRecord], list[str]]:
-    """Up to ``n`` prepared prompts in no merged row (see the module docstring), and notes."""
-    notes: list[str] = []
-    names = cfg.accept.datasets or [d.name for d in cfg.datasets]
-    for name in names:
-        cfg.dataset(name)  # a ConfigError naming the datasets when unknown
-    merged = _merged_ids(rd)
-    if merged is None:
-        notes.append("no merged/ in the run: every prepared prompt counted as held out")
-        merged = set()
-    pools: list[list[PromptRecord]] = []
-    for name in names:
-        path = rd.prepared(name)
-        if not path.is_file():
-            raise InputError(f"{path}: no prepared prompts for dataset {name!r}; run `draftgen prepare` first")
-        pool = [rec for _, rec in iter_jsonl(path, PromptRecord) if rec.sample_id not in merged]
-        pool.sort(key=lambda r: hashlib.sha256(r.sample_id.encode()).hexdigest())
-        pools.append(pool)
-    out: list[PromptRecord] = []
-    i = 0
-    while len(out) < n and any(i < len(p) for p in pools):
-        out.extend(p[i] for p in pools if i < len(p) and len(out) < n)
-        i += 1
-    if not out:
-        raise InputError(f"no held-out prompts: every prepared prompt of {', '.join(names)} is in a merged row; "
-                         "prepare more prompts (or a held-out dataset) and pass it in accept.datasets")
-    if len(out) < n:
-        notes.append(f"only {len(out)} held-out prompts available ({n} asked)")
-    return out, notes
-
-
 # -- sending -----------------------------------------------------------------------------------------------
 
 
@@ -411,8 +362,19 @@ async def _sglang_pass(cfg: RunConfig, server: str, url: str, prompts: Sequence[
 # -- offline estimate and the drafter ----------------------------------------------------------------------
 
 
-def _offline(cfg: RunConfig, rd: RunDir) -> tuple[list[float], str | None]:
+def _from_train(folder: Path, rd: RunDir) -> bool:
+    """The drafter folder is inside this run's ``train/`` (its training log is ``train/log.jsonl``)."""
+    return folder.resolve().is_relative_to(rd.train.resolve())
+
+
+def _offline(cfg: RunConfig, rd: RunDir, folder: Path) -> tuple[list[float], str | None]:
+    """The per-step conditional accuracies of the offline estimate and where they come from: the run's training
+    log for a drafter under ``train/``, else ``accept.offline_cond_acc``, else none."""
     path = rd.train_log
+    if not _from_train(folder, rd):
+        if cfg.accept.offline_cond_acc:
+            return list(cfg.accept.offline_cond_acc), "accept.offline_cond_acc"
+        return [], None
     last_val: TrainLogRecord | None = None
     last_train: TrainLogRecord | None = None
     for _, line in iter_jsonl(path, TrainLogRecord):
@@ -427,6 +389,23 @@ def _offline(cfg: RunConfig, rd: RunDir) -> tuple[list[float], str | None]:
     if cfg.accept.offline_cond_acc:
         return list(cfg.accept.offline_cond_acc), "accept.offline_cond_acc"
     return [], None
+
+
+def drafter_key(folder: Path) -> str:
+    """The drafter's report folder name under ``accept/``: the folder's last two path parts (readable) and the
+    first 10 hex digits of sha256 of its resolved path (two folders of the same name stay apart)."""
+    resolved = folder.resolve()
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(resolved.parts[-2:])).strip("._-") or "drafter"
+    return f"{name}-{hashlib.sha256(str(resolved).encode()).hexdigest()[:10]}"
+
+
+def _write_report(rd: RunDir, report: AcceptReport) -> Path:
+    """The drafter's own report, then the same as the run's latest (``accept/acceptance.json``); returns the
+    drafter's."""
+    out = rd.accept_report(report.drafter_key)
+    atomic_write_json(out, report)
+    atomic_write_json(rd.accept_json, report)
+    return out
 
 
 def _drafter_k(folder: Path) -> int | None:
@@ -484,9 +463,12 @@ def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
     n = prompts if prompts is not None else cfg.accept.prompts
     if n < 1:
         raise ConfigError(f"accept.prompts is {n}; it must be 1 or more")
-    chosen, notes = held_out_prompts(cfg, rd, n)
+    held = held_out_prompts(cfg, rd, n)
+    chosen, notes = held.prompts, held.notes
     server, acceptance = _server(cfg)
-    echo(f"accept: {len(chosen)} held-out prompts → {url} ({server}), max_tokens {cfg.accept.max_tokens}")
+    echo(f"accept: {len(chosen)} held-out prompts → {url} ({server}), max_tokens {cfg.accept.max_tokens}"
+         + (f"; {held.excluded_by_content} left out as their content is in a merged row"
+            if held.excluded_by_content else ""))
     base_fig: ThroughputFigures | None = None
     if acceptance == "meta_info":
         from draftgen.tokens import profile_from_config
@@ -508,18 +490,18 @@ def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
         figures = got
         if baseline:
             base_fig, _ = asyncio.run(_vllm_pass(cfg, server, baseline, chosen, scrape=False))
-    cond, source = _offline(cfg, rd)
+    cond, source = _offline(cfg, rd, folder)
     report = AcceptReport(
-        drafter=str(folder), server=server, prompts=len(chosen), sample_ids=[p.sample_id for p in chosen],
+        drafter=str(folder), drafter_key=drafter_key(folder), excluded_by_content=held.excluded_by_content,
+        server=server, prompts=len(chosen), sample_ids=[p.sample_id for p in chosen],
         max_tokens=cfg.accept.max_tokens, acceptance=figures, speculative=spec, baseline=base_fig,
         speedup=round(spec.tokens_per_s / base_fig.tokens_per_s, 4) if base_fig and base_fig.tokens_per_s else None,
         k=k, offline_al=round(offline_al(cond), 4) if cond else None, offline_cond_acc=cond,
         offline_source=source, notes=notes, created_at=time.time())
-    out = rd.accept_json
-    atomic_write_json(out, report)
+    out = _write_report(rd, report)
     for line in summary_lines(report):
         echo(line)
-    echo(f"accept: report written to {out}")
+    echo(f"accept: report written to {out} (and {rd.accept_json}, the latest)")
     return report
 
 

@@ -206,7 +206,8 @@ def _chain_states(rd: RunDir, merged_t: float | None) -> list[PhaseStatus]:
         elif merged_t is not None and t < merged_t:
             out.append(PhaseStatus(name=name, state="incomplete", detail="older than merged/manifest.json"))
         else:
-            out.append(PhaseStatus(name=name, state="done"))
+            n = len(rd.accept_reports()) if name == "accept" else 0
+            out.append(PhaseStatus(name=name, state="done", detail=f"{n} drafters measured" if n > 1 else None))
     return out
 
 

@@ -1,5 +1,5 @@
 """Records of the drafter: ``train/log.jsonl`` (``TrainLogRecord``), ``train/train.json`` (``TrainReport``) and
-``accept/acceptance.json`` (``AcceptReport``)."""
+``accept/<drafter key>/acceptance.json`` and its latest copy ``accept/acceptance.json`` (``AcceptReport``)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class TrainReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     schema_version: int = SCHEMA_VERSION
 
 
-# -- accept output: accept/acceptance.json (draftgen.phases.accept) --------------------------------------------------
+# -- accept output: accept/<drafter key>/acceptance.json (draftgen.phases.accept) -------------------------------------
 
 
 class AcceptanceFigures(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -82,13 +82,16 @@ class ThroughputFigures(msgspec.Struct, omit_defaults=True, kw_only=True):
 
 
 class AcceptReport(msgspec.Struct, omit_defaults=True, kw_only=True):
-    """``accept/acceptance.json``: the measured acceptance next to the offline estimate from training."""
+    """``accept/<drafter key>/acceptance.json`` (one per drafter; ``accept/acceptance.json`` is the latest):
+    the measured acceptance next to the offline estimate from that drafter's training."""
 
     drafter: str
+    drafter_key: str = ""  # its folder under accept/ (phases.accept.drafter_key)
     server: str  # "vllm" | "sglang"
     prompts: int
     sample_ids: list[str]
     max_tokens: int
+    excluded_by_content: int = 0  # candidates left out: their content is in a merged row under another sample id
     acceptance: AcceptanceFigures
     speculative: ThroughputFigures
     baseline: ThroughputFigures | None = None
@@ -96,7 +99,7 @@ class AcceptReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     k: int | None = None  # the drafter's speculative tokens, from its config
     offline_al: float | None = None  # 1 + Σ_k Π_{j≤k} cond_acc_j
     offline_cond_acc: list[float] = msgspec.field(default_factory=list)
-    offline_source: str | None = None  # "train log <path> (val|train step N)" or "accept.offline_cond_acc"
+    offline_source: str | None = None  # "<train log> (validation|train, step N)", "accept.offline_cond_acc" or None
     notes: list[str] = msgspec.field(default_factory=list)
     created_at: float = 0.0
     schema_version: int = SCHEMA_VERSION
