@@ -1,6 +1,6 @@
 """The CPU drafter chain (issue 15): acceptance lengths of a trained, an untrained and a broken EAGLE-3 drafter.
 
-Runs scripts/tiny-chain's ``chain`` (the command a user runs, and what tests/test_chain.py asserts on) once, in
+Runs scripts/tiny-chain's ``chain`` (the command a user runs, and what tests/integration/test_chain.py asserts on) once, in
 a fresh temporary folder, with examples/tiny-chain.yaml: the tiny learnable target (``draftgen.drafter.tiny``:
 random Qwen3, 8 layers, hidden 128, seed 0, bundled Qwen3 tokenizer) served by ``draftgen emulate --model``;
 prepare → generate (vllm backend, exact ids, greedy, 96 tokens) → merge (bundled chat + code, 20 prompts held
@@ -47,7 +47,7 @@ SCRIPT = REPO_ROOT / "scripts" / "tiny-chain"
 
 
 def load_chain_script() -> ModuleType:
-    """scripts/tiny-chain as a module (it has no .py suffix), as tests/test_chain.py loads it."""
+    """scripts/tiny-chain as a module (it has no .py suffix), as tests/integration/test_chain.py loads it."""
     loader = importlib.machinery.SourceFileLoader("draftgen_tiny_chain", str(SCRIPT))
     spec = importlib.util.spec_from_loader(loader.name, loader)
     assert spec is not None

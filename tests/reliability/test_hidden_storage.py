@@ -9,7 +9,7 @@ Item 14: a truncated stored state (export-hidden), a truncated connector file (t
 truncated checkpoint / torch file (``read_safetensors`` / ``read_torch``), a full disk during export-hidden
 (every format; the disk is simulated as tests/reliability/test_full_disk.py does: the file handle of the
 one atomic writer, ``atomic_write_bytes``, is wrapped so that writes fail with ENOSPC once a byte budget is
-spent), and on S3 (a real moto server on loopback, as tests/test_extract_s3.py): the endpoint stopping
+spent), and on S3 (a real moto server on loopback, as tests/integration/test_extract_s3.py): the endpoint stopping
 mid-extract, an unknown AWS_PROFILE, a missing bucket.
 """
 

@@ -54,7 +54,7 @@ def _ids(run: Path) -> list[str]:
     return [r.sample_id for _, r in iter_jsonl(run / "raw" / "ideas" / "raw_responses.jsonl", ResponseRecord)]
 
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
 
 
 def test_quickstart_runs_every_phase_then_skips_what_is_up_to_date(tmp_path: Path) -> None:

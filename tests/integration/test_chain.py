@@ -29,8 +29,8 @@ pytest.importorskip("transformers")
 from _hidden_export_helpers import speculators_python  # noqa: E402
 from draftgen.config import load_config  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "tiny-chain"
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-chain.yaml"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "tiny-chain"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-chain.yaml"
 
 
 def _script() -> ModuleType:

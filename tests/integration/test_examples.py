@@ -9,7 +9,7 @@ import pytest
 
 from draftgen.config import load_config
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
@@ -24,7 +24,7 @@ def test_examples_exist() -> None:
     assert {p.name for p in EXAMPLES} >= {"quickstart.yaml", "openrouter-kimi.yaml"}
 
 
-QUICKSTART = Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml"
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml"
 
 
 def test_quickstart_writes_its_run_dir_under_the_working_directory(tmp_path: Path,
