@@ -282,17 +282,20 @@ def extract(config: str, run_dir: str | None, output: str | None, model: str | N
 @click.option("--max-steps", type=int, help="Stop after this many steps in all (overrides train.max_steps).")
 @click.option("--draft-vocab-size", type=int, help="Draft vocabulary size (overrides train.draft_vocab_size).")
 @click.option("--restart", is_flag=True, help="Drop earlier checkpoints and train from scratch.")
+@click.option("--allow-partial", is_flag=True,
+              help="Train on an incomplete hidden set (extract --limit/--pilot) instead of refusing it.")
 @force_option
 @friendly
 def train(config: str, run_dir: str | None, hidden: str | None, verifier: str | None, speculators_bin: str | None,
           epochs: int | None, max_steps: int | None, draft_vocab_size: int | None, restart: bool,
-          force: bool) -> None:
+          allow_partial: bool, force: bool) -> None:
     """Train an EAGLE-3 drafter with speculators on hidden/ (resumes; writes a vLLM and an SGLang checkpoint)."""
     from draftgen.phases.train.run import run_train
 
     cfg = _load(config, {"run_dir": run_dir, "train.hidden": hidden, "train.verifier": verifier,
                          "train.speculators": speculators_bin, "train.epochs": epochs, "train.max_steps": max_steps,
-                         "train.draft_vocab_size": draft_vocab_size})
+                         "train.draft_vocab_size": draft_vocab_size,
+                         "train.allow_partial": True if allow_partial else None})
     run_train(cfg, echo=click.echo, restart=restart, force=force)
 
 

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["TrainConfig"]
+__all__ = ["DRAFT_ATTN_IMPLS", "HIDDEN_STATES_DTYPES", "LOSS_IMPLEMENTATIONS", "OPTIMIZERS", "TrainConfig"]
+
+# speculators 0.9's own choices (speculators.train.config.schema): its --optimizer Literal, the dtypes its
+# hidden_states_dtype validator accepts (float16 is refused there: no gradient scaling), and its Literals.
+OPTIMIZERS = ("muon", "adamw")
+HIDDEN_STATES_DTYPES = ("bfloat16", "float32")
+DRAFT_ATTN_IMPLS = ("simple_flex_attention", "sdpa", "eager")
+LOSS_IMPLEMENTATIONS = ("fused", "eager")
 
 
 class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
@@ -49,5 +56,43 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     """Seed of speculators' batch packing and init."""
     num_workers: int = 0
     """DataLoader worker processes."""
+    allow_partial: bool = False
+    """Train on an incomplete hidden set (``extract --limit``/``--pilot``, or an interrupted extract); by
+    default such a set is refused, naming how many samples it lacks (``draftgen train --allow-partial``)."""
     extra_args: list[str] = msgspec.field(default_factory=list)
     """Further ``speculators train`` flags, passed as given (``["--no-norm-before-residual"]``)."""
+
+    def __post_init__(self) -> None:
+        # Invariant: every value that reaches speculators is one it accepts. A ValueError here becomes the
+        # loader's ConfigError naming the file and the 'train' section (msgspec reports the path).
+        problem = _problem(self)
+        if problem:
+            raise ValueError(problem)
+
+
+def _choice(key: str, value: str | None, allowed: tuple[str, ...]) -> str | None:
+    if value is None or value in allowed:
+        return None
+    return f"train.{key} {value!r} is not one of {', '.join(allowed)}"
+
+
+def _problem(tc: TrainConfig) -> str | None:
+    """What is wrong with the section (the first thing found), or None."""
+    freq = tc.checkpoint_freq
+    checks: list[tuple[bool, str]] = [
+        (tc.lr < 0 or tc.lr != tc.lr, f"train.lr {tc.lr} must be >= 0 (0 trains nothing, for a dry chain)"),
+        (tc.max_steps is not None and tc.max_steps < 1, f"train.max_steps {tc.max_steps} must be >= 1 (or left out)"),
+        (tc.total_seq_len < 1, f"train.total_seq_len {tc.total_seq_len} must be >= 1 (tokens per batch)"),
+        (not freq > 0 or (freq > 1 and not float(freq).is_integer()),
+         f"train.checkpoint_freq {freq} must be > 0, and a whole number of epochs when above 1"),
+        (tc.ttt_steps < 1, f"train.ttt_steps {tc.ttt_steps} must be >= 1"),
+        (tc.epochs < 1, f"train.epochs {tc.epochs} must be >= 1"),
+        (not 0.0 < tc.train_data_ratio < 1.0, f"train.train_data_ratio {tc.train_data_ratio} must be in (0, 1)"),
+        (tc.draft_vocab_size < 1, f"train.draft_vocab_size {tc.draft_vocab_size} must be >= 1"),
+        (tc.num_workers < 0, f"train.num_workers {tc.num_workers} must be >= 0"),
+    ]
+    bad = next((msg for failed, msg in checks if failed), None)
+    return bad or (_choice("optimizer", tc.optimizer, OPTIMIZERS)
+                   or _choice("hidden_states_dtype", tc.hidden_states_dtype, HIDDEN_STATES_DTYPES)
+                   or _choice("draft_attn_impl", tc.draft_attn_impl, DRAFT_ATTN_IMPLS)
+                   or _choice("loss_implementation", tc.loss_implementation, LOSS_IMPLEMENTATIONS))

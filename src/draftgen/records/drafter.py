@@ -48,6 +48,8 @@ class TrainReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     final_train: TrainLogRecord | None = None
     final_val: TrainLogRecord | None = None
     offline_al: float | None = None  # 1 + sum_k prod_{j<=k} cond_acc_j (last validation, else last step)
+    partial: bool = False  # trained on an incomplete hidden set (--allow-partial)
+    missing_samples: int | None = None  # with partial: samples the set lacked (-1: unknown)
     schema_version: int = SCHEMA_VERSION
 
 

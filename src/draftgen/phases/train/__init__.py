@@ -1,7 +1,8 @@
 """``draftgen train``: an EAGLE-3 drafter trained by speculators on the extracted hidden states.
 
 Modules: ``run`` (``run_train(cfg, ...) -> TrainReport``: export, vocabulary, the speculators subprocess,
-checkpoints), ``vocab`` (the draft vocabulary, d2t/t2d), ``convert`` (the flat EAGLE-3 / SGLang format),
+checkpoints), ``guards`` (verifier identity, complete set, loadable checkpoints, the log once per step, the
+trainer child's lifetime), ``vocab`` (the draft vocabulary, d2t/t2d), ``convert`` (the flat EAGLE-3 / SGLang format),
 ``speculators_runner`` (executed by speculators' own Python; never imported here). Imported on use, so
 ``import draftgen.phases.train`` stays light.
 """

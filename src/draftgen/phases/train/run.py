@@ -18,8 +18,10 @@ its ``speculators`` executable or its Python): ``speculators_runner.py`` (a file
 imports only speculators) calls speculators' trainer with the flags built here, fixes what it lacks on a
 machine without a GPU, and prints each metric record as a tagged JSON line. Layer ids go as
 ``--target-layer-ids`` = the manifest's aux ids (vLLM convention, which speculators uses unshifted).
-A rerun resumes from the last checkpoint (step count continues); a changed hidden set is refused unless
-``restart``.
+A rerun resumes from the last checkpoint (step count continues; log.jsonl keeps each step once); a changed
+hidden set is refused unless ``restart``. Before anything is trained (``guards``): the verifier must be the
+extraction target, the set complete (or ``train.allow_partial``), the checkpoint resumed from loadable; the
+new checkpoint is loaded before drafter/ and eagle3/ are swapped in, train.json last.
 """
 
 from __future__ import annotations
@@ -27,16 +29,25 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from draftgen.config import RunConfig
 from draftgen.errors import ConfigError, DraftgenError, InputError
 from draftgen.phases import Echo
 from draftgen.phases.train.convert import to_eagle3
+from draftgen.phases.train.guards import (
+    check_checkpoint,
+    check_complete,
+    check_verifier,
+    start_trainer,
+    stop_trainer,
+    trim_log,
+)
 from draftgen.phases.train.vocab import build_vocab_mapping, save_vocab_mapping
 from draftgen.records import HiddenExportReport, TrainLogRecord, TrainReport
 from draftgen.rundir import RunDir, writer
@@ -53,7 +64,7 @@ if TYPE_CHECKING:
     from draftgen.tokens import Profile
 
 __all__ = [
-    "find_speculators_python", "offline_al", "parse_metrics", "read_report", "run_train", "speculators_args",
+    "find_speculators_python", "has_gpu", "offline_al", "parse_metrics", "read_report", "run_train", "speculators_args",
 ]
 
 
@@ -83,8 +94,10 @@ def find_speculators_python(given: str | None) -> str:
     raise ConfigError(f"{name}: cannot tell which python runs it; set {ENV} to that python instead")
 
 
-def _has_gpu(python: str) -> bool:
-    probe = "import torch; print(torch.accelerator.current_accelerator() is not None)"
+def has_gpu(python: str) -> bool:
+    """Whether speculators' Python sees a usable accelerator. A CPU-only host is a CPU whatever torch was
+    built for: ``check_available=True`` (without it torch names its compiled-in backend, e.g. CUDA)."""
+    probe = "import torch; print(torch.accelerator.current_accelerator(check_available=True) is not None)"
     out = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=False)
     return out.stdout.strip() == "True"
 
@@ -199,16 +212,19 @@ def _train(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> TrainReport
     from draftgen.hidden.exports import export_hidden, hidden_url
     from draftgen.hidden.format import open_hidden
 
-    tc = cfg.train
-    if tc.ttt_steps < 1 or tc.epochs < 1 or not 0.0 < tc.train_data_ratio < 1.0:
-        raise ConfigError("train: ttt_steps and epochs must be >= 1 and train_data_ratio in (0, 1)")
+    tc = cfg.train  # its values are checked at config load (TrainConfig.__post_init__)
     python = find_speculators_python(tc.speculators)
     url = tc.hidden if tc.hidden and "://" in tc.hidden else (str(cfg.path(tc.hidden)) if tc.hidden else hidden_url(cfg))
     manifest = open_hidden(url, dict(cfg.hidden_states.storage_options)).manifest
     verifier = _resolve_verifier(cfg, manifest.target.name)
+    check_verifier(verifier, manifest, url)
+    missing = check_complete(manifest, url, run_root=rd.root, allow_partial=tc.allow_partial, echo=echo)
     data, ckpts = rd.train_inputs, rd.train_checkpoints
     if restart:
         shutil.rmtree(ckpts, ignore_errors=True)
+    resume_from = _last_epoch_dir(ckpts)
+    if resume_from is not None:
+        check_checkpoint(resume_from)  # speculators would resume from it, and it would be published
     before = data / "export.json"
     old = read_json(before, HiddenExportReport) if before.is_file() else None
 
@@ -230,12 +246,46 @@ def _train(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> TrainReport
     d2t_path, t2d_path = save_vocab_mapping(rd.train_vocab, d2t, t2d)
 
     first = 0 if restart else _global_step(_last_epoch_dir(ckpts))
-    gpu = _has_gpu(python)
+    gpu = has_gpu(python)
     args = speculators_args(verifier=verifier, data=data, save=ckpts, d2t=d2t_path, t2d=t2d_path,
                             aux_ids=list(manifest.layer_ids.aux), tc=tc, gpu=gpu)
     echo(f"train: speculators on {'GPU' if gpu else 'CPU'}, {rep.samples} samples, layers {manifest.layer_ids.aux} "
          f"(vLLM ids), draft vocab {tc.draft_vocab_size}, ttt {tc.ttt_steps}"
          + (f", resuming at step {first}" if first else ""))
+    trim_log(rd.train_log, first)  # a killed run's records at or after the resumed step are logged again
+    run = _run_trainer([python, str(RUNNER), *args], rd, echo)
+    last = _last_epoch_dir(ckpts)
+    if last is None:
+        raise DraftgenError(f"speculators train saved no checkpoint in {ckpts}; see {rd.train_speculators_log}")
+    check_checkpoint(last)
+    drafter, eagle = _publish(last, rd)
+    steps, seconds, last_train, last_val = run.steps, run.seconds, run.last_train, run.last_val
+    latest = last_val or last_train
+    acc = latest.cond_acc_k if latest is not None else []
+    report = TrainReport(
+        exit_code=0, message=f"drafter: {drafter} (vllm serve), {eagle} (SGLang)", verifier=str(verifier),
+        hidden=url, samples=rep.samples, layer_ids=list(manifest.layer_ids.aux),
+        draft_vocab_size=tc.draft_vocab_size, ttt_steps=tc.ttt_steps, first_step=first,
+        last_step=_global_step(last), steps_this_run=steps, seconds=round(seconds, 2),
+        steps_per_s=round(steps / seconds, 3) if steps and seconds > 0 else None, checkpoint=str(drafter),
+        eagle_checkpoint=str(eagle), final_train=last_train, final_val=last_val,
+        offline_al=round(offline_al(acc), 4) if acc else None, partial=missing is not None,
+        missing_samples=missing)
+    atomic_write_json(rd.train_report, report)  # last: its presence says drafter/ and eagle3/ are this run's
+    echo(f"train: {steps} steps this run (global step {report.last_step}) in {seconds:.1f} s; {report.message}")
+    return report
+
+
+class _Run(NamedTuple):
+    steps: int
+    seconds: float
+    last_train: TrainLogRecord | None
+    last_val: TrainLogRecord | None
+
+
+def _run_trainer(cmd: list[str], rd: RunDir, echo: Echo) -> _Run:
+    """Run speculators (``cmd``), streaming its metrics into log.jsonl and its console into speculators.log;
+    a failed run is a DraftgenError quoting its last line. The child dies with draftgen (guards)."""
     env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
     tail: deque[str] = deque(maxlen=30)
     last_train: TrainLogRecord | None = None
@@ -243,8 +293,7 @@ def _train(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> TrainReport
     t0 = time.perf_counter()
     steps = 0
     with JsonlWriter(rd.train_log) as log, open(rd.train_speculators_log, "a", encoding="utf-8") as raw:
-        proc = subprocess.Popen([python, str(RUNNER), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env=env)
+        proc = start_trainer(cmd, env)
         try:
             for line in _lines(proc):
                 rec = parse_metrics(line)
@@ -260,46 +309,40 @@ def _train(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> TrainReport
                 if rec.kind == "val" or rec.global_step % 10 == 0:
                     echo(_fmt(rec))
         except BaseException:
-            proc.kill()
-            proc.wait()
+            stop_trainer(proc)
             raise
         rc = proc.wait()
-    seconds = time.perf_counter() - t0
     if rc != 0:
         why = next((t for t in reversed(tail) if t.strip()), "")
         raise DraftgenError(f"speculators train failed (exit {rc}): {why.strip()[:300]}; its output is in "
                             f"{rd.train_speculators_log}")
-    last = _last_epoch_dir(ckpts)
-    if last is None:
-        raise DraftgenError(f"speculators train saved no checkpoint in {ckpts}; see {rd.train_speculators_log}")
-    drafter = _publish_drafter(last, rd.train_drafter)
-    eagle = to_eagle3(drafter, rd.train_eagle)
-    latest = last_val or last_train
-    acc = latest.cond_acc_k if latest is not None else []
-    report = TrainReport(
-        exit_code=0, message=f"drafter: {drafter} (vllm serve), {eagle} (SGLang)", verifier=str(verifier),
-        hidden=url, samples=rep.samples, layer_ids=list(manifest.layer_ids.aux),
-        draft_vocab_size=tc.draft_vocab_size, ttt_steps=tc.ttt_steps, first_step=first,
-        last_step=_global_step(last), steps_this_run=steps, seconds=round(seconds, 2),
-        steps_per_s=round(steps / seconds, 3) if steps and seconds > 0 else None, checkpoint=str(drafter),
-        eagle_checkpoint=str(eagle), final_train=last_train, final_val=last_val,
-        offline_al=round(offline_al(acc), 4) if acc else None)
-    atomic_write_json(rd.train_report, report)
-    echo(f"train: {steps} steps this run (global step {report.last_step}) in {seconds:.1f} s; {report.message}")
-    return report
+    return _Run(steps, time.perf_counter() - t0, last_train, last_val)
 
 
-def _publish_drafter(epoch_dir: Path, out: Path) -> Path:
-    """The checkpoint's config.json + model.safetensors in ``out`` (replaced whole)."""
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for name in ("config.json", "model.safetensors"):
-        shutil.copyfile(epoch_dir / name, tmp / name)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out
+def _publish(epoch_dir: Path, rd: RunDir) -> tuple[Path, Path]:
+    """The (checked) checkpoint as ``train/drafter/`` and ``train/eagle3/``. Both are built in temp folders
+    inside train/ first, so a failure leaves the previous pair as it was; train.json is removed before the
+    two renames and rewritten after them, so a published pair without train.json is never mistaken for one
+    run's (a crash between the renames is the only window, and it leaves no report)."""
+    out_d, out_e = rd.train_drafter, rd.train_eagle
+    parent = out_d.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=".publish-"))
+    try:
+        new_d = tmp / "drafter"
+        new_d.mkdir()
+        for name in ("config.json", "model.safetensors"):
+            shutil.copyfile(epoch_dir / name, new_d / name)
+        new_e = to_eagle3(new_d, tmp / "eagle3")
+        rd.train_report.unlink(missing_ok=True)
+        for new, out in ((new_d, out_d), (new_e, out_e)):
+            old = tmp / f"old-{out.name}"
+            if out.exists():
+                os.replace(out, old)
+            os.replace(new, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_d, out_e
 
 
 def read_report(rd: RunDir) -> TrainReport:

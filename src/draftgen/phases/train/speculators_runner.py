@@ -8,10 +8,12 @@ and speculators, never draftgen, so it runs where draftgen is not installed. It 
 - Metrics: every training/validation metric record speculators logs (``speculators.metrics``: loss,
   ``full_acc_k``, ``cond_acc_k`` per TTT step, lr, epoch, global_step) is also printed to stdout as one line
   ``@@draftgen-metrics {json}``, which draftgen turns into ``train/log.jsonl`` and console progress.
-- CPU (no accelerator): speculators 0.9.0's Trainer sends batches to ``local_rank`` 0 (a CUDA device),
-  autocasts on device type "cuda", its step timer calls ``torch.accelerator.synchronize`` and its
-  checkpointer loads to "cuda:0". Here those resolve to the CPU (the synchronize is a no-op). Its training loop also takes one step per further epoch once ``--max-steps`` is reached; here an
-  epoch starts only while steps remain. Nothing else of the trainer is changed.
+- CPU (no usable accelerator, ``on_cpu``: a CUDA build of torch without a GPU counts): speculators
+  0.9.0's Trainer sends batches to ``local_rank`` 0 (a CUDA device), autocasts on device type "cuda", its
+  step timer calls ``torch.accelerator.synchronize`` and its checkpointer loads to "cuda:0". Here those
+  resolve to the CPU (the synchronize is a no-op). Its training loop also takes one step per further epoch
+  once ``--max-steps`` is reached; here an epoch starts only while steps remain. Nothing else of the
+  trainer is changed.
 """
 
 from __future__ import annotations
@@ -45,13 +47,21 @@ class _MetricsHandler(logging.Handler):
         sys.stdout.flush()
 
 
+def on_cpu() -> bool:
+    """No usable accelerator. ``check_available=True``: a CUDA build of torch on a host without a GPU is on
+    the CPU (without it torch names the compiled-in backend and the CPU fixes below would be skipped)."""
+    import torch
+
+    return torch.accelerator.current_accelerator(check_available=True) is None
+
+
 def _patch(cli: Any) -> None:
     import torch
     from speculators.train import checkpointer, trainer  # type: ignore[import-not-found]
 
     base = trainer.Trainer
-    on_cpu = torch.accelerator.current_accelerator() is None
-    if on_cpu:
+    cpu = on_cpu()
+    if cpu:
         trainer.get_local_rank = lambda: "cpu"
         torch.accelerator.synchronize = lambda *a, **k: None  # nothing to wait for on the CPU
         checkpointer.get_current_device = lambda: "cpu"
@@ -59,7 +69,7 @@ def _patch(cli: Any) -> None:
     class Trainer(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            if on_cpu:
+            if cpu:
                 self.device_type = "cpu"
 
         def train_epoch(self, epoch: int, **kwargs: Any) -> None:
