@@ -143,8 +143,9 @@ def test_no_held_out_prompt_is_an_input_error(tmp_path: Path) -> None:
 class FakeServer:
     """vLLM chat completions + /metrics, and SGLang /generate; each request adds known counts."""
 
-    def __init__(self, *, speculate: bool = True, delay: float = 0.0) -> None:
+    def __init__(self, *, speculate: bool = True, delay: float = 0.0, faults: list[int] | None = None) -> None:
         self.speculate, self.delay = speculate, delay
+        self.faults = list(faults or [])  # statuses the next requests get (one each), before any success
         self.c = {"drafts": 0.0, "tokens": 0.0, "acc": 0.0, "p0": 0.0, "p1": 0.0, "p2": 0.0}
         self.requests: list[dict[str, Any]] = []
         self.port = free_port()
@@ -161,9 +162,17 @@ class FakeServer:
             for key, v in (("drafts", 4), ("tokens", 12), ("acc", 6), ("p0", 3), ("p1", 2), ("p2", 1)):
                 self.c[key] += v
 
+    def _fault(self) -> web.Response | None:
+        if not self.faults:
+            return None
+        status = self.faults.pop(0)
+        return web.json_response({"error": {"message": f"injected {status}", "code": status}}, status=status)
+
     async def chat(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.requests.append(body)
+        if (fault := self._fault()) is not None:
+            return fault
         await asyncio.sleep(self.delay)
         self._count()
         n = 10
@@ -182,6 +191,8 @@ class FakeServer:
     async def generate(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.requests.append(body)
+        if (fault := self._fault()) is not None:
+            return fault
         await asyncio.sleep(self.delay)
         meta: dict[str, Any] = {"completion_tokens": 12, "prompt_tokens": len(body["input_ids"])}
         if self.speculate:
@@ -285,6 +296,26 @@ def test_the_servers_capabilities_decide_how_acceptance_is_read(
     assert rep.server == expected
     assert rep.acceptance.source == ("sglang-meta_info" if expected == "sglang" else "vllm-metrics")
     assert all(("input_ids" in r) == (expected == "sglang") for r in spec.requests) and len(spec.requests) == 2
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_a_503_is_retried_by_the_one_policy_and_a_400_is_not(tmp_path: Path, drafter_dir: Path, kind: str) -> None:
+    """accept's requests go through the backends' HTTP layer (``backends.errors`` classification) and the
+    one retry policy (``retry.*``): a 503 is retried and the run completes; a 400 stops it at once."""
+    from draftgen.errors import PermanentAPIError
+
+    retry = {"base_delay_s": 0.01, "max_delay_s": 0.05}
+    with FakeServer(faults=[503]) as flaky:
+        cfg_path = _run_dir(tmp_path, merged=None, endpoint={"kind": kind, "base_url": flaky.url},
+                            accept={"prompts": 1, "max_tokens": 10, "concurrency": 1}, retry=retry)
+        rep = run_accept(load(cfg_path), drafter=drafter_dir, echo=lambda _s: None)
+        assert len(flaky.requests) == 2 and rep.prompts == 1  # the 503, then its retry
+    with FakeServer(faults=[400]) as refusing:
+        cfg_path = _run_dir(tmp_path / "b", merged=None, endpoint={"kind": kind, "base_url": refusing.url},
+                            accept={"prompts": 1, "max_tokens": 10, "concurrency": 1}, retry=retry)
+        with pytest.raises(PermanentAPIError, match="HTTP 400") as ei:
+            run_accept(load(cfg_path), drafter=drafter_dir, echo=lambda _s: None)
+        assert ei.value.kind == "http_400" and len(refusing.requests) == 1  # never retried
 
 
 def test_an_unreachable_metrics_endpoint_is_one_api_error(tmp_path: Path, drafter_dir: Path) -> None:

@@ -1,7 +1,8 @@
 """The ``vllm`` extract backend against two ``draftgen emulate --model`` servers in extract mode.
 
 A real merged run (emulator pipeline, bundled Qwen3), a seeded tiny Qwen3 target (8 layers, hidden 64), two
-model servers on free loopback ports writing connector files. ``draftgen extract`` with the vllm backend must
+model servers on free loopback ports writing connector files into one shared folder
+(``hidden_states.connector_dir``). ``draftgen extract`` with the vllm backend must
 store what the hf backend stores (fp32, within float tolerance) and what an independent HF forward gives;
 a server that returns altered ``prompt_token_ids`` is rejected with an error naming the sample, and nothing
 of that batch is published.
@@ -44,8 +45,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path
     tmp = tmp_path_factory.mktemp("xv")
     model = build_tiny_model(tmp / "tiny", layers=L, hidden=H)
     cfg_path = make_merged_run(tmp, n_chat=5, n_code=3, max_tokens=24)
+    # both servers write into the one connector folder the client is configured with
     servers = [start_in_thread(ModelServerOptions(model=str(model), port=0, threads=1,
-                                                  extract_dir=str(tmp / f"hs{i}"))) for i in range(2)]
+                                                  extract_dir=str(tmp / "hs"))) for _ in range(2)]
     try:
         yield cfg_path, model, servers
     finally:
@@ -53,11 +55,13 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path
             s.stop()
 
 
-def _config(cfg_path: Path, model: Path, name: str, backend: str, output: str, **endpoint: Any) -> RunConfig:
+def _config(cfg_path: Path, model: Path, name: str, backend: str, output: str, *, connector_dir: Path | None = None,
+            **endpoint: Any) -> RunConfig:
     data = yaml.safe_load(cfg_path.read_text(encoding="utf-8"))
     data["hidden_states"] = {"backend": backend, "model": str(model), "dtype": "fp32", "compute_dtype": "fp32",
                              "output": output, "teacher_min_margin": None, "max_flagged_fraction": 1.0,
-                             "teacher_fraction": 1.0}
+                             "teacher_fraction": 1.0,
+                             "connector_dir": str(connector_dir or cfg_path.parent / "hs")}
     if endpoint:
         data["endpoint"] = {**data["endpoint"], **endpoint}
     return load_config(write_config(cfg_path.parent, data, name))
@@ -107,7 +111,7 @@ def test_changed_prompt_ids_are_rejected_and_nothing_is_published(
     with start_in_thread(ModelServerOptions(model=str(model), port=0, threads=1, extract_dir=str(tmp_path / "hs"),
                                             extract_fault="prompt_ids")) as bad:
         cfg = _config(cfg_path, model, "cfg-bad.yaml", "vllm", str(tmp_path / "hidden-bad"), kind="vllm",
-                      base_url=bad.root_url, base_urls=[])
+                      base_url=bad.root_url, base_urls=[], connector_dir=tmp_path / "hs")
         be = VllmExtractBackend(cfg)
         try:
             with pytest.raises(PermanentAPIError, match=r"sample \S+: the server's prompt_token_ids differ") as ei:
@@ -125,10 +129,21 @@ def test_wrong_layer_count_is_a_config_error(setup: tuple[Path, Path, list[Runni
 
     _, model, servers = setup
     np = pytest.importorskip("numpy")
-    be = VllmExtractBackend.from_parts(model, VllmClientOptions(base_urls=(servers[0].root_url,)), [2, 4])
+    opts = VllmClientOptions(base_urls=(servers[0].root_url,), connector_dir=servers[0].server.opts.extract_dir)
+    be = VllmExtractBackend.from_parts(model, opts, [2, 4])
     try:
         row = ExtractRow("s-1", np.array([1, 2, 3], dtype=np.int64), np.array([0, 1, 1], dtype=np.uint8))
         with pytest.raises(ConfigError, match=r"captures 4 layers per token but draftgen expects 3"):
             be.capture([row])
     finally:
         be.close()
+
+
+def test_without_a_connector_folder_the_backend_refuses_to_start(
+        setup: tuple[Path, Path, list[RunningModelServer]]) -> None:
+    from draftgen.errors import ConfigError
+
+    _, model, servers = setup
+    with pytest.raises(ConfigError, match=r"^hidden_states\.connector_dir: not set; .*shared_storage_path") as ei:
+        VllmExtractBackend.from_parts(model, VllmClientOptions(base_urls=(servers[0].root_url,)))
+    assert "\n" not in str(ei.value)

@@ -13,14 +13,19 @@ the kinds ``idle_timeout``, ``request_timeout`` and ``body_too_large``.
 Transport exceptions (``backends.errors.TRANSPORT_ERRORS``) are translated by
 ``backends.errors.translate_exception``; non-2xx bodies by ``backends.errors.classify_http``. The API key
 lives only in the session's default headers.
+
+Requests outside a backend's ``complete`` (the vllm capture backend's ``/v1/completions`` and
+``/v1/models``, accept's ``/metrics`` and SGLang ``/generate``) go through ``fetch_bytes`` /
+``post_json`` / ``get_bytes`` on such a session, within ``within_deadline``: the same translation, the
+same body caps; they are retried by ``engine.retry.retrying`` (the one ``RetryPolicy``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -34,11 +39,17 @@ __all__ = [
     "HttpBackend",
     "check_base_url",
     "drop_none",
+    "fetch_bytes",
+    "get_bytes",
     "make_session",
+    "post_json",
     "read_body",
     "read_error_body",
     "read_events",
+    "within_deadline",
 ]
+
+T = TypeVar("T")
 
 _KIB = 1024
 _MIB = 1024 * 1024
@@ -165,6 +176,51 @@ async def read_events(
         raise
 
 
+async def within_deadline(aw: Awaitable[T], seconds: float, *, where: str = "") -> T:
+    """``aw`` within a total deadline of ``seconds`` (retryable ``request_timeout`` past it)."""
+    cm = asyncio.timeout(seconds)
+    try:
+        async with cm:
+            return await aw
+    except TimeoutError:
+        if cm.expired():
+            raise RetryableAPIError(
+                f"request timeout: no complete response within {seconds:g}s (endpoint.request_timeout_s)"
+                f"{_at(where)}", kind="request_timeout",
+            ) from None
+        raise
+
+
+async def fetch_bytes(
+    session: aiohttp.ClientSession, method: str, url: str, *, data: bytes | None = None, cap: int,
+    where: str | None = None, headers: Mapping[str, str] | None = None,
+) -> bytes:
+    """One request on ``session``: the body of a 200 (at most ``cap`` bytes, else retryable
+    ``body_too_large``), else the classified error of its status and body (``classify_http``, labelled
+    ``where``, by default ``"METHOD url"``); a transport exception becomes its ``translate_exception``."""
+    label = where if where is not None else f"{method} {url}"
+    try:
+        async with session.request(method, url, data=data, headers=headers) as resp:
+            if resp.status != 200:
+                body = await read_error_body(resp)
+                raise classify_http(resp.status, body, headers=resp.headers, where=label)
+            return await read_body(resp, cap, where=label)
+    except TRANSPORT_ERRORS as exc:
+        raise translate_exception(exc, where=f"{method} {url}") from None
+
+
+async def post_json(session: aiohttp.ClientSession, url: str, body: bytes, *, cap: int, where: str | None = None) -> bytes:
+    """POST an encoded JSON ``body`` (``fetch_bytes``)."""
+    return await fetch_bytes(session, "POST", url, data=body, cap=cap, where=where,
+                             headers={"Content-Type": "application/json"})
+
+
+async def get_bytes(session: aiohttp.ClientSession, url: str, *, cap: int = ACCOUNT_BODY_BYTES,
+                    where: str | None = None, headers: Mapping[str, str] | None = None) -> bytes:
+    """GET (``fetch_bytes``)."""
+    return await fetch_bytes(session, "GET", url, cap=cap, where=where, headers=headers)
+
+
 def make_session(
     *, api_key: str | None, connections: int, connect_timeout_s: float, idle_timeout_s: float,
     extra_headers: Mapping[str, str] | None = None,
@@ -199,33 +255,14 @@ class HttpBackend:
 
     async def complete(self, req: CompletionRequest) -> Completion:
         """``send`` within the request's total deadline (retryable ``request_timeout`` past it)."""
-        deadline = self.bounds.deadline_s(req.max_tokens)
-        cm = asyncio.timeout(deadline)
-        try:
-            async with cm:
-                return await self.send(req)
-        except TimeoutError:
-            if cm.expired():
-                raise RetryableAPIError(
-                    f"request timeout: no complete response within {deadline:g}s (endpoint.request_timeout_s)"
-                    f"{_at(self._where)}", kind="request_timeout",
-                ) from None
-            raise
+        return await within_deadline(self.send(req), self.bounds.deadline_s(req.max_tokens), where=self._where)
 
     async def send(self, req: CompletionRequest) -> Completion:
         raise NotImplementedError
 
     async def get_json(self, path: str, *, headers: Mapping[str, str] | None = None) -> bytes:
         """GET ``base_url + path``; the body bytes of a 200, else the classified APIError."""
-        url = self.base_url + path
-        try:
-            async with self.session.get(url, headers=headers) as resp:
-                if resp.status != 200:
-                    body = await read_error_body(resp)
-                    raise classify_http(resp.status, body, headers=resp.headers, where=f"GET {path}")
-                return await read_body(resp, ACCOUNT_BODY_BYTES, where=f"GET {path}")
-        except TRANSPORT_ERRORS as exc:
-            raise translate_exception(exc, where=f"GET {self.base_url}{path}") from None
+        return await get_bytes(self.session, self.base_url + path, where=f"GET {path}", headers=headers)
 
     async def get_key_info(self) -> KeyInfo | None:
         return None

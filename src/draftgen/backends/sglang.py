@@ -38,7 +38,16 @@ from draftgen.backends.errors import (
     error_from_wire,
     translate_exception,
 )
-from draftgen.backends.http import Bounds, HttpBackend, drop_none, read_body, read_error_body, read_events
+from draftgen.backends.http import (
+    Bounds,
+    HttpBackend,
+    drop_none,
+    post_json,
+    read_body,
+    read_error_body,
+    read_events,
+    within_deadline,
+)
 from draftgen.backends.wire import check_completion
 from draftgen.errors import ConfigError, RetryableAPIError
 from draftgen.records import Usage
@@ -143,6 +152,15 @@ class SGLangBackend(HttpBackend):
         except TRANSPORT_ERRORS as exc:
             raise translate_exception(exc, where=self._where) from None
         return check_completion(self._completion(out, req))
+
+    async def generate_raw(self, body: Mapping[str, Any], *, max_tokens: int) -> bytes:
+        """``body`` posted to ``/generate`` as given, unstreamed (accept reads the reply's ``meta_info``,
+        which ``Completion`` does not carry): the reply's bytes, within the bounds of ``max_tokens``
+        (deadline, body cap), errors classified and translated as ``send``'s."""
+        data = _enc.encode(body)
+        return await within_deadline(
+            post_json(self.session, self._url, data, cap=self.bounds.body_cap(max_tokens), where=self._where),
+            self.bounds.deadline_s(max_tokens), where=self._where)
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, max_tokens: int, cap: int) -> _GenOut:
         # Cumulative events repeat everything so far, so the body as a whole is not bounded by ``cap``:

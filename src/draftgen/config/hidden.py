@@ -69,6 +69,8 @@ class HiddenStatesConfig(Section):
     """vllm backend: roots of the servers running extract_hidden_states (http://host:8000 or .../v1); unset: endpoint.base_url and endpoint.base_urls when endpoint.kind is vllm."""
     concurrency: int | None = None
     """vllm backend: requests in flight over all servers (default 8 per server)."""
+    connector_dir: str | None = None
+    """vllm backend, required: the folder the servers' kv_transfer_config shared_storage_path names, as seen here (relative to the config file), shared between servers and client; only ``<request_id>.safetensors`` files directly in it are read and removed, any other hidden_states_path is refused."""
     devices: list[str] = msgspec.field(default_factory=list)
     """Without Ray, hf backend: one process per entry (`cuda:0`, `cuda:1`, ... each sees only its GPU; or `cpu`), sharing the pending batches; fewer than two entries: one process on `device`."""
     ray: bool = False

@@ -12,19 +12,25 @@ for this run; failure records are retried on the next run.
 
 ``RetryPolicy.decide`` is the one retry decision of a sample's failed attempt (``sample.SampleRunner``):
 ``Retry`` after a delay, ``Keep`` the sample's last unusable response as its record (retries exhausted,
-``quality.keep_unusable``), or ``GiveUp`` with the failure's kind.
+``quality.keep_unusable``), or ``GiveUp`` with the failure's kind. ``retrying(fn, policy)`` is the same
+policy as a loop, for the requests outside generate's scheduler (the vllm capture backend, accept).
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from draftgen.config import RetryConfig
 from draftgen.engine.assemble import UnusableResponse
 from draftgen.errors import APIError, RetryableAPIError
 
-__all__ = ["Decision", "GiveUp", "Keep", "Retry", "RetryPolicy"]
+__all__ = ["Decision", "GiveUp", "Keep", "Retry", "RetryPolicy", "retrying"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -83,3 +89,22 @@ class RetryPolicy:
         if wait > max_delay:
             wait = max_delay * self.rng.uniform(0.9, 1.0)
         return wait
+
+
+async def retrying(fn: Callable[[], Awaitable[T]], policy: RetryPolicy, *,
+                   on_retry: Callable[[APIError, int, float], object] | None = None) -> T:
+    """``await fn()`` until it succeeds, retrying what ``policy`` retries (``RetryableAPIError`` while
+    attempts remain) after ``policy.delay``; anything else, and the last retryable error, propagate.
+    ``on_retry(exc, attempts, delay)`` is told of each retry before its wait."""
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return await fn()
+        except APIError as exc:
+            if not policy.should_retry(exc, attempts):
+                raise
+            wait = policy.delay(attempts, exc.retry_after)
+            if on_retry is not None:
+                on_retry(exc, attempts, wait)
+            await asyncio.sleep(wait)

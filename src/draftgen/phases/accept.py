@@ -22,7 +22,9 @@ again replaces its report), and a copy of the latest one as ``accept/acceptance.
      profile; each response's ``meta_info`` gives ``completion_tokens`` and ``spec_verify_ct``, and AL =
      Σcompletion_tokens / Σspec_verify_ct.
    A counter that went down between the scrapes (a restarted server) or a run without a single draft is an
-   error naming the fix. Transport failures are told apart by ``backends.errors.TRANSPORT_ERRORS``.
+   error naming the fix. Every request goes through the backends' HTTP layer (the backend's one session,
+   ``backends.http`` bounds, ``backends.errors`` classification) and retryable failures are retried by the
+   one policy (``engine.retry``, ``retry.*``), as generate's; the ``/metrics`` scrapes are not retried.
 3. With ``--baseline-url`` (``accept.baseline_url``) the same prompts go to a server without the drafter:
    tokens/s with and without speculation, and their ratio.
 4. Offline estimate: AL ≈ 1 + Σ_k Π_{j≤k} cond_acc_j from the drafter's own training log, the run's
@@ -36,14 +38,14 @@ import asyncio
 import hashlib
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from draftgen.config import RunConfig
-from draftgen.errors import APIError, ConfigError, InputError, RetryableAPIError
+from draftgen.errors import APIError, ConfigError, InputError
 from draftgen.phases import Echo
 from draftgen.phases.heldout import held_out_prompts
 from draftgen.records import (
@@ -59,6 +61,7 @@ from draftgen.store import atomic_write_json, iter_jsonl, read_json_object
 if TYPE_CHECKING:
     import aiohttp
 
+    from draftgen.engine.retry import RetryPolicy
     from draftgen.tokens import Profile
 
 __all__ = [
@@ -78,7 +81,6 @@ __all__ = [
 _VLLM = "vllm:spec_decode_"
 _DRAFTS, _DRAFT_TOKENS, _ACCEPTED, _PER_POS = (f"{_VLLM}num_drafts", f"{_VLLM}num_draft_tokens",
                                                f"{_VLLM}num_accepted_tokens", f"{_VLLM}num_accepted_tokens_per_pos")
-_RETRIES = 3
 #: the server kind ``accept.server: auto`` measures when the endpoint's kind reports no acceptance
 _DEFAULT_SERVER = "vllm"
 
@@ -235,33 +237,30 @@ def _root(base_url: str) -> str:
 
 
 async def _scrape(session: aiohttp.ClientSession, base_url: str) -> SpecCounters:
-    from draftgen.backends.errors import TRANSPORT_ERRORS
+    """One scrape of ``{root}/metrics`` through the backends' HTTP layer (``backends.http.get_bytes``); not
+    retried: a scrape that fails says what to fix."""
+    from draftgen.backends.http import get_bytes
 
     url = _root(base_url) + "/metrics"
     try:
-        async with session.get(url) as resp:
-            text = await resp.text()
-            if resp.status != 200:
-                raise APIError(f"GET {url}: HTTP {resp.status}; the server must expose vLLM's /metrics",
-                               status=resp.status)
-    except TRANSPORT_ERRORS as exc:
-        raise APIError(f"GET {url}: {exc or type(exc).__name__}; is the server up?") from None
-    c = vllm_counters(text)
+        body = await get_bytes(session, url)
+    except APIError as exc:
+        if exc.status is not None:
+            raise APIError(f"GET {url}: HTTP {exc.status}; the server must expose vLLM's /metrics",
+                           status=exc.status) from None
+        raise APIError(f"GET {url}: {exc}; is the server up?") from None
+    c = vllm_counters(body.decode("utf-8", errors="replace"))
     if not c.seen:
         raise APIError(f"GET {url}: no vllm:spec_decode_* counters; start vLLM with the drafter "
                        "(--speculative-config '{\"method\": \"eagle3\", ...}')")
     return c
 
 
-async def _with_retries(fn: Callable[[], Any]) -> Any:
-    for attempt in range(_RETRIES):
-        try:
-            return await fn()
-        except RetryableAPIError:
-            if attempt == _RETRIES - 1:
-                raise
-            await asyncio.sleep(0.5 * 2 ** attempt)
-    raise AssertionError("unreachable")
+def _policy(cfg: RunConfig) -> RetryPolicy:
+    """The one retry policy (``retry.*``), as generate's."""
+    from draftgen.engine.retry import RetryPolicy
+
+    return RetryPolicy(cfg.retry)
 
 
 def _greedy_cfg(cfg: RunConfig, server: str) -> RunConfig:
@@ -274,31 +273,29 @@ def _greedy_cfg(cfg: RunConfig, server: str) -> RunConfig:
 async def _vllm_pass(cfg: RunConfig, server: str, url: str, prompts: Sequence[PromptRecord], scrape: bool) -> tuple[
         ThroughputFigures, AcceptanceFigures | None]:
     from draftgen.backends import CompletionRequest, api_key_for, open_backend
-    from draftgen.backends.http import make_session
+    from draftgen.backends.http import HttpBackend
+    from draftgen.engine.retry import retrying
 
     g = _greedy_cfg(cfg, server)
     sem = asyncio.Semaphore(max(1, cfg.accept.concurrency))
+    policy = _policy(cfg)
     async with open_backend(g, api_key_for(g), base_urls=[url], connections=cfg.accept.concurrency + 2) as be:
-        metrics = make_session(api_key=None, connections=2, connect_timeout_s=cfg.endpoint.connect_timeout_s,
-                               idle_timeout_s=cfg.endpoint.idle_timeout_s)
-        try:
-            before = await _scrape(metrics, url) if scrape else None
+        assert isinstance(be, HttpBackend)  # one URL: one backend; its session scrapes /metrics too
+        before = await _scrape(be.session, url) if scrape else None
 
-            async def one(p: PromptRecord) -> int:
-                req = CompletionRequest(sample_id=p.sample_id, messages=p.messages, max_tokens=cfg.accept.max_tokens,
-                                        tools=p.tools)
-                async with sem:
-                    comp = await _with_retries(lambda: be.complete(req))
-                if comp.usage is not None and comp.usage.completion_tokens:
-                    return int(comp.usage.completion_tokens)
-                return len(comp.output_ids or [])
+        async def one(p: PromptRecord) -> int:
+            req = CompletionRequest(sample_id=p.sample_id, messages=p.messages, max_tokens=cfg.accept.max_tokens,
+                                    tools=p.tools)
+            async with sem:
+                comp = await retrying(lambda: be.complete(req), policy)
+            if comp.usage is not None and comp.usage.completion_tokens:
+                return int(comp.usage.completion_tokens)
+            return len(comp.output_ids or [])
 
-            t0 = time.perf_counter()
-            counts = await asyncio.gather(*(one(p) for p in prompts))
-            seconds = time.perf_counter() - t0
-            figures = vllm_acceptance(before, await _scrape(metrics, url)) if before is not None else None
-        finally:
-            await metrics.close()
+        t0 = time.perf_counter()
+        counts = await asyncio.gather(*(one(p) for p in prompts))
+        seconds = time.perf_counter() - t0
+        figures = vllm_acceptance(before, await _scrape(be.session, url)) if before is not None else None
     tokens = sum(counts)
     if figures is not None:
         figures.completion_tokens = tokens
@@ -313,47 +310,41 @@ class _GenReply(msgspec.Struct):
 
 async def _sglang_pass(cfg: RunConfig, server: str, url: str, prompts: Sequence[PromptRecord],
                        ids: Sequence[list[int]]) -> tuple[ThroughputFigures, list[SGLangMeta]]:
-    from draftgen.backends import api_key_for
-    from draftgen.backends.errors import TRANSPORT_ERRORS
-    from draftgen.backends.http import make_session
+    from draftgen.backends import api_key_for, open_backend
+    from draftgen.backends.sglang import SGLangBackend
+    from draftgen.engine.retry import retrying
 
+    g = _greedy_cfg(cfg, server)
     sem = asyncio.Semaphore(max(1, cfg.accept.concurrency))
-    target = _root(url) + "/generate"
-    session = make_session(api_key=api_key_for(_greedy_cfg(cfg, server)), connections=cfg.accept.concurrency + 2,
-                           connect_timeout_s=cfg.endpoint.connect_timeout_s, idle_timeout_s=cfg.endpoint.idle_timeout_s)
+    policy = _policy(cfg)
     dec = msgspec.json.Decoder(_GenReply)
+    max_tokens = cfg.accept.max_tokens
 
-    async def post(body: dict[str, Any]) -> SGLangMeta:
-        try:
-            async with session.post(target, json=body) as resp:
-                data = await resp.read()
-                if resp.status >= 500 or resp.status in (408, 429):
-                    raise RetryableAPIError(f"POST {target}: HTTP {resp.status}", status=resp.status)
-                if resp.status != 200:
-                    raise APIError(f"POST {target}: HTTP {resp.status}: {data[:200]!r}", status=resp.status)
-        except TRANSPORT_ERRORS as exc:
-            raise RetryableAPIError(f"POST {target}: {exc or type(exc).__name__}") from None
-        try:
-            reply = dec.decode(data)
-        except msgspec.DecodeError as exc:
-            raise APIError(f"POST {target}: not an SGLang /generate reply ({exc})") from None
-        if reply.meta_info is None:
-            raise APIError(f"POST {target}: the reply has no meta_info")
-        return reply.meta_info
+    async with open_backend(g, api_key_for(g), base_urls=[url], connections=cfg.accept.concurrency + 2) as be:
+        if not isinstance(be, SGLangBackend):
+            raise ConfigError(f"accept.server {server!r}: acceptance from meta_info needs SGLang's native /generate")
+        target = be.base_url + "/generate"
 
-    async def one(p_ids: list[int]) -> SGLangMeta:
-        body = {"input_ids": p_ids, "sampling_params": {"max_new_tokens": cfg.accept.max_tokens, "temperature": 0.0},
-                "stream": False}
-        async with sem:
-            meta: SGLangMeta = await _with_retries(lambda: post(body))
-            return meta
+        async def post(body: dict[str, Any]) -> SGLangMeta:
+            data = await be.generate_raw(body, max_tokens=max_tokens)
+            try:
+                reply = dec.decode(data)
+            except msgspec.DecodeError as exc:
+                raise APIError(f"POST {target}: not an SGLang /generate reply ({exc})") from None
+            if reply.meta_info is None:
+                raise APIError(f"POST {target}: the reply has no meta_info")
+            return reply.meta_info
 
-    try:
+        async def one(p_ids: list[int]) -> SGLangMeta:
+            body = {"input_ids": p_ids, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0},
+                    "stream": False}
+            async with sem:
+                meta: SGLangMeta = await retrying(lambda: post(body), policy)
+                return meta
+
         t0 = time.perf_counter()
         metas = await asyncio.gather(*(one(list(i)) for i in ids))
         seconds = time.perf_counter() - t0
-    finally:
-        await session.close()
     tokens = sum(m.completion_tokens for m in metas)
     return ThroughputFigures(base_url=url, requests=len(prompts), completion_tokens=tokens, seconds=round(seconds, 4),
                              tokens_per_s=round(tokens / seconds, 3) if seconds > 0 else 0.0), list(metas)

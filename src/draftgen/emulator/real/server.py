@@ -480,7 +480,7 @@ def serve_forever(opts: ModelServerOptions, echo: Callable[[str], None]) -> None
              f"layers, hidden {lm.hidden_size}, {str(lm.dtype).replace('torch.', '')}, {opts.device})")
         if server.writer is not None:
             echo(f"extract mode: hidden states of layer ids {server.layer_ids} (vLLM convention) -> "
-                 f"{server.writer.root}/<request_id>.safetensors")
+                 f"{server.writer.root}/<request_id>.safetensors (the client's hidden_states.connector_dir)")
         if server.spec is not None:
             echo(f"drafter {opts.drafter}: {opts.num_speculative_tokens} speculative tokens")
         echo("Ctrl-C stops")

@@ -10,15 +10,25 @@ protocol on CPU. Per merged row this client:
 2. REJECTS a response whose ``prompt_token_ids`` (``choices[0]``, or top level) differ from the ids sent:
    a ``PermanentAPIError`` (kind ``ids_mismatch``) naming the sample id and the first differing position,
    never retried, and the run stops before anything of that batch is published;
-3. takes ``kv_transfer_params.hidden_states_path``, waits for the connector's write (a shared flock on
-   ``<path>.lock``, polled), reads the file (``hidden_states [T, n_slots, H]``, ``token_ids int64 [T]``),
+3. takes ``kv_transfer_params.hidden_states_path`` and refuses it unless it names a file of the connector's
+   naming (``<request_id>.safetensors``) directly in ``hidden_states.connector_dir`` once symlinks are
+   resolved (``os.path.realpath``): a ``PermanentAPIError`` (kind ``foreign_hidden_states_path``) naming the
+   path, never retried, and that file and its ``.lock`` are never read nor removed;
+4. waits for the connector's write (a shared flock on ``<path>.lock``, polled), checks again that the path
+   is a regular file in the folder, reads it (``hidden_states [T, n_slots, H]``, ``token_ids int64 [T]``),
    checks ``token_ids`` == the ids sent, T, H and ``n_slots`` == configured aux ids + the final id;
-4. turns it into a ``Captured`` (aux = the aux slots concatenated in ascending id order, final = the last
-   slot, layer id L, pre-norm) and removes the server's file and lock (draftgen publishes its own copy).
+5. turns it into a ``Captured`` (aux = the aux slots concatenated in ascending id order, final = the last
+   slot, layer id L, pre-norm). A file of the folder that was read, accepted or rejected, is removed with its
+   lock (draftgen publishes its own copy); nothing else is ever removed.
 
-Connection errors, timeouts, 5xx/408/429 and a connector file that never appears are retried with full-jitter
-backoff (``retry.*``); other 4xx are permanent. The path in ``hidden_states_path`` is the server's: the
-connector's ``shared_storage_path`` must be readable here (same host or a shared filesystem).
+``connector_dir`` is the folder the servers' ``kv_transfer_config`` ``shared_storage_path`` names, as this
+host sees it: shared between servers and client (same host or a shared filesystem), and apart from the
+hidden-state destination (an overlap is refused). Without it the backend refuses to start.
+
+HTTP goes through the backends' layer (``backends.http``: one session per server, ``fetch_bytes``' error
+classification and transport translation, body caps, a total deadline per request) and retries follow the
+one policy (``engine.retry``, ``retry.*``): connection errors, timeouts, 5xx/408/429 and a connector file
+that never appears are retried; other 4xx are permanent.
 
 For the checks the client needs the target's embedding, final norm and LM head only: they are read from
 ``hidden_states.model`` (a local folder; single tensors through the safetensors index), never the whole
@@ -32,11 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
-import os
-import random
 import threading
-import time
 from collections.abc import AsyncIterable, AsyncIterator, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,14 +51,20 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from draftgen.backends import capabilities
-from draftgen.errors import ConfigError, InputError, PermanentAPIError, RetryableAPIError, StorageError
-from draftgen.hidden.format import Captured, read_safetensors, require
+from draftgen.errors import APIError, ConfigError, PermanentAPIError, RetryableAPIError
+from draftgen.hidden.format import Captured, require
 from draftgen.phases.extract.capture import (
     ExtractBackendKind,
     ExtractCapabilities,
     ExtractRow,
     Reference,
     TargetInfo,
+)
+from draftgen.phases.extract.capture.connector import (
+    ConnectorFolder,
+    ServerFile,
+    read_connector_file,
+    wait_for_lock,
 )
 from draftgen.phases.extract.layers import resolve_layer_ids
 from draftgen.store import read_json_object
@@ -63,6 +75,7 @@ if TYPE_CHECKING:
     import torch
 
     from draftgen.config import RunConfig
+    from draftgen.engine.retry import RetryPolicy
 
 __all__ = ["ServerFile", "VllmClientOptions", "VllmExtractBackend", "read_connector_file", "wait_for_lock"]
 
@@ -72,6 +85,8 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class VllmClientOptions:
     base_urls: tuple[str, ...]
+    #: the servers' shared_storage_path as seen here (``hidden_states.connector_dir``); required
+    connector_dir: str | None = None
     concurrency: int = 16
     connect_timeout_s: float = 30.0
     request_timeout_s: float = 600.0
@@ -81,14 +96,8 @@ class VllmClientOptions:
     multiplier: float = 2.0
     max_delay_s: float = 60.0
     remove_server_files: bool = True
-
-
-@dataclass
-class ServerFile:
-    """What one connector file held: ``hidden_states`` [T, n_slots, H] and ``token_ids`` int64 [T]."""
-
-    hidden_states: torch.Tensor
-    token_ids: torch.Tensor
+    #: the local hidden-state destination, kept apart from ``connector_dir``
+    destination: str | None = None
 
 
 def _v1(url: str) -> str:
@@ -98,54 +107,14 @@ def _v1(url: str) -> str:
     return url if url.endswith("/v1") else url + "/v1"
 
 
-async def wait_for_lock(path: str, timeout_s: float, poll_s: float = 0.005) -> None:
-    """Wait until the connector has finished writing ``path``: a shared flock on ``<path>.lock`` (held
-    LOCK_EX by the writer), or, with no lock file (``use_synchronization_lock: false``), until the file is
-    there. RetryableAPIError (kind ``hidden_states_timeout``) when neither happens within ``timeout_s``."""
-    lock = path + ".lock"
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            fd = os.open(lock, os.O_RDONLY)
-        except FileNotFoundError:
-            if os.path.exists(path) and not os.path.exists(lock):
-                return
-        else:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                return  # the writer released LOCK_EX: the file is complete
-            except BlockingIOError:
-                pass
-            finally:
-                os.close(fd)
-        if time.monotonic() > deadline:
-            raise RetryableAPIError(
-                f"hidden_states_timeout: the connector file {path} was not complete within {timeout_s:g}s; the "
-                "server's shared_storage_path must be readable here (same host or a shared filesystem)",
-                kind="hidden_states_timeout")
-        await asyncio.sleep(poll_s)
+def _destination(cfg: RunConfig) -> str | None:
+    """The local hidden-state destination (None for a URL): ``extract.run.hidden_destination``'s rule."""
+    out = cfg.hidden_states.output
+    if not out:
+        from draftgen.rundir import RunDir
 
-
-def read_connector_file(path: str) -> ServerFile:
-    """The two tensors of one connector file (StorageError naming ``path`` when it is missing, truncated or
-    unreadable, or its keys are missing)."""
-    try:
-        data = read_safetensors(path)
-    except InputError as exc:  # the storage boundary's one-line reason, with the connector's fix
-        reason = str(exc).removeprefix(f"{path}: ").split(";")[0]
-        raise StorageError(f"{path}: cannot read the connector's safetensors file ({reason}); keep "
-                           "use_synchronization_lock on in the server's kv_transfer_config and its "
-                           "shared_storage_path on a filesystem this host reads whole, then rerun") from None
-    missing = [k for k in ("hidden_states", "token_ids") if k not in data]
-    if missing:
-        raise StorageError(f"{path}: no {', '.join(missing)} tensor; not an ExampleHiddenStatesConnector file")
-    return ServerFile(hidden_states=data["hidden_states"], token_ids=data["token_ids"])
-
-
-def _remove(path: str) -> None:
-    for p in (path + ".lock", path):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(p)
+        return str(RunDir(cfg.run_path).hidden)
+    return None if "://" in out else str(cfg.path(out))
 
 
 class _TargetWeights:
@@ -196,10 +165,12 @@ class VllmExtractBackend:
                               "model the servers serve) for its layer count and the checks' embedding/norm/lm_head")
         conc = hs.concurrency
         opts = VllmClientOptions(
-            base_urls=tuple(urls), concurrency=int(conc) if conc else 8 * len(urls),
+            base_urls=tuple(urls), connector_dir=str(cfg.path(hs.connector_dir)) if hs.connector_dir else None,
+            concurrency=int(conc) if conc else 8 * len(urls),
             connect_timeout_s=ep.connect_timeout_s, request_timeout_s=ep.request_timeout_s or ep.idle_timeout_s,
             file_timeout_s=ep.idle_timeout_s, max_attempts=cfg.retry.max_attempts,
-            base_delay_s=cfg.retry.base_delay_s, multiplier=cfg.retry.multiplier, max_delay_s=cfg.retry.max_delay_s)
+            base_delay_s=cfg.retry.base_delay_s, multiplier=cfg.retry.multiplier, max_delay_s=cfg.retry.max_delay_s,
+            destination=_destination(cfg))
         self._setup(cfg.path(hs.model), opts, hs.layer_ids, name=hs.model, revision=hs.revision)
 
     @classmethod
@@ -211,8 +182,19 @@ class VllmExtractBackend:
 
     def _setup(self, target: Path, opts: VllmClientOptions, layer_ids: Sequence[int] | None, *, name: str,
                revision: str | None) -> None:
+        from draftgen.config import RetryConfig
+        from draftgen.engine.retry import RetryPolicy
+
         require("torch")
+        if not opts.connector_dir:
+            raise ConfigError("hidden_states.connector_dir: not set; the vllm backend reads and removes connector "
+                              "files only in that folder: set it to the servers' kv_transfer_config "
+                              "shared_storage_path, shared between servers and client")
+        self.folder = ConnectorFolder(opts.connector_dir, destination=opts.destination)
         self.opts = VllmClientOptions(**{**opts.__dict__, "base_urls": tuple(_v1(u) for u in opts.base_urls)})
+        self.policy: RetryPolicy = RetryPolicy(RetryConfig(
+            max_attempts=opts.max_attempts, base_delay_s=opts.base_delay_s, multiplier=opts.multiplier,
+            max_delay_s=opts.max_delay_s))
         self.weights = _TargetWeights(Path(target))
         c = self.weights.config
         n_layers = int(c["num_hidden_layers"])
@@ -225,7 +207,7 @@ class VllmExtractBackend:
                                norm_weight=norm_w, layers=layers)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._sessions: list[aiohttp.ClientSession] = []
         self._sem: asyncio.Semaphore | None = None
         self._inflight = [0] * len(self.opts.base_urls)
         self._models: list[str | None] = [None] * len(self.opts.base_urls)
@@ -243,17 +225,16 @@ class VllmExtractBackend:
             self._loop, self._thread = loop, t
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    async def _ensure_session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            import aiohttp
+    async def _ensure_session(self) -> list[aiohttp.ClientSession]:
+        """One session (the backends' ``make_session``) per server, made on the loop that uses them."""
+        if not self._sessions:
+            from draftgen.backends.http import make_session
 
             o = self.opts
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0),
-                timeout=aiohttp.ClientTimeout(total=o.request_timeout_s, sock_connect=o.connect_timeout_s),
-                headers={"Content-Type": "application/json"})
+            self._sessions = [make_session(api_key=None, connections=0, connect_timeout_s=o.connect_timeout_s,
+                                           idle_timeout_s=o.request_timeout_s) for _ in o.base_urls]
             self._sem = asyncio.Semaphore(max(1, o.concurrency))
-        return self._session
+        return self._sessions
 
     # -- one request --------------------------------------------------------------------------------------
 
@@ -267,36 +248,35 @@ class VllmExtractBackend:
                 return i
         return 0
 
-    async def _model_id(self, session: aiohttp.ClientSession, i: int) -> str:
+    async def _model_id(self, i: int) -> str:
+        from draftgen.backends.http import get_bytes, within_deadline
+
         mid = self._models[i]
         if mid is None:
             url = self.opts.base_urls[i] + "/models"
-            async with session.get(url) as resp:
-                body = await resp.read()
-                if resp.status != 200:
-                    from draftgen.backends.errors import classify_http
-
-                    raise classify_http(resp.status, body, headers=resp.headers, where=f"GET {url}")
-            data = orjson.loads(body).get("data") or []
+            body = await within_deadline(get_bytes(self._sessions[i], url), self.opts.request_timeout_s, where=url)
+            try:
+                data = orjson.loads(body).get("data") or []
+            except (orjson.JSONDecodeError, AttributeError):
+                raise RetryableAPIError(f"bad_response: not a model list (GET {url})", kind="bad_response") from None
             if not data:
                 raise PermanentAPIError(f"GET {url}: the server lists no model", kind="no_model")
             mid = str(data[0]["id"])
             self._models[i] = mid
         return mid
 
-    async def _attempt(self, row: ExtractRow, i: int) -> Captured:
-        from draftgen.backends.errors import classify_http
+    async def _post(self, row: ExtractRow, i: int, sent: list[int]) -> dict[str, Any]:
+        """The completion for ``sent`` from server ``i``, its prompt ids checked (see the module docstring)."""
+        from draftgen.backends.http import Bounds, post_json, within_deadline
 
-        session = await self._ensure_session()
         base = self.opts.base_urls[i]
-        sent = [int(t) for t in row.input_ids.tolist()]
-        body = orjson.dumps({"model": await self._model_id(session, i), "prompt": sent, "max_tokens": 1,
+        body = orjson.dumps({"model": await self._model_id(i), "prompt": sent, "max_tokens": 1,
                              "return_token_ids": True})
         where = f"POST {base}/completions"
-        async with session.post(base + "/completions", data=body) as resp:
-            raw = await resp.read()
-            if resp.status != 200:
-                raise classify_http(resp.status, raw, headers=resp.headers, where=where)
+        # the body lists the prompt ids: its cap grows with them as a generated body's does with max_tokens
+        raw = await within_deadline(post_json(self._sessions[i], base + "/completions", body,
+                                              cap=Bounds().body_cap(len(sent)), where=where),
+                                    self.opts.request_timeout_s, where=where)
         try:
             out = orjson.loads(raw)
             choice = out["choices"][0]
@@ -314,19 +294,30 @@ class VllmExtractBackend:
                 f"sample {row.sample_id}: the server's prompt_token_ids differ from the ids sent (first at position "
                 f"{at} of {len(sent)}; {len(got)} ids came back) ({where}); its hidden states would belong to other "
                 "tokens, so nothing is stored for it", kind="ids_mismatch")
-        path = (out.get("kv_transfer_params") or {}).get("hidden_states_path")
-        if not path:
+        result: dict[str, Any] = out
+        return result
+
+    async def _attempt(self, row: ExtractRow, i: int) -> Captured:
+        await self._ensure_session()
+        sent = [int(t) for t in row.input_ids.tolist()]
+        out = await self._post(row, i, sent)
+        where = f"POST {self.opts.base_urls[i]}/completions"
+        named = (out.get("kv_transfer_params") or {}).get("hidden_states_path")
+        if not named:
             raise PermanentAPIError(
                 f"sample {row.sample_id}: no kv_transfer_params.hidden_states_path in the response ({where}); serve "
                 "with --speculative-config method extract_hidden_states and --kv-transfer-config "
                 "ExampleHiddenStatesConnector (docs/extract.md)", kind="not_extract_mode")
-        await wait_for_lock(str(path), self.opts.file_timeout_s)
-        f = await asyncio.to_thread(read_connector_file, str(path))
+        # invariant: nothing outside the connector folder is opened, read or removed
+        path = self.folder.admit(named, sample_id=row.sample_id, where=where)
+        await wait_for_lock(path, self.opts.file_timeout_s)
+        self.folder.check_file(path, sample_id=row.sample_id, where=where)
+        f = await asyncio.to_thread(read_connector_file, path)
         try:
-            return self._to_captured(row, sent, f, str(path))
-        finally:
+            return self._to_captured(row, sent, f, path)
+        finally:  # read: accepted or rejected, the server's copy goes
             if self.opts.remove_server_files:
-                _remove(str(path))
+                self.folder.remove(path)
 
     def _to_captured(self, row: ExtractRow, sent: list[int], f: ServerFile, path: str) -> Captured:
         hs = f.hidden_states
@@ -352,32 +343,30 @@ class VllmExtractBackend:
                         aux=hs[:, :n_aux].reshape(T, n_aux * info.hidden_size).clone(), final=hs[:, n_aux].clone())
 
     async def _one(self, row: ExtractRow) -> Captured:
+        """One row through the one retry policy (``engine.retry.retrying``), within ``concurrency``."""
+        from draftgen.engine.retry import retrying
+
         await self._ensure_session()
         assert self._sem is not None
-        o = self.opts
-        attempt = 0
+
+        async def routed() -> Captured:
+            i = self._pick()
+            self._inflight[i] += 1
+            self.requests += 1
+            try:
+                return await self._attempt(row, i)
+            finally:
+                self._inflight[i] -= 1
+
+        def counted(_exc: APIError, _attempts: int, _wait: float) -> None:
+            self.retries += 1
+
         async with self._sem:
-            while True:
-                attempt += 1
-                i = self._pick()
-                self._inflight[i] += 1
-                self.requests += 1
-                try:
-                    return await self._attempt(row, i)
-                except PermanentAPIError:
-                    raise
-                except Exception as exc:
-                    err = _retryable(exc, where=o.base_urls[i])
-                    if err is None:
-                        raise
-                    if attempt >= o.max_attempts:
-                        raise RetryableAPIError(f"sample {row.sample_id}: gave up after {attempt} attempts: {err}",
-                                                kind=err.kind) from None
-                    self.retries += 1
-                    delay = min(o.max_delay_s, o.base_delay_s * o.multiplier ** (attempt - 1))
-                    await asyncio.sleep(err.retry_after if err.retry_after else random.uniform(0, delay))
-                finally:
-                    self._inflight[i] -= 1
+            try:
+                return await retrying(routed, self.policy, on_retry=counted)
+            except RetryableAPIError as err:  # the policy's attempts are spent
+                raise RetryableAPIError(f"sample {row.sample_id}: gave up after {self.policy.max_attempts} "
+                                        f"attempts: {err}", kind=err.kind) from None
 
     # -- the ExtractBackend protocol and the streaming forms ---------------------------------------------------
 
@@ -463,9 +452,10 @@ class VllmExtractBackend:
         loop = self._loop
         if loop is None:
             return
-        if self._session is not None:
+        sessions, self._sessions = self._sessions, []
+        for session in sessions:
             with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(self._session.close(), loop).result(timeout=10)
+                asyncio.run_coroutine_threadsafe(session.close(), loop).result(timeout=10)
         loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -475,20 +465,6 @@ class VllmExtractBackend:
 
 async def _next(agen: AsyncIterator[Captured]) -> Captured:
     return await agen.__anext__()
-
-
-def _retryable(exc: BaseException, *, where: str) -> RetryableAPIError | None:
-    """The retryable form of ``exc`` (transport errors, timeouts, retryable API errors), or None."""
-    import aiohttp
-
-    from draftgen.backends.errors import translate_exception
-
-    if isinstance(exc, RetryableAPIError):
-        return exc
-    if isinstance(exc, aiohttp.ClientError | TimeoutError | OSError):
-        err = translate_exception(exc, where=where)
-        return err if isinstance(err, RetryableAPIError) else None
-    return None
 
 
 #: ``hidden_states.backend`` kind, registered in ``capture.EXTRACT_BACKENDS`` by this path.

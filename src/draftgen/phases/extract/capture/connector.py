@@ -1,0 +1,153 @@
+"""The client side of vLLM's ExampleHiddenStatesConnector files: the folder they may be in, the lock, the read.
+
+A server in extract mode names, per request, ``<shared_storage_path>/<request_id>.safetensors`` in its
+response (``kv_transfer_params.hidden_states_path``), with a companion ``<path>.lock`` (held ``LOCK_EX`` by
+the writer until the file is complete). The client reads the file and removes both. A server is not trusted
+with the client's files: ``ConnectorFolder.admit`` accepts a path only when, once symlinks are resolved
+(``os.path.realpath``), it is a file of the connector's naming directly in the configured folder
+(``hidden_states.connector_dir``); anything else is a ``PermanentAPIError`` (kind
+``foreign_hidden_states_path``) naming the path, raised before the path is touched (no lock is opened, no
+file read or removed). ``ConnectorFolder.remove`` unlinks only entries of that folder.
+
+Reads the connector's files; removes the ones the client read. Writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import re
+import stat
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from draftgen.errors import ConfigError, InputError, PermanentAPIError, RetryableAPIError, StorageError
+from draftgen.hidden.format import read_safetensors
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["CONNECTOR_NAME", "ConnectorFolder", "ServerFile", "read_connector_file", "wait_for_lock"]
+
+#: the connector's file names: ``<request_id>.safetensors`` (vLLM's ids are ``cmpl-<hex>-<n>``); no
+#: separator, no leading dot (never a hidden or temporary file)
+CONNECTOR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,250}\.safetensors")
+
+_KEY = "hidden_states.connector_dir"
+
+
+@dataclass
+class ServerFile:
+    """What one connector file held: ``hidden_states`` [T, n_slots, H] and ``token_ids`` int64 [T]."""
+
+    hidden_states: torch.Tensor
+    token_ids: torch.Tensor
+
+
+def _inside(child: str, parent: str) -> bool:
+    return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
+
+
+class ConnectorFolder:
+    """The one folder whose connector files the client reads and removes (see the module docstring)."""
+
+    def __init__(self, folder: str, *, destination: str | None = None) -> None:
+        """``folder``: the servers' ``shared_storage_path`` as seen here; must be an existing folder.
+        ``destination``: the local hidden-state destination, refused when it overlaps the folder (the
+        folder's files are removed; draftgen's own must never be among them)."""
+        real = os.path.realpath(folder)
+        if not os.path.isdir(real):
+            raise ConfigError(f"{_KEY} {folder!r}: not a folder; give the servers' kv_transfer_config "
+                              "shared_storage_path as this host sees it (the servers create it when they start)")
+        if destination is not None:
+            dest = os.path.realpath(destination)
+            if _inside(real, dest) or _inside(dest, real):
+                raise ConfigError(f"{_KEY} {folder!r} overlaps hidden_states.output {destination!r}; the "
+                                  "connector's folder is emptied by the client: keep the two apart")
+        self.root = real
+
+    def admit(self, path: object, *, sample_id: str, where: str) -> str:
+        """The real path of ``path`` when it is a connector file directly in the folder (it need not exist
+        yet: the write may still be running); else a PermanentAPIError naming it. Touches no file."""
+        if not isinstance(path, str) or not path or "\x00" in path:
+            self._refuse(path, sample_id, where, "not a path")
+        assert isinstance(path, str)
+        real = os.path.realpath(path)
+        if os.path.dirname(real) != self.root:
+            self._refuse(path, sample_id, where, f"it resolves to {real}, outside {self.root}")
+        if not CONNECTOR_NAME.fullmatch(os.path.basename(real)):
+            self._refuse(path, sample_id, where, "not a connector file name (<request_id>.safetensors)")
+        return real
+
+    def check_file(self, real: str, *, sample_id: str, where: str) -> None:
+        """After the write: ``real`` is still a regular file (not a link, not a folder) of the folder."""
+        try:
+            st = os.lstat(real)
+        except FileNotFoundError:
+            raise RetryableAPIError(f"hidden_states_missing: the connector file {real} is gone ({where})",
+                                    kind="hidden_states_missing") from None
+        if not stat.S_ISREG(st.st_mode) or os.path.realpath(real) != real:
+            self._refuse(real, sample_id, where, "not a regular file")
+
+    def remove(self, real: str) -> None:
+        """Unlink ``real`` and ``real.lock``: entries of the folder only (an entry that is a link loses the
+        link, never its target)."""
+        name = os.path.basename(real)
+        if os.path.dirname(real) != self.root or not CONNECTOR_NAME.fullmatch(name):
+            return  # never reached for an admitted path; removing nothing is the safe answer
+        for entry in (name + ".lock", name):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.root, entry))
+
+    def _refuse(self, path: object, sample_id: str, where: str, why: str) -> None:
+        raise PermanentAPIError(
+            f"sample {sample_id}: the server named hidden_states_path {path!r} ({where}): {why}; only connector "
+            f"files directly in {_KEY} {self.root} are read or removed (is shared_storage_path that folder?)",
+            kind="foreign_hidden_states_path")
+
+
+async def wait_for_lock(path: str, timeout_s: float, poll_s: float = 0.005) -> None:
+    """Wait until the connector has finished writing ``path``: a shared flock on ``<path>.lock`` (held
+    LOCK_EX by the writer), or, with no lock file (``use_synchronization_lock: false``), until the file is
+    there. RetryableAPIError (kind ``hidden_states_timeout``) when neither happens within ``timeout_s``."""
+    lock = path + ".lock"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
+        except (FileNotFoundError, OSError):
+            if os.path.exists(path) and not os.path.lexists(lock):
+                return
+        else:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return  # the writer released LOCK_EX: the file is complete
+            except BlockingIOError:
+                pass
+            finally:
+                os.close(fd)
+        if time.monotonic() > deadline:
+            raise RetryableAPIError(
+                f"hidden_states_timeout: the connector file {path} was not complete within {timeout_s:g}s; the "
+                "server's shared_storage_path must be readable here (same host or a shared filesystem)",
+                kind="hidden_states_timeout")
+        await asyncio.sleep(poll_s)
+
+
+def read_connector_file(path: str) -> ServerFile:
+    """The two tensors of one connector file (StorageError naming ``path`` when it is missing, truncated or
+    unreadable, or its keys are missing)."""
+    try:
+        data = read_safetensors(path)
+    except InputError as exc:  # the storage boundary's one-line reason, with the connector's fix
+        reason = str(exc).removeprefix(f"{path}: ").split(";")[0]
+        raise StorageError(f"{path}: cannot read the connector's safetensors file ({reason}); keep "
+                           "use_synchronization_lock on in the server's kv_transfer_config and its "
+                           "shared_storage_path on a filesystem this host reads whole, then rerun") from None
+    missing = [k for k in ("hidden_states", "token_ids") if k not in data]
+    if missing:
+        raise StorageError(f"{path}: no {', '.join(missing)} tensor; not an ExampleHiddenStatesConnector file")
+    return ServerFile(hidden_states=data["hidden_states"], token_ids=data["token_ids"])
