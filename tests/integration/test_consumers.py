@@ -36,8 +36,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from _merge_helpers import chat_rows, prepared_run
-from draftgen import exporters as export
 from draftgen.config import RunConfig
+from draftgen.exporters import parquet as export_parquet
 from draftgen.phases.merge import run_merge
 from draftgen.records import MergeManifest
 from draftgen.rundir import RunDir
@@ -100,7 +100,7 @@ def test_merged_loads_with_datasets_both_ways(tmp_path: Path, monkeypatch: pytes
                                              val_fraction: float) -> None:
     import datasets
 
-    monkeypatch.setattr(export, "SHARD_TOKENS", 1500)  # several shards per split
+    monkeypatch.setattr(export_parquet, "SHARD_TOKENS", 1500)  # several shards per split
     cfg = _run(tmp_path, val_fraction=val_fraction)
     rd = RunDir(cfg.run_path)
     splits = ["train", "validation"] if val_fraction else ["train"]
