@@ -27,7 +27,7 @@ from draftgen.records import MergeManifest
 from draftgen.rundir import RunDir
 from draftgen.store import atomic_write_bytes, read_json
 
-DEFAULT = ["prepare", "generate", "audit", "merge", "extract", "report"]
+DEFAULT = ["prepare", "generate", "audit", "merge", "extract", "train", "accept", "report"]
 
 
 def _config(tmp: Path, n: int = 6) -> Path:
@@ -74,7 +74,7 @@ def test_a_registered_phase_runs_is_fingerprinted_and_skipped_when_unchanged(tmp
     toy = _Toy()
     table = PHASES.copy()
     table.add(_toy_phase(toy), after="merge")  # the one registration line
-    assert table.names() == ["prepare", "generate", "audit", "merge", "toy", "extract", "report"]
+    assert table.names() == ["prepare", "generate", "audit", "merge", "toy", "extract", "train", "accept", "report"]
     assert PHASES.names() == DEFAULT  # the copy is the test's own
 
     lines: list[str] = []
@@ -100,12 +100,12 @@ def test_the_default_table_is_left_as_it_was() -> None:
     toy = _Toy()
     register_phase(_toy_phase(toy), after="merge")
     try:
-        assert PHASES.names() == ["prepare", "generate", "audit", "merge", "toy", "extract", "report"]
+        assert PHASES.names() == ["prepare", "generate", "audit", "merge", "toy", "extract", "train", "accept", "report"]
     finally:
         unregister_phase("toy")
     assert PHASES.names() == DEFAULT
     # Without a place, a phase goes before the final one (the report stays last).
     table = PHASES.copy()
     table.add(_toy_phase(toy))
-    assert table.names() == ["prepare", "generate", "audit", "merge", "extract", "toy", "report"]
+    assert table.names() == ["prepare", "generate", "audit", "merge", "extract", "train", "accept", "toy", "report"]
     assert PHASES.names() == DEFAULT and toy.runs == 0

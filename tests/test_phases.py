@@ -69,7 +69,7 @@ def _check_signature(fn: Callable[..., Any], module: ModuleType) -> None:
 
 def test_the_table_holds_the_default_phases_in_run_order() -> None:
     assert isinstance(PHASES, Registry)
-    assert PHASES.names() == ["prepare", "generate", "audit", "merge", "extract", "report"]
+    assert PHASES.names() == ["prepare", "generate", "audit", "merge", "extract", "train", "accept", "report"]
     assert [p.name for p in PHASES if p.final] == ["report"]
     assert all(isinstance(p.run, str) for p in PHASES)  # named, not imported: importing the table loads none
     assert all(PHASES.docs()[n] for n in PHASES.names())
@@ -123,14 +123,15 @@ def test_the_order_of_a_table() -> None:
     table.add(_toy("late"))  # no place: before the final phases
     table.register("also", _toy("also"))  # the Registry call places it the same way
     table.add(_toy("tail", final=True), after="report")
-    assert table.names() == ["first", "prepare", "generate", "audit", "merge", "extract", "late", "also",
-                             "report", "tail"]
+    assert table.names() == ["first", "prepare", "generate", "audit", "merge", "extract", "train", "accept",
+                             "late", "also", "report", "tail"]
     assert [p.name for p in table.after("also")] == ["report", "tail"]
     table.register("merge", _toy("merge"), replace=True)  # in place
     assert table.names()[4] == "merge" and table.get("merge").run != PHASES.get("merge").run
     table.unregister("late")
-    assert "late" not in table and len(table) == 9
-    assert PHASES.names() == ["prepare", "generate", "audit", "merge", "extract", "report"]  # a copy
+    assert "late" not in table and len(table) == 11
+    assert PHASES.names() == ["prepare", "generate", "audit", "merge", "extract", "train", "accept",
+                              "report"]  # a copy
 
 
 def test_a_lazy_adapter_resolves_to_its_function() -> None:

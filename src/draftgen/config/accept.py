@@ -14,6 +14,16 @@ __all__ = ["AcceptConfig"]
 class AcceptConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
     """How ``draftgen accept`` measures acceptance of the served drafter on held-out prompts."""
 
+    enabled: bool = False
+    """Run ``accept`` as a phase of ``draftgen run``, after ``train``, against ``accept.base_url``;
+    ``draftgen accept`` runs it either way."""
+    drafter: str | None = None
+    """The drafter checkpoint folder the server serves, for the ``accept`` phase of ``draftgen run`` (its
+    speculative tokens and offline estimate); default: the run's own ``train/drafter``. ``draftgen accept``
+    takes ``--drafter``."""
+    base_url: str | None = None
+    """The server that serves the target with the drafter, for the ``accept`` phase of ``draftgen run``
+    (default: ``endpoint.base_url``, the generation server); ``draftgen accept`` takes ``--base-url``."""
     prompts: int = 20
     """Held-out prompts to send: prepared prompts that are in no merged row, by sample id or by content (the
     same prompt under another dataset name is not held out), taken in a fixed order (by a hash of the sample

@@ -19,6 +19,9 @@ LOSS_IMPLEMENTATIONS = ("fused", "eager")
 class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
     """How ``draftgen train`` trains the drafter (speculators, in its own environment)."""
 
+    enabled: bool = False
+    """Run ``train`` as a phase of ``draftgen run``, after ``extract`` (which it needs:
+    ``hidden_states.extract: true``, or a hidden set made before); ``draftgen train`` runs it either way."""
     speculators: str | None = None
     """The ``speculators`` executable, or the Python of the environment speculators is installed in
     (default: the ``DRAFTGEN_SPECULATORS`` environment variable, else ``speculators`` on PATH)."""

@@ -8,20 +8,23 @@ work:
   or its lazy ``"module:attr"`` name (the built-ins: ``phase_run`` in the phase's own module);
 - ``inputs``: the files whose size and mtime feed its fingerprint, ``digests``: those whose content does,
   ``config``: the config sections in it (``config_hash`` and the dataset names always are);
-- ``output``: the path whose existence means "done"; with ``skippable``, a phase whose fingerprint is
-  the one ``pipeline.json`` recorded and whose output exists is skipped (``up_to_date`` is printed, and
-  ``when_current``, a callable or ``"module:attr"`` too, gives the outcome of the output already there);
+- ``output``: the path whose existence means "done" (``draftgen status`` reads it); with ``skippable``,
+  a phase whose fingerprint is the one ``pipeline.json`` recorded and whose output exists is skipped
+  (``up_to_date`` is printed, and ``when_current``, a callable or ``"module:attr"`` too, gives the outcome
+  of the output already there);
 - ``final``: the phase runs last, also when an outcome ended the loop early (``then="report"``);
 - ``spends``: the phase may cost money; before the first such phase the pipeline shows the plan and,
   above ``plan.confirm_above_usd``, asks before going on (``pipeline``);
 - ``enabled``: a predicate on the config; a phase it rejects is left out of the run entirely (``extract``
-  runs only with ``hidden_states.extract: true``);
+  runs only with ``hidden_states.extract: true``, ``train`` with ``train.enabled``, ``accept`` with
+  ``accept.enabled``);
 - ``doc``: its one-line description (``PHASES.docs()``).
 
 ``PHASES`` is the default table, a ``registry.Registry`` of ``Phase`` records in run order: prepare →
-generate → audit → merge → [extract] → report. Adding a phase is its own module plus one line,
-``register_phase(Phase(...), after="merge")`` (a plugin, a test); a test may copy the table
-(``PHASES.copy()``) and pass its copy to ``run_pipeline(phases=...)`` instead.
+generate → audit → merge → [extract] → [train] → [accept] → report (the bracketed ones only when
+enabled). ``draftgen status`` lists the same rows, in the same order (``phases.status``). Adding a phase
+is its own module plus one line, ``register_phase(Phase(...), after="merge")`` (a plugin, a test); a test
+may copy the table (``PHASES.copy()``) and pass its copy to ``run_pipeline(phases=...)`` instead.
 
 The one phase signature: every phase's entry point is ``run_<phase>(cfg, *, echo=print, profile=None,
 force=False, ...) -> <Phase>Report``, its own inputs keyword-only after those (``tests/test_phases.py``
@@ -43,7 +46,7 @@ from typing import TYPE_CHECKING, Literal
 from draftgen.config import RunConfig
 from draftgen.errors import EXIT_OK, ConfigError
 from draftgen.registry import Registry
-from draftgen.rundir import RunDir
+from draftgen.rundir import HiddenLayout, RunDir
 
 if TYPE_CHECKING:
     from draftgen.tokens import Profile
@@ -231,6 +234,22 @@ def _audit_json(cfg: RunConfig, rd: RunDir) -> list[Path]:
     return [rd.audit_json]
 
 
+def _train_inputs(cfg: RunConfig, rd: RunDir) -> list[Path]:
+    """The manifest of the hidden set train reads (``train.hidden``, else ``hidden_states.output``, else
+    ``hidden/``), when it is a local one (an object store's is not looked at: output and config decide)."""
+    where = cfg.train.hidden or cfg.hidden_states.output
+    if where is not None and "://" in where:
+        return []
+    return [(cfg.path(where) if where else rd.hidden) / HiddenLayout.manifest]
+
+
+def _accept_inputs(cfg: RunConfig, rd: RunDir) -> list[Path]:
+    """The drafter's checkpoint files (``accept.drafter``, else ``train/drafter``) and the merged manifest
+    (which prompts are held out)."""
+    drafter = cfg.path(cfg.accept.drafter) if cfg.accept.drafter else rd.train_drafter
+    return [drafter / "config.json", drafter / "model.safetensors", rd.merged_manifest]
+
+
 # The built-in phases; each adapter is ``phase_run`` in the module of the phase's ``run_<phase>``.
 PHASES = PhaseTable([
     Phase("prepare", "draftgen.phases.prepare:phase_run",  # resumable on its own (stats.json fingerprints)
@@ -244,10 +263,25 @@ PHASES = PhaseTable([
     Phase("merge", "draftgen.phases.merge:phase_run", inputs=dataset_logs, digests=_audit_json,
           config=("merge", "datasets"), output=lambda rd: rd.merged_manifest, skippable=True,
           up_to_date="merge: up to date", doc="filter, dedupe, split into merged/ plus exports"),
-    # resumes by sample_id on its own (hidden/ index parts); off unless hidden_states.extract
+    # resumes by sample_id on its own (hidden/ index parts); off unless hidden_states.extract. Its output
+    # (the manifest, written last) is status's "done" marker only: the phase is not skippable.
     Phase("extract", "draftgen.phases.extract.run:phase_run", enabled=lambda cfg: cfg.hidden_states.extract,
+          output=lambda rd: rd.hidden / HiddenLayout.manifest,
           doc="capture the target's hidden states into hidden/"),
-    Phase("report", "draftgen.phases.report.run:phase_run", final=True, doc="write report.html"),
+    # skipped while the hidden set, the train section and train/train.json (written last) stand; a rerun
+    # after more extraction resumes from the last checkpoint. Off unless train.enabled.
+    Phase("train", "draftgen.phases.train.run:phase_run", inputs=_train_inputs, config=("train",),
+          output=lambda rd: rd.train_report, skippable=True, enabled=lambda cfg: cfg.train.enabled,
+          up_to_date="train: up to date (the hidden set and the train section are those of train/train.json)",
+          doc="train an EAGLE-3 drafter with speculators into train/"),
+    # skipped while the drafter's files, the merged set and the accept/endpoint sections stand (a newly
+    # trained drafter is measured again). Off unless accept.enabled.
+    Phase("accept", "draftgen.phases.accept:phase_run", inputs=_accept_inputs, config=("accept", "endpoint"),
+          output=lambda rd: rd.accept_json, skippable=True, enabled=lambda cfg: cfg.accept.enabled,
+          up_to_date="accept: up to date (the drafter and the held-out prompts are those measured)",
+          doc="measure the served drafter's acceptance into accept/"),
+    Phase("report", "draftgen.phases.report.run:phase_run", final=True, output=lambda rd: rd.report_html,
+          doc="write report.html"),  # always written again; the output is status's "done" marker
 ])
 
 

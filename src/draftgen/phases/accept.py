@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     import aiohttp
 
     from draftgen.engine.retry import RetryPolicy
+    from draftgen.phases import PhaseContext, PhaseOutcome
     from draftgen.tokens import Profile
 
 __all__ = [
@@ -511,3 +512,24 @@ def summary_lines(rep: AcceptReport) -> list[str]:
     lines.append(line)
     lines.extend(f"note: {n}" for n in rep.notes)
     return lines
+
+
+def phase_drafter(cfg: RunConfig, rd: RunDir) -> Path:
+    """The drafter the ``accept`` phase measures: ``accept.drafter``, else the run's own ``train/drafter``."""
+    return cfg.path(cfg.accept.drafter) if cfg.accept.drafter else rd.train_drafter
+
+
+def phase_run(ctx: PhaseContext) -> PhaseOutcome:
+    """The ``accept`` row of ``phases.PHASES`` (``accept.enabled``): measure ``phase_drafter`` on the server at
+    ``accept.base_url`` (default ``endpoint.base_url``). A drafter folder that is not there is a ConfigError
+    naming the keys (the train phase, or ``accept.drafter``)."""
+    from draftgen.phases import PhaseOutcome
+
+    cfg = ctx.cfg
+    drafter = phase_drafter(cfg, ctx.rd)
+    if not (drafter / "config.json").is_file():
+        raise ConfigError(f"accept.enabled: no drafter checkpoint at {drafter}; enable the train phase "
+                          "(train.enabled: true) or set accept.drafter to the folder the server serves")
+    run_accept(cfg, echo=ctx.echo, profile=ctx.profile, force=ctx.options.force, drafter=drafter,
+               base_url=cfg.accept.base_url)
+    return PhaseOutcome()

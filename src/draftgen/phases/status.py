@@ -4,14 +4,20 @@ Reads only the run directory (through ``metrics.compute_metrics``), so it is saf
 ``generate`` is writing: an unterminated last line of a raw log is skipped. Writes nothing and never
 takes the writer lock. Rendering uses rich tables; colour is used only when stdout is a terminal.
 
-Each phase is in one state (``phase_states``), and shown done only when its output is complete and current:
+Each row is one phase of the phase table (``phases.PHASES``: the same names, in run order), in one state
+(``phase_states``), and shown done only when its output is complete and current:
 
     prepare   done: every selected dataset has prepared/<dataset>; incomplete: some have
     generate  done: every prepared sample of the selected datasets has a response (done == planned);
               incomplete: some have (failed, budget-skipped or stopped samples count as not done)
-    audit     done: audit/audit.json exists and is not older than any raw log; incomplete: it is older
-    merge     done: merged/manifest.json (written last) exists and is not older than any raw log
-    report    done: report.html exists and is not older than merged/manifest.json
+    any other phase, by its ``Phase.output`` (a phase without one has no row):
+              done: the output exists and is not older than its input: the raw logs for the phases up to
+              merge (audit/audit.json, merged/manifest.json), merged/manifest.json for those after it
+              (hidden/manifest.json, train/train.json, accept/acceptance.json, report.html; a final phase's
+              output without a merged manifest is "written before merge"); incomplete: it is older.
+              A phase the config may leave out (an ``enabled`` predicate: extract, train, accept) is listed
+              only once its output's folder exists; with no output yet it is incomplete ("started, not
+              finished")
     any       running: a live process holds ``.draftgen.lock`` for this phase (``draftgen <phase>``, or
               ``draftgen run``, whose running phase is the first one not done); pending: nothing yet
 
@@ -38,12 +44,12 @@ from rich.text import Text
 
 from draftgen.errors import InputError, RunDirError
 from draftgen.fmt import fmt_duration, fmt_int, fmt_pct, fmt_time, fmt_usd
-from draftgen.phases import Echo
+from draftgen.phases import PHASES, Echo, Phase, PhaseTable
 from draftgen.phases.report.datasets import DatasetMetrics
 from draftgen.phases.report.metrics import RunMetrics, compute_metrics
 from draftgen.phases.report.providers import ProviderMetrics
 from draftgen.records import LockHolder, RunManifest
-from draftgen.rundir import HiddenLayout, RunDir, held_by
+from draftgen.rundir import RunDir, held_by
 from draftgen.secrets import redact
 from draftgen.store import read_json
 
@@ -64,9 +70,8 @@ __all__ = [
     "watch_status",
 ]
 
-PHASES = ("prepare", "generate", "audit", "merge", "extract", "train", "accept", "report")
-#: the drafter chain's phases: listed only once they have left something in the run directory
-CHAIN_PHASES = ("extract", "train", "accept")
+#: the phases whose done-ness is counted (datasets, samples), not read from a ``Phase.output``
+COUNTED = ("prepare", "generate")
 PhaseState = Literal["done", "running", "incomplete", "pending"]
 PHASE_MARK: dict[str, tuple[str, str]] = {
     "done": ("✓", "green"), "running": ("▶", "bold cyan"), "incomplete": ("◐", "yellow"), "pending": ("·", "dim"),
@@ -78,7 +83,7 @@ MAX_FINDINGS = 4
 
 class PhaseStatus(msgspec.Struct, kw_only=True):
     name: str
-    """One of ``PHASES``."""
+    """A phase of the table (``phases.PHASES``)."""
     state: PhaseState
     done: int | None = None
     """Progress in samples (prepare: datasets) where the phase has one."""
@@ -189,32 +194,31 @@ def _selected(run_dir: Path, configured: list[str] | None) -> list[str] | None:
     return [n for n in names if isinstance(n, str)] or None
 
 
-def _chain_states(rd: RunDir, merged_t: float | None) -> list[PhaseStatus]:
-    """extract, train and accept, each only when it has started (the local ``hidden/`` destination; an
-    object-store destination is not looked at). Output older than ``merged/manifest.json``: incomplete."""
-    out: list[PhaseStatus] = []
-    for name, started, finished in (
-        ("extract", rd.hidden, rd.hidden / HiddenLayout.manifest),
-        ("train", rd.train, rd.train_report),
-        ("accept", rd.accept_json, rd.accept_json),
-    ):
-        if not started.exists():
-            continue
-        t = _mtime(finished)
-        if t is None:
-            out.append(PhaseStatus(name=name, state="incomplete", detail="started, not finished"))
-        elif merged_t is not None and t < merged_t:
-            out.append(PhaseStatus(name=name, state="incomplete", detail="older than merged/manifest.json"))
-        else:
-            n = len(rd.accept_reports()) if name == "accept" else 0
-            out.append(PhaseStatus(name=name, state="done", detail=f"{n} drafters measured" if n > 1 else None))
-    return out
+def _output_state(phase: Phase, out: Path, rd: RunDir, newer_than: int | None, *, before_merge: bool,
+                  manifest_t: int | None) -> PhaseStatus | None:
+    """The row of a phase judged by its output ``out`` (module docstring), or None: an optional phase not
+    started."""
+    if phase.enabled is not None and not out.parent.exists():
+        return None  # one the config may leave out, and nothing of it here
+    t = _mtime(out)
+    if t is None:
+        if phase.enabled is not None:
+            return PhaseStatus(name=phase.name, state="incomplete", detail="started, not finished")
+        return PhaseStatus(name=phase.name, state="pending")
+    if before_merge:
+        if newer_than is not None and t < newer_than:
+            return PhaseStatus(name=phase.name, state="incomplete", detail="older than the raw logs")
+    elif manifest_t is None:
+        if phase.final:
+            return PhaseStatus(name=phase.name, state="incomplete", detail="written before merge")
+    elif t < manifest_t:
+        return PhaseStatus(name=phase.name, state="incomplete", detail="older than merged/manifest.json")
+    n = len(rd.accept_reports()) if phase.name == "accept" else 0
+    return PhaseStatus(name=phase.name, state="done", detail=f"{n} drafters measured" if n > 1 else None)
 
 
-def phase_states(m: RunMetrics, run_dir: Path, selected: list[str] | None,
-                 holder: LockHolder | None) -> list[PhaseStatus]:
-    """The state of every phase, by the rules of the module docstring (files only; no clock)."""
-    rd = RunDir(run_dir)
+def _counted(m: RunMetrics, selected: list[str] | None) -> tuple[PhaseStatus, PhaseStatus]:
+    """prepare and generate, from the datasets' counts."""
     names = selected if selected is not None else [d.name for d in m.datasets]
     by = {d.name: d for d in m.datasets}
     sel = [by[n] for n in names if n in by]
@@ -229,35 +233,34 @@ def phase_states(m: RunMetrics, run_dir: Path, selected: list[str] | None,
                              else "incomplete" if done or failed else "pending")
     generate = PhaseStatus(name="generate", state=gen_state, done=done, planned=planned, percent=_pct(done, planned),
                            detail=f"{failed:,} failed" if failed and gen_state != "done" else None)
+    return prepare, generate
+
+
+def phase_states(m: RunMetrics, run_dir: Path, selected: list[str] | None,
+                 holder: LockHolder | None, *, table: PhaseTable | None = None) -> list[PhaseStatus]:
+    """The state of every phase of ``table`` (default ``phases.PHASES``), in its order, by the rules of the
+    module docstring (files only; no clock)."""
+    rd = RunDir(run_dir)
+    table = PHASES if table is None else table
+    counted = dict(zip(COUNTED, _counted(m, selected), strict=True))
     # a raw log appended after an output was written makes that output out of date
     raw_times = [t for d in m.datasets if (t := _mtime(rd.raw(d.name))) is not None]
     raw_newest = max(raw_times) if raw_times else None
-
-    def current(name: str, path: Path) -> PhaseStatus:
-        t = _mtime(path)
-        if t is None:
-            return PhaseStatus(name=name, state="pending")
-        if raw_newest is not None and t < raw_newest:
-            return PhaseStatus(name=name, state="incomplete", detail="older than the raw logs")
-        return PhaseStatus(name=name, state="done")
-
-    audit = current("audit", rd.audit_json)
-    merge = current("merge", rd.merged_manifest)
-    report_t, manifest_t = _mtime(rd.report_html), _mtime(rd.merged_manifest)
-    if report_t is None:
-        report = PhaseStatus(name="report", state="pending")
-    elif manifest_t is None:
-        report = PhaseStatus(name="report", state="incomplete", detail="written before merge")
-    elif report_t < manifest_t:
-        report = PhaseStatus(name="report", state="incomplete", detail="older than merged/manifest.json")
-    else:
-        report = PhaseStatus(name="report", state="done")
-    phases = [prepare, generate, audit, merge, *_chain_states(rd, manifest_t), report]
+    manifest_t = _mtime(rd.merged_manifest)
+    names = table.names()
+    merge_at = names.index("merge") if "merge" in names else len(names)
+    phases: list[PhaseStatus] = []
+    for i, phase in enumerate(table):
+        row = counted.get(phase.name)
+        if row is None and phase.output is not None:
+            row = _output_state(phase, phase.output(rd), rd, raw_newest, before_merge=i <= merge_at, manifest_t=manifest_t)
+        if row is not None:
+            phases.append(row)
     if holder is not None:
         command = holder.command.split(" ")[0]
         # `draftgen run` runs the phases in order: the first one not done is the one running
         running: str | None = None
-        if command in PHASES:
+        if command in names:
             running = command
         elif command == "run":
             running = next((p.name for p in phases if p.state != "done"), None)

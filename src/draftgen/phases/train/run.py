@@ -61,6 +61,7 @@ from draftgen.store import (
 )
 
 if TYPE_CHECKING:
+    from draftgen.phases import PhaseContext, PhaseOutcome
     from draftgen.tokens import Profile
 
 __all__ = [
@@ -349,3 +350,12 @@ def read_report(rd: RunDir) -> TrainReport:
     """``train/train.json`` of a run directory."""
     path = rd.train_report
     return decode_json(path.read_bytes(), TrainReport, where=str(path))
+
+
+def phase_run(ctx: PhaseContext) -> PhaseOutcome:
+    """The ``train`` row of ``phases.PHASES`` (``train.enabled``): train in the run directory the pipeline
+    already holds (``run_train`` would take the writer lock again), resuming from the last checkpoint."""
+    from draftgen.phases import PhaseOutcome
+
+    _train(ctx.cfg, ctx.rd, ctx.echo, False)
+    return PhaseOutcome()
