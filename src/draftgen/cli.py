@@ -391,7 +391,8 @@ def plan(config: str, run_dir: str | None, api_key_file: str | None, base_url: s
 def run(config: str, yes: bool, dry_run: bool, **kw: Any) -> None:
     """Prepare → generate → audit → merge → report, resuming where it stopped.
 
-    The plan (tokens, dollars, time) is printed before generating. When its expected cost is over
+    With hidden_states.extract, train.enabled and accept.enabled the run goes on through extract → train →
+    accept before the report (the phase table, docs/train.md "In draftgen run"). The plan (tokens, dollars, time) is printed before generating. When its expected cost is over
     plan.confirm_above_usd (default $1; never for the emulator or self-hosted servers) it asks first on a
     terminal; a no exits 1 with nothing sent. Without a terminal it refuses (exit 2) unless --yes.
     """
