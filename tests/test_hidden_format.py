@@ -21,6 +21,7 @@ from draftgen.hidden.format import (
     open_hidden,
     sample_key,
     sample_path,
+    temp_name,
 )
 from draftgen.records import (
     HiddenCounts,
@@ -121,14 +122,17 @@ def test_store_done_needs_file_and_index(tmp_path: Path, kind: str) -> None:
 
 def test_local_publish_is_atomic_and_temps_never_count(tmp_path: Path) -> None:
     st = HiddenStore(str(tmp_path))
+    st.claim()  # the owner marker: clean_temps works only in a destination that holds it
     rel = st.publish("a", encode_sample(captured("a"), "bf16"))
     folder = (tmp_path / rel).parent
     assert [p.name for p in folder.iterdir()] == [Path(rel).name]  # no temp file left behind
-    # a killed writer's temp file: never read as a sample, removed by clean_temps
-    (folder / f".{Path(sample_path('z')).name}.x1.tmp").write_bytes(b"partial")
+    # a killed writer's temp file (draftgen's temp pattern): never read as a sample, removed by clean_temps;
+    # a dot file ending in .tmp that is not draftgen's pattern is left alone
+    (folder / temp_name(Path(sample_path("z")).name)).write_bytes(b"partial")
+    (folder / ".notes.tmp").write_bytes(b"mine")
     st.write_index_part([HiddenIndexRecord(sample_id="a", file=rel, length=7, n_loss=4)])
     assert set(st.done()) == {"a"}
-    assert st.clean_temps() == 1 and len(list(folder.iterdir())) == 1
+    assert st.clean_temps() == 1 and sorted(p.name for p in folder.iterdir()) == [".notes.tmp", Path(rel).name]
 
 
 def test_missing_manifest_says_run_extract(tmp_path: Path) -> None:

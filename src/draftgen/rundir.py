@@ -87,6 +87,7 @@ _EMULATOR, _GROUND_TRUTH = "emulator", "ground_truth.jsonl"
 _PLAN, _PILOT = "plan", "pilot"
 _HIDDEN = "hidden"
 _HIDDEN_STATES, _HIDDEN_INDEX = "states", "index"  # inside a hidden-state destination (HiddenLayout)
+_HIDDEN_MARKER = ".draftgen-hidden.json"  # a hidden-state destination's owner marker (HiddenLayout)
 _TRAIN = "train"
 # inside train/ (the train phase): speculators' inputs, the vocab mapping, its checkpoints, the published drafter
 # in the speculators format and in the flat EAGLE-3 format, the training log, speculators' own log, the report
@@ -99,7 +100,7 @@ _HIDDEN_EXPORTS = "hidden-exports"
 #: every file name of the layout
 LAYOUT_FILES: frozenset[str] = frozenset({
     MARKER, LOCK_NAME, _PIPELINE, _REPORT, _ATTEMPTS, _HEALTH, _PROMPTS, _STATS, _RESPONSES, _FAILURES,
-    _AUDIT_JSON, _CARD, _MANIFEST, _GROUND_TRUTH, _TRAIN_LOG, _TRAIN_SPEC_LOG, _TRAIN_REPORT, _ACCEPT_JSON,
+    _AUDIT_JSON, _CARD, _MANIFEST, _HIDDEN_MARKER, _GROUND_TRUTH, _TRAIN_LOG, _TRAIN_SPEC_LOG, _TRAIN_REPORT, _ACCEPT_JSON,
 })
 #: every folder name of the layout (some are also ordinary words: ``train`` is a split, ``audit`` a command)
 LAYOUT_DIRS: frozenset[str] = frozenset({
@@ -114,8 +115,10 @@ _CLAIM_LEFTOVERS = frozenset({LOCK_NAME})
 
 class HiddenLayout:
     """Relative names inside a hidden-state destination (``<run>/hidden`` or any fsspec URL, so plain
-    strings joined with ``/``): ``states/<k[:2]>/<k>.safetensors``, ``index/part-*.jsonl``, ``manifest.json``."""
+    strings joined with ``/``): ``.draftgen-hidden.json`` (the owner marker, written first),
+    ``states/<k[:2]>/<k>.safetensors``, ``index/part-*.jsonl``, ``manifest.json`` (written last)."""
 
+    marker = _HIDDEN_MARKER
     states = _HIDDEN_STATES
     index = _HIDDEN_INDEX
     manifest = _MANIFEST

@@ -22,38 +22,51 @@ also gets ``sample_ids.jsonl`` (``HiddenExportSample`` lines: index, sample_id, 
   ``input_ids`` [T], ``hidden_states`` [T, H] POST-norm, ``aux_hidden_states`` [T, n_aux*H], ``loss_mask``
   [T], ``conversation_id``); the file name is the sample_id when it is a plain name, else its sample key.
 
+Ownership: a folder is draftgen's once it holds ``.draftgen-export.json`` (``HiddenOwnerMarker``), written
+first; a non-empty folder without it is refused before anything is written or deleted, unless its valid
+``export.json`` shows an export made before markers (adopted). ``export.json`` lists every file its export
+wrote (``files``): the next export removes exactly those and overwrites nothing else. ``.draftgen-export.pending``
+lists what the export in progress began writing, so a rerun after a death removes it, and the death's temps.
+
 POST-norm = the target's final RMSNorm (``model.norm`` weight and eps, read from the target model folder;
 the weight's sha256 must equal the manifest's ``norm_weight_sha256``) applied to the stored pre-norm final.
-Files are published atomically (temp + rename). torch/safetensors/datasets are imported on use.
+Files are published atomically (temp ``.<name>.<hex>.tmp`` + rename). torch/safetensors/datasets are imported on use.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from draftgen.errors import ConfigError, InputError
+import msgspec
+
+from draftgen.errors import ConfigError, InputError, RunDirError
 from draftgen.hidden.format import (
     HiddenSet,
     LoadedSample,
-    atomic_write_bytes,
+    is_temp,
     open_hidden,
+    open_temp,
+    owner_marker,
+    read_owner_marker,
     require,
     sample_key,
     storage_faults,
+    temp_name,
 )
 from draftgen.records import HiddenExportReport, HiddenExportSample, HiddenManifest
+from draftgen.records.hidden import OWNER_HIDDEN_EXPORT
 from draftgen.registry import Registry
-from draftgen.store import atomic_write_json, encode_json, read_json, read_json_object
+from draftgen.store import encode_json, iter_jsonl, read_json, read_json_object
 
 if TYPE_CHECKING:
     import torch
@@ -61,12 +74,15 @@ if TYPE_CHECKING:
     from draftgen.config import RunConfig
 
 __all__ = [
+    "EXPORT_JOURNAL",
+    "EXPORT_MARKER",
     "EXPORT_REPORT",
     "HIDDEN_EXPORTERS",
     "SAMPLE_IDS",
     "ExportContext",
     "FinalNorm",
     "HiddenExporter",
+    "claim_export",
     "default_export_dir",
     "export_hidden",
     "hidden_url",
@@ -76,11 +92,15 @@ __all__ = [
 ]
 
 # Names inside an export folder (not run-directory layout names).
+EXPORT_MARKER = ".draftgen-export.json"  # the owner marker, written first
+EXPORT_JOURNAL = ".draftgen-export.pending"  # files the export in progress has begun writing, one a line
 EXPORT_REPORT = "export.json"
 SAMPLE_IDS = "sample_ids.jsonl"
 SPECULATORS_STATES = "hidden_states"
 TOKEN_FREQ = "token_freq.pt"
 SPECFORGE_GROUP = 2000
+_ARROW_FILES = ("state.json", "dataset_info.json")  # besides data-NNNNN-of-NNNNN.arrow
+_ARROW_SHARD = re.compile(r"data-\d{5}-of-\d{5}\.arrow")
 
 
 @dataclass
@@ -110,6 +130,20 @@ class ExportContext:
     norm: FinalNorm | None = None
     files: list[str] = field(default_factory=list)
     tokens: int = 0
+    written: list[str] = field(default_factory=list)  # every file ``save`` wrote, in order
+
+    def save(self, rel: str, write: Callable[[str], None]) -> None:
+        """Publish ``out/rel`` atomically through ``write(tmp)``, listed for the next export to remove.
+        A file already there is not draftgen's (the previous listing was removed): refused, left alone."""
+        path = self.out / rel
+        if rel not in self.written and (path.exists() or path.is_symlink()):
+            raise RunDirError(f"{path}: exists and no earlier export into {self.out} wrote it; draftgen does not "
+                              "overwrite a file it did not write: move it away, or give --out a new folder")
+        with open(self.out / EXPORT_JOURNAL, "a", encoding="utf-8") as fh:  # before the write: a death keeps it
+            fh.write(rel + "\n")
+        _atomic_save(path, write)
+        if rel not in self.written:
+            self.written.append(rel)
 
     def samples(self) -> Iterator[tuple[int, LoadedSample]]:
         for i, sid, rel in self.selected:
@@ -128,7 +162,8 @@ class ExportContext:
 @dataclass(frozen=True)
 class HiddenExporter:
     """One hidden-state format: ``fn(ctx)`` writes every selected sample under ``ctx.out`` (one per-sample
-    file each, ending in ``.safetensors``, ``.ckpt`` or ``.pt``, listed in ``ctx.files`` in sample order);
+    file each, ending in ``.safetensors``, ``.ckpt`` or ``.pt``, listed in ``ctx.files`` in sample order;
+    written with ``ctx.save``, so a death mid-export leaves nothing a rerun cannot remove);
     ``needs_norm``: it writes post-norm states, so the target's final norm is loaded into ``ctx.norm``."""
 
     fn: Callable[[ExportContext], None]
@@ -155,11 +190,35 @@ def register_hidden_exporter(name: str, *, needs_norm: bool = False,
 # -- helpers -------------------------------------------------------------------------------------------------
 
 
-def _torch_save(path: Path, obj: Any) -> None:
+def _atomic_save(path: Path, write: Callable[[str], None]) -> None:
+    """``write(tmp)`` then rename to ``path`` (same folder): a reader sees the whole file or none."""
+    with storage_faults(str(path), "write"):  # a full disk: one line naming the file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = open_temp(str(path.parent), path.name)
+        os.close(fd)
+        try:
+            write(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def _writer(data: bytes) -> Callable[[str], None]:
+    def write(tmp: str) -> None:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as fh:  # the file open_temp made
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    return write
+
+
+def _torch_writer(obj: Any) -> Callable[[str], None]:
     torch = require("torch")
     buf = io.BytesIO()
     torch.save(obj, buf)  # in memory: torch's own file writer reports a full disk as "unexpected pos"
-    atomic_write_bytes(path, buf.getvalue())
+    return _writer(buf.getvalue())
 
 
 def _split_aux(s: LoadedSample, n_aux: int) -> torch.Tensor:
@@ -230,38 +289,39 @@ def export_speculators(ctx: ExportContext) -> None:
     st = require("safetensors.torch")
     datasets = require("datasets", "hub")
     n_aux = len(ctx.manifest.layer_ids.aux)
-    states = ctx.out / SPECULATORS_STATES
     rows: dict[str, list[Any]] = {"input_ids": [], "loss_mask": [], "seq_len": []}
     freq: dict[int, int] = {}
     for i, s in ctx.samples():
         hs = torch.cat([_split_aux(s, n_aux), s.final[:, None, :]], dim=1).to(ctx.dtype).contiguous()
         tensors = {"hidden_states": hs, "token_ids": s.input_ids.to(torch.int64).contiguous()}
-        path = states / f"hs_{i}.safetensors"
-        atomic_write_bytes(path, st.save(tensors))
-        ctx.files.append(str(path.relative_to(ctx.out)))
+        rel = f"{SPECULATORS_STATES}/hs_{i}.safetensors"
+
+        ctx.save(rel, _writer(st.save(tensors)))  # bytes in memory, as save_file writes them
+        ctx.files.append(rel)
         mask = s.loss_mask.to(torch.int64)
         rows["input_ids"].append(s.input_ids.tolist())
         rows["loss_mask"].append(mask.tolist())
         rows["seq_len"].append(int(s.input_ids.shape[0]))
         for tid in s.input_ids[mask.bool()].tolist():
             freq[tid] = freq.get(tid, 0) + 1
-    for old in states.glob("hs_*.safetensors"):  # left by an earlier, larger export
-        if old.name not in {f"hs_{i}.safetensors" for i, _, _ in ctx.selected}:
-            old.unlink()
-    _torch_save(ctx.out / TOKEN_FREQ, freq)
+    ctx.save(TOKEN_FREQ, _torch_writer(freq))
     features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int64")),
                                   "loss_mask": datasets.Sequence(datasets.Value("int64")),
                                   "seq_len": datasets.Value("int64")})
     ds = datasets.Dataset.from_dict(rows, features=features)
     ds.set_format(type="torch")
-    tmp = Path(tempfile.mkdtemp(dir=ctx.out, prefix=".arrow."))
+    tmp = ctx.out / temp_name("arrow")  # a temp folder: the same pattern, removed by a rerun after a death
+    tmp.mkdir()
     try:
         ds.save_to_disk(str(tmp))
-        for f in tmp.iterdir():
-            os.replace(f, ctx.out / f.name)
+        for f in sorted(tmp.iterdir()):
+
+            def move(dst: str, src: Path = f) -> None:
+                os.replace(src, dst)
+
+            ctx.save(f.name, move)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    ctx.files += [TOKEN_FREQ, "state.json", "dataset_info.json"]
 
 
 @register_hidden_exporter("specforge", needs_norm=True, doc="SpecForge offline: rows_{g}-{g+2000}/data_{i}.ckpt "
@@ -271,12 +331,12 @@ def export_specforge(ctx: ExportContext) -> None:
     for i, s in ctx.samples():
         g = (i // SPECFORGE_GROUP) * SPECFORGE_GROUP
         rel = f"rows_{g}-{g + SPECFORGE_GROUP}/data_{i}.ckpt"
-        _torch_save(ctx.out / rel, {
+        ctx.save(rel, _torch_writer({
             "input_ids": s.input_ids.to(torch.int64),
             "loss_mask": s.loss_mask.to(torch.int64),
             "hidden_state": ctx.post_norm(s.final).to(ctx.dtype)[None].contiguous(),
             "aux_hidden_state": s.aux.to(ctx.dtype)[None].contiguous(),
-        })
+        }))
         ctx.files.append(rel)
 
 
@@ -295,13 +355,13 @@ def export_modelopt(ctx: ExportContext) -> None:
     torch = require("torch")
     for _i, s in ctx.samples():
         rel = f"{modelopt_name(s.sample_id)}.pt"
-        _torch_save(ctx.out / rel, {
+        ctx.save(rel, _torch_writer({
             "input_ids": s.input_ids.to(torch.int64),
             "hidden_states": ctx.post_norm(s.final).to(ctx.dtype).contiguous(),
             "aux_hidden_states": s.aux.to(ctx.dtype).contiguous(),
             "loss_mask": s.loss_mask.to(torch.int64),
             "conversation_id": s.sample_id,
-        })
+        }))
         ctx.files.append(rel)
 
 
@@ -333,17 +393,132 @@ def _target_dir(cfg: RunConfig | None, manifest: HiddenManifest, given: str | Pa
     return p if p.is_dir() else None
 
 
-def _up_to_date(out: Path, kind: str, fingerprint: str, include_flagged: bool) -> HiddenExportReport | None:
-    path = out / EXPORT_REPORT
-    if not path.is_file():
-        return None
+def _read_report(out: Path) -> HiddenExportReport | None:
     try:
-        rep = read_json(path, HiddenExportReport)
+        return read_json(out / EXPORT_REPORT, HiddenExportReport) if (out / EXPORT_REPORT).is_file() else None
     except InputError:
         return None
-    same = (rep.format == kind and rep.manifest_fingerprint == fingerprint
-            and rep.include_flagged == include_flagged)
+
+
+def _up_to_date(out: Path, kind: str, fingerprint: str, include_flagged: bool) -> HiddenExportReport | None:
+    rep = _read_report(out)
+    same = rep is not None and (rep.format == kind and rep.manifest_fingerprint == fingerprint
+                                and rep.include_flagged == include_flagged)
     return rep if same else None
+
+
+# -- ownership of an export folder (module docstring) -------------------------------------------------------
+
+
+def claim_export(out: Path) -> list[str]:
+    """Make ``out`` an export folder of draftgen's before anything there is written or deleted, and return
+    what earlier exports there wrote (the files the next export removes). Refuses (RunDirError, nothing
+    touched) a file, a folder with another kind of marker, and a non-empty folder without the marker unless
+    its ``export.json`` is valid (an export made before markers: adopted, the marker written)."""
+    marker = out / EXPORT_MARKER
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"{out}: is a file, not a folder; give --out a new or empty folder")
+    if marker.is_file():
+        read_owner_marker(marker.read_bytes(), OWNER_HIDDEN_EXPORT, str(marker))
+    else:
+        legacy = _read_report(out)
+        # only the temp of a marker whose write died: still empty
+        if legacy is None and out.is_dir() and not all(is_temp(p.name, EXPORT_MARKER) for p in out.iterdir()):
+            raise RunDirError(f"{out}: this folder is not empty and was not made by draftgen (it has no "
+                              f"{EXPORT_MARKER}); export-hidden writes only into its own folders: give --out a "
+                              "new or empty folder")
+        out.mkdir(parents=True, exist_ok=True)
+        _atomic_save(marker, _writer(owner_marker(OWNER_HIDDEN_EXPORT, adopted=legacy is not None)))
+    return _previous_files(out)
+
+
+def _previous_files(out: Path) -> list[str]:
+    """The files earlier exports into ``out`` wrote: the last ``export.json``'s listing (for one made
+    before listings: its sample files and the names its format writes), plus the pending journal."""
+    rep = _read_report(out)
+    files: list[str] = []
+    if rep is not None:
+        files = list(rep.files) or _legacy_files(out, rep)
+    journal = out / EXPORT_JOURNAL
+    if journal.is_file():
+        files += [ln for ln in journal.read_text(encoding="utf-8", errors="replace").splitlines() if ln]
+    return list(dict.fromkeys(files))
+
+
+def _legacy_files(out: Path, rep: HiddenExportReport) -> list[str]:
+    files = [SAMPLE_IDS, EXPORT_REPORT]
+    with contextlib.suppress(InputError, OSError):
+        files += [s.file for _, s in iter_jsonl(out / SAMPLE_IDS, HiddenExportSample)]
+    if rep.format == "speculators":
+        files += [TOKEN_FREQ, *_ARROW_FILES, *sorted(p.name for p in out.iterdir() if _ARROW_SHARD.fullmatch(p.name))]
+    return files
+
+
+def _inside(out: Path, rel: str) -> Path | None:
+    """``out/rel`` when ``rel`` is a plain relative path below ``out`` (a listing never reaches outside)."""
+    parts = Path(rel).parts
+    if not parts or Path(rel).is_absolute() or ".." in parts:
+        return None
+    return out / rel
+
+
+def _clean_temps(out: Path, listed: list[str]) -> None:
+    """Remove draftgen's temps (``is_temp``, files or folders) in ``out`` and in the folders of ``listed``."""
+    folders = {out} | {p.parent for p in (_inside(out, r) for r in listed) if p is not None}
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for p in folder.iterdir():
+            if not is_temp(p.name):
+                continue
+            with contextlib.suppress(OSError):
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink()
+
+
+def _remove_listed(out: Path, listed: list[str]) -> None:
+    """Remove exactly the listed files still present (then their folders, once empty); the listing stays
+    in the journal until they are gone, so a death here leaves nothing unlisted."""
+    journal = out / EXPORT_JOURNAL
+    _atomic_save(journal, _writer("".join(f"{r}\n" for r in listed).encode()))
+    folders: set[Path] = set()
+    for rel in listed:
+        path = _inside(out, rel)
+        if path is None or not (path.is_file() or path.is_symlink()):
+            continue
+        path.unlink()
+        folders.update(q for q in path.parents if q != out and out in q.parents)
+    for folder in sorted(folders, key=lambda q: -len(q.parts)):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only an empty one: a file draftgen did not write keeps its folder
+    journal.unlink()
+
+
+def _out_folder(cfg: RunConfig | None, out_dir: str | Path | None, kind: str, n_kinds: int) -> Path:
+    if out_dir is None:
+        if cfg is None:
+            raise ConfigError("give --out: where to write the export (no config names a run directory)")
+        return default_export_dir(cfg, kind)
+    return Path(out_dir) / kind if n_kinds > 1 else Path(out_dir)
+
+
+def _keep_up_to_date(out: Path, done: HiddenExportReport) -> None:
+    """An up-to-date folder is claimed too (an export made before markers is adopted) and loses a death's temps."""
+    _clean_temps(out, claim_export(out))
+    if done.files:  # a death after export.json, before the journal went: all it lists is listed there
+        (out / EXPORT_JOURNAL).unlink(missing_ok=True)
+
+
+def _claim_and_clear(out: Path) -> None:
+    """Before an export writes into ``out``: claim it, remove leftover temps and what earlier exports
+    listed (their ``export.json`` first, so the folder never looks up to date half-cleared)."""
+    listed = claim_export(out)
+    _clean_temps(out, listed)
+    if EXPORT_REPORT in listed:
+        listed = [EXPORT_REPORT] + [r for r in listed if r != EXPORT_REPORT]
+    _remove_listed(out, listed)
 
 
 def export_hidden(source: RunConfig | str, kinds: list[str], out_dir: str | Path | None = None, *,
@@ -355,7 +530,8 @@ def export_hidden(source: RunConfig | str, kinds: list[str], out_dir: str | Path
 
     ``out_dir``: the output folder (with several kinds, one subfolder per kind); default
     ``<run>/hidden-exports/<kind>`` for a config. ``hidden``: another hidden set than the config's. ``target_dir``: the target model folder, for the final norm
-    (default: ``hidden_states.model``, else the manifest's target name when it is a local folder)."""
+    (default: ``hidden_states.model``, else the manifest's target name when it is a local folder).
+    Each folder must be draftgen's, new or empty (see the module docstring: ownership)."""
     from draftgen.config import RunConfig
 
     if not kinds:
@@ -378,14 +554,10 @@ def export_hidden(source: RunConfig | str, kinds: list[str], out_dir: str | Path
     reports: list[HiddenExportReport] = []
     say = echo or (lambda s: None)
     for kind in kinds:
-        if out_dir is None:
-            if cfg is None:
-                raise ConfigError("give --out: where to write the export (no config names a run directory)")
-            out = default_export_dir(cfg, kind)
-        else:
-            out = Path(out_dir) / kind if len(kinds) > 1 else Path(out_dir)
+        out = _out_folder(cfg, out_dir, kind, len(kinds))
         done = _up_to_date(out, kind, fingerprint, include_flagged)
         if done is not None:
+            _keep_up_to_date(out, done)
             say(f"export-hidden {kind}: {out} is up to date ({done.samples} samples)")
             reports.append(done)
             continue
@@ -397,25 +569,33 @@ def export_hidden(source: RunConfig | str, kinds: list[str], out_dir: str | Path
                 raise ConfigError(f"export {kind}: the post-norm final state needs the target model folder: set "
                                   "hidden_states.model or pass --target DIR")
             norm = load_final_norm(tdir, m)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / EXPORT_REPORT).unlink(missing_ok=True)
-        t0 = time.perf_counter()
+        _claim_and_clear(out)
         ctx = ExportContext(hidden=hset, manifest=m, out=out, selected=selected, dtype=_out_dtype(m), norm=norm)
-        with storage_faults(str(out), "write"):  # a full disk: one line naming the folder (the files name theirs)
-            spec.fn(ctx)
-        listing = b"".join(encode_json(HiddenExportSample(index=i, sample_id=sid, file=f)) + b"\n"
-                           for (i, sid, _), f in zip(selected, _files_per_sample(ctx, kind), strict=True))
-        atomic_write_bytes(out / SAMPLE_IDS, listing)
-        secs = time.perf_counter() - t0
-        rep = HiddenExportReport(format=kind, out=str(out), hidden=url, manifest_fingerprint=fingerprint,
-                                 samples=len(selected), tokens=ctx.tokens, skipped_flagged=len(flagged),
-                                 include_flagged=include_flagged, layer_ids=list(m.layer_ids.aux),
-                                 final_layer_id=m.layer_ids.final, dtype=str(ctx.dtype).removeprefix("torch."),
-                                 seconds=round(secs, 3))
-        atomic_write_json(out / EXPORT_REPORT, rep)
-        say(f"export-hidden {kind}: {len(selected)} samples, {ctx.tokens} tokens -> {out} ({secs:.1f} s)")
-        reports.append(rep)
+        reports.append(_write_export(ctx, spec, kind, url, fingerprint, len(flagged), include_flagged, say))
     return reports
+
+
+def _write_export(ctx: ExportContext, spec: HiddenExporter, kind: str, url: str, fingerprint: str, flagged: int,
+                  include_flagged: bool, say: Callable[[str], None]) -> HiddenExportReport:
+    """Run the exporter into the cleared folder, then ``sample_ids.jsonl`` and, last, ``export.json``
+    listing every file written (the journal goes once the listing is published)."""
+    t0 = time.perf_counter()
+    spec.fn(ctx)
+    listing = b"".join(encode_json(HiddenExportSample(index=i, sample_id=sid, file=f)) + b"\n"
+                       for (i, sid, _), f in zip(ctx.selected, _files_per_sample(ctx, kind), strict=True))
+    ctx.save(SAMPLE_IDS, _writer(listing))
+    secs = time.perf_counter() - t0
+    files = list(dict.fromkeys([*ctx.written, *ctx.files, EXPORT_REPORT]))  # ctx.files: a plugin's own writes
+    m = ctx.manifest
+    rep = HiddenExportReport(format=kind, out=str(ctx.out), hidden=url, manifest_fingerprint=fingerprint,
+                             samples=len(ctx.selected), tokens=ctx.tokens, skipped_flagged=flagged,
+                             include_flagged=include_flagged, layer_ids=list(m.layer_ids.aux),
+                             final_layer_id=m.layer_ids.final, dtype=str(ctx.dtype).removeprefix("torch."),
+                             seconds=round(secs, 3), files=files)
+    _atomic_save(ctx.out / EXPORT_REPORT, _writer(msgspec.json.format(encode_json(rep), indent=2) + b"\n"))
+    (ctx.out / EXPORT_JOURNAL).unlink(missing_ok=True)
+    say(f"export-hidden {kind}: {len(ctx.selected)} samples, {ctx.tokens} tokens -> {ctx.out} ({secs:.1f} s)")
+    return rep
 
 
 def _files_per_sample(ctx: ExportContext, kind: str) -> list[str]:

@@ -14,8 +14,14 @@ Layout at a destination root D (a local folder or any fsspec URL: ``s3://bucket/
 
 Storage dtype: bf16 (default) | fp16 | fp32 | fp8 (``torch.float8_e4m3fn`` with per-token float32 scales).
 
+Ownership: ``D/.draftgen-hidden.json`` (``HiddenOwnerMarker``, kind ``hidden-set``) is written FIRST, through
+the store's own put (so on object stores too); ``HiddenStore.claim`` refuses a non-empty destination without
+it before anything there is written or deleted, and adopts a set made before markers existed (a valid
+manifest.json or index part). Temps are removed only in a marked destination, and only names matching
+``TEMP_PATTERN`` (the one pattern every draftgen temp file and folder is named by, ``temp_name``).
+
 Atomicity: a sample is DONE when its file is published and listed in some index part. Publishing is
-atomic: locally a temp file in the same folder (``.<name>.<random>.tmp``, never read) then ``os.replace``;
+atomic: locally a temp file in the same folder (``.<name>.<16 hex>.tmp``, never read) then ``os.replace``;
 on an object store one single put. Index parts and the manifest are published the same way, so a reader
 never sees half a file; a published file no index lists is simply redone. ``HiddenStore.done`` is the union
 of all parts by sample_id (also requiring the file to exist).
@@ -37,8 +43,10 @@ import contextlib
 import errno
 import hashlib
 import os
+import re
+import secrets
 import struct
-import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -47,8 +55,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from draftgen.errors import ConfigError, DraftgenError, InputError, StorageError
-from draftgen.records import HiddenIndexRecord, HiddenManifest
+from draftgen import __version__
+from draftgen.errors import ConfigError, DraftgenError, InputError, RunDirError, StorageError
+from draftgen.records import HiddenIndexRecord, HiddenManifest, HiddenOwnerMarker
+from draftgen.records.hidden import OWNER_HIDDEN_SET, OWNER_SCHEMA
 from draftgen.rundir import HiddenLayout
 from draftgen.store import decode_json, decode_json_object, encode_json
 
@@ -60,6 +70,7 @@ __all__ = [
     "FP8_MAX",
     "SCHEMA",
     "STORAGE_DTYPES",
+    "TEMP_PATTERN",
     "Captured",
     "HiddenSet",
     "HiddenStore",
@@ -67,19 +78,68 @@ __all__ = [
     "atomic_write_bytes",
     "decode_sample",
     "encode_sample",
+    "is_temp",
     "open_hidden",
+    "open_temp",
+    "owner_marker",
+    "read_owner_marker",
     "read_safetensors",
     "read_torch",
     "require",
     "sample_key",
     "sample_path",
     "storage_faults",
+    "temp_name",
     "translate_storage_error",
 ]
 
 SCHEMA = "draftgen.hidden/1"
 STORAGE_DTYPES = ("bf16", "fp16", "fp32", "fp8")
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+#: The name of every temp file (and temp folder) draftgen writes in a hidden set or an export folder:
+#: ``.<final name>.<16 hex>.tmp`` (``temp_name``). Cleaners remove only names this matches in full.
+TEMP_PATTERN = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8,}\.tmp")
+
+
+def temp_name(name: str) -> str:
+    """A fresh temp name for the file ``name`` (same folder), matching ``TEMP_PATTERN``."""
+    return f".{name}.{secrets.token_hex(8)}.tmp"
+
+
+def is_temp(basename: str, of: str | None = None) -> bool:
+    """Whether ``basename`` is a draftgen temp name (``TEMP_PATTERN``, the whole name); with ``of``, a temp
+    of the file named ``of``."""
+    m = TEMP_PATTERN.fullmatch(basename)
+    return m is not None and (of is None or m.group("name") == of)
+
+
+def open_temp(folder: str, name: str) -> tuple[int, str]:
+    """Create a new temp file for ``name`` in ``folder`` (exclusively, mode 0600): (fd, its path)."""
+    while True:
+        path = os.path.join(folder, temp_name(name))
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), path
+        except FileExistsError:  # pragma: no cover (16 random hex digits)
+            continue
+
+
+def owner_marker(kind: str, *, adopted: bool = False) -> bytes:
+    """The bytes of a new owner marker of ``kind`` (records.hidden ``OWNER_*``)."""
+    m = HiddenOwnerMarker(kind=kind, schema=OWNER_SCHEMA, created_at=round(time.time(), 3),
+                          draftgen_version=__version__, adopted=adopted)
+    return msgspec.json.format(encode_json(m), indent=2) + b"\n"
+
+
+def read_owner_marker(data: bytes, kind: str, where: str) -> HiddenOwnerMarker:
+    """A marker's record; RunDirError when it is unreadable or marks another kind of folder."""
+    try:
+        m = decode_json(data, HiddenOwnerMarker, where=where)
+    except InputError as exc:
+        raise RunDirError(f"{where}: unreadable owner marker ({exc}); move it away or use another folder") from None
+    if m.kind != kind:
+        raise RunDirError(f"{where}: marks a draftgen {m.kind} folder, not a {kind}; use another folder")
+    return m
 
 
 def require(module: str, extra: str = "extract") -> Any:
@@ -372,14 +432,14 @@ def read_torch(path: str | os.PathLike[str]) -> Any:
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Publish ``data`` at local ``path`` atomically: a temp file in the same folder (``.<name>.<random>.tmp``,
-    never read), fsync, ``os.replace``; on failure the temp file is removed and the error translated
+    """Publish ``data`` at local ``path`` atomically: a temp file in the same folder (``temp_name``, never
+    read), fsync, ``os.replace``; on failure the temp file is removed and the error translated
     (a full disk: StorageError naming ``path``)."""
     target = os.fspath(path)
     with storage_faults(target, "write"):
         folder = os.path.dirname(target) or "."
         os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(target)}.", suffix=".tmp")
+        fd, tmp = open_temp(folder, os.path.basename(target))
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
@@ -508,13 +568,64 @@ class HiddenStore:
                 raise InputError(f"{where}: no manifest; run draftgen extract first (or let it finish)") from None
         return decode_json(data, HiddenManifest, where=where)
 
+    # -- ownership
+    def owned(self) -> bool:
+        """Whether the destination holds draftgen's owner marker."""
+        return bool(self.fs.exists(self.path(HiddenLayout.marker)))
+
+    def claim(self) -> None:
+        """Make the destination draftgen's before anything there is written or deleted: a marked one is
+        checked, an absent or empty one gets the marker (first write), one made before markers (a valid
+        manifest.json or index part) is adopted; any other non-empty destination is refused (RunDirError)."""
+        with storage_faults(self.url, "open"):
+            self._claim()
+
+    def _claim(self) -> None:
+        where = self._where(HiddenLayout.marker)
+        if self.owned():
+            read_owner_marker(self.fs.cat_file(self.path(HiddenLayout.marker)), OWNER_HIDDEN_SET, where)
+            return
+        adopted = self._made_by_draftgen()
+        if not adopted and not self._is_empty():
+            raise RunDirError(f"{self.url}: this destination is not empty and was not made by draftgen (it has no "
+                              f"{HiddenLayout.marker}); draftgen writes hidden states only into its own "
+                              "destinations: set hidden_states.output (--output) to a new or empty folder")
+        self._put(HiddenLayout.marker, owner_marker(OWNER_HIDDEN_SET, adopted=adopted))
+
+    def _made_by_draftgen(self) -> bool:
+        """A set written before owner markers: its manifest.json, or its first index part, decodes."""
+        try:
+            if self.has_manifest():
+                return self.read_manifest().schema == SCHEMA
+            parts = self.index_parts()
+            if parts:
+                first = next((ln for ln in self.fs.cat_file(parts[0]).splitlines() if ln.strip()), b"")
+                decode_json(first, HiddenIndexRecord, where=parts[0])
+                return True
+        except (InputError, OSError):
+            return False
+        return False
+
+    def _is_empty(self) -> bool:
+        if self.local:
+            if os.path.exists(self.root) and not os.path.isdir(self.root):
+                raise RunDirError(f"{self.url}: is a file, not a folder; set hidden_states.output to a folder")
+            # a death while the marker itself was written leaves only its temp: still empty
+            return not os.path.isdir(self.root) or all(is_temp(n, HiddenLayout.marker) for n in os.listdir(self.root))
+        try:
+            return not self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return True
+
     def clean_temps(self) -> int:
-        """Remove temp files a killed local writer left behind (they never count); returns how many."""
-        if not self.local:
+        """Remove the temp files a killed local writer left behind (they never count); returns how many.
+        Only in a destination that holds draftgen's marker (``claim`` first), only names ``is_temp`` matches."""
+        if not self.local or not self.owned():
             return 0
         n = 0
-        for p in self._list(HiddenLayout.states) + self._list(HiddenLayout.index):
-            if os.path.basename(p).startswith(".") and p.endswith(".tmp"):
+        tops = [os.path.join(self.root, p) for p in os.listdir(self.root)]
+        for p in tops + self._list(HiddenLayout.states) + self._list(HiddenLayout.index):
+            if is_temp(os.path.basename(p)) and os.path.isfile(p):
                 with contextlib.suppress(OSError):
                     os.unlink(p)
                     n += 1

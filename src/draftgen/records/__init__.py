@@ -12,6 +12,7 @@ Files and the record each line holds:
     merged/*.parquet, manifest.json       MERGED_COLUMNS, MergeManifest (records.merged)
     exports/<format>/*.jsonl              SpeculatorsRow, SpecForge*   (records.exports)
     <hidden>/index, manifest.json         HiddenIndexRecord, HiddenManifest (records.hidden)
+    <hidden>/.draftgen-hidden.json        HiddenOwnerMarker (also <export>/.draftgen-export.json)
     train/, accept/                       TrainLogRecord, TrainReport, AcceptReport (records.drafter)
 
 Every record carries ``SCHEMA_VERSION`` (``records.base``). Encoding and decoding happen only in
@@ -52,6 +53,7 @@ from draftgen.records.hidden import (
     HiddenIndexRecord,
     HiddenLayerIds,
     HiddenManifest,
+    HiddenOwnerMarker,
     HiddenSampleEntry,
     HiddenStatesReport,
     HiddenTarget,
@@ -126,6 +128,7 @@ __all__ = [
     "HiddenIndexRecord",
     "HiddenLayerIds",
     "HiddenManifest",
+    "HiddenOwnerMarker",
     "HiddenSampleEntry",
     "HiddenStatesReport",
     "HiddenTarget",

@@ -1,5 +1,6 @@
 """Records of the hidden-state set: ``<hidden>/index/part-*.jsonl`` (``HiddenIndexRecord``), ``manifest.json``
-(``HiddenManifest``, written last), the exports' ``export.json`` and the disk estimate (``HiddenStatesReport``)."""
+(``HiddenManifest``, written last), the owner markers of hidden sets and export folders (``HiddenOwnerMarker``,
+written first), the exports' ``export.json`` and the disk estimate (``HiddenStatesReport``)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,26 @@ class HiddenIndexRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
     n_loss: int
     failed: list[str] = msgspec.field(default_factory=list)
     teacher: TeacherResult | None = None
+    schema_version: int = SCHEMA_VERSION
+
+
+#: ``HiddenOwnerMarker.kind`` of a hidden-state destination and of an ``export-hidden`` folder
+OWNER_HIDDEN_SET = "hidden-set"
+OWNER_HIDDEN_EXPORT = "hidden-export"
+OWNER_SCHEMA = "draftgen.owner/1"
+
+
+class HiddenOwnerMarker(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """The owner marker of a destination draftgen writes besides the run directory (``<hidden>/.draftgen-hidden.json``,
+    ``<export>/.draftgen-export.json``), written FIRST, before any other file there: a folder is draftgen's
+    once it holds one. ``adopted``: written into a set/export made before markers existed (it held a valid
+    manifest.json / export.json / index part)."""
+
+    kind: str  # OWNER_HIDDEN_SET | OWNER_HIDDEN_EXPORT
+    schema: str  # the marker's own format: draftgen.owner/1
+    created_at: float
+    draftgen_version: str
+    adopted: bool = False
     schema_version: int = SCHEMA_VERSION
 
 
@@ -151,4 +172,7 @@ class HiddenExportReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     final_layer_id: int = 0
     dtype: str = ""
     seconds: float = 0.0
+    # every file this export wrote, relative to the folder (export.json itself included): the next export
+    # into the folder removes exactly these, and nothing else (empty in an export made before the listing)
+    files: list[str] = msgspec.field(default_factory=list)
     schema_version: int = SCHEMA_VERSION

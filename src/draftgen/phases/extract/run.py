@@ -157,6 +157,7 @@ def _extract(cfg: RunConfig, rd: RunDir, echo: Echo, limit: int | None, pilot: i
         raise ConfigError("hidden_states.teacher_fraction must be in [0, 1]")
     rows = read_merged_rows(rd)
     store = HiddenStore(hidden_destination(cfg, rd), dict(hs.storage_options))
+    store.claim()  # a foreign destination is refused before anything there is deleted or written
     store.clean_temps()
     done = store.done()
     pending = [r for r in rows if r.sample_id not in done]

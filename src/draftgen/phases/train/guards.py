@@ -82,7 +82,9 @@ def check_verifier(verifier: Path, manifest: HiddenManifest, hidden: str) -> Non
 
 def _expected_samples(run_root: Path) -> int | None:
     """The merged train rows of the run (what a complete extraction has), or None when there is no merge."""
-    path = run_root / "merged" / "manifest.json"
+    from draftgen.rundir import RunDir
+
+    path = RunDir(run_root).merged_manifest
     if not path.is_file():
         return None
     man = read_json(path, MergeManifest)

@@ -330,11 +330,11 @@ def _publish(epoch_dir: Path, rd: RunDir) -> tuple[Path, Path]:
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=parent, prefix=".publish-"))
     try:
-        new_d = tmp / "drafter"
+        new_d = tmp / out_d.name
         new_d.mkdir()
         for name in ("config.json", "model.safetensors"):
             shutil.copyfile(epoch_dir / name, new_d / name)
-        new_e = to_eagle3(new_d, tmp / "eagle3")
+        new_e = to_eagle3(new_d, tmp / out_e.name)
         rd.train_report.unlink(missing_ok=True)
         for new, out in ((new_d, out_d), (new_e, out_e)):
             old = tmp / f"old-{out.name}"
