@@ -189,3 +189,78 @@ def test_missing_speculators_is_a_config_error(trained: dict[str, Any], tmp_path
     cfg = load_config(_config(tmp_path, trained["model_dir"], trained["hidden"], speculators=str(tmp_path / "no")))
     with pytest.raises(ConfigError, match="does not exist"):
         run_train(cfg, echo=lambda s: None, argv=["draftgen", "train"])
+
+
+def _tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def test_train_reads_the_states_in_place_no_second_copy(trained: dict[str, Any]) -> None:
+    """train/inputs/ holds the index speculators needs, never a state: the runner reads the set's own files."""
+    from draftgen.phases.train.inputs import INDEX_FORMAT, STATES_MAP, StatesMap
+    from draftgen.records import HiddenExportReport
+    from draftgen.store import read_json
+
+    rd, hidden = trained["rd"], trained["hidden"]
+    inputs = rd.train_inputs
+    assert not [p for p in rd.root.joinpath("train").rglob("hs_*.safetensors")]
+    assert not (inputs / "hidden_states").exists()
+    sizes = {p.name: p.stat().st_size for p in inputs.rglob("*") if p.is_file()}
+    assert sizes and max(sizes.values()) <= 64 * 1024, sizes  # the 12-sample index; the set's files are ~34 KB each
+    set_bytes = _tree_bytes(hidden / "states")
+    fraction = sum(sizes.values()) / set_bytes
+    assert fraction < 0.1, fraction  # the copy this replaces was ~0.9 of the set here (H=64: tiny states)
+    smap = read_json(inputs / STATES_MAP, StatesMap)
+    assert Path(smap.root) == hidden.resolve() and len(smap.files) == len(trained["rows"])
+    assert all((hidden / f).is_file() for f in smap.files) and smap.dtype == "bfloat16" and smap.n_aux == 3
+    assert read_json(inputs / "export.json", HiddenExportReport).format == INDEX_FORMAT
+    print(f"\ntrain/inputs/: {sum(sizes.values())} B for a {set_bytes} B set (fraction {fraction:.4f})")
+
+
+def test_index_replaces_an_earlier_full_copy(trained: dict[str, Any], tmp_path: Path) -> None:
+    from draftgen.hidden.format import open_hidden
+    from draftgen.phases.train.inputs import STATES_MAP, build_index
+
+    out = tmp_path / "inputs"
+    (out / "hidden_states").mkdir(parents=True)
+    (out / "hidden_states" / "hs_0.safetensors").write_bytes(b"x" * 1000)
+    (out / "export.json").write_text('{"format": "speculators"}')
+    rep = build_index(open_hidden(str(trained["hidden"])), out)
+    assert rep is not None and rep.samples == len(trained["rows"]) and (out / STATES_MAP).is_file()
+    assert not (out / "hidden_states").exists()
+    assert build_index(open_hidden(str(trained["hidden"])), out) == rep  # up to date: reused as it is
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_runner_states_equal_the_speculators_export_byte_for_byte(trained: dict[str, Any], tmp_path: Path,
+                                                                  dtype: str) -> None:
+    """What the runner builds in memory from a state file is exactly the speculators export's hs_{i} file."""
+    from draftgen.hidden.exports import export_hidden
+    from draftgen.hidden.format import open_hidden
+    from draftgen.phases.train.inputs import STATES_MAP, build_index
+    from draftgen.phases.train.run import RUNNER
+
+    hidden = trained["hidden"] if dtype == "bf16" else make_hidden_set(trained["model_dir"], tmp_path / "h8",
+                                                                       n=4, dtype=dtype)[0]
+    export_hidden(str(hidden), ["speculators"], tmp_path / "copy")
+    build_index(open_hidden(str(hidden)), tmp_path / "index")
+    code = (
+        "import sys, torch\n"
+        f"sys.path.insert(0, {str(RUNNER.parent)!r})\n"
+        "import speculators_runner as r\n"
+        "from safetensors.torch import load_file\n"
+        "t = r.StatesTransfer(sys.argv[1])\n"
+        "n = 0\n"
+        "for i in range(len(t.files)):\n"
+        "    got, want = t.get_cached(i), load_file(f'{sys.argv[2]}/hs_{i}.safetensors')\n"
+        "    assert sorted(got) == sorted(want), (sorted(got), sorted(want))\n"
+        "    for k in want:\n"
+        "        a, b = got[k], want[k]\n"
+        "        assert a.dtype == b.dtype and a.shape == b.shape, (k, a.dtype, b.dtype, a.shape, b.shape)\n"
+        "        assert a.contiguous().view(torch.uint8).equal(b.view(torch.uint8)), (i, k)\n"
+        "    n += 1\n"
+        "assert t.get_cached(len(t.files)) is None\n"
+        "print('same', n)\n"
+    )
+    out = run_in_speculators(code, str(tmp_path / "index" / STATES_MAP), str(tmp_path / "copy" / "hidden_states"))
+    assert out.strip().splitlines()[-1] == f"same {4 if dtype == 'fp8' else len(trained['rows'])}"

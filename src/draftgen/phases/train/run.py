@@ -4,7 +4,9 @@ Reads the hidden set (``train.hidden``, default ``hidden_states.output`` / ``<ru
 model folder (``train.verifier``, default ``hidden_states.model``, else the manifest's target name). Writes,
 under ``<run>/train/`` (``RunDir.train_*``):
 
-    inputs/        the speculators export of the hidden set, in extraction order (extract.exports)
+    inputs/        what speculators reads besides the states (train.inputs): its Arrow dataset (ids, loss
+                   masks, lengths), token_freq.pt and draftgen_states.json (row i -> the set's own state
+                   file, read in place: no second copy); for an object-store set, the full speculators export
     vocab/         d2t.npy (int64 offsets), t2d.npy (bool): the draft vocabulary (train.vocab)
     checkpoints/   speculators' own checkpoints (<epoch>/ with optimizer state; it resumes from the last)
     drafter/       the last checkpoint's config.json + model.safetensors: ``vllm serve train/drafter``
@@ -212,11 +214,13 @@ def run_train(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = N
 def _train(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> TrainReport:
     from draftgen.hidden.exports import export_hidden, hidden_url
     from draftgen.hidden.format import open_hidden
+    from draftgen.phases.train.inputs import INDEX_FORMAT, STATES_FLAG, STATES_MAP, build_index
 
     tc = cfg.train  # its values are checked at config load (TrainConfig.__post_init__)
     python = find_speculators_python(tc.speculators)
     url = tc.hidden if tc.hidden and "://" in tc.hidden else (str(cfg.path(tc.hidden)) if tc.hidden else hidden_url(cfg))
-    manifest = open_hidden(url, dict(cfg.hidden_states.storage_options)).manifest
+    hset = open_hidden(url, dict(cfg.hidden_states.storage_options))
+    manifest = hset.manifest
     verifier = _resolve_verifier(cfg, manifest.target.name)
     check_verifier(verifier, manifest, url)
     missing = check_complete(manifest, url, run_root=rd.root, allow_partial=tc.allow_partial, echo=echo)
@@ -232,7 +236,9 @@ def _train(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> TrainReport
     def say(line: str) -> None:  # the export's echo returns None; ours may return anything
         echo(line)
 
-    rep = export_hidden(cfg, ["speculators"], data, hidden=url, echo=say)[0]
+    # a local set is read in place (inputs/ holds only the index); an object-store set is copied once
+    rep = build_index(hset, data, echo=say) or export_hidden(cfg, ["speculators"], data, hidden=url, echo=say)[0]
+    states = [STATES_FLAG, str(data / STATES_MAP)] if rep.format == INDEX_FORMAT else []
     if old is not None and old.manifest_fingerprint != rep.manifest_fingerprint and _last_epoch_dir(ckpts):
         raise InputError(f"{ckpts}: these checkpoints were trained on another hidden set; rerun with --restart "
                          "to train from scratch on the new one")
@@ -254,7 +260,7 @@ def _train(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> TrainReport
          f"(vLLM ids), draft vocab {tc.draft_vocab_size}, ttt {tc.ttt_steps}"
          + (f", resuming at step {first}" if first else ""))
     trim_log(rd.train_log, first)  # a killed run's records at or after the resumed step are logged again
-    run = _run_trainer([python, str(RUNNER), *args], rd, echo)
+    run = _run_trainer([python, str(RUNNER), *args, *states], rd, echo)
     last = _last_epoch_dir(ckpts)
     if last is None:
         raise DraftgenError(f"speculators train saved no checkpoint in {ckpts}; see {rd.train_speculators_log}")

@@ -1,9 +1,10 @@
 """Runs speculators' EAGLE-3 trainer for ``draftgen train``, inside speculators' own environment.
 
 This file is executed as a script by the Python of the environment speculators is installed in
-(``python speculators_runner.py <speculators train flags>``); it imports only the standard library, torch
-and speculators, never draftgen, so it runs where draftgen is not installed. It calls speculators'
-``speculators.train.cli.main`` with the flags as given, and adds two things:
+(``python speculators_runner.py <speculators train flags>``); it imports only the standard library, torch,
+safetensors and speculators (with its ``hs_connectors``), never draftgen, so it runs where draftgen is not
+installed. It calls speculators' ``speculators.train.cli.main`` with the flags as given, and adds three
+things:
 
 - Metrics: every training/validation metric record speculators logs (``speculators.metrics``: loss,
   ``full_acc_k``, ``cond_acc_k`` per TTT step, lr, epoch, global_step) is also printed to stdout as one line
@@ -12,8 +13,15 @@ and speculators, never draftgen, so it runs where draftgen is not installed. It 
   0.9.0's Trainer sends batches to ``local_rank`` 0 (a CUDA device), autocasts on device type "cuda", its
   step timer calls ``torch.accelerator.synchronize`` and its checkpointer loads to "cuda:0". Here those
   resolve to the CPU (the synchronize is a no-op). Its training loop also takes one step per further epoch
-  once ``--max-steps`` is reached; here an epoch starts only while steps remain. Nothing else of the
-  trainer is changed.
+  once ``--max-steps`` is reached; here an epoch starts only while steps remain.
+- ``--draftgen-states FILE`` (a runner flag, removed before speculators parses the rest): the hidden states
+  are read where draftgen's extract wrote them, never copied. FILE is ``draftgen_states.json`` (root, the
+  per-sample ``draftgen.hidden/1`` files in dataset order, n_aux, dtype; draftgen's phases/train/inputs.py
+  writes it next to the Arrow dataset). speculators' file backend (``hs_connectors.transfer.FileBackend``)
+  then returns a transfer whose ``get_cached(i)`` reads ``root/files[i]`` and builds in memory exactly what
+  draftgen's speculators export writes to ``hs_{i}.safetensors`` (``to_speculators``: aux dequantized with
+  ``aux_scale`` for fp8, split into n_aux slots in ascending layer order, the PRE-norm final last, cast to
+  dtype; ``token_ids`` int64). Nothing else of the trainer is changed.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import sys
 from typing import Any
 
 PREFIX = "@@draftgen-metrics "
+STATES_FLAG = "--draftgen-states"
 
 
 def _plain(obj: Any) -> Any:
@@ -53,6 +62,59 @@ def on_cpu() -> bool:
     import torch
 
     return torch.accelerator.current_accelerator(check_available=True) is None
+
+
+def to_speculators(t: dict[str, Any], n_aux: int, dtype: Any) -> dict[str, Any]:
+    """speculators' cached-sample tensors from a ``draftgen.hidden/1`` sample's tensors ``t``: ``hidden_states``
+    [T, n_aux+1, H] (aux slots ascending, then the pre-norm final) in ``dtype``, ``token_ids`` int64 [T].
+    Must equal draftgen's speculators export byte for byte (tests/test_train.py checks it)."""
+    import torch
+
+    aux, final = t["aux"].float(), t["final"].float()
+    if "aux_scale" in t:  # fp8: value = fp8.float() * per-token scale
+        aux = aux * t["aux_scale"].float()
+        final = final * t["final_scale"].float()
+    n, width = aux.shape
+    if width % n_aux:
+        raise ValueError(f"aux width {width} is not a multiple of {n_aux} layers")
+    hs = torch.cat([aux.reshape(n, n_aux, width // n_aux), final[:, None, :]], dim=1).to(dtype).contiguous()
+    return {"hidden_states": hs, "token_ids": t["input_ids"].to(torch.int64).contiguous()}
+
+
+class StatesTransfer:
+    """speculators' hidden-states transfer (``get_cached(i)``, the only call with ``--on-missing raise``) over
+    draftgen's state files: row i is ``root/files[i]``. A plain module-level class holding strings, so that
+    speculators' spawned DataLoader workers can unpickle it (spawn re-imports this file as ``__mp_main__``)."""
+
+    def __init__(self, map_path: str) -> None:
+        with open(map_path, encoding="utf-8") as fh:
+            smap = json.load(fh)
+        self.root, self.files = str(smap["root"]), [str(f) for f in smap["files"]]
+        self.n_aux, self.dtype = int(smap["n_aux"]), str(smap["dtype"])
+
+    def setup(self) -> None:
+        return None
+
+    def get_cached(self, file_idx: int) -> dict[str, Any] | None:
+        import torch
+        from safetensors.torch import load_file  # type: ignore[import-not-found]
+
+        if not 0 <= file_idx < len(self.files):
+            return None
+        return to_speculators(load_file(f"{self.root}/{self.files[file_idx]}"), self.n_aux, getattr(torch, self.dtype))
+
+    def get_generated(self, hs_transfer_params: dict[str, Any]) -> None:
+        raise RuntimeError("draftgen's hidden states are read from files, never generated")
+
+    def delete(self, handle: str) -> None:
+        raise RuntimeError("draftgen's hidden-state files are never deleted by the trainer")
+
+
+def _patch_states(map_path: str) -> None:
+    from hs_connectors.transfer import FileBackend  # type: ignore[import-not-found]
+
+    transfer = StatesTransfer(map_path)
+    FileBackend.from_train_args = staticmethod(lambda args, data_path: transfer)
 
 
 def _patch(cli: Any) -> None:
@@ -91,6 +153,11 @@ def main(argv: list[str]) -> None:
     from speculators.train import cli  # type: ignore[import-not-found]
     from speculators.train.config import TrainConfig  # type: ignore[import-not-found]
 
+    argv = list(argv)
+    if STATES_FLAG in argv:
+        at = argv.index(STATES_FLAG)
+        _patch_states(argv[at + 1])
+        del argv[at:at + 2]
     _patch(cli)
     cli.main(TrainConfig.resolve(argv))
 
