@@ -18,7 +18,11 @@ Atomicity: a sample is DONE when its file is published and listed in some index 
 atomic: locally a temp file in the same folder (``.<name>.<random>.tmp``, never read) then ``os.replace``;
 on an object store one single put. Index parts and the manifest are published the same way, so a reader
 never sees half a file; a published file no index lists is simply redone. ``HiddenStore.done`` is the union
-of all parts by sample_id (also requiring the file to exist).
+of all parts by sample_id, each sample once (the last record wins), requiring the file to exist; each record
+carries ``row_sha256`` (``row_digest``: the row's ids and mask) and ``file_sha256`` (``bytes_digest``), which
+extract compares with the current merged row and (``corrupted``) the file, and ``HiddenSet.read_sample``, the
+one verifying reader, checks against the manifest. ``D/identity.json`` (HiddenIdentity) names the target
+before the first sample; ``hidden.lock`` keeps one writer per destination.
 
 torch, safetensors, numpy and fsspec are optional dependencies (``draftgen[extract]``), imported on use.
 Credentials come from the AWS_* variables, AWS_PROFILE or a credentials file, never from ``storage_options``
@@ -48,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from draftgen.errors import ConfigError, DraftgenError, InputError, StorageError
-from draftgen.records import HiddenIndexRecord, HiddenManifest
+from draftgen.records import HiddenIdentity, HiddenIndexRecord, HiddenManifest
 from draftgen.rundir import HiddenLayout
 from draftgen.store import decode_json, decode_json_object, encode_json
 
@@ -58,6 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FP8_MAX",
+    "IDENTITY",
     "SCHEMA",
     "STORAGE_DTYPES",
     "Captured",
@@ -65,12 +70,14 @@ __all__ = [
     "HiddenStore",
     "LoadedSample",
     "atomic_write_bytes",
+    "bytes_digest",
     "decode_sample",
     "encode_sample",
     "open_hidden",
     "read_safetensors",
     "read_torch",
     "require",
+    "row_digest",
     "sample_key",
     "sample_path",
     "storage_faults",
@@ -80,6 +87,7 @@ __all__ = [
 SCHEMA = "draftgen.hidden/1"
 STORAGE_DTYPES = ("bf16", "fp16", "fp32", "fp8")
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+IDENTITY = "identity.json"  # HiddenIdentity, written before the first sample
 
 
 def require(module: str, extra: str = "extract") -> Any:
@@ -123,6 +131,21 @@ def sample_path(sample_id: str) -> str:
     """The sample's file relative to the destination root: ``states/ab/ab....safetensors``."""
     k = sample_key(sample_id)
     return f"{HiddenLayout.states}/{k[:2]}/{k}.safetensors"
+
+
+def row_digest(input_ids: Any, loss_mask: Any) -> str:
+    """sha256 of a row's ``input_ids`` as int64 bytes then ``loss_mask`` as uint8 bytes (the index records it;
+    a sample is done only while its merged row still has this digest)."""
+    np_ = require("numpy")
+    h = hashlib.sha256(np_.ascontiguousarray(input_ids, dtype=np_.int64).tobytes())
+    h.update(b"|")
+    h.update(np_.ascontiguousarray(loss_mask, dtype=np_.uint8).tobytes())
+    return h.hexdigest()
+
+
+def bytes_digest(data: bytes) -> str:
+    """sha256 of a stored file's bytes (index record and manifest entry ``file_sha256``)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def _torch_dtype(dtype: str) -> Any:
@@ -392,6 +415,18 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             raise
 
 
+def _mtime(info: Mapping[str, Any]) -> float | None:
+    """A listing entry's modification time in seconds (local ``mtime``, s3 ``LastModified``, memory
+    ``created``), or None when the filesystem gives none."""
+    for key in ("mtime", "LastModified", "created"):
+        v = info.get(key)
+        if isinstance(v, int | float):
+            return float(v)
+        if isinstance(v, datetime):
+            return v.timestamp()
+    return None
+
+
 def _utc_stamp() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
 
@@ -462,22 +497,70 @@ class HiddenStore:
         return sorted(p for p in self._list(HiddenLayout.index)
                       if os.path.basename(p).startswith("part-") and p.endswith(".jsonl"))
 
-    def done(self) -> dict[str, HiddenIndexRecord]:
-        """Samples done: listed in some index part and whose published file exists (union of all parts)."""
-        out: dict[str, HiddenIndexRecord] = {}
+    def _records(self) -> Iterator[tuple[HiddenIndexRecord, float | None]]:
+        """Every index record, parts in name (= time) order, with its part's modification time (None: unknown)."""
+        info = self._find_detail(HiddenLayout.index)
         for part in self.index_parts():
             rel = part[len(self.root) + 1:]
             with storage_faults(self._where(rel)):
                 lines = self.fs.cat_file(part).splitlines()
+            mtime = _mtime(info.get(rel, {}))
             for lineno, line in enumerate(lines, 1):
                 if line.strip():
-                    rec = decode_json(line, HiddenIndexRecord, where=f"{self._where(rel)}:{lineno}")
-                    out.setdefault(rec.sample_id, rec)
+                    yield decode_json(line, HiddenIndexRecord, where=f"{self._where(rel)}:{lineno}"), mtime
+
+    def done(self) -> dict[str, HiddenIndexRecord]:
+        """Samples done: listed in some index part and whose published file exists, each sample ONCE (a
+        re-run task lists it again: the last record wins). ``self.suspect`` holds the sample ids whose file
+        was modified after the part listing it was written (or whose times are unknown): ``corrupted``
+        checks their bytes."""
+        out: dict[str, HiddenIndexRecord] = {}
+        when: dict[str, float | None] = {}
+        for rec, mtime in self._records():
+            out[rec.sample_id] = rec
+            when[rec.sample_id] = mtime
+        self.suspect: set[str] = set()
         if out:
-            published = {p[len(self.root) + 1:] for p in self._list(HiddenLayout.states)
-                         if p.endswith(".safetensors")}
+            published = self._find_detail(HiddenLayout.states)
             out = {sid: r for sid, r in out.items() if r.file in published}
+            for sid, r in out.items():
+                file_t, part_t = _mtime(published[r.file]), when[sid]
+                if file_t is None or part_t is None or file_t > part_t:
+                    self.suspect.add(sid)
         return out
+
+    def corrupted(self, done: Mapping[str, HiddenIndexRecord]) -> list[str]:
+        """The sample ids of ``done`` (among ``self.suspect``: modified after indexing) whose file bytes no
+        longer match the recorded ``file_sha256`` (read and hashed; records without one are not checked)."""
+        suspect = getattr(self, "suspect", set(done))
+        bad: list[str] = []
+        for sid, rec in done.items():
+            if sid in suspect and rec.file_sha256 and bytes_digest(self.read_bytes(rec.file)) != rec.file_sha256:
+                bad.append(sid)
+        return bad
+
+    def _find_detail(self, rel: str) -> dict[str, dict[str, Any]]:
+        """``rel``'s files (relative to the root) → their listing info (size, mtime / LastModified)."""
+        with storage_faults(self._where(rel), "list"):
+            try:
+                found = self.fs.find(self.path(rel), detail=True)
+            except FileNotFoundError as exc:
+                if _missing_bucket(exc):
+                    raise
+                return {}
+        return {str(p)[len(self.root) + 1:]: dict(i) for p, i in found.items()}
+
+    def read_identity(self) -> HiddenIdentity | None:
+        """``identity.json`` (the target of every sample), or None before the first sample."""
+        where = self._where(IDENTITY)
+        with storage_faults(where):
+            if not self.fs.exists(self.path(IDENTITY)):
+                return None
+            data = self.fs.cat_file(self.path(IDENTITY))
+        return decode_json(data, HiddenIdentity, where=where)
+
+    def write_identity(self, ident: HiddenIdentity) -> None:
+        self._put(IDENTITY, msgspec.json.format(encode_json(ident), indent=2) + b"\n")
 
     def read_bytes(self, rel: str) -> bytes:
         where = self._where(rel)
@@ -490,8 +573,14 @@ class HiddenStore:
                 raise InputError(f"{where}: file not found") from None
         return data
 
-    def read_sample(self, rel: str) -> LoadedSample:
-        return decode_sample(self.read_bytes(rel), self._where(rel))
+    def read_sample(self, rel: str, sha256: str = "") -> LoadedSample:
+        """The sample at ``rel``; with ``sha256`` (the index's / manifest's ``file_sha256``) its bytes are
+        verified first: a mismatch is one InputError naming the file and the fix."""
+        data = self.read_bytes(rel)
+        if sha256 and bytes_digest(data) != sha256:
+            raise InputError(f"{self._where(rel)}: changed after extraction (sha256 {bytes_digest(data)[:12]}…, "
+                             f"the index recorded {sha256[:12]}…); rerun draftgen extract (it redoes that sample)")
+        return decode_sample(data, self._where(rel))
 
     def has_manifest(self) -> bool:
         with storage_faults(self._where(HiddenLayout.manifest)):
@@ -527,13 +616,19 @@ class HiddenSet:
     def __init__(self, store: HiddenStore) -> None:
         self.store = store
         self.manifest = store.read_manifest()
+        self._sha = {e.file: e.file_sha256 for e in self.manifest.samples if e.file_sha256}
 
     def __len__(self) -> int:
         return len(self.manifest.samples)
 
+    def read_sample(self, rel: str) -> LoadedSample:
+        """The ONE verifying reader (export-hidden, train): the file's bytes checked against the manifest's
+        ``file_sha256`` before decoding."""
+        return self.store.read_sample(rel, self._sha.get(rel, ""))
+
     def samples(self) -> Iterator[LoadedSample]:
         for e in self.manifest.samples:
-            yield self.store.read_sample(e.file)
+            yield self.read_sample(e.file)
 
 
 def open_hidden(url: str, storage_options: Mapping[str, Any] | None = None) -> HiddenSet:
