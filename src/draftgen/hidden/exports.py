@@ -147,8 +147,8 @@ class ExportContext:
 
     def samples(self) -> Iterator[tuple[int, LoadedSample]]:
         for i, sid, rel in self.selected:
-            s = self.hidden.store.read_sample(rel)
-            if s.sample_id and s.sample_id != sid:
+            s = self.hidden.read_sample(rel)
+            if s.sample_id and s.sample_id not in (sid, sid.split("#rep", 1)[0]):  # a repeat reads its base's file
                 raise InputError(f"{rel}: holds sample {s.sample_id!r}, the manifest says {sid!r}")
             self.tokens += int(s.input_ids.shape[0])
             yield i, s

@@ -24,7 +24,11 @@ Atomicity: a sample is DONE when its file is published and listed in some index 
 atomic: locally a temp file in the same folder (``.<name>.<16 hex>.tmp``, never read) then ``os.replace``;
 on an object store one single put. Index parts and the manifest are published the same way, so a reader
 never sees half a file; a published file no index lists is simply redone. ``HiddenStore.done`` is the union
-of all parts by sample_id (also requiring the file to exist).
+of all parts by sample_id, each sample once (the last record wins), requiring the file to exist; each record
+carries ``row_sha256`` (``row_digest``: the row's ids and mask) and ``file_sha256`` (``bytes_digest``), which
+extract compares with the current merged row and (``corrupted``) the file, and ``HiddenSet.read_sample``, the
+one verifying reader, checks against the manifest. ``D/identity.json`` (HiddenIdentity) names the target
+before the first sample; ``hidden.lock`` keeps one writer per destination.
 
 torch, safetensors, numpy and fsspec are optional dependencies (``draftgen[extract]``), imported on use.
 Credentials come from the AWS_* variables, AWS_PROFILE or a credentials file, never from ``storage_options``
@@ -40,15 +44,12 @@ through the same table; ``atomic_write_bytes`` is the one local atomic writer (t
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import os
-import re
-import secrets
 import struct
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -56,8 +57,22 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from draftgen import __version__
-from draftgen.errors import ConfigError, DraftgenError, InputError, RunDirError, StorageError
-from draftgen.records import HiddenIndexRecord, HiddenManifest, HiddenOwnerMarker
+from draftgen.errors import ConfigError, InputError, RunDirError
+from draftgen.hidden.files import (
+    REDO_HINT,
+    TEMP_PATTERN,
+    atomic_write_bytes,
+    is_temp,
+    missing_bucket,
+    open_temp,
+    read_safetensors,
+    read_torch,
+    require,
+    storage_faults,
+    temp_name,
+    translate_storage_error,
+)
+from draftgen.records import HiddenIdentity, HiddenIndexRecord, HiddenManifest, HiddenOwnerMarker
 from draftgen.records.hidden import OWNER_HIDDEN_SET, OWNER_SCHEMA
 from draftgen.rundir import HiddenLayout
 from draftgen.store import decode_json, decode_json_object, encode_json
@@ -68,6 +83,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FP8_MAX",
+    "IDENTITY",
     "SCHEMA",
     "STORAGE_DTYPES",
     "TEMP_PATTERN",
@@ -76,6 +92,7 @@ __all__ = [
     "HiddenStore",
     "LoadedSample",
     "atomic_write_bytes",
+    "bytes_digest",
     "decode_sample",
     "encode_sample",
     "is_temp",
@@ -86,6 +103,7 @@ __all__ = [
     "read_safetensors",
     "read_torch",
     "require",
+    "row_digest",
     "sample_key",
     "sample_path",
     "storage_faults",
@@ -96,32 +114,7 @@ __all__ = [
 SCHEMA = "draftgen.hidden/1"
 STORAGE_DTYPES = ("bf16", "fp16", "fp32", "fp8")
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
-
-#: The name of every temp file (and temp folder) draftgen writes in a hidden set or an export folder:
-#: ``.<final name>.<16 hex>.tmp`` (``temp_name``). Cleaners remove only names this matches in full.
-TEMP_PATTERN = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8,}\.tmp")
-
-
-def temp_name(name: str) -> str:
-    """A fresh temp name for the file ``name`` (same folder), matching ``TEMP_PATTERN``."""
-    return f".{name}.{secrets.token_hex(8)}.tmp"
-
-
-def is_temp(basename: str, of: str | None = None) -> bool:
-    """Whether ``basename`` is a draftgen temp name (``TEMP_PATTERN``, the whole name); with ``of``, a temp
-    of the file named ``of``."""
-    m = TEMP_PATTERN.fullmatch(basename)
-    return m is not None and (of is None or m.group("name") == of)
-
-
-def open_temp(folder: str, name: str) -> tuple[int, str]:
-    """Create a new temp file for ``name`` in ``folder`` (exclusively, mode 0600): (fd, its path)."""
-    while True:
-        path = os.path.join(folder, temp_name(name))
-        try:
-            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), path
-        except FileExistsError:  # pragma: no cover (16 random hex digits)
-            continue
+IDENTITY = "identity.json"  # HiddenIdentity, written before the first sample
 
 
 def owner_marker(kind: str, *, adopted: bool = False) -> bytes:
@@ -140,16 +133,6 @@ def read_owner_marker(data: bytes, kind: str, where: str) -> HiddenOwnerMarker:
     if m.kind != kind:
         raise RunDirError(f"{where}: marks a draftgen {m.kind} folder, not a {kind}; use another folder")
     return m
-
-
-def require(module: str, extra: str = "extract") -> Any:
-    """Import an optional dependency, or a one-line ConfigError saying which extra installs it."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ConfigError(f"{module} is not installed; pip install 'draftgen[{extra}]'") from None
 
 
 @dataclass
@@ -183,6 +166,21 @@ def sample_path(sample_id: str) -> str:
     """The sample's file relative to the destination root: ``states/ab/ab....safetensors``."""
     k = sample_key(sample_id)
     return f"{HiddenLayout.states}/{k[:2]}/{k}.safetensors"
+
+
+def row_digest(input_ids: Any, loss_mask: Any) -> str:
+    """sha256 of a row's ``input_ids`` as int64 bytes then ``loss_mask`` as uint8 bytes (the index records it;
+    a sample is done only while its merged row still has this digest)."""
+    np_ = require("numpy")
+    h = hashlib.sha256(np_.ascontiguousarray(input_ids, dtype=np_.int64).tobytes())
+    h.update(b"|")
+    h.update(np_.ascontiguousarray(loss_mask, dtype=np_.uint8).tobytes())
+    return h.hexdigest()
+
+
+def bytes_digest(data: bytes) -> str:
+    """sha256 of a stored file's bytes (index record and manifest entry ``file_sha256``)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def _torch_dtype(dtype: str) -> Any:
@@ -249,12 +247,12 @@ def _safetensors_bytes(tensors: dict[str, Any], metadata: dict[str, str]) -> byt
 
 def _header_metadata(data: bytes, where: str) -> dict[str, str]:
     if len(data) < 8:
-        raise InputError(f"{where}: truncated (no safetensors header); {_REDO}")
+        raise InputError(f"{where}: truncated (no safetensors header); {REDO_HINT}")
     (n,) = struct.unpack("<Q", data[:8])
     try:
         header = decode_json_object(data[8:8 + n])
     except ValueError:
-        raise InputError(f"{where}: unreadable safetensors header (truncated or corrupt); {_REDO}") from None
+        raise InputError(f"{where}: unreadable safetensors header (truncated or corrupt); {REDO_HINT}") from None
     meta = header.get("__metadata__") or {}
     return {str(k): str(v) for k, v in meta.items()}
 
@@ -270,7 +268,7 @@ def decode_sample(data: bytes, where: str = "hidden-state file") -> LoadedSample
         t = st.load(data)
     missing = [k for k in ("input_ids", "loss_mask", "aux", "final") if k not in t]
     if missing:
-        raise InputError(f"{where}: no {', '.join(missing)} tensor; not a {SCHEMA} sample: {_REDO}")
+        raise InputError(f"{where}: no {', '.join(missing)} tensor; not a {SCHEMA} sample: {REDO_HINT}")
     aux, final = t["aux"].float(), t["final"].float()
     if "aux_scale" in t:
         aux = aux * t["aux_scale"].float()
@@ -280,176 +278,16 @@ def decode_sample(data: bytes, where: str = "hidden-state file") -> LoadedSample
                         dtype=meta.get("dtype", "bf16"))
 
 
-# -- storage faults: one translation table -----------------------------------------------------------------
-
-_REDO = "delete it and rerun the step that wrote it (draftgen extract redoes a missing sample)"
-_RERUN = "then rerun: completed files are kept"
-_ENDPOINT = "hidden_states.storage_options.endpoint_url"
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and the exceptions it was raised from or while handling (s3fs wraps botocore's)."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen and len(seen) < 8:
-        seen.add(id(e))
-        yield e
-        e = e.__cause__ or e.__context__
-
-
-def _named(exc: BaseException, *names: str) -> BaseException | None:
-    """The first exception of ``exc``'s chain with a class (or base class) called one of ``names``."""
-    for e in _chain(exc):
-        if any(c.__name__ in names for c in type(e).__mro__):
-            return e
+def _mtime(info: Mapping[str, Any]) -> float | None:
+    """A listing entry's modification time in seconds (local ``mtime``, s3 ``LastModified``, memory
+    ``created``), or None when the filesystem gives none."""
+    for key in ("mtime", "LastModified", "created"):
+        v = info.get(key)
+        if isinstance(v, int | float):
+            return float(v)
+        if isinstance(v, datetime):
+            return v.timestamp()
     return None
-
-
-def _missing_bucket(exc: BaseException) -> bool:
-    return (_named(exc, "NoSuchBucket") is not None
-            or any("bucket does not exist" in str(e).lower() for e in _chain(exc)))
-
-
-def _disk_full(exc: BaseException) -> bool:
-    return any(getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "os error 28" in str(e)
-               for e in _chain(exc))
-
-
-def _bucket(where: str) -> str:
-    from urllib.parse import urlsplit
-
-    return urlsplit(where).netloc or where
-
-
-def _profile(exc: BaseException) -> str:
-    kwargs = getattr(_named(exc, "ProfileNotFound"), "kwargs", None) or {}
-    return str(kwargs.get("profile") or os.environ.get("AWS_PROFILE", ""))
-
-
-@dataclass(frozen=True)
-class _Fault:
-    """A row of ``_FAULTS``: a foreign exception (a class name anywhere in the MRO of an exception of its
-    chain: the libraries are optional imports), an optional extra test, the draftgen error and its message
-    (``str.format`` fields: where, detail, bucket, profile)."""
-
-    names: tuple[str, ...]
-    error: type[DraftgenError]
-    message: str
-    test: Callable[[BaseException, str], bool] | None = None
-
-
-#: foreign exception → draftgen error, first matching row wins (see the module docstring)
-_FAULTS: tuple[_Fault, ...] = (
-    _Fault(("OSError", "SafetensorError"), StorageError,
-           "{where}: disk full (no space left on device); free some space or write elsewhere, " + _RERUN,
-           lambda e, op: _disk_full(e)),
-    _Fault(("ProfileNotFound",), ConfigError,
-           "{where}: AWS_PROFILE {profile!r} is not a profile in ~/.aws/config or ~/.aws/credentials; set "
-           "AWS_PROFILE to one that is, or unset it and export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
-    _Fault(("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"), ConfigError,
-           "{where}: no usable AWS credentials ({detail}); export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-           "or set AWS_PROFILE to a profile in ~/.aws/credentials"),
-    _Fault(("HTTPClientError", "ValueError"), ConfigError,
-           "{where}: the storage endpoint URL holds credentials (user:password@); give the bare "
-           f"http://host:port in {_ENDPOINT} and export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
-           lambda e, op: any("credentials encoded in url" in str(x).lower() for x in _chain(e))),
-    _Fault(("FileNotFoundError", "NoSuchBucket"), ConfigError,
-           "{where}: bucket {bucket!r} does not exist; create it, or name an existing bucket in "
-           "hidden_states.output", lambda e, op: _missing_bucket(e)),
-    _Fault(("PermissionError", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"),
-           StorageError, "{where}: permission denied ({detail}); check the folder's permissions, or for an "
-           "object store the credentials (AWS_* variables, AWS_PROFILE) and the bucket's policy"),
-    _Fault(("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
-            "ClientConnectionError", "ServerDisconnectedError", "ClientPayloadError", "ConnectionError",
-            "TimeoutError"), StorageError,
-           "{where}: the storage endpoint cannot be reached ({detail}); check that it is up and "
-           f"{_ENDPOINT} (and the network), " + _RERUN),
-    _Fault(("FileNotFoundError",), InputError,
-           "{where}: not found; check the path, or rerun the step that writes it", lambda e, op: op == "read"),
-    _Fault(("SafetensorError", "HeaderTooLarge", "UnpicklingError", "EOFError", "error", "UnicodeDecodeError"),
-           InputError, "{where}: unreadable ({detail}): truncated or corrupt; " + _REDO,
-           lambda e, op: op == "read"),
-    _Fault(("RuntimeError",), InputError, "{where}: unreadable torch file ({detail}): truncated or corrupt; " + _REDO,
-           lambda e, op: op == "read" and "PytorchStreamReader" in str(e)),
-    _Fault(("ClientError",), StorageError,
-           "{where}: the object store refused the request ({detail}); check the bucket, the credentials and "
-           f"{_ENDPOINT}"),
-    _Fault(("OSError",), StorageError,
-           "{where}: write failed ({detail}); check the path and its permissions, " + _RERUN,
-           lambda e, op: op == "write"),
-)
-
-
-def _detail(exc: BaseException) -> str:
-    from draftgen.secrets import redact
-
-    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    text = " ".join(redact(text or type(exc).__name__).split())
-    return text if len(text) <= 160 else text[:157] + "..."
-
-
-def translate_storage_error(exc: BaseException, where: str, op: str = "read") -> DraftgenError | None:
-    """The draftgen error for a foreign exception raised reading (``op="read"``), listing or writing
-    (``"write"``) ``where`` (a path or URL), or None when ``_FAULTS`` has no row for it."""
-    if isinstance(exc, DraftgenError):
-        return exc
-    for fault in _FAULTS:
-        hit = _named(exc, *fault.names)
-        if hit is not None and (fault.test is None or fault.test(exc, op)):
-            shown = where.rstrip("/")
-            return fault.error(fault.message.format(where=shown, detail=_detail(hit), bucket=_bucket(shown),
-                                                    profile=_profile(exc)))
-    return None
-
-
-@contextlib.contextmanager
-def storage_faults(where: str, op: str = "read") -> Iterator[None]:
-    """Translate what the block raises about ``where`` through ``_FAULTS`` (unmatched: unchanged)."""
-    try:
-        yield
-    except Exception as exc:
-        err = translate_storage_error(exc, where, op)
-        if err is None or err is exc:
-            raise
-        raise err from None
-
-
-def read_safetensors(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The tensors of a safetensors file (on CPU); a missing, truncated or corrupt file is one InputError
-    naming ``path``."""
-    st = require("safetensors.torch")
-    with storage_faults(str(path)):
-        tensors: dict[str, Any] = st.load_file(str(path), device="cpu")
-    return tensors
-
-
-def read_torch(path: str | os.PathLike[str]) -> Any:
-    """``torch.load(path, weights_only=True)``; a missing, truncated or corrupt file is one InputError
-    naming ``path``."""
-    torch = require("torch")
-    with storage_faults(str(path)):
-        return torch.load(str(path), weights_only=True, map_location="cpu")
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Publish ``data`` at local ``path`` atomically: a temp file in the same folder (``temp_name``, never
-    read), fsync, ``os.replace``; on failure the temp file is removed and the error translated
-    (a full disk: StorageError naming ``path``)."""
-    target = os.fspath(path)
-    with storage_faults(target, "write"):
-        folder = os.path.dirname(target) or "."
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = open_temp(folder, os.path.basename(target))
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
 
 
 def _utc_stamp() -> str:
@@ -514,7 +352,7 @@ class HiddenStore:
             try:
                 return [str(p) for p in self.fs.find(self.path(rel))]
             except FileNotFoundError as exc:
-                if _missing_bucket(exc):
+                if missing_bucket(exc):
                     raise
                 return []  # nothing written there yet
 
@@ -522,22 +360,70 @@ class HiddenStore:
         return sorted(p for p in self._list(HiddenLayout.index)
                       if os.path.basename(p).startswith("part-") and p.endswith(".jsonl"))
 
-    def done(self) -> dict[str, HiddenIndexRecord]:
-        """Samples done: listed in some index part and whose published file exists (union of all parts)."""
-        out: dict[str, HiddenIndexRecord] = {}
+    def _records(self) -> Iterator[tuple[HiddenIndexRecord, float | None]]:
+        """Every index record, parts in name (= time) order, with its part's modification time (None: unknown)."""
+        info = self._find_detail(HiddenLayout.index)
         for part in self.index_parts():
             rel = part[len(self.root) + 1:]
             with storage_faults(self._where(rel)):
                 lines = self.fs.cat_file(part).splitlines()
+            mtime = _mtime(info.get(rel, {}))
             for lineno, line in enumerate(lines, 1):
                 if line.strip():
-                    rec = decode_json(line, HiddenIndexRecord, where=f"{self._where(rel)}:{lineno}")
-                    out.setdefault(rec.sample_id, rec)
+                    yield decode_json(line, HiddenIndexRecord, where=f"{self._where(rel)}:{lineno}"), mtime
+
+    def done(self) -> dict[str, HiddenIndexRecord]:
+        """Samples done: listed in some index part and whose published file exists, each sample ONCE (a
+        re-run task lists it again: the last record wins). ``self.suspect`` holds the sample ids whose file
+        was modified after the part listing it was written (or whose times are unknown): ``corrupted``
+        checks their bytes."""
+        out: dict[str, HiddenIndexRecord] = {}
+        when: dict[str, float | None] = {}
+        for rec, mtime in self._records():
+            out[rec.sample_id] = rec
+            when[rec.sample_id] = mtime
+        self.suspect: set[str] = set()
         if out:
-            published = {p[len(self.root) + 1:] for p in self._list(HiddenLayout.states)
-                         if p.endswith(".safetensors")}
+            published = self._find_detail(HiddenLayout.states)
             out = {sid: r for sid, r in out.items() if r.file in published}
+            for sid, r in out.items():
+                file_t, part_t = _mtime(published[r.file]), when[sid]
+                if file_t is None or part_t is None or file_t > part_t:
+                    self.suspect.add(sid)
         return out
+
+    def corrupted(self, done: Mapping[str, HiddenIndexRecord]) -> list[str]:
+        """The sample ids of ``done`` (among ``self.suspect``: modified after indexing) whose file bytes no
+        longer match the recorded ``file_sha256`` (read and hashed; records without one are not checked)."""
+        suspect = getattr(self, "suspect", set(done))
+        bad: list[str] = []
+        for sid, rec in done.items():
+            if sid in suspect and rec.file_sha256 and bytes_digest(self.read_bytes(rec.file)) != rec.file_sha256:
+                bad.append(sid)
+        return bad
+
+    def _find_detail(self, rel: str) -> dict[str, dict[str, Any]]:
+        """``rel``'s files (relative to the root) → their listing info (size, mtime / LastModified)."""
+        with storage_faults(self._where(rel), "list"):
+            try:
+                found = self.fs.find(self.path(rel), detail=True)
+            except FileNotFoundError as exc:
+                if missing_bucket(exc):
+                    raise
+                return {}
+        return {str(p)[len(self.root) + 1:]: dict(i) for p, i in found.items()}
+
+    def read_identity(self) -> HiddenIdentity | None:
+        """``identity.json`` (the target of every sample), or None before the first sample."""
+        where = self._where(IDENTITY)
+        with storage_faults(where):
+            if not self.fs.exists(self.path(IDENTITY)):
+                return None
+            data = self.fs.cat_file(self.path(IDENTITY))
+        return decode_json(data, HiddenIdentity, where=where)
+
+    def write_identity(self, ident: HiddenIdentity) -> None:
+        self._put(IDENTITY, msgspec.json.format(encode_json(ident), indent=2) + b"\n")
 
     def read_bytes(self, rel: str) -> bytes:
         where = self._where(rel)
@@ -545,13 +431,19 @@ class HiddenStore:
             try:
                 data: bytes = self.fs.cat_file(self.path(rel))
             except FileNotFoundError as exc:
-                if _missing_bucket(exc):
+                if missing_bucket(exc):
                     raise
                 raise InputError(f"{where}: file not found") from None
         return data
 
-    def read_sample(self, rel: str) -> LoadedSample:
-        return decode_sample(self.read_bytes(rel), self._where(rel))
+    def read_sample(self, rel: str, sha256: str = "") -> LoadedSample:
+        """The sample at ``rel``; with ``sha256`` (the index's / manifest's ``file_sha256``) its bytes are
+        verified first: a mismatch is one InputError naming the file and the fix."""
+        data = self.read_bytes(rel)
+        if sha256 and bytes_digest(data) != sha256:
+            raise InputError(f"{self._where(rel)}: changed after extraction (sha256 {bytes_digest(data)[:12]}…, "
+                             f"the index recorded {sha256[:12]}…); rerun draftgen extract (it redoes that sample)")
+        return decode_sample(data, self._where(rel))
 
     def has_manifest(self) -> bool:
         with storage_faults(self._where(HiddenLayout.manifest)):
@@ -563,7 +455,7 @@ class HiddenStore:
             try:
                 data = self.fs.cat_file(self.path(HiddenLayout.manifest))
             except FileNotFoundError as exc:
-                if _missing_bucket(exc):
+                if missing_bucket(exc):
                     raise
                 raise InputError(f"{where}: no manifest; run draftgen extract first (or let it finish)") from None
         return decode_json(data, HiddenManifest, where=where)
@@ -638,13 +530,19 @@ class HiddenSet:
     def __init__(self, store: HiddenStore) -> None:
         self.store = store
         self.manifest = store.read_manifest()
+        self._sha = {e.file: e.file_sha256 for e in self.manifest.samples if e.file_sha256}
 
     def __len__(self) -> int:
         return len(self.manifest.samples)
 
+    def read_sample(self, rel: str) -> LoadedSample:
+        """The ONE verifying reader (export-hidden, train): the file's bytes checked against the manifest's
+        ``file_sha256`` before decoding."""
+        return self.store.read_sample(rel, self._sha.get(rel, ""))
+
     def samples(self) -> Iterator[LoadedSample]:
         for e in self.manifest.samples:
-            yield self.store.read_sample(e.file)
+            yield self.read_sample(e.file)
 
 
 def open_hidden(url: str, storage_options: Mapping[str, Any] | None = None) -> HiddenSet:

@@ -61,6 +61,10 @@ class HiddenIndexRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
     n_loss: int
     failed: list[str] = msgspec.field(default_factory=list)
     teacher: TeacherResult | None = None
+    # sha256 of the row's input_ids (int64) + loss_mask (uint8) bytes (format.row_digest) and of the published
+    # file's bytes; "" on records written before they were recorded (extract redoes those samples)
+    row_sha256: str = ""
+    file_sha256: str = ""
     schema_version: int = SCHEMA_VERSION
 
 
@@ -85,8 +89,32 @@ class HiddenOwnerMarker(msgspec.Struct, omit_defaults=True, kw_only=True):
 
 
 class HiddenTarget(msgspec.Struct, omit_defaults=True):
+    """The target a set was extracted from; ``config_sha256`` = sha256 of its config.json bytes (what
+    ``train.guards.check_verifier`` compares)."""
+
     name: str
     revision: str | None = None
+    config_sha256: str | None = None
+
+
+class HiddenIdentity(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """``<hidden>/identity.json``, written before the first sample: the target every sample of the set comes
+    from (a resume with another target is refused, naming both)."""
+
+    target: HiddenTarget
+    norm_weight_sha256: str
+    schema_version: int = SCHEMA_VERSION
+
+
+class HiddenLockHolder(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """``<hidden>/.lock.json``: who writes the destination now (one writer per destination)."""
+
+    host: str
+    pid: int
+    run_dir: str
+    since: float
+    refreshed: float  # the holder rewrites it as it works; older than the stale timeout: a dead holder
+    token: str
 
 
 class HiddenLayerIds(msgspec.Struct):
@@ -120,8 +148,9 @@ class HiddenChecksSummary(msgspec.Struct, omit_defaults=True):
 
 class HiddenSampleEntry(msgspec.Struct):
     sample_id: str
-    file: str
+    file: str  # a weight repeat (``x#rep1``) names the file of ``x``
     length: int
+    file_sha256: str = ""  # verified by every read through HiddenSet ("" on older manifests: not verified)
 
 
 class HiddenManifest(msgspec.Struct, omit_defaults=True, kw_only=True):

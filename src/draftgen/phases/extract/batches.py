@@ -5,7 +5,11 @@
 - ``split_batches``: windows of merged order, sorted by length inside each, cut at ``hidden_states.batch_tokens``
   padded tokens. Every path (one process, ``proc_pool``, ``ray_pool``) cuts the pending rows with this one
   function, so they capture identical batches and write identical files;
-- ``check_settings``: refuses a destination written with other settings (dtype, layer ids, hidden size);
+- ``resume_state``: what the destination already holds for these rows: a sample is done only when published,
+  indexed, its merged row still has the recorded ids/mask digest and its file the recorded bytes digest
+  (checked for files modified after indexing); weight repeats (``x#repN`` with ``x``'s exact row) alias ``x``;
+- ``check_settings``: refuses a destination written with other settings (dtype, layer ids, hidden size) or
+  from another target (``identity.json``, written here before the first sample);
 - ``extract_batch``: one batch → capture → encode → check → publish each file → ONE index part.
 
 Reads the merged shards (``read_merged_rows``) and one stored sample (``check_settings``); writes sample files
@@ -14,22 +18,32 @@ and index parts through ``HiddenStore`` (``extract_batch``). numpy and pyarrow a
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from draftgen.errors import InputError, RunDirError
-from draftgen.hidden.format import HiddenStore, decode_sample, encode_sample, require
-from draftgen.records import HiddenIndexRecord, MergeManifest
+from draftgen.hidden.format import (
+    HiddenStore,
+    bytes_digest,
+    decode_sample,
+    encode_sample,
+    require,
+    row_digest,
+)
+from draftgen.records import HiddenIdentity, HiddenIndexRecord, HiddenTarget, MergeManifest
 from draftgen.store import read_json
 
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
     from draftgen.config.hidden import HiddenStatesConfig
-    from draftgen.phases.extract.capture import ExtractBackend, ExtractRow
+    from draftgen.phases.extract.capture import ExtractBackend, ExtractRow, TargetInfo
     from draftgen.rundir import RunDir
 
-__all__ = ["WINDOW", "check_settings", "extract_batch", "read_merged_rows", "split_batches"]
+__all__ = ["WINDOW", "Resume", "check_identity", "check_settings", "extract_batch", "identity_of",
+           "read_merged_rows", "repeat_base", "resume_state", "split_batches"]
 
 WINDOW = 512  # rows of merged order sorted by length together
 
@@ -77,6 +91,89 @@ def split_batches(rows: Sequence[ExtractRow], batch_tokens: int) -> Iterator[lis
             yield batch
 
 
+def repeat_base(sample_id: str) -> str:
+    """``x`` for a weight repeat ``x#repN``; the id itself otherwise."""
+    return sample_id.split("#rep", 1)[0]
+
+
+@dataclass
+class Resume:
+    """The destination against the current merged rows (``resume_state``)."""
+
+    done: dict[str, HiddenIndexRecord]  # valid records by sample id (aliased repeats not included)
+    alias: dict[str, str] = field(default_factory=dict)  # x#repN → x (identical rows: one file)
+    stale: int = 0  # records whose merged row changed since (redone)
+    legacy: int = 0  # records without digests (written by an older draftgen; redone)
+    corrupt: int = 0  # files changed after indexing (redone)
+
+    def record(self, sample_id: str) -> HiddenIndexRecord | None:
+        return self.done.get(self.alias.get(sample_id, sample_id))
+
+    @property
+    def replaced(self) -> int:
+        return self.stale + self.legacy + self.corrupt
+
+
+def resume_state(store: HiddenStore, rows: Sequence[ExtractRow]) -> Resume:
+    """What of ``rows`` the destination already holds validly (see the module docstring)."""
+    digests = {r.sample_id: row_digest(r.input_ids, r.loss_mask) for r in rows}
+    alias = {r.sample_id: repeat_base(r.sample_id) for r in rows
+             if repeat_base(r.sample_id) != r.sample_id and digests.get(repeat_base(r.sample_id)) == digests[r.sample_id]}
+    res = Resume(done={}, alias=alias)
+    for sid, rec in store.done().items():
+        if sid not in digests or sid in alias:
+            continue  # no longer a merged row (or a repeat: its base's file serves it)
+        if not rec.row_sha256:
+            res.legacy += 1
+        elif rec.row_sha256 != digests[sid]:
+            res.stale += 1
+        else:
+            res.done[sid] = rec
+    for sid in store.corrupted(res.done):
+        del res.done[sid]
+        res.corrupt += 1
+    return res
+
+
+def identity_of(info: TargetInfo) -> HiddenIdentity:
+    """The identity of the target ``info`` describes (name, revision, config.json and final-norm digests)."""
+    norm = hashlib.sha256(info.norm_weight.float().numpy().tobytes()).hexdigest()
+    return HiddenIdentity(target=HiddenTarget(name=info.name, revision=info.revision,
+                                              config_sha256=info.config_sha256), norm_weight_sha256=norm)
+
+
+def _same_target(a: HiddenIdentity, b: HiddenIdentity) -> bool:
+    # content identity: the final norm always, config.json when both recorded it; name/revision only without
+    # a config digest (the same weights under another path are the same target)
+    if a.norm_weight_sha256 != b.norm_weight_sha256:
+        return False
+    if a.target.config_sha256 and b.target.config_sha256:
+        return a.target.config_sha256 == b.target.config_sha256
+    return (a.target.name, a.target.revision) == (b.target.name, b.target.revision)
+
+
+def _describe(i: HiddenIdentity) -> str:
+    rev = f"@{i.target.revision}" if i.target.revision else ""
+    cfg = f", config sha256 {i.target.config_sha256[:12]}…" if i.target.config_sha256 else ""
+    return f"{i.target.name}{rev} (final norm sha256 {i.norm_weight_sha256[:12]}…{cfg})"
+
+
+def check_identity(store: HiddenStore, backend: ExtractBackend) -> None:
+    """Refuse a destination extracted from another target (naming both); on a destination without one yet,
+    record ``identity.json`` now, before the first sample is written."""
+    mine = identity_of(backend.info)
+    theirs = store.read_identity()
+    if theirs is None and store.has_manifest():
+        m = store.read_manifest()  # a set written before identity.json: its manifest names the target
+        theirs = HiddenIdentity(target=m.target, norm_weight_sha256=m.norm_weight_sha256)
+    if theirs is None:
+        store.write_identity(mine)
+    elif not _same_target(theirs, mine):
+        raise RunDirError(f"{store.url}: extracted from {_describe(theirs)}, not {_describe(mine)} "
+                          "(hidden_states.model); use another hidden_states.output, or delete that destination "
+                          "to start over")
+
+
 def check_settings(store: HiddenStore, done: dict[str, HiddenIndexRecord], cfg: RunConfig,
                     backend: ExtractBackend | None) -> None:
     """Refuse to mix samples made with other settings into one destination (field named). Without ``backend``
@@ -95,6 +192,8 @@ def check_settings(store: HiddenStore, done: dict[str, HiddenIndexRecord], cfg: 
         elif hs.layer_ids is not None and sorted(hs.layer_ids) != m.layer_ids.aux:
             raise RunDirError(f"{store.url}: written with hidden_states.layer_ids {m.layer_ids.aux}, not "
                               f"{sorted(hs.layer_ids)}; {fix}")
+    if backend is not None:
+        check_identity(store, backend)
     if done and backend is not None:
         first = next(iter(done.values()))
         s = store.read_sample(first.file)
@@ -130,7 +229,9 @@ def extract_batch(be: ExtractBackend, store: HiddenStore, hs: HiddenStatesConfig
         timings["publish"] += time.monotonic() - t
         written += len(data)
         records.append(HiddenIndexRecord(sample_id=row.sample_id, file=rel, length=len(row.input_ids),
-                                         n_loss=int(row.loss_mask.sum()), failed=res.failed, teacher=res.teacher))
+                                         n_loss=int(row.loss_mask.sum()), failed=res.failed, teacher=res.teacher,
+                                         row_sha256=row_digest(row.input_ids, row.loss_mask),
+                                         file_sha256=bytes_digest(data)))
     t = time.monotonic()
     store.write_index_part(records)
     timings["publish"] += time.monotonic() - t

@@ -34,8 +34,16 @@ import msgspec
 from draftgen import __version__
 from draftgen.errors import ConfigError, ThresholdBroken
 from draftgen.hidden.format import SCHEMA, HiddenStore
+from draftgen.hidden.lock import destination_lock
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
-from draftgen.phases.extract.batches import check_settings, extract_batch, read_merged_rows, split_batches
+from draftgen.phases.extract.batches import (
+    Resume,
+    check_settings,
+    extract_batch,
+    read_merged_rows,
+    resume_state,
+    split_batches,
+)
 from draftgen.phases.extract.layers import CONVENTION
 from draftgen.records import (
     HiddenChecksSummary,
@@ -70,6 +78,7 @@ class ExtractReport(msgspec.Struct, omit_defaults=True):
     elapsed_s: float = 0.0
     timings: dict[str, float] = msgspec.field(default_factory=dict)  # capture/check/encode/publish seconds
     bytes_written: int = 0
+    replaced: int = 0  # samples held but redone: merged row changed, no digest (older draftgen), file changed
 
 
 def hidden_destination(cfg: RunConfig, rd: RunDir) -> str:
@@ -107,14 +116,16 @@ def _summary(done: dict[str, HiddenIndexRecord], fraction: float) -> HiddenCheck
     return out
 
 
-def _manifest(cfg: RunConfig, info: TargetInfo, rows: Sequence[ExtractRow],
-              done: dict[str, HiddenIndexRecord], throughput: float | None) -> HiddenManifest:
+def _manifest(cfg: RunConfig, info: TargetInfo, rows: Sequence[ExtractRow], res: Resume,
+              throughput: float | None) -> HiddenManifest:
+    """Every merged row once, in merged order; a weight repeat names its base's file."""
     aux = list(info.layers.aux)
-    entries = [HiddenSampleEntry(sample_id=r.sample_id, file=done[r.sample_id].file, length=done[r.sample_id].length)
-               for r in rows if r.sample_id in done]
-    flagged = sum(1 for r in rows if r.sample_id in done and done[r.sample_id].failed)
+    held = {r.sample_id: rec for r in rows if (rec := res.record(r.sample_id)) is not None}
+    entries = [HiddenSampleEntry(sample_id=sid, file=rec.file, length=rec.length, file_sha256=rec.file_sha256)
+               for sid, rec in held.items()]
+    flagged = sum(1 for rec in held.values() if rec.failed)
     return HiddenManifest(
-        schema=SCHEMA, target=HiddenTarget(name=info.name, revision=info.revision),
+        schema=SCHEMA, target=HiddenTarget(name=info.name, revision=info.revision, config_sha256=info.config_sha256),
         layer_ids=HiddenLayerIds(aux=aux, final=info.layers.final, convention=CONVENTION,
                                  sglang_aux=info.layers.sglang_aux, hf_hidden_states_index=aux),
         hidden_size=info.hidden_size, num_layers=info.num_layers, vocab_size=info.vocab_size,
@@ -122,8 +133,7 @@ def _manifest(cfg: RunConfig, info: TargetInfo, rows: Sequence[ExtractRow],
         norm_weight_sha256=hashlib.sha256(info.norm_weight.float().numpy().tobytes()).hexdigest(),
         norm_eps=info.norm_eps,
         counts=HiddenCounts(samples=len(entries), tokens=sum(e.length for e in entries), flagged=flagged),
-        samples=entries, checks=_summary({e.sample_id: done[e.sample_id] for e in entries},
-                                         cfg.hidden_states.teacher_fraction),
+        samples=entries, checks=_summary(held, cfg.hidden_states.teacher_fraction),
         throughput_tokens_per_s=throughput, complete=len(entries) == len(rows),
         backend=cfg.hidden_states.backend, draftgen_version=__version__,
     )
@@ -145,8 +155,6 @@ def run_extract(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None =
 
 def _extract(cfg: RunConfig, rd: RunDir, echo: Echo, limit: int | None, pilot: int | None,
              backend: ExtractBackend | None) -> ExtractReport:
-    from draftgen.phases.extract.capture import open_extract_backend
-
     hs = cfg.hidden_states
     for name, value in (("limit", limit), ("pilot", pilot)):
         if value is not None and value < 1:
@@ -157,14 +165,30 @@ def _extract(cfg: RunConfig, rd: RunDir, echo: Echo, limit: int | None, pilot: i
         raise ConfigError("hidden_states.teacher_fraction must be in [0, 1]")
     rows = read_merged_rows(rd)
     store = HiddenStore(hidden_destination(cfg, rd), dict(hs.storage_options))
-    store.claim()  # a foreign destination is refused before anything there is deleted or written
+    store.claim()  # a foreign destination is refused before anything there is deleted or written (even the lock)
+    with destination_lock(store, str(rd.root)) as refresh:
+        def echo_refresh(line: str) -> None:
+            refresh()  # the owner file on an object store stays fresh while progress lines come
+            echo(line)
+
+        return _extract_held(cfg, store, rows, echo_refresh, limit, pilot, backend)
+
+
+def _extract_held(cfg: RunConfig, store: HiddenStore, rows: Sequence[ExtractRow], echo: Echo, limit: int | None,
+                  pilot: int | None, backend: ExtractBackend | None) -> ExtractReport:
+    """``_extract`` once the destination is held (one writer per destination)."""
+    from draftgen.phases.extract.capture import open_extract_backend
+
+    hs = cfg.hidden_states
     store.clean_temps()
-    done = store.done()
-    pending = [r for r in rows if r.sample_id not in done]
+    res = resume_state(store, rows)
+    _echo_replaced(echo, res)
+    done = res.done
+    pending = [r for r in rows if r.sample_id not in res.alias and r.sample_id not in done]
     cap = pilot if pilot is not None else limit
     if cap is not None:
         pending = pending[:cap]
-    done_before = sum(1 for r in rows if r.sample_id in done)
+    done_before = sum(1 for r in rows if res.record(r.sample_id) is not None)
     t_start = time.monotonic()
     if not pending and store.has_manifest():
         check_settings(store, done, cfg, None)
@@ -172,11 +196,11 @@ def _extract(cfg: RunConfig, rd: RunDir, echo: Echo, limit: int | None, pilot: i
         if m.complete and m.counts.samples == len(rows):
             echo(f"extract: up to date ({len(rows):,} samples in {store.url})")
             _threshold(m, hs.max_flagged_fraction, store)
-            return _report(store, rows, done_before, 0, 0, m, 0.0, {}, 0)
+            return _report(store, rows, done_before, 0, 0, m, 0.0, {}, 0, res.replaced)
     if hs.ray and backend is None:
-        return _extract_ray(cfg, store, rows, pending, done, done_before, echo, pilot, t_start)
+        return _extract_ray(cfg, store, rows, pending, res, done_before, echo, pilot, t_start)
     if len(hs.devices) > 1 and backend is None and pending:
-        return _extract_ray(cfg, store, rows, pending, done, done_before, echo, pilot, t_start, processes=True)
+        return _extract_ray(cfg, store, rows, pending, res, done_before, echo, pilot, t_start, processes=True)
     own = backend is None
     be = open_extract_backend(cfg) if backend is None else backend
     try:
@@ -207,19 +231,20 @@ def _extract(cfg: RunConfig, rd: RunDir, echo: Echo, limit: int | None, pilot: i
         throughput = tokens / loop_s if tokens and loop_s > 0 else None
         if throughput is None and store.has_manifest():
             throughput = store.read_manifest().throughput_tokens_per_s
-        man = _manifest(cfg, be.info, rows, done, throughput)
+        man = _manifest(cfg, be.info, rows, res, throughput)
         store.write_manifest(man)
     finally:
         if own:
             be.close()
-    rep = _report(store, rows, done_before, extracted, tokens, man, time.monotonic() - t_start, timings, written)
+    rep = _report(store, rows, done_before, extracted, tokens, man, time.monotonic() - t_start, timings, written,
+                  res.replaced)
     _echo_summary(echo, rep, man, pilot, rows, store)
     _threshold(man, hs.max_flagged_fraction, store)
     return rep
 
 
 def _extract_ray(cfg: RunConfig, store: HiddenStore, rows: Sequence[ExtractRow], pending: Sequence[ExtractRow],
-                 done: dict[str, HiddenIndexRecord], done_before: int, echo: Echo, pilot: int | None,
+                 res: Resume, done_before: int, echo: Echo, pilot: int | None,
                  t_start: float, *, processes: bool = False) -> ExtractReport:
     """``hidden_states.ray``: the pending rows on a Ray Data actor pool (``ray_pool``), or with ``processes``
     (``hidden_states.devices``) on one process per device (``proc_pool``); each worker runs ``extract_batch``
@@ -227,16 +252,17 @@ def _extract_ray(cfg: RunConfig, store: HiddenStore, rows: Sequence[ExtractRow],
     from draftgen.phases.extract.proc_pool import extract_with_processes
     from draftgen.phases.extract.ray_pool import extract_with_ray
 
-    check_settings(store, done, cfg, None)  # the backend half runs in each worker, on a done sample
+    done = res.done
+    check_settings(store, done, cfg, None)  # the backend half (and the identity) runs in each worker
     pool_fn = extract_with_processes if processes else extract_with_ray
     pool = pool_fn(cfg, store, pending, done, echo, total=len(rows), done_before=done_before)
     throughput = pool.tokens / pool.seconds if pool.tokens and pool.seconds > 0 else None
     if throughput is None and store.has_manifest():
         throughput = store.read_manifest().throughput_tokens_per_s
-    man = _manifest(cfg, pool.info, rows, done, throughput)
+    man = _manifest(cfg, pool.info, rows, res, throughput)
     store.write_manifest(man)
     rep = _report(store, rows, done_before, pool.extracted, pool.tokens, man, time.monotonic() - t_start,
-                  pool.timings, pool.written)
+                  pool.timings, pool.written, res.replaced)
     _echo_summary(echo, rep, man, pilot, rows, store)
     _threshold(man, cfg.hidden_states.max_flagged_fraction, store)
     return rep
@@ -252,12 +278,21 @@ def _threshold(man: HiddenManifest, limit: float, store: HiddenStore) -> None:
 
 
 def _report(store: HiddenStore, rows: Sequence[ExtractRow], done_before: int, extracted: int, tokens: int,
-            man: HiddenManifest, elapsed: float, timings: dict[str, float], written: int) -> ExtractReport:
+            man: HiddenManifest, elapsed: float, timings: dict[str, float], written: int,
+            replaced: int) -> ExtractReport:
     return ExtractReport(output=store.url, samples=len(rows), done_before=done_before, extracted=extracted,
                          tokens=tokens, flagged=man.counts.flagged, failed_by_check=man.checks.failed_by_check,
                          teacher_checked=man.checks.teacher_checked, complete=man.complete,
                          throughput_tokens_per_s=man.throughput_tokens_per_s, elapsed_s=elapsed,
-                         timings=timings, bytes_written=written)
+                         timings=timings, bytes_written=written, replaced=replaced)
+
+
+def _echo_replaced(echo: Echo, res: Resume) -> None:
+    parts = [f"{n:,} {what}" for n, what in ((res.stale, "whose merged row changed"),
+                                              (res.legacy, "indexed without digests by an older draftgen"),
+                                              (res.corrupt, "whose file changed after extraction")) if n]
+    if parts:
+        echo(f"extract: redoing {res.replaced:,} stored samples ({'; '.join(parts)})")
 
 
 def _echo_summary(echo: Echo, rep: ExtractReport, man: HiddenManifest, pilot: int | None,

@@ -55,6 +55,7 @@ class _Info(msgspec.Struct):
     norm_weight: bytes
     aux: list[int]
     final: int
+    config_sha256: str | None = None
 
 
 def info_to_wire(info: TargetInfo) -> bytes:
@@ -62,7 +63,7 @@ def info_to_wire(info: TargetInfo) -> bytes:
     return msgspec.msgpack.encode(_Info(name=info.name, revision=info.revision, num_layers=info.num_layers,
                                         hidden_size=info.hidden_size, vocab_size=info.vocab_size,
                                         norm_eps=info.norm_eps, norm_weight=w, aux=list(info.layers.aux),
-                                        final=info.layers.final))
+                                        final=info.layers.final, config_sha256=info.config_sha256))
 
 
 def info_from_wire(data: bytes) -> TargetInfo:
@@ -75,7 +76,7 @@ def info_from_wire(data: bytes) -> TargetInfo:
     weight = torch.from_numpy(np.frombuffer(i.norm_weight, dtype=np.float32).copy())
     return TargetInfo(name=i.name, revision=i.revision, num_layers=i.num_layers, hidden_size=i.hidden_size,
                       vocab_size=i.vocab_size, norm_eps=i.norm_eps, norm_weight=weight,
-                      layers=LayerIds(aux=tuple(i.aux), final=i.final))
+                      layers=LayerIds(aux=tuple(i.aux), final=i.final), config_sha256=i.config_sha256)
 
 
 def encode_batch(batch: Sequence[ExtractRow]) -> bytes:

@@ -22,6 +22,8 @@ Adding a backend is its module plus one ``EXTRACT_BACKENDS.register`` line.
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -45,6 +47,7 @@ __all__ = [
     "ExtractRow",
     "Reference",
     "TargetInfo",
+    "config_digest",
     "open_extract_backend",
 ]
 
@@ -68,6 +71,17 @@ class TargetInfo:
     norm_eps: float
     norm_weight: torch.Tensor  # float32 [H], CPU
     layers: LayerIds
+    config_sha256: str | None = None  # sha256 of the target's config.json bytes (None: not found)
+
+
+def config_digest(folder: str | os.PathLike[str]) -> str | None:
+    """sha256 of ``folder/config.json``'s bytes (the definition ``train.guards.check_verifier`` compares),
+    or None when the folder has no config.json."""
+    path = os.path.join(os.fspath(folder), "config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
 
 
 @dataclass

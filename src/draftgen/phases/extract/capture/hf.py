@@ -28,6 +28,7 @@ from draftgen.phases.extract.capture import (
     ExtractRow,
     Reference,
     TargetInfo,
+    config_digest,
 )
 from draftgen.phases.extract.layers import resolve_layer_ids
 
@@ -40,6 +41,19 @@ if TYPE_CHECKING:
 __all__ = ["HFExtractBackend"]
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _config_folder(model_ref: str, revision: str | None) -> str:
+    """The folder holding the target's config.json: ``model_ref`` itself, or the hub cache's snapshot."""
+    import os
+
+    if os.path.isdir(model_ref):
+        return model_ref
+    try:
+        path = require("transformers.utils.hub").cached_file(model_ref, "config.json", revision=revision)
+    except Exception:  # a hub id that cannot be resolved offline: no digest recorded
+        return model_ref
+    return os.path.dirname(path) if path else model_ref
 
 
 def _first(out: Any) -> Any:
@@ -89,6 +103,7 @@ class HFExtractBackend:
             name=hs.model, revision=hs.revision, num_layers=n_layers, hidden_size=int(model.config.hidden_size),
             vocab_size=int(self.head.weight.shape[0]), norm_eps=self.norm_eps,
             norm_weight=norm.weight.detach().float().cpu(), layers=layers,
+            config_sha256=config_digest(_config_folder(model_ref, hs.revision)),
         )
         self._grabbed: dict[int, Any] = {}
         self._hooks = [self.layers_mod[k].register_forward_pre_hook(self._pre_hook(k), with_kwargs=True)

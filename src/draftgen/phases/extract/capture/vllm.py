@@ -59,6 +59,7 @@ from draftgen.phases.extract.capture import (
     ExtractRow,
     Reference,
     TargetInfo,
+    config_digest,
 )
 from draftgen.phases.extract.capture.connector import (
     ConnectorFolder,
@@ -204,7 +205,7 @@ class VllmExtractBackend:
         self._head: torch.Tensor | None = None
         self.info = TargetInfo(name=name, revision=revision, num_layers=n_layers, hidden_size=int(c["hidden_size"]),
                                vocab_size=int(c["vocab_size"]), norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-                               norm_weight=norm_w, layers=layers)
+                               norm_weight=norm_w, layers=layers, config_sha256=config_digest(target))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._sessions: list[aiohttp.ClientSession] = []
