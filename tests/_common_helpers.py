@@ -14,9 +14,10 @@ wrappers over these. Writes only the files it is asked to.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +112,41 @@ def write_config(folder: Path, data: Mapping[str, Any], name: str = "cfg.yaml") 
 def load(path: Path, overrides: Mapping[str, Any] | None = None) -> RunConfig:
     """The ``RunConfig`` of a config file, as the CLI loads it (relative paths from the file's folder)."""
     return load_config(path, dict(overrides) if overrides else None)
+
+
+@contextlib.contextmanager
+def moto_s3(log_dir: Path, bucket: str, secret: str = "testing") -> Iterator[str]:
+    """A real moto S3 server subprocess on a free loopback port with ``bucket`` made (boto3), the AWS_*
+    variables set to test credentials (``secret`` as the secret key) while it runs; yields its URL."""
+    import subprocess
+    import sys
+    import time
+
+    port = free_port()
+    with open(log_dir / "moto.log", "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                stdout=fh, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY=secret, AWS_DEFAULT_REGION="us-east-1")
+    try:
+        import boto3
+
+        end = time.monotonic() + 60
+        while True:
+            try:
+                boto3.client("s3", endpoint_url=url).create_bucket(Bucket=bucket)
+                break
+            except Exception:
+                if time.monotonic() > end or proc.poll() is not None:
+                    raise
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

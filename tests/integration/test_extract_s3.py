@@ -5,17 +5,13 @@ credentials never appear in the output."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from _common_helpers import free_port
+from _common_helpers import moto_s3
 from _extract_helpers import build_tiny_model, make_merged_run, merged_rows, with_hidden
 from draftgen.cli import cli
 from draftgen.hidden.format import HiddenStore, open_hidden
@@ -25,35 +21,8 @@ SECRET = "draftgen-test-secret-value-0123456789"
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=fh, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY=SECRET, AWS_DEFAULT_REGION="us-east-1")
-    try:
-        import boto3
-
-        end = time.monotonic() + 60
-        while True:
-            try:
-                boto3.client("s3", endpoint_url=url).create_bucket(Bucket="hidden")
-                break
-            except Exception:
-                if time.monotonic() > end or proc.poll() is not None:
-                    raise
-                time.sleep(0.2)
+    with moto_s3(tmp_path_factory.mktemp("moto"), "hidden", SECRET) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def test_extract_to_s3_resumes_and_reads_back_equal_to_local(s3: str, tmp_path: Path) -> None:

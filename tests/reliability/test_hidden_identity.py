@@ -29,7 +29,7 @@ import pytest
 import torch
 import yaml
 
-from _common_helpers import config_dict, free_port, write_config
+from _common_helpers import config_dict, moto_s3, write_config
 from _extract_helpers import build_tiny_model, make_merged_run, merged_rows, with_hidden
 from draftgen.config import load_config
 from draftgen.errors import InputError, RunDirError
@@ -156,35 +156,8 @@ def test_item06_two_extract_processes_on_one_output_one_is_refused(model_a: Path
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=fh, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
-    try:
-        import boto3
-
-        end = time.monotonic() + 60
-        while True:
-            try:
-                boto3.client("s3", endpoint_url=url).create_bucket(Bucket="locks")
-                break
-            except Exception:
-                if time.monotonic() > end or proc.poll() is not None:
-                    raise
-                time.sleep(0.2)
+    with moto_s3(tmp_path_factory.mktemp("moto"), "locks", "testing") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def test_item06_s3_owner_file_one_live_holder(s3: str) -> None:
