@@ -259,3 +259,22 @@ def test_cli_merge_prints_the_stats_table(tmp_path: Path) -> None:
     assert lines[0].split()[:4] == ["dataset", "samples", "prompt", "tok"]
     assert any(line.split()[:2] == ["all", "7"] for line in lines)
     assert "merged: 7 train + 0 validation rows" in res.output
+
+
+def test_merged_rows_decode_as_their_record_type_and_row_ids_parse(tmp_path: Path) -> None:
+    import msgspec
+
+    from draftgen.records import MergedParquetRow, parquet_columns, parse_row_id, row_id
+
+    assert [f.name for f in msgspec.structs.fields(MergedParquetRow)] == [c.name for c in parquet_columns()]
+    cfg = prepared_run(tmp_path, {"c": chat_rows("c", 6)})
+    cfg.datasets[0].weight = 2.0  # every row once more, as x#rep1
+    run_merge(cfg, echo=_quiet)
+    rows = [msgspec.convert(r, MergedParquetRow) for r in _rows(cfg)]  # a wrong type or a missing column fails
+    assert len(rows) == 12 and all(len(r.input_ids) == len(r.loss_mask) == r.prompt_len + r.completion_len
+                                   for r in rows)
+    parsed = [parse_row_id(r.sample_id) for r in rows]
+    assert sorted(n for _, n in parsed) == [0] * 6 + [1] * 6
+    assert {row_id(s, n) for s, n in parsed} == {r.sample_id for r in rows}
+    assert {s for s, n in parsed if n} == {s for s, n in parsed if not n}
+    assert parse_row_id("x#rep0") == ("x#rep0", 0) and parse_row_id("#rep3") == ("#rep3", 0)

@@ -19,6 +19,7 @@ import msgspec
 from draftgen.records import (
     PromptRecord,
     ResponseRecord,
+    row_id,
 )
 from draftgen.registry import Registry
 from draftgen.rundir import RunDir
@@ -51,7 +52,7 @@ class MergedRow:
 
     @property
     def row_id(self) -> str:
-        return self.sample_id if self.copy == 0 else f"{self.sample_id}#rep{self.copy}"
+        return row_id(self.sample_id, self.copy)
 
 
 @dataclass

@@ -63,7 +63,7 @@ from draftgen.hidden.format import (
     storage_faults,
     temp_name,
 )
-from draftgen.records import HiddenExportReport, HiddenExportSample, HiddenManifest
+from draftgen.records import HiddenExportReport, HiddenExportSample, HiddenManifest, parse_row_id
 from draftgen.records.hidden import OWNER_HIDDEN_EXPORT
 from draftgen.registry import Registry
 from draftgen.store import encode_json, iter_jsonl, read_json, read_json_object
@@ -148,7 +148,7 @@ class ExportContext:
     def samples(self) -> Iterator[tuple[int, LoadedSample]]:
         for i, sid, rel in self.selected:
             s = self.hidden.read_sample(rel)
-            if s.sample_id and s.sample_id not in (sid, sid.split("#rep", 1)[0]):  # a repeat reads its base's file
+            if s.sample_id and s.sample_id not in (sid, parse_row_id(sid)[0]):  # a repeat reads its base's file
                 raise InputError(f"{rel}: holds sample {s.sample_id!r}, the manifest says {sid!r}")
             self.tokens += int(s.input_ids.shape[0])
             yield i, s

@@ -25,7 +25,7 @@ import msgspec
 from draftgen.config import RunConfig
 from draftgen.datasets import content_hash
 from draftgen.errors import InputError
-from draftgen.records import MergeManifest, Message, PromptRecord, Tool
+from draftgen.records import MergeManifest, Message, PromptRecord, Tool, parse_row_id
 from draftgen.rundir import RunDir
 from draftgen.store import JsonlReader, iter_jsonl, iter_jsonl_offsets, read_json
 
@@ -79,7 +79,7 @@ def _merged(rd: RunDir) -> tuple[set[str], list[str]] | None:
             col = pq.read_table(path, columns=["sample_id"]).column("sample_id").to_pylist()
         except (OSError, KeyError) as exc:
             raise InputError(f"{path}: cannot read its sample_id column ({exc}); run `draftgen merge` again") from None
-        ids.update(str(s).split("#rep", 1)[0] for s in col)
+        ids.update(parse_row_id(str(s))[0] for s in col)
     return ids, list(man.datasets)
 
 

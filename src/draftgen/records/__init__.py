@@ -64,13 +64,17 @@ from draftgen.records.hidden import (
 from draftgen.records.merged import (
     MANIFEST_LAYOUT,
     MERGED_COLUMNS,
+    REPEAT_MARK,
     Column,
     MergedDatasetStats,
     MergedFile,
+    MergedParquetRow,
     MergeManifest,
     MergeStats,
     SpeculatorsMetadata,
     parquet_columns,
+    parse_row_id,
+    row_id,
 )
 from draftgen.records.prompts import (
     DatasetStats,
@@ -107,6 +111,7 @@ from draftgen.records.run import LockHolder, RunManifest
 __all__ = [
     "MANIFEST_LAYOUT",
     "MERGED_COLUMNS",
+    "REPEAT_MARK",
     "SCHEMA_VERSION",
     "VIEWS",
     "AcceptReport",
@@ -142,6 +147,7 @@ __all__ = [
     "MergeStats",
     "MergedDatasetStats",
     "MergedFile",
+    "MergedParquetRow",
     "Message",
     "MismatchExample",
     "PromptIdView",
@@ -171,6 +177,8 @@ __all__ = [
     "Usage",
     "check_ids",
     "parquet_columns",
+    "parse_row_id",
+    "row_id",
     "spend_usd",
     "view_mismatches",
 ]

@@ -106,6 +106,39 @@ MERGED_COLUMNS: tuple[Column, ...] = (
 )
 
 
+REPEAT_MARK = "#rep"  # row id = sample id + "#rep<N>" for the Nth repeat a dataset weight > 1 made
+
+
+def row_id(sample_id: str, copy: int = 0) -> str:
+    """The merged row's id (its ``sample_id`` column): the sample id, with ``#repN`` on the Nth repeat."""
+    return sample_id if copy == 0 else f"{sample_id}{REPEAT_MARK}{copy}"
+
+
+def parse_row_id(rid: str) -> tuple[str, int]:
+    """(sample id, repeat number) of a merged row id: ``("x", 2)`` for ``x#rep2``, ``("x", 0)`` for ``x``."""
+    base, mark, n = rid.rpartition(REPEAT_MARK)
+    if mark and base and n.isdigit() and int(n) > 0:
+        return base, int(n)
+    return rid, 0
+
+
+class MergedParquetRow(msgspec.Struct, kw_only=True):
+    """One row of ``merged/<split>-NNNNN-of-MMMMM.parquet``: the columns of ``MERGED_COLUMNS`` that have an
+    Arrow type, in order (a test keeps the two equal). ``sample_id`` is the row id (``parse_row_id``)."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    sample_id: str
+    dataset: str
+    finish_reason: str | None
+    provider: str | None
+    ids_source: str
+    prompt_len: int
+    completion_len: int
+    reasoning_len: int
+    capped: bool
+
+
 def parquet_columns() -> tuple[Column, ...]:
     """The columns of the Parquet files, in order."""
     return tuple(c for c in MERGED_COLUMNS if c.arrow is not None)

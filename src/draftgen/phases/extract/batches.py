@@ -33,7 +33,7 @@ from draftgen.hidden.format import (
     require,
     row_digest,
 )
-from draftgen.records import HiddenIdentity, HiddenIndexRecord, HiddenTarget, MergeManifest
+from draftgen.records import HiddenIdentity, HiddenIndexRecord, HiddenTarget, MergeManifest, parse_row_id
 from draftgen.store import read_json
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ def split_batches(rows: Sequence[ExtractRow], batch_tokens: int) -> Iterator[lis
 
 def repeat_base(sample_id: str) -> str:
     """``x`` for a weight repeat ``x#repN``; the id itself otherwise."""
-    return sample_id.split("#rep", 1)[0]
+    return parse_row_id(sample_id)[0]
 
 
 @dataclass
