@@ -162,9 +162,18 @@ def _empty(text: str) -> list[dict[str, Any]]:
 
 def _figures(m: RunMetrics) -> list[tuple[str, str, dict[str, Any]]]:
     """(div id, caption, plotly figure dict) for every chart."""
-    tl, h, t, act, sq = m.timeline, m.histogram, m.total, m.activity, m.seq_lengths
-    figs: list[tuple[str, str, dict[str, Any]]] = []
     t0, per_unit, _unit, xaxis = _time_axis(m)
+    return [*_time_figures(m, t0, per_unit, xaxis), *_activity_figures(m, per_unit, xaxis),
+            *_mix_figures(m)]
+
+
+Figure = tuple[str, str, dict[str, Any]]
+
+
+def _time_figures(m: RunMetrics, t0: float, per_unit: float, xaxis: dict[str, Any]) -> list[Figure]:
+    """Spend and throughput over time (the response timeline)."""
+    tl, act = m.timeline, m.activity
+    figs: list[Figure] = []
     since = f"Time since the run's first activity ({fmt_time(t0) if act.t0 is not None or tl.start else '–'})"
     ends = [s + tl.bucket_s for s in tl.start]
     figs.append(("chart-cost", f"Cumulative spend (USD) by response time. {since}.", {
@@ -182,6 +191,13 @@ def _figures(m: RunMetrics) -> list[tuple[str, str, dict[str, Any]]]:
                   "hovertemplate": "%{y:,.1f} tok/s<br>%{customdata} responses<extra></extra>"}],
         "layout": _layout("Throughput over time", bargap=0.05, xaxis=xaxis, yaxis={**_AXIS, "rangemode": "tozero"}),
     }))
+    return figs
+
+
+def _activity_figures(m: RunMetrics, per_unit: float, xaxis: dict[str, Any]) -> list[Figure]:
+    """Retries and failures over time, and the requests in flight (logs/attempts.jsonl)."""
+    act = m.activity
+    figs: list[Figure] = []
     # Retries (failed attempts, by outcome) and failures (samples given up) over time.
     mid = [(o + act.bucket_s / 2) / per_unit for o in act.offsets]
     data: list[dict[str, Any]] = []
@@ -217,6 +233,13 @@ def _figures(m: RunMetrics) -> list[tuple[str, str, dict[str, Any]]]:
         "layout": _layout("Requests in flight", xaxis=xaxis, yaxis={**_AXIS, "rangemode": "tozero"},
                           annotations=[] if have_attempts else _empty("no logs/attempts.jsonl")),
     }))
+    return figs
+
+
+def _mix_figures(m: RunMetrics) -> list[Figure]:
+    """Lengths, sequence lengths, the reasoning share, the provider mix and the failures by kind."""
+    h, t, sq = m.histogram, m.total, m.seq_lengths
+    figs: list[Figure] = []
     centers = [(a + b) / 2 for a, b in zip(h.edges, h.edges[1:], strict=False)]
     width = (h.edges[1] - h.edges[0]) if len(h.edges) > 1 else 1
     figs.append(("chart-lengths", "Tokens per response: reasoning vs content (usage.reasoning_tokens and the rest).", {
