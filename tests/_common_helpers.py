@@ -19,7 +19,7 @@ import os
 import socket
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 import yaml
@@ -150,3 +150,33 @@ def moto_s3(log_dir: Path, bucket: str, secret: str = "testing") -> Iterator[str
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+class AppServer:
+    """A fake HTTP server of a test on a free loopback port, served in a thread by the emulator's own
+    ``emulator.threaded.start_in_thread``: a subclass defines ``routes(app)``; ``with Sub() as srv: srv.port``."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self._server: Any = None
+
+    def routes(self, app: Any) -> None:
+        raise NotImplementedError
+
+    def _app(self) -> Any:
+        from aiohttp import web
+
+        app = web.Application()
+        self.routes(app)
+        return app
+
+    def __enter__(self) -> Self:
+        from draftgen.emulator.threaded import ThreadedServer, start_in_thread
+
+        serving = start_in_thread(self._app, "127.0.0.1", self.port, close=lambda: None, what="test server",
+                                  thread_name=type(self).__name__)
+        self._server = ThreadedServer(serving, "127.0.0.1")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.stop()

@@ -6,7 +6,6 @@ against a loopback server (aiohttp) that serves vLLM's chat completions and ``/m
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import pytest
 from aiohttp import web
 from click.testing import CliRunner
 
-from _common_helpers import config_dict, free_port, load, write_config
+from _common_helpers import AppServer, config_dict, free_port, load, write_config
 from draftgen.cli import cli
 from draftgen.errors import APIError, InputError
 from draftgen.phases.accept import (
@@ -140,7 +139,7 @@ def test_no_held_out_prompt_is_an_input_error(tmp_path: Path) -> None:
 # -- a loopback server with counters the test controls ------------------------------------------------------
 
 
-class FakeServer:
+class FakeServer(AppServer):
     """vLLM chat completions + /metrics, and SGLang /generate; each request adds known counts."""
 
     def __init__(self, *, speculate: bool = True, delay: float = 0.0, faults: list[int] | None = None) -> None:
@@ -148,10 +147,7 @@ class FakeServer:
         self.faults = list(faults or [])  # statuses the next requests get (one each), before any success
         self.c = {"drafts": 0.0, "tokens": 0.0, "acc": 0.0, "p0": 0.0, "p1": 0.0, "p2": 0.0}
         self.requests: list[dict[str, Any]] = []
-        self.port = free_port()
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
+        super().__init__()
 
     @property
     def url(self) -> str:
@@ -199,27 +195,10 @@ class FakeServer:
             meta.update(spec_verify_ct=5, spec_accept_length=2.4)
         return web.json_response({"text": "", "output_ids": list(range(12)), "meta_info": meta})
 
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/generate", self.generate)
-        runner = web.AppRunner(app)
-        self.loop.run_until_complete(runner.setup())
-        self.loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
-        self.ready.set()
-        self.loop.run_forever()
-        self.loop.run_until_complete(runner.cleanup())
-
-    def __enter__(self) -> FakeServer:
-        self.thread.start()
-        assert self.ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @pytest.fixture

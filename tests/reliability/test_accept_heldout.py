@@ -8,16 +8,14 @@ loopback vLLM stand-in (chat completions + ``/metrics``) whose per-request count
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
 
-from _common_helpers import config_dict, free_port, load, write_config
+from _common_helpers import AppServer, config_dict, load, write_config
 from draftgen.datasets import content_hash
 from draftgen.phases.accept import run_accept
 from draftgen.phases.heldout import held_out_prompts
@@ -30,7 +28,7 @@ from draftgen.store import atomic_write_json, encode_json, iter_jsonl, read_json
 from ._helpers import write_prompts
 
 
-class MetricsServer:
+class MetricsServer(AppServer):
     """vLLM's chat completions and ``/metrics``: each request adds ``drafts`` drafts of 3 tokens and
     ``accepted`` accepted tokens (all at position 0)."""
 
@@ -38,10 +36,7 @@ class MetricsServer:
         self.per_request = (drafts, accepted)
         self.drafts = self.accepted = 0
         self.prompts: list[str] = []
-        self.port = free_port()
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
+        super().__init__()
 
     @property
     def url(self) -> str:
@@ -66,26 +61,9 @@ class MetricsServer:
                 f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="0"}} {self.accepted}\n')
         return web.Response(text=text, content_type="text/plain")
 
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/metrics", self.metrics)
-        runner = web.AppRunner(app)
-        self.loop.run_until_complete(runner.setup())
-        self.loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
-        self.ready.set()
-        self.loop.run_forever()
-        self.loop.run_until_complete(runner.cleanup())
-
-    def __enter__(self) -> MetricsServer:
-        self.thread.start()
-        assert self.ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 def _drafter(folder: Path) -> Path:

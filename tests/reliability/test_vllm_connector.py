@@ -13,10 +13,8 @@ the folder with wrong token ids is rejected (``ids_mismatch``) and removed with 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -27,7 +25,7 @@ torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
 st = pytest.importorskip("safetensors.torch")
 
-from _common_helpers import free_port  # noqa: E402
+from _common_helpers import AppServer  # noqa: E402
 from draftgen.errors import ConfigError, PermanentAPIError  # noqa: E402
 from draftgen.hidden.format import sample_path  # noqa: E402
 from draftgen.phases.extract.capture import ExtractRow  # noqa: E402
@@ -37,7 +35,7 @@ L, H, N_SLOTS = 8, 16, 4  # default aux ids [2, 4, 5] + the final id 8
 IDS = [5, 6, 7, 8, 9]
 
 
-class HostileServer:
+class HostileServer(AppServer):
     """``/v1/models`` and ``/v1/completions``; ``name(sent_ids)`` is the hidden_states_path it answers with;
     ``faults`` are statuses the next completions get, one each, before answering properly."""
 
@@ -45,10 +43,7 @@ class HostileServer:
         self.name = name
         self.faults = list(faults or [])
         self.completions = 0
-        self.port = free_port()
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
+        super().__init__()
 
     @property
     def url(self) -> str:
@@ -71,26 +66,9 @@ class HostileServer:
             "usage": {"prompt_tokens": len(sent), "completion_tokens": 1, "total_tokens": len(sent) + 1},
             "kv_transfer_params": {"hidden_states_path": self.name(sent)}})
 
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.complete)
-        runner = web.AppRunner(app)
-        self.loop.run_until_complete(runner.setup())
-        self.loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
-        self.ready.set()
-        self.loop.run_forever()
-        self.loop.run_until_complete(runner.cleanup())
-
-    def __enter__(self) -> HostileServer:
-        self.thread.start()
-        assert self.ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @pytest.fixture(scope="module")
