@@ -1,6 +1,6 @@
-"""Adding a hidden-state export format is a writer plus one ``@register_hidden_exporter`` line.
+"""Adding a hidden-state export format is a sink plus one ``@register_hidden_exporter`` line.
 
-A toy format is registered here that declares ``needs_norm`` (it writes post-norm final states, one ``.pt``
+A toy format (an ``ExportSink``: the Source's samples come to its ``write`` in batches) is registered here that declares ``needs_norm`` (it writes post-norm final states, one ``.pt``
 per sample) and is run by ``export_hidden`` over a real hidden set (a tiny seeded Qwen3 target, stored with
 ``hidden.format``): the loop selects the samples, loads the target's final norm because the format declared
 it, lists every sample in ``sample_ids.jsonl``, writes ``export.json`` last, and finds the folder up to date
@@ -10,7 +10,7 @@ registration is removed afterwards, and the name is then refused with the regist
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,28 +28,33 @@ from draftgen.hidden.exports import (
     EXPORT_REPORT,
     HIDDEN_EXPORTERS,
     SAMPLE_IDS,
-    ExportContext,
+    ExportSink,
     export_hidden,
     register_hidden_exporter,
 )
+from draftgen.hidden.stream import StreamSample
 from draftgen.records import HiddenExportReport, HiddenExportSample
 from draftgen.store import iter_jsonl, read_json
 
 # -- the toy format: what a plugin module would hold ---------------------------------------------------------
 
 
-def write_toy(ctx: ExportContext) -> None:
+class ToySink(ExportSink):
     """One ``toy_{i}.pt`` per sample: its id, ids, mask and post-norm final state (float32)."""
-    for i, s in ctx.samples():
-        rel = f"toy_{i:05d}.pt"
-        torch.save({"sample_id": s.sample_id, "input_ids": s.input_ids.clone(), "loss_mask": s.loss_mask.clone(),
-                    "post_norm": ctx.post_norm(s.final).float()}, ctx.out / rel)
-        ctx.files.append(rel)
+
+    def write(self, batch: Sequence[StreamSample]) -> None:
+        ctx = self.ctx
+        for item in batch:
+            s = item.decode()
+            rel = f"toy_{item.index:05d}.pt"
+            torch.save({"sample_id": item.sample_id, "input_ids": s.input_ids.clone(),
+                        "loss_mask": s.loss_mask.clone(), "post_norm": ctx.post_norm(s.final).float()}, ctx.out / rel)
+            ctx.files.append(rel)
 
 
 @pytest.fixture
 def toy() -> Iterator[str]:
-    register_hidden_exporter("toy", needs_norm=True, doc="post-norm finals, one .pt per sample")(write_toy)
+    register_hidden_exporter("toy", needs_norm=True, doc="post-norm finals, one .pt per sample")(ToySink)
     try:
         yield "toy"
     finally:

@@ -7,6 +7,8 @@ and both actors work. The manifest lists the merged order. A rerun extracts noth
 partial run (``limit``) then a Ray run completes the rest with no duplicates. A DraftgenError raised inside
 an actor comes back with its class and message. The first test lets draftgen start and shut down its own
 Ray; the rest share one ``ray.init(num_cpus=2)``; both leave no raylet/gcs_server of this process behind.
+Issue 21 item 18: one actor's process killed mid-run (SIGKILL): Ray restarts it and re-runs its tasks, and
+the set still equals the clean run, each sample listed once by the manifest and ``done()``.
 """
 
 from __future__ import annotations
@@ -200,14 +202,68 @@ def test_partial_run_then_ray_completes_the_rest(setup: Setup, reference: Path) 
     assert set(HiddenStore(str(out)).done()) == {r[0] for r in rows}
 
 
+def ray_actor_pids() -> set[int]:
+    """The processes of the extract actors now (Ray titles them ``ray::MapWorker(MapBatches(PoolWorker))…``)."""
+    out = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"MapBatches(PoolWorker)" in cmd:
+            out.add(int(pid))
+    return out
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_item18_a_ray_worker_killed_mid_run_lists_each_sample_once(setup: Setup, reference: Path) -> None:
+    """Issue 21 item 18 with a real worker killed: at the first progress line one actor's process gets
+    SIGKILL; Ray restarts the actor and re-runs its tasks (a new pid does them); the set equals a clean run,
+    byte for byte, and the manifest, ``done()`` and the report list each sample once."""
+    import signal
+
+    _, run_cfg, _ = setup
+    rows = merged_rows(run_cfg.parent / "run")
+    out = run_cfg.parent / "h-kill"
+    killed: list[int] = []
+    alive: set[int] = set()
+
+    def echo(line: str) -> None:
+        lines.append(line)
+        if not killed and line.startswith("extract (ray): 1/"):  # the first result is in: the rest is queued
+            alive.update(ray_actor_pids())
+            victim = min(alive)
+            os.kill(victim, signal.SIGKILL)
+            killed.append(victim)
+
+    lines: list[str] = []
+    cfg = load_config(with_hidden(run_cfg, "cfg-kill.yaml", output=str(out), ray=True, workers=2,
+                                  num_cpus_per_worker=1, **setup[2]))
+    rep = run_extract(cfg, echo=echo)
+    assert len(killed) == 1 and len(alive) == 2, lines
+    assert rep.extracted == len(rows) and rep.complete
+    assert files(out) == files(reference)
+    same_manifest(out, reference)
+    ids = [e.sample_id for e in open_hidden(str(out)).manifest.samples]
+    assert ids == [r[0] for r in rows]  # each once, merged order
+    assert sorted(HiddenStore(str(out)).done()) == sorted(ids)
+    assert set(index_lines(out)) == set(ids)  # a re-run task may list a sample again; done() counts it once
+    per_actor = {int(ln.split("actor ")[1].split(":")[1]): int(ln.rsplit(": ", 1)[1].split()[0])
+                 for ln in lines if ln.startswith("extract (ray): actor ")}
+    assert sum(per_actor.values()) == len(rows)  # each sample counted once, whoever wrote it
+    assert set(per_actor) - alive, f"no restarted actor re-ran the killed one's tasks: {lines}"
+    print(f"killed {killed[0]}; per actor {per_actor}; index lines listing a sample twice: "
+          f"{sum(1 for n in index_lines(out).values() if n > 1)}", file=sys.stderr)
+
+
 def test_an_error_inside_an_actor_comes_back_as_itself(setup: Setup, tmp_path: Path) -> None:
     """The actor class itself, in this process (a pool would add only its start-up time): samples written
     with other layer ids and no manifest yet; the check that needs the target runs in the actor, which
-    hands the RunDirError back as a row; the driver raises that class with that message."""
+    hands the RunDirError back as a result; the driver raises that class with that message."""
     import numpy as np
 
     from draftgen.phases.extract.capture import ExtractRow
-    from draftgen.phases.extract.worker import ExtractActor, encode_batch, error_class
+    from draftgen.phases.extract.worker import PoolWorker, decode_result, encode_batch, error_class
 
     _, run_cfg, common = setup
     out = tmp_path / "h"
@@ -216,10 +272,10 @@ def test_an_error_inside_an_actor_comes_back_as_itself(setup: Setup, tmp_path: P
     (out / "manifest.json").unlink()
     done = HiddenStore(str(out)).done()
     cfg = load_config(with_hidden(run_cfg, "cfg-e2.yaml", output=str(out), ray=True, **{**common, "layer_ids": [2, 3]}))
-    actor = ExtractActor(cfg, str(out), {}, dict([next(iter(done.items()))]))
+    actor = PoolWorker(cfg, str(out), {}, dict([next(iter(done.items()))]))
     sid, ids, mask = merged_rows(run_cfg.parent / "run")[-1]
     row = ExtractRow(sample_id=sid, input_ids=np.asarray(ids, dtype=np.int64), loss_mask=np.asarray(mask, dtype=np.uint8))
-    res = actor({"payload": np.array([encode_batch([row])], dtype=object)})
-    assert list(res["error_class"]) == ["RunDirError"] and "aux width" in res["error"][0]
+    res = [decode_result(r) for r in actor({"payload": np.array([encode_batch([row])], dtype=object)})["result"]]
+    assert [r.error_class for r in res] == ["RunDirError"] and "aux width" in res[0].error and not res[0].records
     assert error_class("RunDirError") is RunDirError and error_class("KeyError").__name__ == "DraftgenError"
     assert index_lines(out).total() == 2  # the refused actor wrote nothing

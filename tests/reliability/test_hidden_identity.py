@@ -9,7 +9,8 @@
 - item 9: a state file changed after extraction is refused by every read (HiddenSet, export-hidden) and
   redone by extract;
 - item 18: two index parts listing one sample (a re-run task): done(), the manifest and the report count it
-  once;
+  once; the driver loop counts a re-reported batch once (a real Ray actor killed mid-run:
+  tests/integration/test_extract_ray.py);
 - repeats: ``x#rep1`` (dataset weight > 1) is extracted once and its manifest entry names ``x``'s file.
 """
 
@@ -240,31 +241,42 @@ def test_item18_a_sample_listed_twice_counts_once(model_a: Path, run_cfg: Path, 
     assert len(ids) == len(set(ids)) == m.counts.samples == n and m.counts.flagged == len(again)
 
 
-def test_item18_the_pool_driver_counts_a_retried_task_once() -> None:
+def test_item18_the_driver_counts_a_retried_task_once() -> None:
+    """The one driver loop over an executor that reports a re-run task's batches again (as Ray does after
+    an actor is killed): each sample counted once, first record kept, tokens and bytes as reported."""
     import numpy as np
 
     from draftgen.phases.extract.capture import ExtractRow, TargetInfo
     from draftgen.phases.extract.layers import LayerIds
-    from draftgen.phases.extract.worker import collect_rows, info_to_wire
+    from draftgen.phases.extract.run import drive
+    from draftgen.phases.extract.worker import BatchResult
     from draftgen.records import HiddenIndexRecord
-    from draftgen.store import encode_json
 
     info = TargetInfo(name="t", revision=None, num_layers=8, hidden_size=4, vocab_size=10, norm_eps=1e-6,
                       norm_weight=torch.ones(4), layers=LayerIds(aux=(2, 4, 5), final=8))
     pending = [ExtractRow(sample_id=f"s{i}", input_ids=np.arange(3, dtype=np.int64),
                           loss_mask=np.ones(3, dtype=np.uint8)) for i in range(3)]
 
-    def row(sid: str, first: bool) -> dict[str, object]:
-        rec = HiddenIndexRecord(sample_id=sid, file=f"states/{sid}", length=3, n_loss=3)
-        return {"record": encode_json(rec), "actor": "a", "written": 10, "info": info_to_wire(info) if first else b"",
-                "error": "", "error_class": "", "began": 0.0, "ended": 1.0,
-                **{f"t_{k}": 0.0 for k in ("capture", "check", "encode", "publish")}}
+    def result(*sids: str, worker: str = "a") -> BatchResult:
+        return BatchResult(records=[HiddenIndexRecord(sample_id=s, file=f"states/{s}", length=3, n_loss=3)
+                                    for s in sids], written=10, began=1.0, ended=2.0, worker=worker)
 
-    rows = [row("s0", True), row("s1", False), row("s1", False), row("s2", False), row("s0", False)]
+    class Replaying:
+        label, unit, timings = " (ray)", "actor", {"ray_init": 0.5}
+
+        def results(self, batches: object) -> Iterator[BatchResult]:
+            yield from (result("s0"), result("s1"), result("s1", worker="b"), result("s2", "s0", worker="b"))
+
+        def target(self) -> TargetInfo:
+            return info
+
+    lines: list[str] = []
     done: dict[str, HiddenIndexRecord] = {}
-    res = collect_rows(rows, pending, done, lambda s: None, total=3, done_before=0, t0=time.monotonic(),
-                       label="actor")
-    assert res.extracted == 3 and res.tokens == 9 and sorted(done) == ["s0", "s1", "s2"]
+    tally = drive(Replaying(), [], pending, done, lines.append, total=3, done_before=0)  # type: ignore[arg-type]
+    assert tally.extracted == 3 and tally.tokens == 9 and sorted(done) == ["s0", "s1", "s2"]
+    assert tally.written == 40 and tally.per_worker == {"a": 2, "b": 1}
+    assert [ln for ln in lines if " actor " in ln] == ["extract (ray): actor a: 2 samples",
+                                                       "extract (ray): actor b: 1 samples"]
 
 
 def test_weight_repeats_are_extracted_once_and_reference_their_base(model_a: Path, tmp_path: Path) -> None:

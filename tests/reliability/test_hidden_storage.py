@@ -5,7 +5,8 @@ Item 12: ``hidden_states.storage_options`` credentials (also nested) and ``user:
 URL are refused at config load (``draftgen extract`` run as a real subprocess, and in-process), and by
 ``HiddenStore`` for a URL given on the command line (``export-hidden --hidden``).
 
-Item 14: a truncated stored state (export-hidden), a truncated connector file (the vllm backend's reader), a
+Item 14: a truncated stored state (export-hidden), a truncated connector file (the vllm backend's reader,
+and a whole ``draftgen extract`` against a fake vLLM server on loopback that serves one), a
 truncated checkpoint / torch file (``read_safetensors`` / ``read_torch``), a full disk during export-hidden
 (every format; the disk is simulated as tests/reliability/test_full_disk.py does: the file handle of the
 one atomic writer, ``atomic_write_bytes``, is wrapped so that writes fail with ENOSPC once a byte budget is
@@ -27,7 +28,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from _common_helpers import config_dict, free_port, write_config
+from _common_helpers import AppServer, config_dict, free_port, write_config
 from _extract_helpers import build_tiny_model, make_merged_run, with_hidden
 from _hidden_export_helpers import make_hidden_set
 from draftgen.cli import cli
@@ -162,6 +163,66 @@ def test_item14_truncated_connector_file_named(tmp_path: Path) -> None:
     msg = str(info.value)
     assert msg.startswith(f"{path}: cannot read the connector's safetensors file (") and "\n" not in msg
     assert "use_synchronization_lock" in msg
+
+
+class _CutShort(AppServer):
+    """A vLLM server in extract mode (the response shape of ``draftgen emulate --model --extract-dir``) whose
+    connector file for each request is cut short: written with its released lock, but missing its tail."""
+
+    def __init__(self, folder: Path, hidden: int, slots: int) -> None:
+        self.folder, self.hidden, self.slots = folder, hidden, slots
+        self.files: list[Path] = []
+        super().__init__()
+
+    async def models(self, _request: Any) -> Any:
+        from aiohttp import web
+
+        return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+    async def complete(self, request: Any) -> Any:
+        import torch
+        from aiohttp import web
+        from safetensors.torch import save
+
+        sent = [int(t) for t in (await request.json())["prompt"]]
+        path = self.folder / f"cmpl-{len(self.files)}-0.safetensors"
+        data = save({"hidden_states": torch.zeros(len(sent), self.slots, self.hidden),
+                     "token_ids": torch.tensor(sent, dtype=torch.int64)})
+        path.write_bytes(data[: len(data) // 2])
+        Path(f"{path}.lock").write_bytes(b"")
+        self.files.append(path)
+        return web.json_response({"id": "cmpl-x", "object": "text_completion", "model": "tiny",
+                                  "choices": [{"index": 0, "text": "a", "finish_reason": "length",
+                                               "prompt_token_ids": sent, "token_ids": [1]}],
+                                  "kv_transfer_params": {"hidden_states_path": str(path)}})
+
+    def routes(self, app: Any) -> None:
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/completions", self.complete)
+
+
+def test_item14_truncated_connector_file_in_a_vllm_extract_named(world: dict[str, Path], tmp_path: Path) -> None:
+    """``draftgen extract`` with ``hidden_states.backend: vllm`` against a server whose connector file is
+    truncated: one line naming that file and the fix, a non-zero exit, no traceback; nothing is stored (no
+    state, index part or manifest), and the server's files are left as they are."""
+    folder = tmp_path / "connector"
+    folder.mkdir()
+    out = tmp_path / "hidden"
+    with _CutShort(folder, hidden=32, slots=4) as server:  # the tiny target: hidden 32, aux [2, 4, 5] + final 8
+        cfg = with_hidden(world["run_cfg"], "cfg-vllm-cut.yaml", backend="vllm", model=str(world["model"]),
+                          base_urls=[f"http://127.0.0.1:{server.port}"], connector_dir=str(folder), output=str(out),
+                          concurrency=1)
+        before = {p: p.read_bytes() for p in folder.iterdir()}
+        res = _invoke(["extract", str(cfg)])
+    assert server.files and not before
+    named = [p for p in server.files if str(p) in res.output]
+    _one_error_line(res, StorageError.exit_code, "cannot read the connector's safetensors file",
+                    "use_synchronization_lock", "rerun")
+    assert len(named) == 1, res.output
+    assert not (out / "manifest.json").exists() and not list(out.glob("states/**/*.safetensors"))
+    assert not list(out.glob("index/*"))
+    assert sorted(folder.iterdir()) == sorted([*server.files, *(Path(f"{p}.lock") for p in server.files)])
+    assert all(p.stat().st_size > 0 for p in server.files)  # as the server left them
 
 
 def test_item14_truncated_checkpoint_named(tmp_path: Path) -> None:

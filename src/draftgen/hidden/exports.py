@@ -4,9 +4,11 @@
 ``HIDDEN_EXPORTERS`` (a ``draftgen.registry.Registry`` keyed by ``export-hidden --format``), registered with
 ``@register_hidden_exporter`` like a plugin's would be.
 
-Reads a finished ``draftgen.hidden/1`` set (``extract.format.open_hidden``: manifest + per-sample files,
-in manifest = extraction = merged train order) and writes one folder per format, each sample ``i`` being the
-i-th sample of the manifest (flagged samples left out unless asked), so provenance holds: every folder
+Each format is a SINK fed by a ``hidden.stream.Source``: the finished ``draftgen.hidden/1`` set's samples,
+each file's bytes verified, in manifest = extraction = merged train order, ``EXPORT_BATCH`` at a time
+(``ExportSink.write``), then ``ExportSink.close`` for what needs them all (speculators' Arrow dataset and
+token counts). One folder per format, each sample ``i`` being the i-th sample of the manifest (flagged
+samples left out unless asked), so provenance holds: every folder
 also gets ``sample_ids.jsonl`` (``HiddenExportSample`` lines: index, sample_id, file) and, written last,
 ``export.json`` (``HiddenExportReport``; a folder whose report matches the same hidden set is up to date).
 
@@ -42,19 +44,17 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
 from draftgen.errors import ConfigError, InputError, RunDirError
 from draftgen.hidden.format import (
-    HiddenSet,
     LoadedSample,
     is_temp,
-    open_hidden,
     open_temp,
     owner_marker,
     read_owner_marker,
@@ -63,7 +63,8 @@ from draftgen.hidden.format import (
     storage_faults,
     temp_name,
 )
-from draftgen.records import HiddenExportReport, HiddenExportSample, HiddenManifest, parse_row_id
+from draftgen.hidden.stream import Source, StreamSample, hidden_url, open_source
+from draftgen.records import HiddenExportReport, HiddenExportSample, HiddenManifest
 from draftgen.records.hidden import OWNER_HIDDEN_EXPORT
 from draftgen.registry import Registry
 from draftgen.store import encode_json, iter_jsonl, read_json, read_json_object
@@ -80,12 +81,12 @@ __all__ = [
     "HIDDEN_EXPORTERS",
     "SAMPLE_IDS",
     "ExportContext",
+    "ExportSink",
     "FinalNorm",
     "HiddenExporter",
     "claim_export",
     "default_export_dir",
     "export_hidden",
-    "hidden_url",
     "load_final_norm",
     "manifest_fingerprint",
     "register_hidden_exporter",
@@ -99,6 +100,7 @@ SAMPLE_IDS = "sample_ids.jsonl"
 SPECULATORS_STATES = "hidden_states"
 TOKEN_FREQ = "token_freq.pt"
 SPECFORGE_GROUP = 2000
+EXPORT_BATCH = 8  # samples a sink gets at a time (their decoded states are held together)
 _ARROW_FILES = ("state.json", "dataset_info.json")  # besides data-NNNNN-of-NNNNN.arrow
 _ARROW_SHARD = re.compile(r"data-\d{5}-of-\d{5}\.arrow")
 
@@ -119,13 +121,13 @@ class FinalNorm:
 
 @dataclass
 class ExportContext:
-    """What an exporter gets: the hidden set, its manifest, the output folder, the samples to write (index,
-    sample_id, manifest file) and, for formats that need it, the target's final norm."""
+    """What a format's sink gets: the Source (the set's samples, verified, in manifest order; sample ``i``
+    goes to export index ``i``), its manifest, the output folder and, for formats that need it, the target's
+    final norm. ``files``: the per-sample files written, in sample order (``sample_ids.jsonl`` lists them)."""
 
-    hidden: HiddenSet
+    source: Source
     manifest: HiddenManifest
     out: Path
-    selected: list[tuple[int, str, str]]
     dtype: Any  # torch dtype of the written states
     norm: FinalNorm | None = None
     files: list[str] = field(default_factory=list)
@@ -145,28 +147,35 @@ class ExportContext:
         if rel not in self.written:
             self.written.append(rel)
 
-    def samples(self) -> Iterator[tuple[int, LoadedSample]]:
-        for i, sid, rel in self.selected:
-            s = self.hidden.read_sample(rel)
-            if s.sample_id and s.sample_id not in (sid, parse_row_id(sid)[0]):  # a repeat reads its base's file
-                raise InputError(f"{rel}: holds sample {s.sample_id!r}, the manifest says {sid!r}")
-            self.tokens += int(s.input_ids.shape[0])
-            yield i, s
-
     def post_norm(self, final: torch.Tensor) -> torch.Tensor:
         if self.norm is None:
             raise ConfigError("this export needs the target's final norm; give the target model folder")
         return self.norm.apply(final)
 
 
+class ExportSink:
+    """One format's sink (``hidden.stream.Sink``): ``write(batch)`` gets the Source's samples in order
+    (``s.index``: the export index, ``s.sample_id``, ``s.decode()``: the tensors) and writes one per-sample
+    file each (ending in ``.safetensors``, ``.ckpt`` or ``.pt``) through ``ctx.save``, listed in
+    ``ctx.files`` in sample order, so a death mid-export leaves nothing a rerun cannot remove;
+    ``close(manifest)`` writes what needs every sample (the default: nothing)."""
+
+    def __init__(self, ctx: ExportContext) -> None:
+        self.ctx = ctx
+
+    def write(self, batch: Sequence[StreamSample]) -> None:
+        raise NotImplementedError
+
+    def close(self, manifest: HiddenManifest) -> None:
+        return None
+
+
 @dataclass(frozen=True)
 class HiddenExporter:
-    """One hidden-state format: ``fn(ctx)`` writes every selected sample under ``ctx.out`` (one per-sample
-    file each, ending in ``.safetensors``, ``.ckpt`` or ``.pt``, listed in ``ctx.files`` in sample order;
-    written with ``ctx.save``, so a death mid-export leaves nothing a rerun cannot remove);
-    ``needs_norm``: it writes post-norm states, so the target's final norm is loaded into ``ctx.norm``."""
+    """One hidden-state format: ``sink(ctx)`` makes its ``ExportSink``; ``needs_norm``: it writes post-norm
+    states, so the target's final norm is loaded into ``ctx.norm``."""
 
-    fn: Callable[[ExportContext], None]
+    sink: Callable[[ExportContext], ExportSink]
     needs_norm: bool = False
 
 
@@ -174,15 +183,17 @@ class HiddenExporter:
 #: these: the CLI's ``--format`` and ``draftgen train``, which writes ``speculators``, do).
 HIDDEN_EXPORTERS: Registry[HiddenExporter] = Registry("export-hidden --format", "hidden export format")
 
+S = TypeVar("S", bound=type[ExportSink])
 
-def register_hidden_exporter(name: str, *, needs_norm: bool = False,
-                             doc: str = "") -> Callable[[Callable[[ExportContext], None]], Callable[[ExportContext], None]]:
-    """Register ``fn(ctx)`` as the hidden-state export format ``name`` (written to ``ctx.out``); a name already
-    registered is a ConfigError. ``HIDDEN_EXPORTERS.unregister(name)`` removes it again."""
 
-    def deco(fn: Callable[[ExportContext], None]) -> Callable[[ExportContext], None]:
-        HIDDEN_EXPORTERS.register(name, HiddenExporter(fn, needs_norm), doc=doc)
-        return fn
+def register_hidden_exporter(name: str, *, needs_norm: bool = False, doc: str = "") -> Callable[[S], S]:
+    """Register the ``ExportSink`` subclass it decorates as the hidden-state export format ``name`` (written
+    to ``ctx.out``); a name already registered is a ConfigError. ``HIDDEN_EXPORTERS.unregister(name)``
+    removes it again."""
+
+    def deco(cls: S) -> S:
+        HIDDEN_EXPORTERS.register(name, HiddenExporter(cls, needs_norm), doc=doc)
+        return cls
 
     return deco
 
@@ -284,60 +295,71 @@ def _out_dtype(m: HiddenManifest) -> Any:
 
 @register_hidden_exporter("speculators", doc="speculators 0.9 --data-path: hidden_states/hs_{i}.safetensors "
                           "[T, n_aux+1, H] (pre-norm final last), the Arrow dataset, token_freq.pt")
-def export_speculators(ctx: ExportContext) -> None:
-    torch = require("torch")
-    st = require("safetensors.torch")
-    datasets = require("datasets", "hub")
-    n_aux = len(ctx.manifest.layer_ids.aux)
-    rows: dict[str, list[Any]] = {"input_ids": [], "loss_mask": [], "seq_len": []}
-    freq: dict[int, int] = {}
-    for i, s in ctx.samples():
-        hs = torch.cat([_split_aux(s, n_aux), s.final[:, None, :]], dim=1).to(ctx.dtype).contiguous()
-        tensors = {"hidden_states": hs, "token_ids": s.input_ids.to(torch.int64).contiguous()}
-        rel = f"{SPECULATORS_STATES}/hs_{i}.safetensors"
+class SpeculatorsSink(ExportSink):
+    def __init__(self, ctx: ExportContext) -> None:
+        super().__init__(ctx)
+        self.rows: dict[str, list[Any]] = {"input_ids": [], "loss_mask": [], "seq_len": []}
+        self.freq: dict[int, int] = {}
 
-        ctx.save(rel, _writer(st.save(tensors)))  # bytes in memory, as save_file writes them
-        ctx.files.append(rel)
-        mask = s.loss_mask.to(torch.int64)
-        rows["input_ids"].append(s.input_ids.tolist())
-        rows["loss_mask"].append(mask.tolist())
-        rows["seq_len"].append(int(s.input_ids.shape[0]))
-        for tid in s.input_ids[mask.bool()].tolist():
-            freq[tid] = freq.get(tid, 0) + 1
-    ctx.save(TOKEN_FREQ, _torch_writer(freq))
-    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int64")),
-                                  "loss_mask": datasets.Sequence(datasets.Value("int64")),
-                                  "seq_len": datasets.Value("int64")})
-    ds = datasets.Dataset.from_dict(rows, features=features)
-    ds.set_format(type="torch")
-    tmp = ctx.out / temp_name("arrow")  # a temp folder: the same pattern, removed by a rerun after a death
-    tmp.mkdir()
-    try:
-        ds.save_to_disk(str(tmp))
-        for f in sorted(tmp.iterdir()):
+    def write(self, batch: Sequence[StreamSample]) -> None:
+        torch = require("torch")
+        st = require("safetensors.torch")
+        ctx = self.ctx
+        n_aux = len(ctx.manifest.layer_ids.aux)
+        for item in batch:
+            s = item.decode()
+            hs = torch.cat([_split_aux(s, n_aux), s.final[:, None, :]], dim=1).to(ctx.dtype).contiguous()
+            tensors = {"hidden_states": hs, "token_ids": s.input_ids.to(torch.int64).contiguous()}
+            rel = f"{SPECULATORS_STATES}/hs_{item.index}.safetensors"
+            ctx.save(rel, _writer(st.save(tensors)))  # bytes in memory, as save_file writes them
+            ctx.files.append(rel)
+            mask = s.loss_mask.to(torch.int64)
+            self.rows["input_ids"].append(s.input_ids.tolist())
+            self.rows["loss_mask"].append(mask.tolist())
+            self.rows["seq_len"].append(int(s.input_ids.shape[0]))
+            for tid in s.input_ids[mask.bool()].tolist():
+                self.freq[tid] = self.freq.get(tid, 0) + 1
 
-            def move(dst: str, src: Path = f) -> None:
-                os.replace(src, dst)
+    def close(self, manifest: HiddenManifest) -> None:
+        datasets = require("datasets", "hub")
+        ctx = self.ctx
+        ctx.save(TOKEN_FREQ, _torch_writer(self.freq))
+        features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int64")),
+                                      "loss_mask": datasets.Sequence(datasets.Value("int64")),
+                                      "seq_len": datasets.Value("int64")})
+        ds = datasets.Dataset.from_dict(self.rows, features=features)
+        ds.set_format(type="torch")
+        tmp = ctx.out / temp_name("arrow")  # a temp folder: the same pattern, removed by a rerun after a death
+        tmp.mkdir()
+        try:
+            ds.save_to_disk(str(tmp))
+            for f in sorted(tmp.iterdir()):
 
-            ctx.save(f.name, move)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+                def move(dst: str, src: Path = f) -> None:
+                    os.replace(src, dst)
+
+                ctx.save(f.name, move)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 @register_hidden_exporter("specforge", needs_norm=True, doc="SpecForge offline: rows_{g}-{g+2000}/data_{i}.ckpt "
                           "(input_ids, loss_mask, post-norm hidden_state [1,T,H], aux_hidden_state [1,T,3H])")
-def export_specforge(ctx: ExportContext) -> None:
-    torch = require("torch")
-    for i, s in ctx.samples():
-        g = (i // SPECFORGE_GROUP) * SPECFORGE_GROUP
-        rel = f"rows_{g}-{g + SPECFORGE_GROUP}/data_{i}.ckpt"
-        ctx.save(rel, _torch_writer({
-            "input_ids": s.input_ids.to(torch.int64),
-            "loss_mask": s.loss_mask.to(torch.int64),
-            "hidden_state": ctx.post_norm(s.final).to(ctx.dtype)[None].contiguous(),
-            "aux_hidden_state": s.aux.to(ctx.dtype)[None].contiguous(),
-        }))
-        ctx.files.append(rel)
+class SpecForgeSink(ExportSink):
+    def write(self, batch: Sequence[StreamSample]) -> None:
+        torch = require("torch")
+        ctx = self.ctx
+        for item in batch:
+            s, i = item.decode(), item.index
+            g = (i // SPECFORGE_GROUP) * SPECFORGE_GROUP
+            rel = f"rows_{g}-{g + SPECFORGE_GROUP}/data_{i}.ckpt"
+            ctx.save(rel, _torch_writer({
+                "input_ids": s.input_ids.to(torch.int64),
+                "loss_mask": s.loss_mask.to(torch.int64),
+                "hidden_state": ctx.post_norm(s.final).to(ctx.dtype)[None].contiguous(),
+                "aux_hidden_state": s.aux.to(ctx.dtype)[None].contiguous(),
+            }))
+            ctx.files.append(rel)
 
 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,120}")
@@ -351,31 +373,24 @@ def modelopt_name(sample_id: str) -> str:
 @register_hidden_exporter("modelopt", needs_norm=True, doc="Model-Optimizer offline: {conversation_id}.pt "
                           "(input_ids, post-norm hidden_states [T,H], aux_hidden_states [T,3H], loss_mask, "
                           "conversation_id)")
-def export_modelopt(ctx: ExportContext) -> None:
-    torch = require("torch")
-    for _i, s in ctx.samples():
-        rel = f"{modelopt_name(s.sample_id)}.pt"
-        ctx.save(rel, _torch_writer({
-            "input_ids": s.input_ids.to(torch.int64),
-            "hidden_states": ctx.post_norm(s.final).to(ctx.dtype).contiguous(),
-            "aux_hidden_states": s.aux.to(ctx.dtype).contiguous(),
-            "loss_mask": s.loss_mask.to(torch.int64),
-            "conversation_id": s.sample_id,
-        }))
-        ctx.files.append(rel)
+class ModelOptSink(ExportSink):
+    def write(self, batch: Sequence[StreamSample]) -> None:
+        torch = require("torch")
+        ctx = self.ctx
+        for item in batch:
+            s = item.decode()
+            rel = f"{modelopt_name(item.sample_id)}.pt"
+            ctx.save(rel, _torch_writer({
+                "input_ids": s.input_ids.to(torch.int64),
+                "hidden_states": ctx.post_norm(s.final).to(ctx.dtype).contiguous(),
+                "aux_hidden_states": s.aux.to(ctx.dtype).contiguous(),
+                "loss_mask": s.loss_mask.to(torch.int64),
+                "conversation_id": item.sample_id,
+            }))
+            ctx.files.append(rel)
 
 
 # -- the entry point -----------------------------------------------------------------------------------------
-
-
-def hidden_url(cfg: RunConfig) -> str:
-    """The hidden-state destination a config names (``hidden_states.output``, default ``<run>/hidden``)."""
-    from draftgen.rundir import RunDir
-
-    out = cfg.hidden_states.output
-    if out is None:
-        return str(RunDir(cfg.run_path).hidden)
-    return out if "://" in out else str(cfg.path(out))
 
 
 def default_export_dir(cfg: RunConfig, kind: str) -> Path:
@@ -541,15 +556,10 @@ def export_hidden(source: RunConfig | str, kinds: list[str], out_dir: str | Path
     url = hidden or (hidden_url(cfg) if cfg is not None else str(source))
     opts = storage_options if storage_options is not None else (
         {k: v for k, v in cfg.hidden_states.storage_options.items()} if cfg is not None else None)
-    hset = open_hidden(url, opts)
-    m = hset.manifest
-    flagged = set() if include_flagged else set(m.checks.flagged_sample_ids)
-    selected: list[tuple[int, str, str]] = []
-    for e in m.samples:
-        if e.sample_id not in flagged:
-            selected.append((len(selected), e.sample_id, e.file))
-    if not selected:
-        raise InputError(f"{url}: no sample to export ({len(m.samples)} in the manifest, {len(flagged)} flagged)")
+    src = open_source(url, opts, include_flagged=include_flagged)
+    m = src.manifest
+    if not len(src):
+        raise InputError(f"{url}: no sample to export ({len(m.samples)} in the manifest, {src.flagged} flagged)")
     fingerprint = manifest_fingerprint(m)
     reports: list[HiddenExportReport] = []
     say = echo or (lambda s: None)
@@ -570,36 +580,41 @@ def export_hidden(source: RunConfig | str, kinds: list[str], out_dir: str | Path
                                   "hidden_states.model or pass --target DIR")
             norm = load_final_norm(tdir, m)
         _claim_and_clear(out)
-        ctx = ExportContext(hidden=hset, manifest=m, out=out, selected=selected, dtype=_out_dtype(m), norm=norm)
-        reports.append(_write_export(ctx, spec, kind, url, fingerprint, len(flagged), include_flagged, say))
+        ctx = ExportContext(source=src, manifest=m, out=out, dtype=_out_dtype(m), norm=norm)
+        reports.append(_write_export(ctx, spec, kind, url, fingerprint, say))
     return reports
 
 
-def _write_export(ctx: ExportContext, spec: HiddenExporter, kind: str, url: str, fingerprint: str, flagged: int,
-                  include_flagged: bool, say: Callable[[str], None]) -> HiddenExportReport:
-    """Run the exporter into the cleared folder, then ``sample_ids.jsonl`` and, last, ``export.json``
-    listing every file written (the journal goes once the listing is published)."""
+def _write_export(ctx: ExportContext, spec: HiddenExporter, kind: str, url: str, fingerprint: str,
+                  say: Callable[[str], None]) -> HiddenExportReport:
+    """Stream the Source through the format's sink into the cleared folder, then ``sample_ids.jsonl`` and,
+    last, ``export.json`` listing every file written (the journal goes once the listing is published)."""
     t0 = time.perf_counter()
-    spec.fn(ctx)
-    listing = b"".join(encode_json(HiddenExportSample(index=i, sample_id=sid, file=f)) + b"\n"
-                       for (i, sid, _), f in zip(ctx.selected, _files_per_sample(ctx, kind), strict=True))
+    src = ctx.source
+    sink = spec.sink(ctx)
+    for batch in src.batches(EXPORT_BATCH):
+        sink.write(batch)
+        ctx.tokens += sum(s.length for s in batch)
+    sink.close(ctx.manifest)
+    listing = b"".join(encode_json(HiddenExportSample(index=i, sample_id=e.sample_id, file=f)) + b"\n"
+                       for i, (e, f) in enumerate(zip(src.entries, _files_per_sample(ctx, kind), strict=True)))
     ctx.save(SAMPLE_IDS, _writer(listing))
     secs = time.perf_counter() - t0
     files = list(dict.fromkeys([*ctx.written, *ctx.files, EXPORT_REPORT]))  # ctx.files: a plugin's own writes
     m = ctx.manifest
     rep = HiddenExportReport(format=kind, out=str(ctx.out), hidden=url, manifest_fingerprint=fingerprint,
-                             samples=len(ctx.selected), tokens=ctx.tokens, skipped_flagged=flagged,
-                             include_flagged=include_flagged, layer_ids=list(m.layer_ids.aux),
+                             samples=len(src), tokens=ctx.tokens, skipped_flagged=src.flagged,
+                             include_flagged=src.include_flagged, layer_ids=list(m.layer_ids.aux),
                              final_layer_id=m.layer_ids.final, dtype=str(ctx.dtype).removeprefix("torch."),
                              seconds=round(secs, 3), files=files)
     _atomic_save(ctx.out / EXPORT_REPORT, _writer(msgspec.json.format(encode_json(rep), indent=2) + b"\n"))
     (ctx.out / EXPORT_JOURNAL).unlink(missing_ok=True)
-    say(f"export-hidden {kind}: {len(ctx.selected)} samples, {ctx.tokens} tokens -> {ctx.out} ({secs:.1f} s)")
+    say(f"export-hidden {kind}: {len(src)} samples, {ctx.tokens} tokens -> {ctx.out} ({secs:.1f} s)")
     return rep
 
 
 def _files_per_sample(ctx: ExportContext, kind: str) -> list[str]:
     per = [f for f in ctx.files if f.endswith((".safetensors", ".ckpt", ".pt")) and f != TOKEN_FREQ]
-    if len(per) != len(ctx.selected):
-        raise RuntimeError(f"export {kind}: wrote {len(per)} sample files for {len(ctx.selected)} samples")
+    if len(per) != len(ctx.source):
+        raise RuntimeError(f"export {kind}: wrote {len(per)} sample files for {len(ctx.source)} samples")
     return per

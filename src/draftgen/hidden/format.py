@@ -49,7 +49,7 @@ import os
 import struct
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -80,6 +80,8 @@ from draftgen.store import decode_json, decode_json_object, encode_json
 if TYPE_CHECKING:
     import numpy as np
     import torch
+
+    from draftgen.hidden.stream import StreamSample
 
 __all__ = [
     "FP8_MAX",
@@ -318,7 +320,8 @@ class HiddenStore:
     def path(self, rel: str) -> str:
         return f"{self.root}/{rel}"
 
-    def _where(self, rel: str) -> str:
+    def where(self, rel: str) -> str:
+        """``rel``'s full path or URL (for messages)."""
         return f"{self.url.rstrip('/')}/{rel}" if rel else self.url
 
     # -- writing
@@ -326,7 +329,7 @@ class HiddenStore:
         if self.local:
             atomic_write_bytes(self.path(rel), data)
             return
-        with storage_faults(self._where(rel), "write"):
+        with storage_faults(self.where(rel), "write"):
             self.fs.pipe_file(self.path(rel), data)  # one put: the object appears whole or not at all
 
     def publish(self, sample_id: str, data: bytes) -> str:
@@ -346,9 +349,25 @@ class HiddenStore:
     def write_manifest(self, m: HiddenManifest) -> None:
         self._put(HiddenLayout.manifest, msgspec.json.format(encode_json(m), indent=2) + b"\n")
 
+    # -- the store as a Sink (``hidden.stream``)
+    def write(self, batch: Sequence[StreamSample]) -> None:
+        """Publish each sample's file, then ONE index part listing the batch (each sample needs its
+        ``record``): a sample is done once listed, so a death between the two only costs a redo."""
+        records: list[HiddenIndexRecord] = []
+        for s in batch:
+            if s.record is None:
+                raise ValueError(f"{s.sample_id}: a sample without its index record cannot be stored")
+            self._put(s.file, s.data)
+            records.append(s.record)
+        self.write_index_part(records)
+
+    def close(self, manifest: HiddenManifest) -> None:
+        """End of the stream: ``manifest.json``, written last."""
+        self.write_manifest(manifest)
+
     # -- reading
     def _list(self, rel: str) -> list[str]:
-        with storage_faults(self._where(rel), "list"):
+        with storage_faults(self.where(rel), "list"):
             try:
                 return [str(p) for p in self.fs.find(self.path(rel))]
             except FileNotFoundError as exc:
@@ -365,12 +384,12 @@ class HiddenStore:
         info = self._find_detail(HiddenLayout.index)
         for part in self.index_parts():
             rel = part[len(self.root) + 1:]
-            with storage_faults(self._where(rel)):
+            with storage_faults(self.where(rel)):
                 lines = self.fs.cat_file(part).splitlines()
             mtime = _mtime(info.get(rel, {}))
             for lineno, line in enumerate(lines, 1):
                 if line.strip():
-                    yield decode_json(line, HiddenIndexRecord, where=f"{self._where(rel)}:{lineno}"), mtime
+                    yield decode_json(line, HiddenIndexRecord, where=f"{self.where(rel)}:{lineno}"), mtime
 
     def done(self) -> dict[str, HiddenIndexRecord]:
         """Samples done: listed in some index part and whose published file exists, each sample ONCE (a
@@ -404,7 +423,7 @@ class HiddenStore:
 
     def _find_detail(self, rel: str) -> dict[str, dict[str, Any]]:
         """``rel``'s files (relative to the root) → their listing info (size, mtime / LastModified)."""
-        with storage_faults(self._where(rel), "list"):
+        with storage_faults(self.where(rel), "list"):
             try:
                 found = self.fs.find(self.path(rel), detail=True)
             except FileNotFoundError as exc:
@@ -415,7 +434,7 @@ class HiddenStore:
 
     def read_identity(self) -> HiddenIdentity | None:
         """``identity.json`` (the target of every sample), or None before the first sample."""
-        where = self._where(IDENTITY)
+        where = self.where(IDENTITY)
         with storage_faults(where):
             if not self.fs.exists(self.path(IDENTITY)):
                 return None
@@ -426,7 +445,7 @@ class HiddenStore:
         self._put(IDENTITY, msgspec.json.format(encode_json(ident), indent=2) + b"\n")
 
     def read_bytes(self, rel: str) -> bytes:
-        where = self._where(rel)
+        where = self.where(rel)
         with storage_faults(where):
             try:
                 data: bytes = self.fs.cat_file(self.path(rel))
@@ -436,21 +455,25 @@ class HiddenStore:
                 raise InputError(f"{where}: file not found") from None
         return data
 
-    def read_sample(self, rel: str, sha256: str = "") -> LoadedSample:
-        """The sample at ``rel``; with ``sha256`` (the index's / manifest's ``file_sha256``) its bytes are
-        verified first: a mismatch is one InputError naming the file and the fix."""
+    def read_verified(self, rel: str, sha256: str = "") -> bytes:
+        """The bytes at ``rel``; with ``sha256`` (the index's / manifest's ``file_sha256``) verified: a
+        mismatch is one InputError naming the file and the fix."""
         data = self.read_bytes(rel)
         if sha256 and bytes_digest(data) != sha256:
-            raise InputError(f"{self._where(rel)}: changed after extraction (sha256 {bytes_digest(data)[:12]}…, "
+            raise InputError(f"{self.where(rel)}: changed after extraction (sha256 {bytes_digest(data)[:12]}…, "
                              f"the index recorded {sha256[:12]}…); rerun draftgen extract (it redoes that sample)")
-        return decode_sample(data, self._where(rel))
+        return data
+
+    def read_sample(self, rel: str, sha256: str = "") -> LoadedSample:
+        """The sample at ``rel`` (``read_verified``, decoded)."""
+        return decode_sample(self.read_verified(rel, sha256), self.where(rel))
 
     def has_manifest(self) -> bool:
-        with storage_faults(self._where(HiddenLayout.manifest)):
+        with storage_faults(self.where(HiddenLayout.manifest)):
             return bool(self.fs.exists(self.path(HiddenLayout.manifest)))
 
     def read_manifest(self) -> HiddenManifest:
-        where = self._where(HiddenLayout.manifest)
+        where = self.where(HiddenLayout.manifest)
         with storage_faults(where):
             try:
                 data = self.fs.cat_file(self.path(HiddenLayout.manifest))
@@ -473,7 +496,7 @@ class HiddenStore:
             self._claim()
 
     def _claim(self) -> None:
-        where = self._where(HiddenLayout.marker)
+        where = self.where(HiddenLayout.marker)
         if self.owned():
             read_owner_marker(self.fs.cat_file(self.path(HiddenLayout.marker)), OWNER_HIDDEN_SET, where)
             return
@@ -535,10 +558,14 @@ class HiddenSet:
     def __len__(self) -> int:
         return len(self.manifest.samples)
 
+    def read_bytes(self, rel: str) -> bytes:
+        """The ONE verifying read (export-hidden, train, ``stream.Source``): the file's bytes, checked against
+        the manifest's ``file_sha256``."""
+        return self.store.read_verified(rel, self._sha.get(rel, ""))
+
     def read_sample(self, rel: str) -> LoadedSample:
-        """The ONE verifying reader (export-hidden, train): the file's bytes checked against the manifest's
-        ``file_sha256`` before decoding."""
-        return self.store.read_sample(rel, self._sha.get(rel, ""))
+        """``read_bytes``, decoded."""
+        return decode_sample(self.read_bytes(rel), self.store.where(rel))
 
     def samples(self) -> Iterator[LoadedSample]:
         for e in self.manifest.samples:

@@ -1,25 +1,23 @@
-"""The batch half of ``draftgen extract``, shared by the one-process driver (``run``) and the pools' workers.
+"""The rows and settings half of ``draftgen extract``, shared by the driver (``run``) and every worker.
 
 - ``read_merged_rows``: reads ``merged/manifest.json`` and the train shards it lists (``sample_id``,
   ``input_ids``, ``loss_mask``) → the rows in merged order, each sample once;
 - ``split_batches``: windows of merged order, sorted by length inside each, cut at ``hidden_states.batch_tokens``
-  padded tokens. Every path (one process, ``proc_pool``, ``ray_pool``) cuts the pending rows with this one
-  function, so they capture identical batches and write identical files;
+  padded tokens. The driver cuts the pending rows with this one function whatever the executor (this process,
+  ``proc_pool``, ``ray_pool``), so every path captures identical batches and writes identical files;
 - ``resume_state``: what the destination already holds for these rows: a sample is done only when published,
   indexed, its merged row still has the recorded ids/mask digest and its file the recorded bytes digest
   (checked for files modified after indexing); weight repeats (``x#repN`` with ``x``'s exact row) alias ``x``;
 - ``check_settings``: refuses a destination written with other settings (dtype, layer ids, hidden size) or
-  from another target (``identity.json``, written here before the first sample);
-- ``extract_batch``: one batch → capture → encode → check → publish each file → ONE index part.
+  from another target (``identity.json``, written here before the first sample).
 
-Reads the merged shards (``read_merged_rows``) and one stored sample (``check_settings``); writes sample files
-and index parts through ``HiddenStore`` (``extract_batch``). numpy and pyarrow are imported on use.
+Reads the merged shards (``read_merged_rows``) and one stored sample (``check_settings``); writes only
+``identity.json`` (``check_identity``). numpy and pyarrow are imported on use.
 """
 
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -27,9 +25,6 @@ from typing import TYPE_CHECKING
 from draftgen.errors import InputError, RunDirError
 from draftgen.hidden.format import (
     HiddenStore,
-    bytes_digest,
-    decode_sample,
-    encode_sample,
     require,
     row_digest,
 )
@@ -38,11 +33,10 @@ from draftgen.store import read_json
 
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
-    from draftgen.config.hidden import HiddenStatesConfig
     from draftgen.phases.extract.capture import ExtractBackend, ExtractRow, TargetInfo
     from draftgen.rundir import RunDir
 
-__all__ = ["WINDOW", "Resume", "check_identity", "check_settings", "extract_batch", "identity_of",
+__all__ = ["WINDOW", "Resume", "check_identity", "check_settings", "identity_of",
            "read_merged_rows", "repeat_base", "resume_state", "split_batches"]
 
 WINDOW = 512  # rows of merged order sorted by length together
@@ -203,36 +197,3 @@ def check_settings(store: HiddenStore, done: dict[str, HiddenIndexRecord], cfg: 
                               f"{s.aux.shape[-1]}, not {hs.dtype} and {len(info.layers.aux) * info.hidden_size} "
                               f"(hidden_states.dtype / layer_ids); {fix}")
 
-
-def extract_batch(be: ExtractBackend, store: HiddenStore, hs: HiddenStatesConfig, batch: Sequence[ExtractRow],
-                  timings: dict[str, float]) -> tuple[list[HiddenIndexRecord], int]:
-    """One batch, the same in one process and in a pool's worker (``worker.ExtractActor``): capture → encode → check the
-    bytes → publish each file → ONE index part listing them. Returns the records and the bytes written;
-    adds seconds to ``timings`` (capture/check/encode/publish)."""
-    from draftgen.phases.extract.checks import check_sample, teacher_selected
-
-    t = time.monotonic()
-    caps = be.capture(batch)
-    timings["capture"] += time.monotonic() - t
-    records: list[HiddenIndexRecord] = []
-    written = 0
-    for row, c in zip(batch, caps, strict=True):
-        t = time.monotonic()
-        data = encode_sample(c, hs.dtype)
-        timings["encode"] += time.monotonic() - t
-        t = time.monotonic()
-        res = check_sample(decode_sample(data), row, be, hs, teacher=teacher_selected(row.sample_id,
-                                                                                  hs.teacher_fraction))
-        timings["check"] += time.monotonic() - t
-        t = time.monotonic()
-        rel = store.publish(row.sample_id, data)
-        timings["publish"] += time.monotonic() - t
-        written += len(data)
-        records.append(HiddenIndexRecord(sample_id=row.sample_id, file=rel, length=len(row.input_ids),
-                                         n_loss=int(row.loss_mask.sum()), failed=res.failed, teacher=res.teacher,
-                                         row_sha256=row_digest(row.input_ids, row.loss_mask),
-                                         file_sha256=bytes_digest(data)))
-    t = time.monotonic()
-    store.write_index_part(records)
-    timings["publish"] += time.monotonic() - t
-    return records, written

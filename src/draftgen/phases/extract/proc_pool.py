@@ -1,20 +1,19 @@
 """``hidden_states.devices``: ``draftgen extract`` without Ray, one process per device (the hf backend).
 
-With two or more entries in ``hidden_states.devices`` (and ``ray`` off), ``run`` hands the PENDING rows
-(draftgen's own resume by sample_id) to ``extract_with_processes``, which:
+With two or more entries in ``hidden_states.devices`` (and ``ray`` off) the driver (``run``) runs the pending
+batches on ``Processes``, an executor (``executor``):
 
-1. cuts them into the SAME batches as one process (``batches.split_batches``), so the files are the same,
-   byte for byte;
-2. starts one spawned process per entry: ``cuda:N`` sees only GPU N (``CUDA_VISIBLE_DEVICES``) and runs the
-   target with ``device: cuda``; ``cpu`` runs it on the CPU. Each process is a ``worker.ExtractActor`` (the
-   target loaded once; per batch ``batches.extract_batch``: capture → encode → check → publish each file
-   atomically → its own index part, no shared writer);
-3. feeds the batches through one shared queue (a process that is done with a batch takes the next), and
-   collects the small result rows as Ray's driver does (``worker.collect_rows``): progress lines, a line
-   per process, a DraftgenError raised in a process comes back with its class and message.
+1. ``start`` spawns one process per entry: ``cuda:N`` sees only GPU N (``CUDA_VISIBLE_DEVICES``) and runs
+   the target with ``device: cuda``; ``cpu`` runs it on the CPU. Each process is a ``worker.PoolWorker`` (the
+   target loaded once, the destination checked; its Worker captures, checks and writes each batch: every file
+   published atomically, then its own index part, no shared writer);
+2. ``results`` feeds the batches (the driver's, so the files are the same, byte for byte, as one process's)
+   through one shared queue (a process that is done with a batch takes the next) and yields each
+   ``BatchResult`` as it comes back; a DraftgenError raised in a process comes back with its class and
+   message and is raised here; a process that dies is one error (rerun to resume);
+3. ``close`` stops every process (what they published stays; a rerun resumes).
 
-``run`` then writes manifest.json LAST, in merged order, as for one process. Ctrl-C or an error stops every
-process (what they published stays; a rerun resumes). Reads and writes nothing itself.
+Reads and writes nothing itself.
 """
 
 from __future__ import annotations
@@ -30,16 +29,22 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from draftgen.errors import ConfigError, DraftgenError
-from draftgen.phases.extract.batches import split_batches
-from draftgen.phases.extract.worker import ExtractActor, PoolResult, collect_rows, encode_batch
-from draftgen.records import HiddenIndexRecord
+from draftgen.phases.extract.worker import (
+    BatchResult,
+    PoolWorker,
+    decode_result,
+    encode_batch,
+    error_class,
+    info_from_wire,
+)
 
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
     from draftgen.hidden.format import HiddenStore
-    from draftgen.phases.extract.capture import ExtractRow
+    from draftgen.phases.extract.capture import ExtractRow, TargetInfo
+    from draftgen.records import HiddenIndexRecord
 
-__all__ = ["extract_with_processes", "validate_devices"]
+__all__ = ["Processes", "validate_devices"]
 
 _POLL_S = 0.5
 
@@ -53,77 +58,84 @@ def validate_devices(cfg: RunConfig) -> None:
             raise ConfigError(f"hidden_states.devices: {d!r} is not a device; use cuda:N or cpu")
 
 
-def _worker(cfg: RunConfig, device: str, url: str, storage_options: dict[str, Any],
-            probe: dict[str, HiddenIndexRecord], tasks: Any, results: Any) -> None:
+def _serve(cfg: RunConfig, device: str, url: str, storage_options: dict[str, Any],
+           probe: dict[str, HiddenIndexRecord], tasks: Any, results: Any) -> None:
+    """One device process: the batches of ``tasks`` (None ends them) → encoded results, then None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops every process itself
     if device.startswith("cuda:"):
         os.environ["CUDA_VISIBLE_DEVICES"] = device[5:]  # before torch loads: this process sees one GPU
     hs = msgspec.structs.replace(cfg.hidden_states, device="cuda" if device.startswith("cuda") else "cpu",
                                  device_map=None)
-    actor = ExtractActor(msgspec.structs.replace(cfg, hidden_states=hs), url, storage_options, probe)
-    actor.actor = f"{device}:{os.getpid()}"
-    while True:
-        item = tasks.get()
-        if item is None:
-            break
-        out = actor({"payload": [item]})
+    worker = PoolWorker(msgspec.structs.replace(cfg, hidden_states=hs), url, storage_options, probe)
+    worker.name = f"{device}:{os.getpid()}"
+    for out in worker.run(iter(tasks.get, None)):  # after an error result, run takes nothing more
         results.put(out)
-        if any(out["error"]):
-            break
     results.put(None)
 
 
-def _rows(out: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    keys = list(out)
-    for i in range(len(out[keys[0]])):
-        yield {k: out[k][i] for k in keys}
+class Processes:
+    """One process per ``hidden_states.devices`` entry (module docstring)."""
 
+    label = " (processes)"
+    unit = "process"
 
-def extract_with_processes(cfg: RunConfig, store: HiddenStore, pending: Sequence[ExtractRow],
-                           done: dict[str, HiddenIndexRecord], echo: Any, *, total: int,
-                           done_before: int) -> PoolResult:
-    """Extract ``pending`` with one process per ``hidden_states.devices`` entry (module docstring)."""
-    validate_devices(cfg)
-    hs = cfg.hidden_states
-    ctx = mp.get_context("spawn")
-    tasks, results = ctx.Queue(), ctx.Queue()
-    batches = list(split_batches(pending, hs.batch_tokens))
-    probe = dict([next(iter(done.items()))]) if done else {}
-    procs = [ctx.Process(target=_worker, daemon=True,
-                         args=(cfg, d, store.url, dict(hs.storage_options), probe, tasks, results))
-             for d in hs.devices]
-    t0 = time.monotonic()
-    for p in procs:
-        p.start()
-    for b in batches:
-        tasks.put(encode_batch(b))
-    for _ in procs:
-        tasks.put(None)
-    echo(f"extract (processes): {len(pending):,} of {total:,} samples to do ({done_before:,} done before) in "
-         f"{len(batches):,} batches on {len(procs)} processes ({', '.join(hs.devices)}) → {store.url}")
+    def __init__(self, cfg: RunConfig, store: HiddenStore, probe: dict[str, HiddenIndexRecord]) -> None:
+        validate_devices(cfg)
+        self.cfg, self.store, self.probe = cfg, store, probe
+        self.ctx = mp.get_context("spawn")
+        self.tasks: Any = self.ctx.Queue()
+        self.results_q: Any = self.ctx.Queue()
+        self.procs: list[Any] = []
+        self.info: TargetInfo | None = None
+        self.timings: dict[str, float] = {}
 
-    def stream() -> Iterator[dict[str, Any]]:
+    def start(self) -> None:
+        hs = self.cfg.hidden_states
+        self.procs = [self.ctx.Process(target=_serve, daemon=True,
+                                       args=(self.cfg, d, self.store.url, dict(hs.storage_options), self.probe,
+                                             self.tasks, self.results_q))
+                      for d in hs.devices]
+        for p in self.procs:
+            p.start()
+
+    def describe(self, head: str, url: str) -> list[str]:
+        devices = self.cfg.hidden_states.devices
+        return [f"extract (processes): {head} on {len(self.procs)} processes ({', '.join(devices)}) → {url}"]
+
+    def results(self, batches: Sequence[Sequence[ExtractRow]]) -> Iterator[BatchResult]:
+        for b in batches:
+            self.tasks.put(encode_batch(b))
+        for _ in self.procs:
+            self.tasks.put(None)
         finished = 0
-        while finished < len(procs):
+        while finished < len(self.procs):
             try:
-                out = results.get(timeout=_POLL_S)
+                out = self.results_q.get(timeout=_POLL_S)
             except queue.Empty:
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                dead = [p for p in self.procs if p.exitcode not in (None, 0)]
                 if dead:
-                    raise DraftgenError(f"extract: a device process died (exit {dead[0].exitcode}); rerun to resume") from None
+                    raise DraftgenError(f"extract: a device process died (exit {dead[0].exitcode}); rerun to "
+                                        "resume") from None
                 continue
             if out is None:
                 finished += 1
                 continue
-            yield from _rows(out)
+            res = decode_result(out)
+            if res.error:
+                raise error_class(res.error_class)(res.error)
+            if self.info is None and res.info:
+                self.info = info_from_wire(res.info)
+            yield res
 
-    try:
-        res = collect_rows(stream(), pending, done, echo, total, done_before, t0, label="process")
-    finally:
-        for p in procs:
+    def target(self) -> TargetInfo:
+        if self.info is None:  # every process was started for pending batches: one of them reports it
+            raise DraftgenError("extract: no device process reported the target; rerun")
+        return self.info
+
+    def close(self) -> None:
+        for p in self.procs:
             if p.is_alive():
                 p.terminate()
-        for p in procs:
-            p.join(timeout=10)
-    return res
-
+        deadline = time.monotonic() + 10
+        for p in self.procs:
+            p.join(timeout=max(0.1, deadline - time.monotonic()))

@@ -1,21 +1,26 @@
-"""``run_extract``: the merged train rows → the target's hidden states in ``draftgen.hidden/1`` (format.py).
+"""``run_extract``: the merged train rows → the target's hidden states in ``draftgen.hidden/1`` (``hidden.format``).
 
-Reads ``merged/manifest.json`` and the train shards it lists (columns ``sample_id``, ``input_ids``,
-``loss_mask``), in merged order. Skips the samples the destination already has (``HiddenStore.done``: in an
-index part and published), captures the rest with the configured backend (``capture``) in batches
-(``batches.split_batches``: rows sorted by length inside windows of merged order, up to
-``hidden_states.batch_tokens`` padded tokens), checks each stored sample (``checks``), publishes its file,
-writes one index part per batch (``batches.extract_batch``), and writes ``manifest.json`` LAST: every done
-sample in merged order, the check summary and the measured throughput. With ``hidden_states.ray`` the
-pending batches run on a Ray Data actor pool instead (``ray_pool``), with ``hidden_states.devices`` on one
-process per device (``proc_pool``); each of their workers (``worker.ExtractActor``) runs the same
-``extract_batch``; the manifest is still written here, last. Imports: run → {proc_pool, ray_pool} →
-{worker, batches}; nothing imports run back.
+merged rows → length-sorted batches → one worker → an executor → a sink:
 
-Resume: a kill at any moment loses at most the batch in flight. A temp file never counts; a published file
-no index part lists is redone (overwritten with the same bytes: capture is deterministic for a batch); the
-manifest lists each sample once. ``limit``/``pilot`` stop after that many new samples and write a manifest
-with ``complete: false`` (``plan`` reads its throughput).
+- reads ``merged/manifest.json`` and the train shards it lists (``sample_id``, ``input_ids``, ``loss_mask``)
+  in merged order (``batches.read_merged_rows``); skips what the destination validly holds
+  (``batches.resume_state``: published, indexed, same row and file digests);
+- cuts the pending rows into batches (``batches.split_batches``: rows sorted by length inside windows of
+  merged order, up to ``hidden_states.batch_tokens`` padded tokens), the same whatever runs them;
+- hands them to ONE executor (``executor``): this process (``executor.InProcess``), one process per
+  ``hidden_states.devices`` entry (``proc_pool.Processes``) or a Ray Data actor pool with
+  ``hidden_states.ray`` (``ray_pool.RayPool``), each running the same ``worker.Worker`` (capture → encode →
+  check → the sink: each file published, then one index part per batch);
+- ``drive``, the one driver loop: each ``BatchResult`` into the ``Tally`` (each sample once), progress
+  lines; then the sink's ``close``: ``manifest.json`` LAST, every done sample in merged order, the check
+  summary and the measured throughput (tokens / the results' wall-clock span).
+
+Imports: run → executor, proc_pool, ray_pool → worker → batches; nothing imports run back.
+
+Resume: a kill at any moment loses at most the two batches in flight. A temp file never counts; a published
+file no index part lists is redone (overwritten with the same bytes: capture is deterministic for a batch);
+the manifest lists each sample once. ``limit``/``pilot`` stop after that many new samples and write a
+manifest with ``complete: false`` (``plan`` reads its throughput).
 
 More than ``hidden_states.max_flagged_fraction`` flagged samples: the manifest is written, then
 ``ThresholdBroken`` (exit 3). Credentials (storage_options, AWS_* variables) are never echoed.
@@ -24,6 +29,7 @@ More than ``hidden_states.max_flagged_fraction`` flagged samples: the manifest i
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -35,16 +41,20 @@ from draftgen import __version__
 from draftgen.errors import ConfigError, ThresholdBroken
 from draftgen.hidden.format import SCHEMA, HiddenStore
 from draftgen.hidden.lock import destination_lock
+from draftgen.hidden.stream import hidden_url
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
 from draftgen.phases.extract.batches import (
     Resume,
     check_settings,
-    extract_batch,
     read_merged_rows,
     resume_state,
     split_batches,
 )
+from draftgen.phases.extract.executor import Executor, InProcess
 from draftgen.phases.extract.layers import CONVENTION
+from draftgen.phases.extract.proc_pool import Processes
+from draftgen.phases.extract.ray_pool import RayPool
+from draftgen.phases.extract.worker import TIMING_KEYS, BatchResult
 from draftgen.records import (
     HiddenChecksSummary,
     HiddenCounts,
@@ -61,7 +71,7 @@ if TYPE_CHECKING:
     from draftgen.phases.extract.capture import ExtractBackend, ExtractRow, TargetInfo
     from draftgen.tokens import Profile
 
-__all__ = ["ExtractReport", "hidden_destination", "phase_run", "run_extract"]
+__all__ = ["ExtractReport", "Tally", "drive", "phase_run", "run_extract"]
 
 
 class ExtractReport(msgspec.Struct, omit_defaults=True):
@@ -79,15 +89,6 @@ class ExtractReport(msgspec.Struct, omit_defaults=True):
     timings: dict[str, float] = msgspec.field(default_factory=dict)  # capture/check/encode/publish seconds
     bytes_written: int = 0
     replaced: int = 0  # samples held but redone: merged row changed, no digest (older draftgen), file changed
-
-
-def hidden_destination(cfg: RunConfig, rd: RunDir) -> str:
-    """``hidden_states.output`` as a URL or absolute path (relative paths from the config file); default
-    ``<run>/hidden``."""
-    out = cfg.hidden_states.output
-    if not out:
-        return str(rd.hidden)
-    return out if "://" in out else str(cfg.path(out).resolve())
 
 
 def _summary(done: dict[str, HiddenIndexRecord], fraction: float) -> HiddenChecksSummary:
@@ -164,7 +165,7 @@ def _extract(cfg: RunConfig, rd: RunDir, echo: Echo, limit: int | None, pilot: i
     if not 0.0 <= hs.teacher_fraction <= 1.0:
         raise ConfigError("hidden_states.teacher_fraction must be in [0, 1]")
     rows = read_merged_rows(rd)
-    store = HiddenStore(hidden_destination(cfg, rd), dict(hs.storage_options))
+    store = HiddenStore(hidden_url(cfg), dict(hs.storage_options))
     store.claim()  # a foreign destination is refused before anything there is deleted or written (even the lock)
     with destination_lock(store, str(rd.root)) as refresh:
         def echo_refresh(line: str) -> None:
@@ -177,8 +178,6 @@ def _extract(cfg: RunConfig, rd: RunDir, echo: Echo, limit: int | None, pilot: i
 def _extract_held(cfg: RunConfig, store: HiddenStore, rows: Sequence[ExtractRow], echo: Echo, limit: int | None,
                   pilot: int | None, backend: ExtractBackend | None) -> ExtractReport:
     """``_extract`` once the destination is held (one writer per destination)."""
-    from draftgen.phases.extract.capture import open_extract_backend
-
     hs = cfg.hidden_states
     store.clean_temps()
     res = resume_state(store, rows)
@@ -190,82 +189,104 @@ def _extract_held(cfg: RunConfig, store: HiddenStore, rows: Sequence[ExtractRow]
         pending = pending[:cap]
     done_before = sum(1 for r in rows if res.record(r.sample_id) is not None)
     t_start = time.monotonic()
+    check_settings(store, done, cfg, None)  # the backend half (and the identity) runs in each worker
     if not pending and store.has_manifest():
-        check_settings(store, done, cfg, None)
         m = store.read_manifest()
         if m.complete and m.counts.samples == len(rows):
             echo(f"extract: up to date ({len(rows):,} samples in {store.url})")
             _threshold(m, hs.max_flagged_fraction, store)
-            return _report(store, rows, done_before, 0, 0, m, 0.0, {}, 0, res.replaced)
-    if hs.ray and backend is None:
-        return _extract_ray(cfg, store, rows, pending, res, done_before, echo, pilot, t_start)
-    if len(hs.devices) > 1 and backend is None and pending:
-        return _extract_ray(cfg, store, rows, pending, res, done_before, echo, pilot, t_start, processes=True)
-    own = backend is None
-    be = open_extract_backend(cfg) if backend is None else backend
+            return _report(store, rows, done_before, Tally([], {}), m, 0.0, res.replaced)
+    batches = list(split_batches(pending, hs.batch_tokens))
+    probe = dict([next(iter(done.items()))]) if done else {}
+    executor = _executor(cfg, store, probe, backend, bool(pending))
     try:
-        check_settings(store, done, cfg, be)
-        info = be.info
-        echo(f"extract: {len(pending):,} of {len(rows):,} samples to do ({done_before:,} done before) → {store.url}; "
-             f"target {info.name} ({info.num_layers} layers, hidden {info.hidden_size}), aux layers "
-             f"{list(info.layers.aux)} + final {info.layers.final} (vLLM convention), {hs.dtype}")
-        timings = dict.fromkeys(("capture", "check", "encode", "publish"), 0.0)
-        extracted = tokens = written = 0
-        every = max(1, len(pending) // 20)
-        next_echo = every
-        t0 = time.monotonic()
-        for batch in split_batches(pending, hs.batch_tokens):
-            records, nbytes = extract_batch(be, store, hs, batch, timings)
-            written += nbytes
-            for r in records:
-                done[r.sample_id] = r
-            extracted += len(batch)
-            tokens += sum(len(r.input_ids) for r in batch)
-            if extracted >= next_echo or extracted == len(pending):
-                next_echo += every
-                rate = tokens / max(time.monotonic() - t0, 1e-9)
-                flagged_now = sum(1 for r in records if r.failed)
-                echo(f"extract: {done_before + extracted:,}/{len(rows):,} samples, {tokens:,} tokens this run, "
-                     f"{rate:,.0f} tokens/s" + (f", {flagged_now} flagged in the last batch" if flagged_now else ""))
-        loop_s = time.monotonic() - t0
-        throughput = tokens / loop_s if tokens and loop_s > 0 else None
-        if throughput is None and store.has_manifest():
-            throughput = store.read_manifest().throughput_tokens_per_s
-        man = _manifest(cfg, be.info, rows, res, throughput)
-        store.write_manifest(man)
+        executor.start()
+        head = f"{len(pending):,} of {len(rows):,} samples to do ({done_before:,} done before) in {len(batches):,} batches"
+        for line in executor.describe(head, store.url):
+            echo(line)
+        tally = drive(executor, batches, pending, done, echo, total=len(rows), done_before=done_before)
+        info = executor.target()
     finally:
-        if own:
-            be.close()
-    rep = _report(store, rows, done_before, extracted, tokens, man, time.monotonic() - t_start, timings, written,
-                  res.replaced)
+        executor.close()
+    throughput = tally.tokens / tally.seconds if tally.tokens and tally.seconds > 0 else None
+    if throughput is None and store.has_manifest():
+        throughput = store.read_manifest().throughput_tokens_per_s
+    man = _manifest(cfg, info, rows, res, throughput)
+    store.close(man)  # the sink's end: manifest.json, last
+    tally.timings.update(executor.timings)
+    rep = _report(store, rows, done_before, tally, man, time.monotonic() - t_start, res.replaced)
     _echo_summary(echo, rep, man, pilot, rows, store)
     _threshold(man, hs.max_flagged_fraction, store)
     return rep
 
 
-def _extract_ray(cfg: RunConfig, store: HiddenStore, rows: Sequence[ExtractRow], pending: Sequence[ExtractRow],
-                 res: Resume, done_before: int, echo: Echo, pilot: int | None,
-                 t_start: float, *, processes: bool = False) -> ExtractReport:
-    """``hidden_states.ray``: the pending rows on a Ray Data actor pool (``ray_pool``), or with ``processes``
-    (``hidden_states.devices``) on one process per device (``proc_pool``); each worker runs ``extract_batch``
-    and writes its own index parts; then the manifest here, last, as in one process."""
-    from draftgen.phases.extract.proc_pool import extract_with_processes
-    from draftgen.phases.extract.ray_pool import extract_with_ray
+def _executor(cfg: RunConfig, store: HiddenStore, probe: dict[str, HiddenIndexRecord],
+              backend: ExtractBackend | None, pending: bool) -> Executor:
+    """Ray with ``hidden_states.ray``, one process per device with two or more ``hidden_states.devices`` (and
+    batches to run), else this process (always with a given ``backend``)."""
+    hs = cfg.hidden_states
+    if backend is None and hs.ray:
+        return RayPool(cfg, store, probe)
+    if backend is None and pending and len(hs.devices) > 1:
+        return Processes(cfg, store, probe)
+    return InProcess(cfg, store, probe, backend)
 
-    done = res.done
-    check_settings(store, done, cfg, None)  # the backend half (and the identity) runs in each worker
-    pool_fn = extract_with_processes if processes else extract_with_ray
-    pool = pool_fn(cfg, store, pending, done, echo, total=len(rows), done_before=done_before)
-    throughput = pool.tokens / pool.seconds if pool.tokens and pool.seconds > 0 else None
-    if throughput is None and store.has_manifest():
-        throughput = store.read_manifest().throughput_tokens_per_s
-    man = _manifest(cfg, pool.info, rows, res, throughput)
-    store.write_manifest(man)
-    rep = _report(store, rows, done_before, pool.extracted, pool.tokens, man, time.monotonic() - t_start,
-                  pool.timings, pool.written, res.replaced)
-    _echo_summary(echo, rep, man, pilot, rows, store)
-    _threshold(man, cfg.hidden_states.max_flagged_fraction, store)
-    return rep
+
+class Tally:
+    """What the results add up to. Each pending sample counts ONCE: a record of a sample already done, or
+    not pending, is a re-run task's repeat (Ray re-ran a task of a killed actor: the same file, written
+    again) and is skipped. ``seconds``: the results' wall-clock span, first batch begun to last ended, over
+    every worker (their start-up, mostly loading the target, is not in it)."""
+
+    def __init__(self, pending: Sequence[ExtractRow], done: dict[str, HiddenIndexRecord]) -> None:
+        self.length = {r.sample_id: len(r.input_ids) for r in pending}
+        self.done = done
+        self.timings: dict[str, float] = dict.fromkeys(TIMING_KEYS, 0.0)
+        self.per_worker: Counter[str] = Counter()
+        self.extracted = self.tokens = self.written = 0
+        self.began, self.ended = math.inf, -math.inf
+
+    def add(self, res: BatchResult) -> None:
+        self.began, self.ended = min(self.began, res.began), max(self.ended, res.ended)
+        for k, v in res.timings.items():
+            self.timings[k] = self.timings.get(k, 0.0) + v
+        self.written += res.written
+        for rec in res.records:
+            if rec.sample_id in self.done or rec.sample_id not in self.length:
+                continue
+            self.done[rec.sample_id] = rec
+            self.per_worker[res.worker] += 1
+            self.extracted += 1
+            self.tokens += self.length[rec.sample_id]
+
+    @property
+    def seconds(self) -> float:
+        return max(self.ended - self.began, 0.0) if self.extracted else 0.0
+
+
+def drive(executor: Executor, batches: Sequence[Sequence[ExtractRow]], pending: Sequence[ExtractRow],
+           done: dict[str, HiddenIndexRecord], echo: Echo, *, total: int, done_before: int) -> Tally:
+    """THE driver loop, whatever the executor: each result into the tally (adds to ``done``), a progress
+    line every ~5% of the pending samples, then one line per worker of a pool."""
+    tally = Tally(pending, done)
+    every = max(1, len(pending) // 20)
+    next_echo = every
+    t0 = time.monotonic()
+    first: float | None = None
+    for res in executor.results(batches):
+        first = time.monotonic() - t0 if first is None else first
+        tally.add(res)
+        if tally.extracted >= next_echo or (pending and tally.extracted == len(pending)):
+            next_echo = tally.extracted + every
+            flagged = sum(1 for r in res.records if r.failed)
+            echo(f"extract{executor.label}: {done_before + tally.extracted:,}/{total:,} samples, {tally.tokens:,} "
+                 f"tokens this run, {tally.tokens / max(time.monotonic() - t0, 1e-9):,.0f} tokens/s"
+                 + (f", {flagged} flagged in the last batch" if flagged else ""))
+    if executor.unit:
+        for worker, n in sorted(tally.per_worker.items()):
+            echo(f"extract{executor.label}: {executor.unit} {worker}: {n:,} samples")
+    tally.timings.update(first_result=first or 0.0, pool=time.monotonic() - t0)
+    return tally
 
 
 def _threshold(man: HiddenManifest, limit: float, store: HiddenStore) -> None:
@@ -277,14 +298,14 @@ def _threshold(man: HiddenManifest, limit: float, store: HiddenStore) -> None:
                               f"stored, and listed in {store.url}/{HiddenLayout.manifest} (checks.flagged_sample_ids)")
 
 
-def _report(store: HiddenStore, rows: Sequence[ExtractRow], done_before: int, extracted: int, tokens: int,
-            man: HiddenManifest, elapsed: float, timings: dict[str, float], written: int,
-            replaced: int) -> ExtractReport:
-    return ExtractReport(output=store.url, samples=len(rows), done_before=done_before, extracted=extracted,
-                         tokens=tokens, flagged=man.counts.flagged, failed_by_check=man.checks.failed_by_check,
+def _report(store: HiddenStore, rows: Sequence[ExtractRow], done_before: int, tally: Tally, man: HiddenManifest,
+            elapsed: float, replaced: int) -> ExtractReport:
+    return ExtractReport(output=store.url, samples=len(rows), done_before=done_before, extracted=tally.extracted,
+                         tokens=tally.tokens, flagged=man.counts.flagged, failed_by_check=man.checks.failed_by_check,
                          teacher_checked=man.checks.teacher_checked, complete=man.complete,
                          throughput_tokens_per_s=man.throughput_tokens_per_s, elapsed_s=elapsed,
-                         timings=timings, bytes_written=written, replaced=replaced)
+                         timings=tally.timings,
+                         bytes_written=tally.written, replaced=replaced)
 
 
 def _echo_replaced(echo: Echo, res: Resume) -> None:

@@ -1,50 +1,91 @@
-"""The worker half of ``draftgen extract``'s pools, shared by ``ray_pool`` (Ray actors) and ``proc_pool``
-(one process per device), and the driver's collector of what the workers return.
+"""The one worker of ``draftgen extract``: batches of merged rows → captured, encoded, checked samples → a sink.
 
-- ``encode_batch`` / ``decode_batch``: one draftgen batch on the wire (msgpack: sample ids, ids and masks as
-  raw int64/uint8 bytes), driver → worker;
-- ``ExtractActor``: one worker; per batch ``batches.extract_batch`` (capture → encode → check → publish each
-  file → its own index part); it returns small column rows (``dict[str, numpy array]``, Ray Data's batch
-  format): the ``HiddenIndexRecord`` as JSON, the worker, bytes and seconds, once the ``TargetInfo``
-  (``info_to_wire``), or one error row (a DraftgenError's class and message);
-- ``collect_rows``: the driver's half: those rows → ``done``, progress lines, a line per worker, a
-  ``PoolResult``; an error row is raised again with its own class (``error_class``).
+``Worker`` holds the loaded capture backend and the destination (``HiddenStore``, a ``hidden.stream.Sink``);
+every executor runs it (``executor.InProcess`` here, ``proc_pool`` in each device process, ``ray_pool`` in each
+actor). Per batch:
 
-Reads and writes nothing itself (the worker writes through ``HiddenStore``). torch and numpy are imported
-on use.
+1. ``capture``: the backend's states of the batch (the target's forward);
+2. ``finish``: each sample encoded once (``encode_sample``: the bytes that are checked, hashed and published),
+   checked on those bytes decoded (``checks``), then the batch written to the sink as ``StreamSample``s (each
+   file published atomically, then ONE index part listing them). Returns a ``BatchResult`` (the index
+   records, bytes written, seconds per step, the wall-clock span).
+
+``run(batches)`` overlaps the two when the backend allows it (``ExtractCapabilities.overlap``): while one
+thread finishes batch k, the caller's thread captures batch k+1 (the target's forward is the costly part;
+encoding, checks and file writes hide behind it). Results come back in batch order; at most two batches are
+in flight (a kill loses at most those). Without overlap the steps run one after the other.
+
+``PoolWorker`` is a Worker in another process: it opens its own store and backend from the config, checks
+the destination against them (``batches.check_settings``), takes batches as msgpack (``encode_batch``) and
+returns each ``BatchResult`` as msgpack (``encode_result``), the first one with the target's ``TargetInfo``
+(``info_to_wire``); a DraftgenError becomes one result with its class and message (``error_class`` raises it
+again in the driver). Writes through the store only. torch and numpy are imported on use.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import time
-from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from draftgen import errors
 from draftgen.errors import DraftgenError
-from draftgen.hidden.format import require
+from draftgen.hidden.format import (
+    HiddenStore,
+    bytes_digest,
+    decode_sample,
+    encode_sample,
+    require,
+    row_digest,
+    sample_path,
+)
+from draftgen.hidden.stream import StreamSample
 from draftgen.records import HiddenIndexRecord
-from draftgen.store import decode_json, encode_json
 
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
-    from draftgen.phases.extract.capture import ExtractRow, TargetInfo
+    from draftgen.hidden.format import Captured
+    from draftgen.phases.extract.capture import ExtractBackend, ExtractRow, TargetInfo
 
-__all__ = ["TIMING_KEYS", "ExtractActor", "PoolResult", "collect_rows", "decode_batch", "encode_batch",
-           "error_class", "info_from_wire", "info_to_wire"]
+__all__ = ["TIMING_KEYS", "BatchResult", "PoolWorker", "Worker", "decode_batch", "decode_result", "encode_batch",
+           "encode_result", "error_class", "info_from_wire", "info_to_wire"]
 
 TIMING_KEYS = ("capture", "check", "encode", "publish")
 
 
+class BatchResult(msgspec.Struct, kw_only=True):
+    """One batch done by a worker: its index records (in batch order), the bytes it wrote, its seconds per
+    step, and its wall-clock span (``time.time``: spans are compared over processes and hosts). From a
+    pool: ``worker`` names it, ``info`` (its first result only) is its ``TargetInfo`` (``info_to_wire``),
+    ``error``/``error_class`` a DraftgenError instead of records."""
+
+    records: list[HiddenIndexRecord] = msgspec.field(default_factory=list)
+    written: int = 0
+    timings: dict[str, float] = msgspec.field(default_factory=dict)
+    began: float = 0.0
+    ended: float = 0.0
+    worker: str = ""
+    info: bytes = b""
+    error: str = ""
+    error_class: str = ""
+
+
+def encode_result(r: BatchResult) -> bytes:
+    return msgspec.msgpack.encode(r)
+
+
+def decode_result(data: bytes) -> BatchResult:
+    return msgspec.msgpack.decode(data, type=BatchResult)
+
+
 class _Info(msgspec.Struct):
-    """``TargetInfo`` on the wire (actor → driver); ``norm_weight`` as raw float32 bytes."""
+    """``TargetInfo`` on the wire (worker → driver); ``norm_weight`` as raw float32 bytes."""
 
     name: str
     revision: str | None
@@ -97,125 +138,140 @@ def error_class(name: str) -> type[DraftgenError]:
     return cls if isinstance(cls, type) and issubclass(cls, DraftgenError) else DraftgenError
 
 
-class ExtractActor:
-    """One worker of a pool (a Ray actor, or one ``proc_pool`` process): the target loaded once
-    (``open_extract_backend``), the destination opened and checked (``batches.check_settings`` on the probe),
-    and per Ray batch (one item = one draftgen batch) ``batches.extract_batch``. Its output rows: ``record`` (the
-    HiddenIndexRecord as JSON bytes), ``actor``, ``written`` and ``t_<timing>`` (the batch's bytes and
-    seconds, on its first row), ``info`` (the TargetInfo, on this actor's first row only), ``error`` / ``error_class``
-    (a DraftgenError, as one row, instead of any record)."""
+@dataclass
+class _Captured:
+    """A batch's rows and their captured states, when and how long the capture took."""
+
+    rows: Sequence[ExtractRow]
+    caps: list[Captured]
+    began: float
+    seconds: float
+
+
+class Worker:
+    """See the module docstring. ``Worker.open`` loads the configured backend (or takes one) and checks the
+    destination; ``close`` closes a backend it loaded."""
+
+    def __init__(self, cfg: RunConfig, store: HiddenStore, backend: ExtractBackend, *, overlap: bool,
+                 own: bool = False) -> None:
+        self.hs = cfg.hidden_states
+        self.store = store
+        self.backend = backend
+        self.overlap = overlap
+        self.own = own
+
+    @classmethod
+    def open(cls, cfg: RunConfig, store: HiddenStore, probe: dict[str, HiddenIndexRecord],
+             backend: ExtractBackend | None = None) -> Worker:
+        """The worker for ``cfg`` writing to ``store``: the configured backend loaded (unless ``backend`` is
+        given: then no overlap, nothing is known of its threads), the destination checked against it with
+        one done sample of ``probe`` (``check_settings``: identity.json is written here on a new set)."""
+        from draftgen.phases.extract.batches import check_settings
+        from draftgen.phases.extract.capture import backend_capabilities, open_extract_backend
+
+        own = backend is None
+        be = open_extract_backend(cfg) if backend is None else backend
+        try:
+            check_settings(store, probe, cfg, be)
+        except BaseException:
+            if own:
+                be.close()
+            raise
+        return cls(cfg, store, be, overlap=own and backend_capabilities(cfg).overlap, own=own)
+
+    def close(self) -> None:
+        if self.own:
+            self.backend.close()
+
+    def capture(self, rows: Sequence[ExtractRow]) -> _Captured:
+        began, t = time.time(), time.monotonic()
+        caps = self.backend.capture(rows)
+        return _Captured(rows=rows, caps=caps, began=began, seconds=time.monotonic() - t)
+
+    def finish(self, c: _Captured) -> BatchResult:
+        """Encode → check → write the batch to the sink (see the module docstring)."""
+        from draftgen.phases.extract.checks import check_sample, teacher_selected
+
+        hs, be = self.hs, self.backend
+        timings = dict.fromkeys(TIMING_KEYS, 0.0)
+        timings["capture"] = c.seconds
+        samples: list[StreamSample] = []
+        for row, cap in zip(c.rows, c.caps, strict=True):
+            t = time.monotonic()
+            data = encode_sample(cap, hs.dtype)
+            t2 = time.monotonic()
+            res = check_sample(decode_sample(data), row, be, hs, teacher=teacher_selected(row.sample_id,
+                                                                                      hs.teacher_fraction))
+            timings["encode"] += t2 - t
+            timings["check"] += time.monotonic() - t2
+            file = sample_path(row.sample_id)
+            rec = HiddenIndexRecord(sample_id=row.sample_id, file=file, length=len(row.input_ids),
+                                    n_loss=int(row.loss_mask.sum()), failed=res.failed, teacher=res.teacher,
+                                    row_sha256=row_digest(row.input_ids, row.loss_mask),
+                                    file_sha256=bytes_digest(data))
+            samples.append(StreamSample(sample_id=row.sample_id, file=file, data=data, length=len(row.input_ids),
+                                        record=rec))
+        t = time.monotonic()
+        self.store.write(samples)
+        timings["publish"] = time.monotonic() - t
+        return BatchResult(records=[s.record for s in samples if s.record is not None],
+                           written=sum(len(s.data) for s in samples), timings=timings, began=c.began,
+                           ended=time.time())
+
+    def run(self, batches: Iterable[Sequence[ExtractRow]]) -> Iterator[BatchResult]:
+        """Each batch's result, in batch order (see the module docstring for the overlap)."""
+        if not self.overlap:
+            for rows in batches:
+                yield self.finish(self.capture(rows))
+            return
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftgen-extract-finish") as pool:
+            ahead: Future[BatchResult] | None = None
+            for rows in batches:
+                captured = self.capture(rows)
+                done = ahead.result() if ahead is not None else None
+                ahead = pool.submit(self.finish, captured)  # the thread starts on it before we hand back done
+                if done is not None:
+                    yield done
+            if ahead is not None:
+                yield ahead.result()
+
+
+class PoolWorker:
+    """A Worker in a pool's process (see the module docstring): ``run(payloads)`` for a stream of batches
+    (``proc_pool``), ``__call__`` for one Ray Data batch of items (``ray_pool``)."""
 
     def __init__(self, cfg: RunConfig, url: str, storage_options: dict[str, Any],
                  probe: dict[str, HiddenIndexRecord]) -> None:
-        self.actor = f"{socket.gethostname()}:{os.getpid()}"
-        self.hs = cfg.hidden_states
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
         self.error: DraftgenError | None = None
         self.info_sent = False
+        self.worker: Worker | None = None
         try:
             torch = require("torch")
-            torch.set_num_threads(max(1, int(self.hs.num_cpus_per_worker)))
-            from draftgen.hidden.format import HiddenStore
-            from draftgen.phases.extract.batches import check_settings
-            from draftgen.phases.extract.capture import open_extract_backend
-
-            self.store = HiddenStore(url, storage_options)
-            self.be = open_extract_backend(cfg)
-            check_settings(self.store, probe, cfg, self.be)
+            torch.set_num_threads(max(1, int(cfg.hidden_states.num_cpus_per_worker)))
+            self.worker = Worker.open(cfg, HiddenStore(url, storage_options), probe)
         except DraftgenError as exc:
             self.error = exc
 
-    def _err(self, exc: DraftgenError) -> dict[str, Any]:
-        np = require("numpy")
-        row: dict[str, Any] = {"record": [b""], "actor": [self.actor], "written": [0], "info": [b""],
-                               "error": [str(exc)], "error_class": [type(exc).__name__]}
-        row.update({f"t_{k}": [0.0] for k in (*TIMING_KEYS, "began", "ended")})
-        return {k: np.array(v, dtype=object if k in ("record", "info") else None) for k, v in row.items()}
+    def _failed(self, exc: DraftgenError) -> bytes:
+        return encode_result(BatchResult(worker=self.name, error=str(exc), error_class=type(exc).__name__))
+
+    def run(self, payloads: Iterable[bytes]) -> Iterator[bytes]:
+        """Each batch's encoded result; after an error result nothing more is taken."""
+        if self.error is not None or self.worker is None:
+            yield self._failed(self.error or DraftgenError("extract: the worker did not start"))
+            return
+        w = self.worker
+        try:
+            for res in w.run(decode_batch(p) for p in payloads):
+                res.worker = self.name
+                if not self.info_sent:
+                    res.info, self.info_sent = info_to_wire(w.backend.info), True
+                yield encode_result(res)
+        except DraftgenError as exc:
+            yield self._failed(exc)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         np = require("numpy")
-        from draftgen.phases.extract.batches import extract_batch
-
-        if self.error is not None:
-            return self._err(self.error)
-        out: dict[str, list[Any]] = {k: [] for k in ("record", "actor", "written", "info", "error", "error_class",
-                                                     "began", "ended", *(f"t_{k}" for k in TIMING_KEYS))}
-        for payload in batch["payload"]:
-            rows = decode_batch(bytes(payload))
-            timings = dict.fromkeys(TIMING_KEYS, 0.0)
-            began = time.time()  # wall clock: the driver spans the pool's work over all actors
-            try:
-                records, nbytes = extract_batch(self.be, self.store, self.hs, rows, timings)
-            except DraftgenError as exc:
-                return self._err(exc)
-            ended = time.time()
-            for i, rec in enumerate(records):
-                out["record"].append(encode_json(rec))
-                out["actor"].append(self.actor)
-                out["written"].append(nbytes if i == 0 else 0)
-                out["info"].append(b"" if self.info_sent else info_to_wire(self.be.info))
-                self.info_sent = True
-                out["error"].append("")
-                out["error_class"].append("")
-                out["began"].append(began)
-                out["ended"].append(ended)
-                for k in TIMING_KEYS:
-                    out[f"t_{k}"].append(timings[k] if i == 0 else 0.0)
-        return {k: np.array(v, dtype=object if k in ("record", "info") else None) for k, v in out.items()}
-
-
-@dataclass
-class PoolResult:
-    """What a pool hands back to ``run``: the target it ran and the totals of this run."""
-
-    info: TargetInfo
-    extracted: int = 0
-    tokens: int = 0
-    written: int = 0
-    seconds: float = 0.0  # first batch begun → last batch ended, over all actors: throughput = tokens / seconds
-    timings: dict[str, float] = field(default_factory=dict)  # summed over actors; ray_init, first_result, pool
-    per_actor: dict[str, int] = field(default_factory=dict)  # samples per actor
-
-
-def collect_rows(rows: Iterable[dict[str, Any]], pending: Sequence[ExtractRow], done: dict[str, HiddenIndexRecord],
-                 echo: Any, total: int, done_before: int, t0: float, *, label: str) -> PoolResult:
-    """The driver's half of a pool (Ray's actors, or ``proc_pool``'s processes): the workers' result rows as
-    they stream in (see ``ExtractActor``) → ``done``, progress lines, a line per worker, the PoolResult."""
-    length = {r.sample_id: len(r.input_ids) for r in pending}
-    res_info: TargetInfo | None = None
-    timings = dict.fromkeys(TIMING_KEYS, 0.0)
-    per_actor: Counter[str] = Counter()
-    extracted = tokens = written = 0
-    every = max(1, len(pending) // 20)
-    next_echo = every
-    first: float | None = None
-    began, ended = math.inf, -math.inf
-    for row in rows:
-        if row["error"]:
-            raise error_class(str(row["error_class"]))(str(row["error"]))
-        if first is None:
-            first = time.monotonic() - t0
-        began, ended = min(began, float(row["began"])), max(ended, float(row["ended"]))
-        if res_info is None and row["info"]:
-            res_info = info_from_wire(bytes(row["info"]))
-        rec = decode_json(bytes(row["record"]), HiddenIndexRecord, where="ray actor result")
-        for k in TIMING_KEYS:
-            timings[k] += float(row[f"t_{k}"])
-        written += int(row["written"])
-        if rec.sample_id in done or rec.sample_id not in length:
-            continue  # a retried task's repeat (Ray restarted an actor): the same file, listed once
-        done[rec.sample_id] = rec
-        per_actor[str(row["actor"])] += 1
-        extracted += 1
-        tokens += length[rec.sample_id]
-        if extracted >= next_echo or extracted == len(pending):
-            next_echo += every
-            echo(f"extract: {done_before + extracted:,}/{total:,} samples, {tokens:,} tokens this run, "
-                 f"{tokens / max(time.monotonic() - t0, 1e-9):,.0f} tokens/s")
-    seconds = max(ended - began, 0.0) if extracted else 0.0
-    for actor, n in sorted(per_actor.items()):
-        echo(f"extract ({'ray' if label == 'actor' else 'processes'}): {label} {actor}: {n:,} samples")
-    if res_info is None:  # every row came from workers that had already reported (cannot happen on a fresh pool)
-        raise DraftgenError(f"extract: no {label} reported the target; rerun")
-    timings.update(first_result=first or 0.0, pool=time.monotonic() - t0)
-    return PoolResult(info=res_info, extracted=extracted, tokens=tokens, written=written, seconds=seconds,
-                      timings=timings, per_actor=dict(per_actor))
+        out = list(self.run(bytes(p) for p in batch["payload"]))
+        return {"result": np.array(out, dtype=object)}

@@ -1,23 +1,26 @@
 """``train/inputs/``: what speculators reads, WITHOUT a second copy of the hidden states (``draftgen train``).
 
-Reads a finished local ``draftgen.hidden/1`` set (only each sample file's ``input_ids`` and ``loss_mask``
-tensors and its metadata, through safetensors' lazy ``safe_open``) and writes, under ``out``, only what is
-small:
+Reads a finished local ``draftgen.hidden/1`` set as a ``hidden.stream.Source`` (its samples in manifest order,
+flagged ones left out; ``Source.token_rows``: only each file's ``input_ids`` and ``loss_mask``, through
+safetensors' lazy ``safe_open``) and writes, under ``out``, only what is small:
 
     dataset_info.json, state.json, data-*.arrow   speculators' Arrow dataset (``datasets.save_to_disk``:
                                                   ``input_ids`` int64, ``loss_mask`` int64, ``seq_len``)
     token_freq.pt        ``torch.save`` {token id: count} over loss_mask == 1 (the draft vocabulary)
-    draftgen_states.json ``StatesMap``: the set's absolute root, the per-sample state files in dataset order,
-                         the aux layer count and the dtype speculators gets the states in
+    draftgen_states.json ``StatesMap``: the set's absolute root, the per-sample state files in dataset order
+                         with their sha256 (the manifest's), the aux layer count and the dtype speculators
+                         gets the states in
     sample_ids.jsonl     ``HiddenExportSample`` lines (index, sample_id, state file): provenance
     export.json          ``HiddenExportReport`` (format ``speculators-index``), written last
 
-``speculators_runner.py --draftgen-states draftgen_states.json`` makes speculators' file transfer read
-sample ``i`` from ``root/files[i]`` and build its ``[T, n_aux+1, H]`` tensor in memory, exactly as the
-``speculators`` export (hidden.exports) writes it to ``hs_{i}.safetensors``. Sample ``i`` is the i-th
-unflagged sample of the manifest, as in that export. A ``hidden_states/`` folder an earlier (copying)
-draftgen left here is removed. A set on an object store is not handled here (``build_index`` returns None):
-``draftgen train`` then falls back to the full speculators export.
+``speculators_runner.py --draftgen-states draftgen_states.json`` is the rest of the Source, in speculators'
+own Python: its file transfer reads sample ``i`` from ``root/files[i]``, VERIFIES the bytes against
+``sha256[i]`` (a file changed after extraction stops training with a line naming it and the fix) and builds
+its ``[T, n_aux+1, H]`` tensor in memory, exactly as the ``speculators`` export (hidden.exports) writes it to
+``hs_{i}.safetensors``. Sample ``i`` is the i-th unflagged sample of the manifest, as in that export. A
+``hidden_states/`` folder an earlier (copying) draftgen left here is removed. A set on an object store is not
+handled here (``build_index`` returns None): ``draftgen train`` then falls back to the full speculators
+export (a sink fed by the same Source).
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from draftgen.hidden.exports import (
     TOKEN_FREQ,
     manifest_fingerprint,
 )
-from draftgen.hidden.format import SCHEMA, HiddenSet, atomic_write_bytes, require, storage_faults
+from draftgen.hidden.format import HiddenSet, atomic_write_bytes, require, storage_faults
+from draftgen.hidden.stream import Source
 from draftgen.records import HiddenExportReport, HiddenExportSample
 from draftgen.store import atomic_write_json, encode_json, read_json
 
@@ -52,12 +56,14 @@ STATES_FLAG = "--draftgen-states"  # the runner's flag (speculators_runner.STATE
 
 
 class StatesMap(msgspec.Struct, forbid_unknown_fields=True):
-    """``draftgen_states.json``: dataset row ``i`` reads ``root/files[i]`` (a ``draftgen.hidden/1`` file)."""
+    """``draftgen_states.json``: dataset row ``i`` reads ``root/files[i]`` (a ``draftgen.hidden/1`` file), whose
+    bytes must have sha256 ``sha256[i]`` (the manifest's ``file_sha256``; "" = not recorded, not checked)."""
 
     root: str
     files: list[str]
     n_aux: int
     dtype: str  # torch dtype name the states go to speculators in ("bfloat16", "float16", "float32")
+    sha256: list[str] = msgspec.field(default_factory=list)
 
 
 def speculators_dtype(set_dtype: str) -> str:
@@ -79,18 +85,6 @@ def _up_to_date(out: Path, fingerprint: str, root: str) -> HiddenExportReport | 
     return rep if same else None
 
 
-def _ids_and_mask(path: str, sample_id: str) -> tuple[Any, Any]:
-    st = require("safetensors")
-    with storage_faults(path), st.safe_open(path, framework="pt") as fh:
-        meta = fh.metadata() or {}
-        names = set(fh.keys())
-        if meta.get("schema") != SCHEMA or not {"input_ids", "loss_mask", "aux", "final"} <= names:
-            raise InputError(f"{path}: not a {SCHEMA} sample file; rerun draftgen extract for it")
-        if meta.get("sample_id") and meta["sample_id"] != sample_id:
-            raise InputError(f"{path}: holds sample {meta['sample_id']!r}, the manifest says {sample_id!r}")
-        return fh.get_tensor("input_ids"), fh.get_tensor("loss_mask")
-
-
 def _save_dataset(out: Path, rows: dict[str, list[Any]]) -> None:
     datasets = require("datasets", "hub")
     features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int64")),
@@ -110,29 +104,28 @@ def _save_dataset(out: Path, rows: dict[str, list[Any]]) -> None:
 
 
 def build_index(hset: HiddenSet, out: Path, echo: Any = None) -> HiddenExportReport | None:
-    """Write ``out`` (see the module docstring) for the local set ``hset``; None when it is not local."""
+    """Write ``out`` (see the module docstring) for the local set ``hset``, read as a ``hidden.stream.Source``;
+    None when it is not local."""
     if not hset.store.local:
         return None
     torch = require("torch")
-    m = hset.manifest
+    src = Source(hset)
+    m = src.manifest
     fingerprint = manifest_fingerprint(m)
     root = os.path.abspath(hset.store.root)
     done = _up_to_date(out, fingerprint, root)
     if done is not None:
         return done
-    flagged = set(m.checks.flagged_sample_ids)
-    selected = [(e.sample_id, e.file) for e in m.samples if e.sample_id not in flagged]
-    if not selected:
+    if not len(src):
         raise InputError(f"{hset.store.url}: no sample to train on ({len(m.samples)} in the manifest, "
-                         f"{len(flagged)} flagged)")
+                         f"{src.flagged} flagged)")
     out.mkdir(parents=True, exist_ok=True)
     (out / EXPORT_REPORT).unlink(missing_ok=True)
     shutil.rmtree(out / SPECULATORS_STATES, ignore_errors=True)  # an earlier draftgen's full copy
     t0 = time.perf_counter()
     rows: dict[str, list[Any]] = {"input_ids": [], "loss_mask": [], "seq_len": []}
     freq: dict[int, int] = {}
-    for sid, rel in selected:
-        ids, mask = _ids_and_mask(hset.store.path(rel), sid)
+    for _i, _e, ids, mask in src.token_rows():
         ids, mask = ids.to(torch.int64), mask.to(torch.int64)
         rows["input_ids"].append(ids.tolist())
         rows["loss_mask"].append(mask.tolist())
@@ -144,20 +137,20 @@ def build_index(hset: HiddenSet, out: Path, echo: Any = None) -> HiddenExportRep
         buf = io.BytesIO()
         torch.save(freq, buf)
         atomic_write_bytes(out / TOKEN_FREQ, buf.getvalue())
-        smap = StatesMap(root=root, files=[rel for _, rel in selected],
-                         n_aux=len(m.layer_ids.aux), dtype=speculators_dtype(m.dtype))
+        smap = StatesMap(root=root, files=[e.file for e in src.entries], n_aux=len(m.layer_ids.aux),
+                         dtype=speculators_dtype(m.dtype), sha256=[e.file_sha256 for e in src.entries])
         atomic_write_bytes(out / STATES_MAP, encode_json(smap))
         atomic_write_bytes(out / SAMPLE_IDS, b"".join(
-            encode_json(HiddenExportSample(index=i, sample_id=sid, file=rel)) + b"\n"
-            for i, (sid, rel) in enumerate(selected)))
+            encode_json(HiddenExportSample(index=i, sample_id=e.sample_id, file=e.file)) + b"\n"
+            for i, e in enumerate(src.entries)))
     tokens = sum(rows["seq_len"])
     secs = time.perf_counter() - t0
     rep = HiddenExportReport(format=INDEX_FORMAT, out=str(out), hidden=hset.store.url,
-                             manifest_fingerprint=fingerprint, samples=len(selected), tokens=tokens,
-                             skipped_flagged=len(flagged), include_flagged=False, layer_ids=list(m.layer_ids.aux),
+                             manifest_fingerprint=fingerprint, samples=len(src), tokens=tokens,
+                             skipped_flagged=src.flagged, include_flagged=False, layer_ids=list(m.layer_ids.aux),
                              final_layer_id=m.layer_ids.final, dtype=smap.dtype, seconds=round(secs, 3))
     atomic_write_json(out / EXPORT_REPORT, rep)
     if echo is not None:
-        echo(f"train: indexed {len(selected)} samples, {tokens} tokens of {hset.store.url} -> {out} "
+        echo(f"train: indexed {len(src)} samples, {tokens} tokens of {hset.store.url} -> {out} "
              f"(states read in place, {secs:.1f} s)")
     return rep

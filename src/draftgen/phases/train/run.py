@@ -212,13 +212,14 @@ def run_train(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = N
 
 
 def _train(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> TrainReport:
-    from draftgen.hidden.exports import export_hidden, hidden_url
+    from draftgen.hidden.exports import export_hidden
     from draftgen.hidden.format import open_hidden
+    from draftgen.hidden.stream import hidden_url
     from draftgen.phases.train.inputs import INDEX_FORMAT, STATES_FLAG, STATES_MAP, build_index
 
     tc = cfg.train  # its values are checked at config load (TrainConfig.__post_init__)
     python = find_speculators_python(tc.speculators)
-    url = tc.hidden if tc.hidden and "://" in tc.hidden else (str(cfg.path(tc.hidden)) if tc.hidden else hidden_url(cfg))
+    url = hidden_url(cfg, tc.hidden)
     hset = open_hidden(url, dict(cfg.hidden_states.storage_options))
     manifest = hset.manifest
     verifier = _resolve_verifier(cfg, manifest.target.name)

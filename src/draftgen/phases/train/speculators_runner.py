@@ -16,9 +16,11 @@ things:
   once ``--max-steps`` is reached; here an epoch starts only while steps remain.
 - ``--draftgen-states FILE`` (a runner flag, removed before speculators parses the rest): the hidden states
   are read where draftgen's extract wrote them, never copied. FILE is ``draftgen_states.json`` (root, the
-  per-sample ``draftgen.hidden/1`` files in dataset order, n_aux, dtype; draftgen's phases/train/inputs.py
-  writes it next to the Arrow dataset). speculators' file backend (``hs_connectors.transfer.FileBackend``)
-  then returns a transfer whose ``get_cached(i)`` reads ``root/files[i]`` and builds in memory exactly what
+  per-sample ``draftgen.hidden/1`` files in dataset order with their sha256, n_aux, dtype; draftgen's
+  phases/train/inputs.py writes it next to the Arrow dataset). speculators' file backend
+  (``hs_connectors.transfer.FileBackend``) then returns a transfer whose ``get_cached(i)`` reads
+  ``root/files[i]``, verifies its bytes against the recorded sha256 (``verify``: a changed file stops
+  training with one line naming it and the fix) and builds in memory exactly what
   draftgen's speculators export writes to ``hs_{i}.safetensors`` (``to_speculators``: aux dequantized with
   ``aux_scale`` for fp8, split into n_aux slots in ascending layer order, the PRE-norm final last, cast to
   dtype; ``token_ids`` int64). Nothing else of the trainer is changed.
@@ -26,6 +28,7 @@ things:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import sys
@@ -81,6 +84,18 @@ def to_speculators(t: dict[str, Any], n_aux: int, dtype: Any) -> dict[str, Any]:
     return {"hidden_states": hs, "token_ids": t["input_ids"].to(torch.int64).contiguous()}
 
 
+class ChangedStateFile(RuntimeError):
+    """A state file whose bytes are not the ones extract indexed (its message names the file and the fix)."""
+
+
+def verify(data: bytes, sha256: str, path: str) -> None:
+    """``data`` (read from ``path``) must have the recorded ``sha256`` ("" = not recorded: not checked)."""
+    got = hashlib.sha256(data).hexdigest()
+    if sha256 and got != sha256:
+        raise ChangedStateFile(f"{path}: changed after extraction (sha256 {got[:12]}…, the index recorded "
+                               f"{sha256[:12]}…); rerun draftgen extract (it redoes that sample)")
+
+
 class StatesTransfer:
     """speculators' hidden-states transfer (``get_cached(i)``, the only call with ``--on-missing raise``) over
     draftgen's state files: row i is ``root/files[i]``. A plain module-level class holding strings, so that
@@ -90,6 +105,7 @@ class StatesTransfer:
         with open(map_path, encoding="utf-8") as fh:
             smap = json.load(fh)
         self.root, self.files = str(smap["root"]), [str(f) for f in smap["files"]]
+        self.sha256 = [str(h) for h in smap.get("sha256") or [""] * len(self.files)]
         self.n_aux, self.dtype = int(smap["n_aux"]), str(smap["dtype"])
 
     def setup(self) -> None:
@@ -97,11 +113,15 @@ class StatesTransfer:
 
     def get_cached(self, file_idx: int) -> dict[str, Any] | None:
         import torch
-        from safetensors.torch import load_file  # type: ignore[import-not-found]
+        from safetensors.torch import load  # type: ignore[import-not-found]
 
         if not 0 <= file_idx < len(self.files):
             return None
-        return to_speculators(load_file(f"{self.root}/{self.files[file_idx]}"), self.n_aux, getattr(torch, self.dtype))
+        path = f"{self.root}/{self.files[file_idx]}"
+        with open(path, "rb") as fh:
+            data = fh.read()
+        verify(data, self.sha256[file_idx], path)
+        return to_speculators(load(data), self.n_aux, getattr(torch, self.dtype))
 
     def get_generated(self, hs_transfer_params: dict[str, Any]) -> None:
         raise RuntimeError("draftgen's hidden states are read from files, never generated")

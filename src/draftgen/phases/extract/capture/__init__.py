@@ -17,6 +17,9 @@ An ``ExtractBackend`` loads the target, resolves the layer ids (``extract.layers
   the next ids at every position;
 - ``close()``.
 
+With the ``overlap`` capability the checks' calls (``embed``, ``head_logprobs``, ``reference``) may come from
+another thread while ``capture`` runs.
+
 Adding a backend is its module plus one ``EXTRACT_BACKENDS.register`` line.
 """
 
@@ -47,6 +50,7 @@ __all__ = [
     "ExtractRow",
     "Reference",
     "TargetInfo",
+    "backend_capabilities",
     "config_digest",
     "open_extract_backend",
 ]
@@ -115,11 +119,14 @@ class ExtractBackend(Protocol):
 @dataclass(frozen=True)
 class ExtractCapabilities:
     """``reference``: can run the plain-forward reference check; ``device_map``: spreads a model over devices;
-    ``needs_gpu``: refuses to run without one."""
+    ``needs_gpu``: refuses to run without one; ``overlap``: ``embed``, ``head_logprobs`` and ``reference`` may
+    run in another thread while ``capture`` runs (the worker then checks and writes batch k while batch k+1
+    is captured)."""
 
     reference: bool = True
     device_map: bool = False
     needs_gpu: bool = False
+    overlap: bool = False
 
 
 @dataclass(frozen=True)
@@ -139,11 +146,19 @@ EXTRACT_BACKENDS.register("vllm", "draftgen.phases.extract.capture.vllm:VLLM_KIN
                               "emulate --model rehearses it on CPU")
 
 
-def open_extract_backend(cfg: RunConfig) -> ExtractBackend:
-    """The configured backend, loaded (the target model on its device)."""
+def _kind(cfg: RunConfig) -> ExtractBackendKind:
     try:
-        kind = EXTRACT_BACKENDS.get(cfg.hidden_states.backend)
+        return EXTRACT_BACKENDS.get(cfg.hidden_states.backend)
     except ImportError as exc:
         raise ConfigError(f"hidden_states.backend {cfg.hidden_states.backend!r}: {exc.name or exc} is not installed; "
                           "pip install 'draftgen[extract]'") from None
-    return kind.factory(cfg)
+
+
+def backend_capabilities(cfg: RunConfig) -> ExtractCapabilities:
+    """What the configured backend kind can do."""
+    return _kind(cfg).capabilities
+
+
+def open_extract_backend(cfg: RunConfig) -> ExtractBackend:
+    """The configured backend, loaded (the target model on its device)."""
+    return _kind(cfg).factory(cfg)

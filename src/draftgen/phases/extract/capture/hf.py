@@ -16,6 +16,7 @@ no padding, ``output_hidden_states=True``). Nothing here writes a file.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -109,19 +110,20 @@ class HFExtractBackend:
         self._hooks = [self.layers_mod[k].register_forward_pre_hook(self._pre_hook(k), with_kwargs=True)
                        for k in layers.aux]
         self._hooks.append(self.layers_mod[n_layers - 1].register_forward_hook(self._post_hook(n_layers)))
-        self._armed = False
+        self._armed: int | None = None  # the thread whose forward the hooks take (capture), else None
 
-    # -- hooks: store what the layers see while armed (capture), never during reference
+    # -- hooks: store what the layers see in the capturing thread's forward only: a reference forward run
+    # by the checks in another thread at the same time (ExtractCapabilities.overlap) is never taken
     def _pre_hook(self, k: int) -> Any:
         def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if self._armed:
+            if self._armed == threading.get_ident():
                 self._grabbed[k] = (args[0] if args else kwargs["hidden_states"]).detach()
 
         return hook
 
     def _post_hook(self, k: int) -> Any:
         def hook(module: Any, args: Any, out: Any) -> None:
-            if self._armed:
+            if self._armed == threading.get_ident():
                 self._grabbed[k] = _first(out).detach()
 
         return hook
@@ -138,13 +140,13 @@ class HFExtractBackend:
             ids[i, :lengths[i]] = torch.from_numpy(r.input_ids)
             mask[i, :lengths[i]] = 1
         self._grabbed = {}
-        self._armed = True
+        self._armed = threading.get_ident()
         try:
             with torch.inference_mode():
                 self.model.model(input_ids=ids.to(self.input_device), attention_mask=mask.to(self.input_device),
                                  use_cache=False)
         finally:
-            self._armed = False
+            self._armed = None
         aux_ids, final_id = self.info.layers.aux, self.info.layers.final
         aux_b = torch.cat([self._grabbed[k].to("cpu") for k in aux_ids], dim=-1)  # [B, W, n_aux*H]
         fin_b = self._grabbed[final_id].to("cpu")
@@ -194,4 +196,4 @@ class HFExtractBackend:
 
 
 #: ``hidden_states.backend`` kind, registered in ``capture.EXTRACT_BACKENDS`` by this path.
-HF_KIND = ExtractBackendKind(HFExtractBackend, ExtractCapabilities(reference=True, device_map=True))
+HF_KIND = ExtractBackendKind(HFExtractBackend, ExtractCapabilities(reference=True, device_map=True, overlap=True))

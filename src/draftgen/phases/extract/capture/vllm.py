@@ -109,13 +109,11 @@ def _v1(url: str) -> str:
 
 
 def _destination(cfg: RunConfig) -> str | None:
-    """The local hidden-state destination (None for a URL): ``extract.run.hidden_destination``'s rule."""
-    out = cfg.hidden_states.output
-    if not out:
-        from draftgen.rundir import RunDir
+    """The local hidden-state destination (``hidden.stream.hidden_url``), or None for a URL."""
+    from draftgen.hidden.stream import hidden_url
 
-        return str(RunDir(cfg.run_path).hidden)
-    return None if "://" in out else str(cfg.path(out))
+    url = hidden_url(cfg)
+    return None if "://" in url else url
 
 
 class _TargetWeights:
@@ -469,4 +467,4 @@ async def _next(agen: AsyncIterator[Captured]) -> Captured:
 
 
 #: ``hidden_states.backend`` kind, registered in ``capture.EXTRACT_BACKENDS`` by this path.
-VLLM_KIND = ExtractBackendKind(VllmExtractBackend, ExtractCapabilities(reference=False, needs_gpu=False))
+VLLM_KIND = ExtractBackendKind(VllmExtractBackend, ExtractCapabilities(reference=False, needs_gpu=False, overlap=True))
