@@ -88,8 +88,14 @@ TARGETS = [
     Target("reference job replay: wall time vs ideal API-bound time (expected)", ("bench_replay",),
            ("expected_time_vs_ideal",), "<=", 1.1, "issue 13"),
     Target("hidden-state extract vs the bare base-model forward, teacher_fraction 0.05 (ratio)", ("bench_extract",),
-           ("extract_overhead_vs_forward",), "<=", 1.15, "issue 14",
-           detail=("teacher5_extract_s", "bare_base_forward_s")),
+           ("extract_overhead_vs_forward",), "<=", 1.10, "issue 21",
+           detail=("teacher5_extract_s", "bare_base_forward_s", "extract_cpu_overhead_vs_forward")),
+    # 0.8: publishing one file per sample atomically (temp, fsync, rename; the batch's files at once) plus
+    # one index part per batch may cost a fifth of the disk's sequential rate, so that at the reference
+    # scale (5 TB of states) extract's writes stay bound by the disk, not by per-file work
+    Target("hidden-state store writes vs a plain sequential write of the same bytes (ratio)", ("bench_extract",),
+           ("write_throughput_vs_sequential",), ">=", 0.8, "issue 21",
+           detail=("store_write_mb_per_s", "sequential_write_mb_per_s")),
     Target("drafter chain: AL trained - untrained (k=3, vLLM /metrics)", ("bench_chain",),
            ("al_trained_minus_untrained",), ">=", 0.3, "issue 15", detail=("al_trained", "al_untrained")),
     Target("drafter chain: AL trained - broken (aux states not captured)", ("bench_chain",),

@@ -2,20 +2,28 @@
 
 One process, CPU, one torch thread. Builds a seeded random Qwen3 target (8 layers, hidden 256, the Qwen3
 vocabulary of 151,669 ids) and a run directory holding only merged/ (synthetic rows: random ids, lengths
-200-600, the last half of each row a completion), then:
+200-600, the last half of each row a completion), then, ``repeats`` times, alternating (best of each: other
+work on a shared machine only ever slows a run down):
 
-1. bare: ``model.model(ids, mask)`` (the base model: what capture runs) and ``model(ids, mask)`` (with the
-   lm_head logits) over exactly the batches ``run_extract`` forms (``extract.batches.split_batches``);
+1. bare: ``model.model(ids, mask)`` (the base model: what capture runs) over exactly the batches
+   ``run_extract`` forms (``extract.batches.split_batches``), wall and CPU seconds;
 2. extract: ``run_extract`` into a fresh local destination (capture by hooks, encode, every-sample checks,
-   the teacher/reference check on ``teacher_fraction`` of samples, atomic publish, index parts, manifest),
-   at teacher_fraction 0.05 (the default) and 0.
+   the teacher/reference check on ``teacher_fraction`` of samples, atomic publish, index parts, manifest;
+   the worker checks and writes one batch while it captures the next), at teacher_fraction 0.05 (the
+   default) and 0: its loop's wall seconds (tokens / the manifest's throughput) and this process's CPU
+   seconds over the loop (``timings.process_cpu``, every thread).
 
-Figures: ``extract_overhead_vs_forward`` = extract loop time / bare base-model forward time (teacher 0.05),
-the same at teacher 0, the ratio against the full forward with logits, the time split (capture, check,
-encode, publish), tokens/s, and write throughput MB/s (bytes published / publish seconds).
+Once: the forward with the lm_head logits (``model(ids, mask)``), and the write throughput: the samples the
+first teacher-0.05 extract published, in its batches, written again through ``HiddenStore.write`` beside a
+plain sequential write of the same bytes to one file with one fsync (best of 3).
 
-    python bench/bench_extract.py            # 64 rows
-    python bench/bench_extract.py --quick    # 16 rows
+Figures: ``extract_overhead_vs_forward`` = extract loop wall time / bare base-model forward wall time
+(teacher 0.05), ``extract_cpu_overhead_vs_forward`` the same in CPU seconds, the same at teacher 0 and
+against the forward with logits, the summed step times (capture, check, encode, publish: they overlap),
+tokens/s, and ``write_throughput_vs_sequential`` = the store's MB/s / the plain sequential write's MB/s.
+
+    python bench/bench_extract.py            # 64 rows, best of 3
+    python bench/bench_extract.py --quick    # 16 rows, best of 2
 """
 
 from __future__ import annotations
@@ -93,10 +101,11 @@ def build_run(root: Path, n: int) -> Path:
     return cfg_path
 
 
-def bare(model: Any, batches: list[list[Any]], full: bool) -> float:
+def bare(model: Any, batches: list[list[Any]], full: bool) -> tuple[float, float]:
+    """(wall, CPU) seconds of the forwards alone over ``batches``; CPU = this process's, every thread."""
     import torch
 
-    total = 0.0
+    wall = cpu = 0.0
     for batch in batches:
         lengths = [len(r.input_ids) for r in batch]
         ids = torch.zeros((len(batch), max(lengths)), dtype=torch.long)
@@ -104,72 +113,137 @@ def bare(model: Any, batches: list[list[Any]], full: bool) -> float:
         for i, r in enumerate(batch):
             ids[i, :lengths[i]] = torch.from_numpy(r.input_ids)
             mask[i, :lengths[i]] = 1
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         with torch.inference_mode():
             (model if full else model.model)(input_ids=ids, attention_mask=mask, use_cache=False)
-        total += time.perf_counter() - t
-    return total
+        wall += time.perf_counter() - t
+        cpu += time.process_time() - c
+    return wall, cpu
+
+
+def extract(cfg_path: Path, model_dir: Path, out: Path, frac: float, batch_tokens: int) -> Any:
+    from draftgen.config import load_config
+    from draftgen.phases.extract.run import run_extract
+
+    over = {"model": str(model_dir), "teacher_fraction": frac, "teacher_min_margin": None,
+            "batch_tokens": batch_tokens, "output": str(out), "max_flagged_fraction": 1.0}
+    cfg = load_config(cfg_path, {f"hidden_states.{k}": v for k, v in over.items()})
+    return run_extract(cfg, echo=lambda s: None)
+
+
+def write_throughput(src: Path, work: Path, repeats: int) -> dict[str, float]:
+    """The store's write rate beside a plain sequential write of the same bytes, in this run: the samples an
+    extract published in ``src``, in its batches (one per index part), written again through
+    ``HiddenStore.write`` (each file atomically, then the batch's index part) into a fresh set, and as one
+    file written in one go with one fsync. Best of ``repeats``, alternating."""
+    import json
+    import os
+
+    from draftgen.hidden.format import HiddenStore
+    from draftgen.hidden.stream import StreamSample
+    from draftgen.records import HiddenIndexRecord
+
+    store = HiddenStore(str(src))
+    batches: list[list[StreamSample]] = []
+    for part in store.index_parts():
+        recs = [HiddenIndexRecord(**json.loads(ln)) for ln in Path(part).read_text().splitlines() if ln.strip()]
+        batches.append([StreamSample(sample_id=r.sample_id, file=r.file, data=store.read_bytes(r.file),
+                                     length=r.length, record=r) for r in recs])
+    nbytes = sum(len(s.data) for b in batches for s in b)
+    best_store = best_plain = float("inf")
+    for k in range(repeats):
+        dest = HiddenStore(str(work / f"store-{k}"))
+        dest.claim()
+        t = time.perf_counter()
+        for b in batches:
+            dest.write(b)
+        best_store = min(best_store, time.perf_counter() - t)
+        t = time.perf_counter()
+        with open(work / f"plain-{k}", "wb") as fh:
+            for b in batches:
+                for smp in b:
+                    fh.write(smp.data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        best_plain = min(best_plain, time.perf_counter() - t)
+    return {"write_bytes": nbytes, "write_files": sum(len(b) for b in batches), "write_batches": len(batches),
+            "store_write_mb_per_s": round(nbytes / 1e6 / best_store, 1),
+            "sequential_write_mb_per_s": round(nbytes / 1e6 / best_plain, 1),
+            "write_throughput_vs_sequential": round(best_plain / best_store, 3)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rows", type=int)
+    ap.add_argument("--repeats", type=int)
     args = ap.parse_args()
     import torch
     from transformers import AutoModelForCausalLM
 
     from draftgen.config import load_config
     from draftgen.phases.extract.batches import read_merged_rows, split_batches
-    from draftgen.phases.extract.run import run_extract
     from draftgen.rundir import RunDir
 
     torch.set_num_threads(1)
-    n = args.rows or (16 if args.quick or quick_mode() else 64)
+    quick = args.quick or quick_mode()
+    n = args.rows or (16 if quick else 64)
+    repeats = args.repeats or (2 if quick else 3)
+    batch_tokens = 4096
     with tempfile.TemporaryDirectory(prefix="dg-bench-extract-") as tmp:
         root = Path(tmp)
         model_dir = build_model(root / "target", layers=8, hidden=256)
         cfg_path = build_run(root, n)
-        base = load_config(cfg_path)
-        rows = read_merged_rows(RunDir(base.run_path))
-        batch_tokens = 4096
+        rows = read_merged_rows(RunDir(load_config(cfg_path).run_path))
         batches = list(split_batches(rows, batch_tokens))
         tokens = sum(len(r.input_ids) for r in rows)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
         bare(model, batches[:1], full=False)  # warm-up
-        t_base = bare(model, batches, full=False)
-        t_full = bare(model, batches, full=True)
-        del model
+        t_full, _ = bare(model, batches, full=True)
         figures: dict[str, Any] = {"rows": n, "tokens": tokens, "batches": len(batches), "hidden": 256, "layers": 8,
-                                   "vocab": VOCAB, "bare_base_forward_s": round(t_base, 3),
-                                   "bare_full_forward_s": round(t_full, 3)}
-        for frac in (0.05, 0.0):
-            over = {"model": str(model_dir), "teacher_fraction": frac, "teacher_min_margin": None,
-                    "batch_tokens": batch_tokens, "output": str(root / f"hidden-{frac}"), "max_flagged_fraction": 1.0}
-            cfg = load_config(cfg_path, {f"hidden_states.{k}": v for k, v in over.items()})
-            rep = run_extract(cfg, echo=lambda s: None)
-            loop = tokens / rep.throughput_tokens_per_s if rep.throughput_tokens_per_s else float("nan")
-            tag = "teacher5" if frac else "teacher0"
+                                   "vocab": VOCAB, "repeats": repeats, "bare_full_forward_s": round(t_full, 3)}
+        best: dict[str, tuple[float, float, Any]] = {}
+        base_wall, base_cpu = float("inf"), float("inf")
+        for k in range(repeats):  # alternating, best of each: other work on a shared machine only slows a run
+            w, c = bare(model, batches, full=False)
+            base_wall, base_cpu = min(base_wall, w), min(base_cpu, c)
+            for frac, tag in ((0.05, "teacher5"), (0.0, "teacher0")):
+                rep = extract(cfg_path, model_dir, root / f"hidden-{tag}-{k}", frac, batch_tokens)
+                loop = tokens / rep.throughput_tokens_per_s if rep.throughput_tokens_per_s else float("nan")
+                if tag not in best or loop < best[tag][0]:
+                    best[tag] = (loop, rep.timings.get("process_cpu", float("nan")), rep)
+        del model
+        figures.update(bare_base_forward_s=round(base_wall, 3), bare_base_forward_cpu_s=round(base_cpu, 3))
+        for tag, (loop, cpu, rep) in best.items():
             figures[f"{tag}_extract_s"] = round(loop, 3)
+            figures[f"{tag}_extract_cpu_s"] = round(cpu, 3)
             figures[f"{tag}_tokens_per_s"] = round(rep.throughput_tokens_per_s or 0.0, 1)
-            figures[f"{tag}_overhead_vs_base_forward"] = round(loop / t_base, 3)
+            figures[f"{tag}_overhead_vs_base_forward"] = round(loop / base_wall, 3)
+            figures[f"{tag}_cpu_overhead_vs_base_forward"] = round(cpu / base_cpu, 3)
             figures[f"{tag}_overhead_vs_full_forward"] = round(loop / t_full, 3)
-            for k, v in rep.timings.items():
-                figures[f"{tag}_{k}_s"] = round(v, 3)
-            figures[f"{tag}_write_mb_per_s"] = round(rep.bytes_written / 1e6 / max(rep.timings["publish"], 1e-9), 1)
+            for key in ("capture", "check", "encode", "publish"):
+                figures[f"{tag}_{key}_s"] = round(rep.timings[key], 3)
             figures[f"{tag}_bytes_written"] = rep.bytes_written
         figures["extract_overhead_vs_forward"] = figures["teacher5_overhead_vs_base_forward"]
+        figures["extract_cpu_overhead_vs_forward"] = figures["teacher5_cpu_overhead_vs_base_forward"]
+        work = root / "write"
+        work.mkdir()
+        figures.update(write_throughput(root / "hidden-teacher5-0", work, max(3, repeats)))
     m = machine_info()
     print(f"machine: {m.get('cpu', '?')}, {m.get('usable_cores', '?')} usable cores (shared); torch threads 1")
     print(f"{n} rows, {tokens:,} tokens in {len(batches)} batches (batch_tokens {batch_tokens}); target 8 layers × "
-          f"hidden 256, vocab {VOCAB:,}, bf16")
-    print(f"bare forward: base model {t_base:.2f} s, with logits {t_full:.2f} s")
+          f"hidden 256, vocab {VOCAB:,}, bf16; best of {repeats} alternating runs")
+    print(f"bare forward: base model {base_wall:.2f} s ({base_cpu:.2f} CPU s), with logits {t_full:.2f} s")
     for tag in ("teacher5", "teacher0"):
         print(f"extract ({tag}): {figures[f'{tag}_extract_s']:.2f} s = {figures[f'{tag}_overhead_vs_base_forward']:.2f}× "
-              f"the base forward ({figures[f'{tag}_overhead_vs_full_forward']:.2f}× with logits); split capture "
-              f"{figures[f'{tag}_capture_s']:.2f} / check {figures[f'{tag}_check_s']:.2f} / encode "
-              f"{figures[f'{tag}_encode_s']:.2f} / publish {figures[f'{tag}_publish_s']:.2f} s; write "
-              f"{figures[f'{tag}_write_mb_per_s']:.0f} MB/s")
+              f"the base forward ({figures[f'{tag}_overhead_vs_full_forward']:.2f}× with logits); CPU "
+              f"{figures[f'{tag}_extract_cpu_s']:.2f} s = {figures[f'{tag}_cpu_overhead_vs_base_forward']:.2f}×; "
+              f"summed steps capture {figures[f'{tag}_capture_s']:.2f} / check {figures[f'{tag}_check_s']:.2f} / "
+              f"encode {figures[f'{tag}_encode_s']:.2f} / publish {figures[f'{tag}_publish_s']:.2f} s (they overlap)")
+    print(f"write: the store {figures['store_write_mb_per_s']:.0f} MB/s, a plain sequential write of the same "
+          f"{figures['write_bytes'] / 1e6:.1f} MB {figures['sequential_write_mb_per_s']:.0f} MB/s: "
+          f"{figures['write_throughput_vs_sequential']:.2f}× ({figures['write_files']} files in "
+          f"{figures['write_batches']} batches)")
     emit_result("extract", figures)
 
 

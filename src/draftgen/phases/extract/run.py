@@ -86,7 +86,9 @@ class ExtractReport(msgspec.Struct, omit_defaults=True):
     complete: bool
     throughput_tokens_per_s: float | None = None
     elapsed_s: float = 0.0
-    timings: dict[str, float] = msgspec.field(default_factory=dict)  # capture/check/encode/publish seconds
+    # capture/check/encode/publish seconds (summed over batches: they overlap), first_result, pool (the loop),
+    # process_cpu (this process's CPU seconds in the loop), ray_init
+    timings: dict[str, float] = msgspec.field(default_factory=dict)
     bytes_written: int = 0
     replaced: int = 0  # samples held but redone: merged row changed, no digest (older draftgen), file changed
 
@@ -271,7 +273,7 @@ def drive(executor: Executor, batches: Sequence[Sequence[ExtractRow]], pending: 
     tally = Tally(pending, done)
     every = max(1, len(pending) // 20)
     next_echo = every
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), time.process_time()
     first: float | None = None
     for res in executor.results(batches):
         first = time.monotonic() - t0 if first is None else first
@@ -285,7 +287,9 @@ def drive(executor: Executor, batches: Sequence[Sequence[ExtractRow]], pending: 
     if executor.unit:
         for worker, n in sorted(tally.per_worker.items()):
             echo(f"extract{executor.label}: {executor.unit} {worker}: {n:,} samples")
-    tally.timings.update(first_result=first or 0.0, pool=time.monotonic() - t0)
+    # process_cpu: this process's CPU seconds over the loop, every thread (a pool's workers are not in it)
+    tally.timings.update(first_result=first or 0.0, pool=time.monotonic() - t0,
+                         process_cpu=time.process_time() - cpu0)
     return tally
 
 

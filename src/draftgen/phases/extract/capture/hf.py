@@ -148,11 +148,13 @@ class HFExtractBackend:
         finally:
             self._armed = None
         aux_ids, final_id = self.info.layers.aux, self.info.layers.final
-        aux_b = torch.cat([self._grabbed[k].to("cpu") for k in aux_ids], dim=-1)  # [B, W, n_aux*H]
+        aux_b = [self._grabbed[k].to("cpu") for k in aux_ids]  # each [B, W, H]
         fin_b = self._grabbed[final_id].to("cpu")
         self._grabbed = {}
+        # one copy per sample: its own rows of each aux layer, side by side [T, n_aux*H]; its final [T, H]
         return [Captured(sample_id=r.sample_id, input_ids=r.input_ids, loss_mask=r.loss_mask,
-                         aux=aux_b[i, :lengths[i]].clone(), final=fin_b[i, :lengths[i]].clone())
+                         aux=torch.cat([a[i, :lengths[i]] for a in aux_b], dim=-1),
+                         final=fin_b[i, :lengths[i]].clone())
                 for i, r in enumerate(rows)]
 
     def embed(self, ids: np.ndarray) -> torch.Tensor:
