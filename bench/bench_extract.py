@@ -172,6 +172,52 @@ def write_throughput(src: Path, work: Path, repeats: int) -> dict[str, float]:
             "write_throughput_vs_sequential": round(best_plain / best_store, 3)}
 
 
+def measure(model: Any, batches: list[list[Any]], cfg_path: Path, model_dir: Path, root: Path, tokens: int,
+            repeats: int, batch_tokens: int) -> dict[str, Any]:
+    """``repeats`` alternating rounds of the bare base forward and the two extracts; the best of each."""
+    best: dict[str, tuple[float, float, Any]] = {}
+    base_wall, base_cpu = float("inf"), float("inf")
+    for k in range(repeats):  # alternating, best of each: other work on a shared machine only slows a run
+        w, c = bare(model, batches, full=False)
+        base_wall, base_cpu = min(base_wall, w), min(base_cpu, c)
+        for frac, tag in ((0.05, "teacher5"), (0.0, "teacher0")):
+            rep = extract(cfg_path, model_dir, root / f"hidden-{tag}-{k}", frac, batch_tokens)
+            loop = tokens / rep.throughput_tokens_per_s if rep.throughput_tokens_per_s else float("nan")
+            if tag not in best or loop < best[tag][0]:
+                best[tag] = (loop, rep.timings.get("process_cpu", float("nan")), rep)
+    figures: dict[str, Any] = {"bare_base_forward_s": round(base_wall, 3), "bare_base_forward_cpu_s": round(base_cpu, 3)}
+    for tag, (loop, cpu, rep) in best.items():
+        figures[f"{tag}_extract_s"] = round(loop, 3)
+        figures[f"{tag}_extract_cpu_s"] = round(cpu, 3)
+        figures[f"{tag}_tokens_per_s"] = round(rep.throughput_tokens_per_s or 0.0, 1)
+        figures[f"{tag}_overhead_vs_base_forward"] = round(loop / base_wall, 3)
+        figures[f"{tag}_cpu_overhead_vs_base_forward"] = round(cpu / base_cpu, 3)
+        for key in ("capture", "check", "encode", "publish"):
+            figures[f"{tag}_{key}_s"] = round(rep.timings[key], 3)
+        figures[f"{tag}_bytes_written"] = rep.bytes_written
+    figures["extract_overhead_vs_forward"] = figures["teacher5_overhead_vs_base_forward"]
+    figures["extract_cpu_overhead_vs_forward"] = figures["teacher5_cpu_overhead_vs_base_forward"]
+    return figures
+
+
+def show(f: dict[str, Any]) -> None:
+    m = machine_info()
+    print(f"machine: {m.get('cpu', '?')}, {m.get('usable_cores', '?')} usable cores (shared); torch threads 1")
+    print(f"{f['rows']} rows, {f['tokens']:,} tokens in {f['batches']} batches (batch_tokens {f['batch_tokens']}); "
+          f"target 8 layers × hidden 256, vocab {VOCAB:,}, bf16; best of {f['repeats']} alternating runs")
+    print(f"bare forward: base model {f['bare_base_forward_s']:.2f} s ({f['bare_base_forward_cpu_s']:.2f} CPU s), "
+          f"with logits {f['bare_full_forward_s']:.2f} s")
+    for tag in ("teacher5", "teacher0"):
+        print(f"extract ({tag}): {f[f'{tag}_extract_s']:.2f} s = {f[f'{tag}_overhead_vs_base_forward']:.2f}× "
+              f"the base forward ({f[f'{tag}_overhead_vs_full_forward']:.2f}× with logits); CPU "
+              f"{f[f'{tag}_extract_cpu_s']:.2f} s = {f[f'{tag}_cpu_overhead_vs_base_forward']:.2f}×; "
+              f"summed steps capture {f[f'{tag}_capture_s']:.2f} / check {f[f'{tag}_check_s']:.2f} / "
+              f"encode {f[f'{tag}_encode_s']:.2f} / publish {f[f'{tag}_publish_s']:.2f} s (they overlap)")
+    print(f"write: the store {f['store_write_mb_per_s']:.0f} MB/s, a plain sequential write of the same "
+          f"{f['write_bytes'] / 1e6:.1f} MB {f['sequential_write_mb_per_s']:.0f} MB/s: "
+          f"{f['write_throughput_vs_sequential']:.2f}× ({f['write_files']} files in {f['write_batches']} batches)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -200,50 +246,17 @@ def main() -> None:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
         bare(model, batches[:1], full=False)  # warm-up
         t_full, _ = bare(model, batches, full=True)
-        figures: dict[str, Any] = {"rows": n, "tokens": tokens, "batches": len(batches), "hidden": 256, "layers": 8,
-                                   "vocab": VOCAB, "repeats": repeats, "bare_full_forward_s": round(t_full, 3)}
-        best: dict[str, tuple[float, float, Any]] = {}
-        base_wall, base_cpu = float("inf"), float("inf")
-        for k in range(repeats):  # alternating, best of each: other work on a shared machine only slows a run
-            w, c = bare(model, batches, full=False)
-            base_wall, base_cpu = min(base_wall, w), min(base_cpu, c)
-            for frac, tag in ((0.05, "teacher5"), (0.0, "teacher0")):
-                rep = extract(cfg_path, model_dir, root / f"hidden-{tag}-{k}", frac, batch_tokens)
-                loop = tokens / rep.throughput_tokens_per_s if rep.throughput_tokens_per_s else float("nan")
-                if tag not in best or loop < best[tag][0]:
-                    best[tag] = (loop, rep.timings.get("process_cpu", float("nan")), rep)
+        figures: dict[str, Any] = {"rows": n, "tokens": tokens, "batches": len(batches), "batch_tokens": batch_tokens,
+                                   "hidden": 256, "layers": 8, "vocab": VOCAB, "repeats": repeats,
+                                   "bare_full_forward_s": round(t_full, 3)}
+        figures.update(measure(model, batches, cfg_path, model_dir, root, tokens, repeats, batch_tokens))
         del model
-        figures.update(bare_base_forward_s=round(base_wall, 3), bare_base_forward_cpu_s=round(base_cpu, 3))
-        for tag, (loop, cpu, rep) in best.items():
-            figures[f"{tag}_extract_s"] = round(loop, 3)
-            figures[f"{tag}_extract_cpu_s"] = round(cpu, 3)
-            figures[f"{tag}_tokens_per_s"] = round(rep.throughput_tokens_per_s or 0.0, 1)
-            figures[f"{tag}_overhead_vs_base_forward"] = round(loop / base_wall, 3)
-            figures[f"{tag}_cpu_overhead_vs_base_forward"] = round(cpu / base_cpu, 3)
-            figures[f"{tag}_overhead_vs_full_forward"] = round(loop / t_full, 3)
-            for key in ("capture", "check", "encode", "publish"):
-                figures[f"{tag}_{key}_s"] = round(rep.timings[key], 3)
-            figures[f"{tag}_bytes_written"] = rep.bytes_written
-        figures["extract_overhead_vs_forward"] = figures["teacher5_overhead_vs_base_forward"]
-        figures["extract_cpu_overhead_vs_forward"] = figures["teacher5_cpu_overhead_vs_base_forward"]
+        for tag in ("teacher5", "teacher0"):
+            figures[f"{tag}_overhead_vs_full_forward"] = round(figures[f"{tag}_extract_s"] / t_full, 3)
         work = root / "write"
         work.mkdir()
         figures.update(write_throughput(root / "hidden-teacher5-0", work, max(3, repeats)))
-    m = machine_info()
-    print(f"machine: {m.get('cpu', '?')}, {m.get('usable_cores', '?')} usable cores (shared); torch threads 1")
-    print(f"{n} rows, {tokens:,} tokens in {len(batches)} batches (batch_tokens {batch_tokens}); target 8 layers × "
-          f"hidden 256, vocab {VOCAB:,}, bf16; best of {repeats} alternating runs")
-    print(f"bare forward: base model {base_wall:.2f} s ({base_cpu:.2f} CPU s), with logits {t_full:.2f} s")
-    for tag in ("teacher5", "teacher0"):
-        print(f"extract ({tag}): {figures[f'{tag}_extract_s']:.2f} s = {figures[f'{tag}_overhead_vs_base_forward']:.2f}× "
-              f"the base forward ({figures[f'{tag}_overhead_vs_full_forward']:.2f}× with logits); CPU "
-              f"{figures[f'{tag}_extract_cpu_s']:.2f} s = {figures[f'{tag}_cpu_overhead_vs_base_forward']:.2f}×; "
-              f"summed steps capture {figures[f'{tag}_capture_s']:.2f} / check {figures[f'{tag}_check_s']:.2f} / "
-              f"encode {figures[f'{tag}_encode_s']:.2f} / publish {figures[f'{tag}_publish_s']:.2f} s (they overlap)")
-    print(f"write: the store {figures['store_write_mb_per_s']:.0f} MB/s, a plain sequential write of the same "
-          f"{figures['write_bytes'] / 1e6:.1f} MB {figures['sequential_write_mb_per_s']:.0f} MB/s: "
-          f"{figures['write_throughput_vs_sequential']:.2f}× ({figures['write_files']} files in "
-          f"{figures['write_batches']} batches)")
+    show(figures)
     emit_result("extract", figures)
 
 

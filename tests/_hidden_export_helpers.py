@@ -1,11 +1,12 @@
 """Helpers for the hidden-state export and train tests: a real hidden set from a tiny target, and a way to
 run a script in speculators' own environment.
 
-``make_hidden_set(model_dir, dest, n=10, seed=0, dtype="bf16")``: ``n`` samples of random token ids
+``make_hidden_set(model_dir, dest, n=10, seed=0, dtype="bf16", digests=False)``: ``n`` samples of random token ids
 (lengths 40..71, the first quarter loss-masked off), run through the tiny target of ``_extract_helpers``
 (aux = HF ``output_hidden_states[k]`` for the default ids ``[2, L//2, L-3]``, final = the forward hook on
-the last decoder layer = pre-norm), written with extract.format's ``HiddenStore``/``encode_sample`` plus
-index part and manifest. Returns (dest, rows) with rows = [(sample_id, ids, mask, aux fp32, final fp32)].
+the last decoder layer = pre-norm), written with hidden.format's ``HiddenStore``/``encode_sample`` plus
+index part and manifest (with ``digests=True`` they record each file's sha256, as extract's do; else none,
+as an older draftgen's). Returns (dest, rows) with rows = [(sample_id, ids, mask, aux fp32, final fp32)].
 
 ``speculators_python()``: speculators' Python (``DRAFTGEN_SPECULATORS`` or ``.venv-speculators``), or skip.
 ``run_in_speculators(code, *args)``: runs ``code`` there, returns its stdout (asserts exit 0).
@@ -26,13 +27,13 @@ SPECULATORS_MISSING = "speculators environment not found"
 
 
 def make_hidden_set(model_dir: Path, dest: Path, *, n: int = 10, seed: int = 0, dtype: str = "bf16",
-                    vocab_hi: int = 400) -> tuple[Path, list[tuple[str, list[int], list[int], Any, Any]]]:
+                    vocab_hi: int = 400, digests: bool = False) -> tuple[Path, list[tuple[str, list[int], list[int], Any, Any]]]:
     import numpy as np
     import torch
     from transformers import AutoModelForCausalLM
 
-    from draftgen.hidden.exports import norm_weight_digest
-    from draftgen.hidden.format import SCHEMA, Captured, HiddenStore, encode_sample
+    from draftgen.hidden.format import SCHEMA, Captured, HiddenStore, bytes_digest, encode_sample
+    from draftgen.hidden.norm import norm_weight_digest
     from draftgen.phases.extract.layers import default_aux_ids, to_sglang
     from draftgen.records import (
         HiddenCounts,
@@ -67,8 +68,10 @@ def make_hidden_set(model_dir: Path, dest: Path, *, n: int = 10, seed: int = 0, 
         final = cap["pre"][0]
         sid = f"chat/{i:04d}" if i % 2 else f"code-{i:04d}"
         c = Captured(sample_id=sid, input_ids=ids.numpy().astype(np.int64), loss_mask=mask, aux=aux, final=final)
-        rel = store.publish(sid, encode_sample(c, dtype))
-        index.append(HiddenIndexRecord(sample_id=sid, file=rel, length=t, n_loss=int(mask.sum())))
+        data = encode_sample(c, dtype)
+        rel = store.publish(sid, data)
+        index.append(HiddenIndexRecord(sample_id=sid, file=rel, length=t, n_loss=int(mask.sum()),
+                                       file_sha256=bytes_digest(data) if digests else ""))
         rows.append((sid, ids.tolist(), mask.tolist(), aux, final))
     store.write_index_part(index)
     norm = model.model.norm
@@ -79,7 +82,8 @@ def make_hidden_set(model_dir: Path, dest: Path, *, n: int = 10, seed: int = 0, 
         hidden_size=cfg.hidden_size, num_layers=L, vocab_size=cfg.vocab_size, dtype=dtype,
         norm_weight_sha256=norm_weight_digest(norm.weight), norm_eps=float(norm.variance_epsilon),
         counts=HiddenCounts(samples=n, tokens=sum(len(r[1]) for r in rows), flagged=0),
-        samples=[HiddenSampleEntry(sample_id=r.sample_id, file=r.file, length=r.length) for r in index]))
+        samples=[HiddenSampleEntry(sample_id=r.sample_id, file=r.file, length=r.length, file_sha256=r.file_sha256)
+                 for r in index]))
     return dest, rows
 
 

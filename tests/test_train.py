@@ -264,3 +264,34 @@ def test_runner_states_equal_the_speculators_export_byte_for_byte(trained: dict[
     )
     out = run_in_speculators(code, str(tmp_path / "index" / STATES_MAP), str(tmp_path / "copy" / "hidden_states"))
     assert out.strip().splitlines()[-1] == f"same {4 if dtype == 'fp8' else len(trained['rows'])}"
+
+
+def test_the_runner_refuses_a_state_file_changed_after_extraction(tmp_path: Path) -> None:
+    """The in-place read path checks each file's bytes against the manifest's sha256 (as every Source read
+    does): a state file overwritten after extraction stops it with a line naming the file and the fix."""
+    import importlib.util
+
+    from draftgen.hidden.format import open_hidden
+    from draftgen.phases.train.inputs import STATES_MAP, build_index
+    from draftgen.phases.train.run import RUNNER
+
+    torch.set_num_threads(1)
+    model_dir = build_tiny_model(tmp_path / "target", layers=8, hidden=32)
+    hidden, _rows = make_hidden_set(model_dir, tmp_path / "hidden", n=3, digests=True)
+    build_index(open_hidden(str(hidden)), tmp_path / "index")
+    spec = importlib.util.spec_from_file_location("speculators_runner", RUNNER)
+    assert spec is not None and spec.loader is not None
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)  # standard library only at import: speculators is imported on use
+    transfer = runner.StatesTransfer(str(tmp_path / "index" / STATES_MAP))
+    assert len(transfer.sha256) == 3 and all(transfer.sha256)
+    assert set(transfer.get_cached(1)) == {"hidden_states", "token_ids"}  # unchanged: read as it is
+    victim = hidden / transfer.files[1]
+    data = bytearray(victim.read_bytes())
+    data[-4:] = b"\xff\xff\xff\x7f"  # the last value of the last tensor, overwritten in place
+    victim.write_bytes(bytes(data))
+    with pytest.raises(runner.ChangedStateFile) as info:
+        transfer.get_cached(1)
+    msg = str(info.value)
+    assert msg.startswith(f"{hidden.resolve() / transfer.files[1]}: changed after extraction") and "\n" not in msg
+    assert "rerun draftgen extract" in msg

@@ -30,8 +30,9 @@ first; a non-empty folder without it is refused before anything is written or de
 wrote (``files``): the next export removes exactly those and overwrites nothing else. ``.draftgen-export.pending``
 lists what the export in progress began writing, so a rerun after a death removes it, and the death's temps.
 
-POST-norm = the target's final RMSNorm (``model.norm`` weight and eps, read from the target model folder;
-the weight's sha256 must equal the manifest's ``norm_weight_sha256``) applied to the stored pre-norm final.
+POST-norm = the target's final RMSNorm (``hidden.norm``: ``model.norm`` weight and eps, read from the target
+model folder; the weight's sha256 must equal the manifest's ``norm_weight_sha256``) applied to the stored
+pre-norm final.
 Files are published atomically (temp ``.<name>.<hex>.tmp`` + rename). torch/safetensors/datasets are imported on use.
 """
 
@@ -63,11 +64,12 @@ from draftgen.hidden.format import (
     storage_faults,
     temp_name,
 )
+from draftgen.hidden.norm import FinalNorm, load_final_norm
 from draftgen.hidden.stream import Source, StreamSample, hidden_url, open_source
 from draftgen.records import HiddenExportReport, HiddenExportSample, HiddenManifest
 from draftgen.records.hidden import OWNER_HIDDEN_EXPORT
 from draftgen.registry import Registry
-from draftgen.store import encode_json, iter_jsonl, read_json, read_json_object
+from draftgen.store import encode_json, iter_jsonl, read_json
 
 if TYPE_CHECKING:
     import torch
@@ -82,12 +84,10 @@ __all__ = [
     "SAMPLE_IDS",
     "ExportContext",
     "ExportSink",
-    "FinalNorm",
     "HiddenExporter",
     "claim_export",
     "default_export_dir",
     "export_hidden",
-    "load_final_norm",
     "manifest_fingerprint",
     "register_hidden_exporter",
 ]
@@ -103,20 +103,6 @@ SPECFORGE_GROUP = 2000
 EXPORT_BATCH = 8  # samples a sink gets at a time (their decoded states are held together)
 _ARROW_FILES = ("state.json", "dataset_info.json")  # besides data-NNNNN-of-NNNNN.arrow
 _ARROW_SHARD = re.compile(r"data-\d{5}-of-\d{5}\.arrow")
-
-
-@dataclass
-class FinalNorm:
-    """The target's final RMSNorm: weight (float32) and eps."""
-
-    weight: torch.Tensor
-    eps: float
-
-    def apply(self, x: torch.Tensor) -> torch.Tensor:
-        th = require("torch")
-        xf = x.float()
-        out: torch.Tensor = self.weight * (xf * th.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps))
-        return out
 
 
 @dataclass
@@ -241,48 +227,6 @@ def _split_aux(s: LoadedSample, n_aux: int) -> torch.Tensor:
 
 def manifest_fingerprint(m: HiddenManifest) -> str:
     return hashlib.sha256(encode_json(m)).hexdigest()[:16]
-
-
-def norm_weight_digest(weight: torch.Tensor) -> str:
-    """sha256 of the norm weight as float32 little-endian bytes (the manifest's ``norm_weight_sha256``)."""
-    return hashlib.sha256(weight.detach().float().contiguous().numpy().tobytes()).hexdigest()
-
-
-def load_final_norm(model_dir: Path, manifest: HiddenManifest | None = None) -> FinalNorm:
-    """The final RMSNorm of the target model in ``model_dir`` (config.json + safetensors weights)."""
-    st = require("safetensors")
-    cfg_path = model_dir / "config.json"
-    try:
-        cfg = read_json_object(cfg_path)
-    except (OSError, ValueError):
-        raise InputError(f"{cfg_path}: no readable config.json; give the target model's local folder") from None
-    text = cfg.get("text_config") or cfg
-    eps = float(text.get("rms_norm_eps", text.get("layer_norm_epsilon", 1e-6)))
-    names = ("model.norm.weight", "model.language_model.norm.weight", "language_model.model.norm.weight")
-    weight = None
-    for f in sorted(model_dir.glob("*.safetensors")):
-        with st.safe_open(str(f), framework="pt") as fh:
-            hit = next((n for n in names if n in fh.keys()), None)  # noqa: SIM118 (safe_open has no __contains__)
-            if hit:
-                weight = fh.get_tensor(hit).float()
-                break
-    if weight is None:
-        raise InputError(f"{model_dir}: no final norm weight ({names[0]}) in its safetensors files")
-    if manifest is not None and manifest.norm_weight_sha256:
-        # the extractor hashes the weight as the target computed with it (the file's, or rounded to bf16/fp16)
-        torch = require("torch")
-        cands = [weight, weight.to(torch.bfloat16).float(), weight.to(torch.float16).float()]
-        match = next((w for w in cands if norm_weight_digest(w) == manifest.norm_weight_sha256), None)
-        digest = norm_weight_digest(weight)
-        if match is not None:
-            weight = match
-        else:
-            raise InputError(f"{model_dir}: its final norm weight (sha256 {digest[:12]}…) is not the one the "
-                             f"hidden states were extracted with ({manifest.norm_weight_sha256[:12]}…); give "
-                             "the same target model folder")
-    if manifest is not None and abs(manifest.norm_eps - eps) > 1e-12 * max(1.0, abs(eps)):
-        raise InputError(f"{cfg_path}: rms_norm_eps {eps} differs from the manifest's {manifest.norm_eps}")
-    return FinalNorm(weight=weight, eps=eps)
 
 
 def _out_dtype(m: HiddenManifest) -> Any:

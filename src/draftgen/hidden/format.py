@@ -26,8 +26,10 @@ on an object store one single put. Index parts and the manifest are published th
 never sees half a file; a published file no index lists is simply redone. ``HiddenStore.done`` is the union
 of all parts by sample_id, each sample once (the last record wins), requiring the file to exist; each record
 carries ``row_sha256`` (``row_digest``: the row's ids and mask) and ``file_sha256`` (``bytes_digest``), which
-extract compares with the current merged row and (``corrupted``) the file, and ``HiddenSet.read_sample``, the
-one verifying reader, checks against the manifest. ``D/identity.json`` (HiddenIdentity) names the target
+extract compares with the current merged row and (``corrupted``) the file, and ``HiddenSet.read_bytes``, the
+one verifying read of a finished set (``hidden.stream.Source`` reads through it), checks against the manifest.
+``HiddenStore`` is a ``hidden.stream.Sink``: ``write(batch)`` publishes the batch's files at once
+(``PUBLISH_THREADS``), then one index part; ``close(manifest)`` writes the manifest, last. ``D/identity.json`` (HiddenIdentity) names the target
 before the first sample; ``hidden.lock`` keeps one writer per destination.
 
 torch, safetensors, numpy and fsspec are optional dependencies (``draftgen[extract]``), imported on use.

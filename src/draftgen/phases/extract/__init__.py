@@ -2,13 +2,15 @@
 
 Reads ``merged/train-*.parquet`` (``input_ids``, ``loss_mask``, ``sample_id``), runs the target model with a
 capture backend (``extract.capture.EXTRACT_BACKENDS``: ``hf`` = transformers with forward hooks, ``vllm``),
-checks every sample (``extract.checks``) and writes the ``draftgen.hidden/1`` format (``draftgen.hidden.format``)
-to ``hidden_states.output`` (default ``<run>/hidden``; any fsspec URL such as ``s3://bucket/prefix``).
+checks every sample (``extract.checks``) and writes the ``draftgen.hidden/1`` format (``draftgen.hidden.format``,
+through the store's ``hidden.stream.Sink``) to ``hidden_states.output`` (default ``<run>/hidden``; any fsspec URL such as ``s3://bucket/prefix``).
 
-Modules: ``run`` (the driver), ``batches`` (merged rows, length-sorted batches, settings checks, one batch),
-``worker`` (one pool worker and the driver's collector), ``proc_pool`` / ``ray_pool`` (the two pools),
-``checks``, ``layers``, ``capture/`` (the backends). Imports: run → {proc_pool, ray_pool} → {worker,
-batches}; nothing imports run.
+merged rows → length-sorted batches → one worker → an executor → a sink. Modules: ``run`` (the driver and
+its one loop, ``drive``), ``batches`` (merged rows, length-sorted batches, resume, settings checks),
+``worker`` (the Worker: capture → encode → checks → the sink, overlapped; ``PoolWorker`` in another
+process), ``executor`` (the protocol and ``InProcess``), ``proc_pool`` / ``ray_pool`` (the two pools),
+``checks``, ``layers``, ``capture/`` (the backends). Imports: run → {executor, proc_pool, ray_pool} → worker
+→ batches; nothing imports run.
 
 Layer ids are stored in the vLLM convention (``extract.layers``). The modules here import torch,
 transformers, safetensors and fsspec only when they run (``pip install 'draftgen[extract]'``).

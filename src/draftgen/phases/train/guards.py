@@ -56,7 +56,7 @@ def _manifest_config_digest(manifest: HiddenManifest) -> str | None:
 
 def check_verifier(verifier: Path, manifest: HiddenManifest, hidden: str) -> None:
     """Refuse a verifier other than the target ``hidden`` was extracted from (see the module docstring)."""
-    from draftgen.hidden.exports import load_final_norm, norm_weight_digest
+    from draftgen.hidden.norm import load_final_norm, norm_weight_digest
 
     fix = "set train.verifier (or hidden_states.model) to the folder of the model the hidden set was extracted from"
     head = f"train.verifier {str(verifier)!r} is not the target of the hidden set {hidden} ({manifest.target.name!r})"

@@ -11,7 +11,9 @@ would keep every layer):
 Only the base model runs (``model.model``), so no logits are computed while capturing. Rows are batched by
 the caller's order (``run`` sorts by length); each batch is right-padded with an attention mask and every
 sample is sliced back to its own length. ``reference`` is a separate plain forward per row (batch of one,
-no padding, ``output_hidden_states=True``). Nothing here writes a file.
+no padding, ``output_hidden_states=True``); the hooks take only the capturing thread's forward, so a
+reference forward the checks run in another thread meanwhile (capability ``overlap``) is never taken.
+Nothing here writes a file.
 """
 
 from __future__ import annotations
