@@ -143,8 +143,9 @@ def _api_keys(cfg: RunConfig) -> tuple[str | None, str | None]:
 
 
 def _prepared(cfg: RunConfig, rd: rundir.RunDir, names: list[str], echo: Echo,
-              profile: Profile | None) -> Profile | None:
-    """Prepare the selected datasets not prepared yet; returns the profile, loaded here when prepare ran."""
+              profile: Profile | None, force: bool) -> Profile | None:
+    """Prepare the selected datasets not prepared yet (``force`` reaches prepare too); returns the profile,
+    loaded here when prepare ran."""
     missing = [n for n in names if not rd.prepared(n).is_file()]
     if not missing:
         return profile
@@ -152,7 +153,7 @@ def _prepared(cfg: RunConfig, rd: rundir.RunDir, names: list[str], echo: Echo,
 
     echo(f"preparing prompts first ({', '.join(missing)} not prepared yet)")
     profile = profile if profile is not None else profile_from_config(cfg)
-    run_prepare(cfg, echo=echo, profile=profile)
+    run_prepare(cfg, echo=echo, profile=profile, force=force)
     still = [n for n in missing if not rd.prepared(n).is_file()]
     if still:
         raise InputError(f"{rd.prepared(still[0])}: not found after prepare; "
@@ -185,7 +186,7 @@ def run_generate(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None 
 def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, names: list[str],
                   out: Echo, loaded: Profile | None) -> GenerateReport:
     run_dir = rd.root
-    loaded = _prepared(cfg, rd, names, out, loaded)
+    loaded = _prepared(cfg, rd, names, out, loaded, opts.force)
     api_key, mgmt = _api_keys(cfg)
     profile = loaded if loaded is not None else profile_from_config(cfg)
     provenance = rundir.expected_provenance(cfg, profile.tokenizer_sha256)
@@ -434,7 +435,7 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
         stats.remaining = governor.remaining
         if governor.remaining is not None and governor.remaining <= 0:
             return 1, (f"the dollar budget is spent (${governor.spent:.4f} of ${cfg.budget.max_spend_usd}); "
-                       "raise --max-spend to continue")
+                       "raise budget.max_spend_usd (--max-spend) to continue")
         options = EngineOptions(
             adaptive=cfg.retry.adaptive_concurrency, grace_s=cfg.retry.shutdown_grace_s,
             needs_prompt_ids=caps.needs_prompt_ids, cpu_workers=max(1, min(4, (os.cpu_count() or 2))),

@@ -154,19 +154,20 @@ def _adopt(pilot: RunDir, run: RunDir, names: list[str]) -> int:
     return added
 
 
-def send_pilot(cfg: RunConfig, n: int, *, echo: Echo = print,
-               profile: Profile | None = None) -> tuple[int, str | None]:
+def send_pilot(cfg: RunConfig, n: int, *, echo: Echo = print, profile: Profile | None = None,
+               force: bool = False) -> tuple[int, str | None]:
     """Generate up to ``n`` responses per dataset through ``run_generate`` and keep them in the run's raw
     logs. Returns the number of records added to the run, and why the pilot stopped early (or None).
-    ``profile``: the command's already loaded profile of ``cfg.model`` (default: generate loads it)."""
+    ``profile``: the command's already loaded profile of ``cfg.model`` (default: generate loads it).
+    ``force``: plan's ``--force``, handed to the pilot's run directory and generate."""
     pilot_dir = RunDir(cfg.run_path).pilot
     pilot_cfg = msgspec.structs.replace(cfg, run_dir=str(pilot_dir.resolve()), progress="off")
-    with writer(pilot_cfg, "plan --pilot"):
-        return _pilot(cfg, pilot_cfg, RunDir(pilot_dir), n, echo, profile)
+    with writer(pilot_cfg, "plan --pilot", force=force):
+        return _pilot(cfg, pilot_cfg, RunDir(pilot_dir), n, echo, profile, force)
 
 
 def _pilot(cfg: RunConfig, pilot_cfg: RunConfig, pilot: RunDir, n: int, echo: Echo,
-           profile: Profile | None) -> tuple[int, str | None]:
+           profile: Profile | None, force: bool) -> tuple[int, str | None]:
     from draftgen.phases.generate import run_generate
 
     run = RunDir(cfg.run_path)
@@ -188,7 +189,7 @@ def _pilot(cfg: RunConfig, pilot_cfg: RunConfig, pilot: RunDir, n: int, echo: Ec
                 pilot_cfg, budget=msgspec.structs.replace(cfg.budget, max_spend_usd=left))
         echo(f"pilot: {n} prompts per dataset ({', '.join(names)})")
         rep = run_generate(pilot_cfg, echo=lambda line: echo(f"  pilot: {line}"), profile=profile, datasets=names,
-                           argv=["draftgen", "plan", "--pilot", str(n)])
+                           argv=["draftgen", "plan", "--pilot", str(n)], force=force)
         if rep.exit_code:
             stopped = rep.message or f"exit code {rep.exit_code}"
             echo("  pilot: planning with what came back")
@@ -408,8 +409,8 @@ def _plan(cfg: RunConfig, echo: Echo, profile: Profile, force: bool) -> PlanRepo
 
         run_prepare(cfg, echo=echo, profile=profile, force=force)
     notes: list[str] = []
-    pilot_added, stopped = (send_pilot(cfg, cfg.plan.pilot, echo=echo, profile=profile) if cfg.plan.pilot > 0
-                            else (0, None))
+    pilot_added, stopped = (send_pilot(cfg, cfg.plan.pilot, echo=echo, profile=profile, force=force)
+                            if cfg.plan.pilot > 0 else (0, None))
     if stopped:
         notes.append(f"the pilot stopped early (its reason is above); the estimates use the {pilot_added} "
                      "responses it added")
@@ -460,7 +461,7 @@ def estimate_plan(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None
     long_t = sum(ln.latency_s * min(ln.long, ln.remaining) for ln in lines)
     rep.time_s = max(short_t / parts.short.concurrency, long_t / parts.long.concurrency)
     if any(ln.output_basis == "max_tokens" for ln in lines):
-        notes.append("output tokens are upper bounds (max_tokens); set plan.pilot (or --pilot N) for real figures")
+        notes.append("output tokens are upper bounds (max_tokens); set plan.pilot (or `draftgen plan --pilot N`) for real figures")
     notes.append("time assumes no rate limiting at the configured concurrency")
     _fit_budget(rep, lines, {d.name: d.completion_tokens for d in m.datasets})
     _hidden(cfg, lines, rep)
