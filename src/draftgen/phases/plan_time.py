@@ -12,9 +12,11 @@ by side: the run takes as long as the longest of them. A dataset's row is its sh
 slot-seconds of its requests over every dataset's), so the rows add up to the total.
 
 Rates and latencies come from responses already in the raw logs (the pilot's included): the mean latency per
-dataset, the mean time to first token, and the slowest stream rate seen (completion tokens per second after
-the first token, over responses of at least ``MIN_RATE_TOKENS``). Without responses: ``plan.avg_latency_s``
-or ``1 s + output ÷ ASSUMED_TOKENS_PER_S``, and the slowest request at that assumed rate.
+dataset, the mean time to first token, and the slowest stream rate (completion tokens per second after the
+first token, over responses of at least ``MIN_RATE_TOKENS``). A pilot sees a few streams of the many the run
+will: the slowest rate is the ``SLOW_SIGMAS``-sigma low end of a log-normal fit of the rates seen (about the
+slowest in 40), and never faster than the slowest one seen. Without responses: ``plan.avg_latency_s`` or
+``1 s + output ÷ ASSUMED_TOKENS_PER_S``, and the slowest request at that assumed rate.
 
 Reads only the raw logs it is given (``ResponseMetricsView``); writes nothing. Other ways of sending
 (a batch API, say) add a row kind beside ``PartitionTime``, not a new formula inside it.
@@ -22,6 +24,7 @@ Reads only the raw logs it is given (``ResponseMetricsView``); writes nothing. O
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -32,7 +35,7 @@ from draftgen.records import ResponseMetricsView
 from draftgen.store import iter_jsonl
 
 __all__ = ["ASSUMED_TOKENS_PER_S", "ASSUMED_TTFT_S", "MIN_RATE_TOKENS", "PartitionTime", "PartitionWork",
-           "StreamRates", "partition_times", "stream_rates"]
+           "StreamRates", "dataset_shares", "partition_times", "stream_rates"]
 
 #: Decode speed of one stream assumed when no response has been seen (nor ``plan.avg_latency_s`` set).
 ASSUMED_TOKENS_PER_S = 50.0
@@ -40,6 +43,10 @@ ASSUMED_TOKENS_PER_S = 50.0
 ASSUMED_TTFT_S = 1.0
 #: A response shorter than this says little about its stream's rate; it is left out of the slowest rate.
 MIN_RATE_TOKENS = 64
+#: The slowest stream: this many standard deviations under the mean of the log rates seen.
+SLOW_SIGMAS = 2.0
+#: Rates seen needed to fit their spread (fewer: the slowest one seen).
+MIN_RATES_FIT = 5
 
 
 class StreamRates(msgspec.Struct, kw_only=True):
@@ -71,7 +78,17 @@ def stream_rates(raw_logs: Iterable[Path]) -> StreamRates:
                 rates.append(u.completion_tokens / decode)
     if not rates:
         return StreamRates()
-    return StreamRates(ttft_s=sum(ttfts) / len(ttfts), slowest_tokens_per_s=min(rates), responses=len(rates))
+    return StreamRates(ttft_s=sum(ttfts) / len(ttfts), slowest_tokens_per_s=_slowest(rates), responses=len(rates))
+
+
+def _slowest(rates: list[float]) -> float:
+    """The low end of the rates' log-normal fit (``SLOW_SIGMAS`` under the mean), at most the slowest seen."""
+    if len(rates) < MIN_RATES_FIT:
+        return min(rates)
+    logs = [math.log(r) for r in rates]
+    mean = sum(logs) / len(logs)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
+    return min(min(rates), math.exp(mean - SLOW_SIGMAS * sd))
 
 
 class PartitionWork(msgspec.Struct, kw_only=True):
