@@ -72,6 +72,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from draftgen.config import load_yaml
 from draftgen.errors import ConfigError
 
 __all__ = [
@@ -364,7 +365,7 @@ def load_scenario(spec: str) -> Scenario:
     if not path.is_file():
         raise ConfigError(f"scenario {spec!r}: not a built-in (fast, realistic, chaos) and no such file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc})") from None
     if data is None:
