@@ -320,3 +320,25 @@ def test_unreachable_server_stops_instead_of_failing_every_sample(tmp_path: Path
     rep = run_generate(cfg, **quiet)
     assert rep.exit_code == 1 and rep.message is not None and "cannot reach the server" in rep.message
     assert rep.done == 0 and rep.failed < 100
+
+
+def test_permanent_failures_print_their_reason_and_only_retryable_ones_are_told_to_rerun(tmp_path: Path) -> None:
+    from draftgen.emulator.scenarios import Provider
+
+    cfg0 = make_config(tmp_path, ["a"])
+    run_dir = claim(cfg0)
+    write_prompts(run_dir, "a", 6, long_every=3)  # 2 long, 4 short
+    broken = Provider("Faulty", "faulty/int4", "int4", 0.5, 2.0, faults={"server_error": 1.0})
+    with emulator(fast(providers=[broken], time_scale=0.01)) as emu:
+        # long prompts ask for more than the context: HTTP 400, for good; short ones hit a 502 until retries run out
+        cfg = make_config(tmp_path, ["a"], base_url=emu.base_url, retry={"max_attempts": 2},
+                          partitions={"long": {"concurrency": 2, "max_tokens": 300_000}})
+        lines: list[str] = []
+        rep = run_generate(cfg, echo=lines.append)
+    assert rep.exit_code == EXIT_FAILURES and rep.failed == 6
+    good = [ln for ln in lines if ln.startswith("failed for good:")]
+    assert len(good) == 1 and "2 × context_length_exceeded (HTTP 400" in good[0]
+    assert "maximum context length" in good[0]
+    assert rep.message is not None
+    assert "2 for good (a rerun sends them again only to fail the same way" in rep.message
+    assert "4 for now (rerun to retry them)" in rep.message

@@ -27,6 +27,8 @@ import os
 import resource
 import signal
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,7 +77,7 @@ from draftgen.errors import (
 )
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
 from draftgen.records import Provenance
-from draftgen.store import scan_responses
+from draftgen.store import scan_failures, scan_responses
 from draftgen.tokens import Profile, profile_from_config
 
 __all__ = [
@@ -204,6 +206,8 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
     governor = BudgetGovernor(max_spend=cfg.budget.max_spend_usd, token_policy=cfg.budget.token_policy)
     plans: list[DatasetPlan] = []
     table: list[str] = []
+    failed_lines: list[str] = []
+    since = time.time()  # this session's failures are those recorded from now on
     try:
         log.write(f"generate: {' '.join(rundir.scrub_argv(list(opts.argv)))}")
         for d in cfg.datasets:
@@ -238,13 +242,14 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
             base_urls = [emu_url] if emu_url else None
             result_code, message = asyncio.run(_main(cfg, api_key, mgmt, base_urls, profile, provenance, plans,
                                                      partitions, governor, stats, log, rd))
-        if result_code == 0 and stats.failed:
-            result_code = EXIT_FAILURES
-            where = ", ".join(str(rd.failures(c.name).relative_to(run_dir)) for c in stats.datasets.values() if c.failed)
-            message = (f"{stats.failed:,} samples failed ({where} says why); rerun to retry them")
+        if stats.failed:
+            failed_lines, failed_message = _failure_lines(rd, [c.name for c in stats.datasets.values() if c.failed],
+                                                          since)
+            if result_code == 0:
+                result_code, message = EXIT_FAILURES, failed_message
         table = _provider_table(run_dir, names) if plans else []
     finally:
-        summary = summary_lines(stats) + table + _overshoot_lines(governor)
+        summary = summary_lines(stats) + failed_lines + table + _overshoot_lines(governor)
         for line in summary:
             log.write(line)
         log.close()
@@ -264,6 +269,35 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
         spend_over_budget=round(max(0.0, governor.spent - cfg.budget.max_spend_usd), 6)
         if cfg.budget.max_spend_usd is not None else 0.0,
     )
+
+
+def _failure_lines(rd: rundir.RunDir, names: list[str], since: float) -> tuple[list[str], str]:
+    """This session's failures (recorded at or after ``since``, the latest per sample), as console lines and the
+    run's message: each permanent reason with its count (a rerun fails them again until the request, the
+    config or the prompt changes), and the retryable ones (a rerun retries them)."""
+    permanent: Counter[str] = Counter()
+    retryable = 0
+    for name in names:
+        for rec in scan_failures(rd.failures(name)).values():
+            if rec.created_at < since:
+                continue
+            if rec.permanent:
+                permanent[rec.reason if rec.kind in rec.reason else f"{rec.kind}: {rec.reason}"] += 1
+            else:
+                retryable += 1
+    where = ", ".join(str(rd.failures(n).relative_to(rd.root)) for n in names)
+    lines = [f"failed for good: {n:,} × {why}" for why, n in permanent.most_common(5)]
+    if len(permanent) > 5:
+        lines.append(f"failed for good: {sum(permanent.values()) - sum(n for _, n in permanent.most_common(5)):,} "
+                     f"more, for {len(permanent) - 5} other reasons ({where})")
+    parts = []
+    if permanent:
+        parts.append(f"{sum(permanent.values()):,} for good (a rerun sends them again only to fail the same way: "
+                     "fix what the reason says first)")
+    if retryable:
+        parts.append(f"{retryable:,} for now (rerun to retry {'it' if retryable == 1 else 'them'})")
+    total = sum(permanent.values()) + retryable
+    return lines, f"{total:,} samples failed: {'; '.join(parts) or 'see the failures'} ({where} says why)"
 
 
 def _overshoot_lines(governor: BudgetGovernor) -> list[str]:
