@@ -30,7 +30,15 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from bench._common import REPO_ROOT, emit_result, free_port, pin_cpu, quick_mode, stop_process, wait_for_emulator
+    from bench._common import (
+        REPO_ROOT,
+        emit_result,
+        free_port,
+        pin_cpu,
+        quick_mode,
+        stop_process,
+        wait_for_emulator,
+    )
 except ModuleNotFoundError:  # run as `python bench/bench_plan.py`
     from _common import (  # type: ignore[no-redef,import-not-found]
         REPO_ROOT,

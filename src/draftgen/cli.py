@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import click
 
@@ -156,11 +156,11 @@ skip_bad_option = click.option("--skip-bad", is_flag=True,
                                help="Skip and count malformed input lines instead of stopping (prepare.skip_bad).")
 
 
-class TokenCount(click.ParamType):
+class TokenCount(click.ParamType):  # type: ignore[type-arg]
     """A token count: an integer, with an optional k / M / G suffix (``10M`` = 10,000,000; ``1.5k``)."""
 
     name = "TOKENS"
-    _SCALE = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
+    _SCALE: ClassVar[dict[str, int]] = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int):
@@ -214,14 +214,17 @@ def generate_overrides(kw: dict[str, Any]) -> dict[str, Any]:
 @cli.command()
 @click.argument("config", type=click.Path(dir_okay=False))
 @generate_options
+@click.option("--redo", multiple=True, type=click.Choice(["changed", "truncated"]),
+              help="Generate again the samples whose records were made with other settings (changed) or cut at a "
+                   "max_tokens below today's (truncated); repeatable. A rerun without it keeps them and says so.")
 @friendly
-def generate(config: str, **kw: Any) -> None:
+def generate(config: str, redo: tuple[str, ...], **kw: Any) -> None:
     """Send prepared prompts and write raw responses with exact token ids (resumable)."""
     from draftgen.phases.generate import run_generate
 
     cfg = _load(config, generate_overrides(kw))
     report = run_generate(cfg, echo=click.echo, force=kw["force"], datasets=list(kw["datasets"]),
-                          partition=kw["partition"], argv=sys.argv, base_url_flag=kw.get("base_url"))
+                          partition=kw["partition"], argv=sys.argv, base_url_flag=kw.get("base_url"), redo=redo)
     if report.exit_code:
         sys.exit(report.exit_code)
 

@@ -7,6 +7,8 @@ Layout (paths relative to the run directory)::
     pipeline.json                      what each phase of ``draftgen run`` last saw (pipeline)
     prepared/<dataset>/prompts.jsonl   PromptRecord       prepared/<dataset>/stats.json  DatasetStats
     raw/<dataset>/raw_responses.jsonl  ResponseRecord     raw/<dataset>/failures.jsonl   FailureRecord
+    raw/<dataset>/replaced.jsonl       ResponseRecord: records ``generate --redo`` took out of the raw log (their
+                                       samples are generated again); kept for their spend, never merged
     audit/audit.json                   AuditReport
     merged/                            the training rows: <split>-NNNNN-of-MMMMM.parquet shards, README.md (the
                                        dataset card: its YAML ``configs`` name the shards per split, so
@@ -81,6 +83,7 @@ _REPORT = "report.html"
 _LOGS, _ATTEMPTS, _HEALTH = "logs", "attempts.jsonl", "health.jsonl"
 _PREPARED, _PROMPTS, _STATS = "prepared", "prompts.jsonl", "stats.json"
 _RAW, _RESPONSES, _FAILURES = "raw", "raw_responses.jsonl", "failures.jsonl"
+_REPLACED = "replaced.jsonl"
 _AUDIT, _AUDIT_JSON = "audit", "audit.json"
 _MERGED, _CARD, _MANIFEST = "merged", "README.md", "manifest.json"
 _EXPORTS = "exports"
@@ -100,7 +103,7 @@ _HIDDEN_EXPORTS = "hidden-exports"
 
 #: every file name of the layout
 LAYOUT_FILES: frozenset[str] = frozenset({
-    MARKER, LOCK_NAME, _PIPELINE, _REPORT, _ATTEMPTS, _HEALTH, _PROMPTS, _STATS, _RESPONSES, _FAILURES,
+    MARKER, LOCK_NAME, _PIPELINE, _REPORT, _ATTEMPTS, _HEALTH, _PROMPTS, _STATS, _RESPONSES, _FAILURES, _REPLACED,
     _AUDIT_JSON, _CARD, _MANIFEST, _HIDDEN_MARKER, _GROUND_TRUTH, _TRAIN_LOG, _TRAIN_SPEC_LOG, _TRAIN_REPORT, _ACCEPT_JSON,
 })
 #: every folder name of the layout (some are also ordinary words: ``train`` is a split, ``audit`` a command)
@@ -191,6 +194,10 @@ class RunDir:
 
     def failures(self, dataset: str) -> Path:
         return self.raw_dir(dataset) / _FAILURES
+
+    def replaced(self, dataset: str) -> Path:
+        """Records ``generate --redo`` moved out of the raw log (``phases.rerun``): spent, never merged."""
+        return self.raw_dir(dataset) / _REPLACED
 
     # -- phase outputs
     @property

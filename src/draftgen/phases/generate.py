@@ -15,8 +15,10 @@ retried elsewhere and never written, unless ``keep_unusable``; failing providers
 percentiles, retries, dropped reasoning, quantization, cool-downs), computed from the files by
 ``report.providers.provider_metrics``, is printed and logged.
 
-A run directory written by another config (different ``config_hash``: model, reasoning, sampling or
-datasets) is refused with a RunDirError. The engine itself lives in ``draftgen.engine``.
+A run directory written for another target (``model.*``, unless ``--force``) or with another source under a
+dataset's name is refused with a RunDirError. Other generation settings are the records' own: a rerun says
+what differs and what it keeps, and ``redo`` (``--redo changed|truncated``) generates those samples again
+(``phases.rerun``). The engine itself lives in ``draftgen.engine``.
 """
 
 from __future__ import annotations
@@ -76,6 +78,14 @@ from draftgen.errors import (
     InputError,
 )
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
+from draftgen.phases.rerun import (
+    REDO_KINDS,
+    generation_settings,
+    redo,
+    replaced_spend,
+    rerun_lines,
+    settings_report,
+)
 from draftgen.records import Provenance
 from draftgen.store import scan_failures, scan_responses
 from draftgen.tokens import Profile, profile_from_config
@@ -97,6 +107,7 @@ class GenerateOptions:
     argv: list[str] = field(default_factory=list)
     base_url_flag: str | None = None
     force: bool = False  # accept records whose provenance differs from the config
+    redo: list[str] = field(default_factory=list)  # phases.rerun.REDO_KINDS: records to generate again
 
 
 class DatasetSummary(msgspec.Struct, kw_only=True):
@@ -168,14 +179,18 @@ def _prepared(cfg: RunConfig, rd: rundir.RunDir, names: list[str], echo: Echo,
 
 def run_generate(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
                  datasets: Sequence[str] = (), partition: str = "all", argv: Sequence[str] = (),
-                 base_url_flag: str | None = None) -> GenerateReport:
+                 base_url_flag: str | None = None, redo: Sequence[str] = ()) -> GenerateReport:
     """Generate every pending sample of the selected datasets and partitions (see module docstring).
     ``profile``: the already loaded profile of ``cfg.model`` (default: loaded here, once, and shared with
     prepare and the embedded emulator). ``force``: accept records whose provenance differs from the config.
     ``datasets``: the ones to generate (default: every dataset of the config); ``partition``: short, long
-    or all; ``argv``: the command line recorded in run.json and the log; ``base_url_flag``: ``--base-url``."""
+    or all; ``argv``: the command line recorded in run.json and the log; ``base_url_flag``: ``--base-url``;
+    ``redo``: records to generate again, ``changed`` and/or ``truncated`` (``phases.rerun``)."""
     opts = GenerateOptions(datasets=list(datasets), partition=partition, argv=list(argv),
-                           base_url_flag=base_url_flag, force=force)
+                           base_url_flag=base_url_flag, force=force, redo=list(redo))
+    bad = [k for k in opts.redo if k not in REDO_KINDS]
+    if bad:
+        raise ConfigError(f"--redo {bad[0]!r}: use {' or '.join(REDO_KINDS)}")
     names = opts.datasets or [d.name for d in cfg.datasets]
     for n in names:
         cfg.dataset(n)  # ConfigError naming the known datasets
@@ -210,9 +225,10 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
     since = time.time()  # this session's failures are those recorded from now on
     try:
         log.write(f"generate: {' '.join(rundir.scrub_argv(list(opts.argv)))}")
+        _rerun(cfg, rd, names, opts.redo, check, out, log)
         for d in cfg.datasets:
             idx = scan_responses(rd.raw(d.name), check=check)
-            governor.prior += idx.spend_usd
+            governor.prior += idx.spend_usd + replaced_spend(rd, d.name)
             if d.name not in names:
                 continue
             counts = stats.dataset(d.name)
@@ -269,6 +285,24 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
         spend_over_budget=round(max(0.0, governor.spent - cfg.budget.max_spend_usd), 6)
         if cfg.budget.max_spend_usd is not None else 0.0,
     )
+
+
+def _rerun(cfg: RunConfig, rd: rundir.RunDir, names: list[str], kinds: list[str],
+           check: Callable[[Provenance | None, str], None], out: Echo, log: RunLog) -> None:
+    """Say what this rerun keeps of the records made with other settings (``phases.rerun``) and, with
+    ``--redo``, move those records aside so their samples are generated again. A record refused by the
+    provenance check stops the run before anything moves."""
+    report = settings_report(cfg, rd, names)
+    lines = rerun_lines(report, kinds)
+    if kinds:
+        for name in names:
+            scan_responses(rd.raw(name), check=check)
+        for name, n in redo(rd, report, kinds).items():
+            lines.append(f"{name}: --redo {'/'.join(kinds)}: {n:,} records moved to "
+                         f"{rd.replaced(name).relative_to(rd.root)}; their samples are generated again")
+    for line in lines:
+        out(line)
+        log.write(line)
 
 
 def _failure_lines(rd: rundir.RunDir, names: list[str], since: float) -> tuple[list[str], str]:
@@ -477,7 +511,8 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
             keep_unusable=cfg.quality.keep_unusable, require_reasoning=not cfg.reasoning.exclude,
         )
         engine = Engine(
-            backend=backend, assembler=Assembler(profile, provenance=provenance, parse_ids=caps.output_is_raw_ids),
+            backend=backend, assembler=Assembler(profile, provenance=provenance, parse_ids=caps.output_is_raw_ids,
+                                                 settings=generation_settings(cfg)),
             datasets=plans, partitions=partitions, governor=governor, policy=RetryPolicy(cfg.retry), stats=stats,
             log=log, display=display, health=_health(cfg, eps), options=options,
         )

@@ -511,7 +511,7 @@ def estimate_plan(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None
     costs = [ln.cost_usd for ln in lines]
     rep = PlanReport(
         datasets=lines, prices=prices, eligible_endpoints=[e.tag or e.provider_name for e in eligible],
-        spent_usd=m.total.cost_usd + m.total.orphan_cost_usd, expected_cost_usd=None if any(c is None for c in costs) else sum(c or 0.0 for c in costs),
+        spent_usd=m.total.spent_usd, expected_cost_usd=None if any(c is None for c in costs) else sum(c or 0.0 for c in costs),
         budget_usd=cfg.budget.max_spend_usd, pilot_responses=pilot_responses, notes=notes,
         account_remaining_usd=account,
     )
