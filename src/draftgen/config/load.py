@@ -248,6 +248,11 @@ def config_from_mapping(data: Any, *, where: str, base_dir: Path) -> RunConfig:
     if data.get("progress") is False:  # YAML reads a bare `off` as false
         data["progress"] = "off"
     data["base_dir"] = str(base_dir)
+    routing = data.get("routing")
+    if isinstance(routing, dict) and isinstance(routing.get("quantizations"), list):
+        # quantization names are compared case-insensitively (OpenRouter lists them in lower case)
+        data["routing"] = {**routing, "quantizations": [q.lower() if isinstance(q, str) else q
+                                                         for q in routing["quantizations"]]}
     parts = data.get("partitions")
     if isinstance(parts, dict):
         # A partially given partition (e.g. only a flag's concurrency) keeps the other default.
