@@ -166,7 +166,8 @@ def test_time_comes_in_waves_never_under_one_request_and_rows_add_up(tmp_path: P
     # The case: few prompts, 2,000 in flight. latency × prompts ÷ concurrency said 11 s of a 6-minute run.
     cfg = load_config(write_config(tmp_path, base_url=emulator.base_url, n=20, extra=(
         "partitions: {short: {concurrency: 2000, max_tokens: 1000}, long: {concurrency: 500, max_tokens: 2000}}\n"
-        "plan: {avg_output_tokens: 400, avg_latency_s: 9.0}\nbudget: {token_budget: 6000}\n")))
+        "plan: {avg_output_tokens: 400, avg_latency_s: 9.0}\nbudget: {token_budget: 6000}\n"
+        "model: {id: moonshotai/kimi-k2.5, profile: qwen3, tokenizer: 'bundled:qwen3'}\n")))
     lines: list[str] = []
     rep = run_plan(cfg, echo=lines.append)
     (short,) = rep.partitions
@@ -176,6 +177,7 @@ def test_time_comes_in_waves_never_under_one_request_and_rows_add_up(tmp_path: P
     a = rep.datasets[0]
     assert a.requests == pytest.approx(15) and a.token_budget == 6000
     assert "token budget 0/6,000" in "\n".join(lines)
+    assert any("does not look like a model of profile 'qwen3'" in n for n in rep.notes)  # the profile's fit
     # Many waves: (waves - 1) × mean + the slowest request.
     from draftgen.config import PartitionConfig, PartitionsConfig
     from draftgen.phases.plan_time import PartitionWork, StreamRates, partition_times
