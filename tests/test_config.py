@@ -146,3 +146,15 @@ def test_generation_settings_outside_what_openrouter_accepts_are_refused_at_load
 def test_yaml_floats_in_exponent_form(tmp_path: Path) -> None:
     cfg = load_config(_write(tmp_path, BASE + "train: {lr: 1e-4}\nsampling: {temperature: 5E-1}\n"))
     assert cfg.train.lr == 1e-4 and cfg.sampling.temperature == 0.5
+
+
+@pytest.mark.parametrize("line", ["OPENROUTER_API_KEY=sk-or-v1-abcdefabcdef", 'export OPENROUTER_API_KEY="sk-or-v1-abc"'])
+def test_a_key_file_written_as_a_shell_assignment_is_spotted_and_advised_once(tmp_path: Path, line: str) -> None:
+    keyfile = tmp_path / "key.txt"
+    keyfile.write_text(line + "\n")
+    cfg = load_config(_write(tmp_path, BASE), {"endpoint.api_key_file": str(keyfile)})
+    with pytest.raises(ConfigError) as info:
+        resolve_api_key(cfg)
+    msg = str(info.value)
+    assert "holds a shell assignment (OPENROUTER_API_KEY=…)" in msg and "remove 'OPENROUTER_API_KEY='" in msg
+    assert msg.count("only the key") == 1 and "sk-or" not in msg

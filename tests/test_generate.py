@@ -344,3 +344,15 @@ def test_permanent_failures_print_their_reason_and_only_retryable_ones_are_told_
     assert rep.message is not None
     assert "2 for good (a rerun sends them again only to fail the same way" in rep.message
     assert "4 for now (rerun to retry them)" in rep.message
+
+
+def test_after_a_run_spent_and_left_add_up_to_the_budget_or_say_what_caps_it() -> None:
+    from draftgen.engine import BudgetGovernor
+    from draftgen.phases.generate import _budget_lines
+
+    gov = BudgetGovernor(max_spend=5.0, prior=0.04, session=0.06)
+    gov.reserved = 0.49  # an aborted run's requests in flight: cancelled, their reservations do not count as spent
+    assert _budget_lines(gov) == ["budget: $0.1000 spent + $4.9000 left = $5"]
+    gov.session_cap = 3.0  # the key's account has less than the budget left
+    assert "the key's account allows $2.9400 more, which caps the next run first" in _budget_lines(gov)[0]
+    assert _budget_lines(BudgetGovernor()) == [] and _budget_lines(BudgetGovernor(max_spend=0.05, prior=0.1)) == []

@@ -327,6 +327,10 @@ def config_hash(cfg: RunConfig) -> str:
     return hashlib.sha256(msgspec.json.encode(keyed, order="sorted")).hexdigest()[:16]
 
 
+#: a key file written as a shell line: ``NAME=value`` or ``export NAME=value``
+_SHELL_ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*[\"']?")
+
+
 def resolve_api_key(cfg: RunConfig, *, required: bool = True) -> str | None:
     """The API key from ``endpoint.api_key_file`` or the environment variable. Never logged."""
     from draftgen.secrets import redact
@@ -345,6 +349,11 @@ def resolve_api_key(cfg: RunConfig, *, required: bool = True) -> str | None:
             raise ConfigError(f"{shown}: cannot read the API key file; check the path and permissions") from None
         if not key:
             raise ConfigError(f"{shown}: the API key file is empty")
+        assignment = _SHELL_ASSIGNMENT.match(key)
+        if assignment:
+            raise ConfigError(f"{shown}: holds a shell assignment ({assignment.group(1)}=…), not the key alone; "
+                              f"remove '{assignment.group(1)}=' (and any 'export' or quotes) so the file holds only "
+                              "the key")
         if len(key.split()) > 1:
             raise ConfigError(f"{shown}: the API key file must hold only the key (one line, nothing else)")
         return key

@@ -265,7 +265,7 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
                 result_code, message = EXIT_FAILURES, failed_message
         table = _provider_table(run_dir, names) if plans else []
     finally:
-        summary = summary_lines(stats) + failed_lines + table + _overshoot_lines(governor)
+        summary = summary_lines(stats) + failed_lines + table + _overshoot_lines(governor) + _budget_lines(governor)
         for line in summary:
             log.write(line)
         log.close()
@@ -332,6 +332,22 @@ def _failure_lines(rd: rundir.RunDir, names: list[str], since: float) -> tuple[l
         parts.append(f"{retryable:,} for now (rerun to retry {'it' if retryable == 1 else 'them'})")
     total = sum(permanent.values()) + retryable
     return lines, f"{total:,} samples failed: {'; '.join(parts) or 'see the failures'} ({where} says why)"
+
+
+def _budget_lines(governor: BudgetGovernor) -> list[str]:
+    """The dollar budget at the end, spent + left adding up to it (requests in flight have settled or been
+    cancelled by now: nothing is reserved), and what else caps the spend when the key's account does."""
+    cap = governor.max_spend
+    if cap is None:
+        return []
+    spent = governor.spent
+    if spent > cap:
+        return []  # _overshoot_lines says by how much
+    line = f"budget: ${spent:.4f} spent + ${cap - spent:.4f} left = ${cap:g}"
+    if governor.session_cap is not None and governor.session_cap - governor.session < cap - spent:
+        line += (f"; the key's account allows ${max(0.0, governor.session_cap - governor.session):.4f} more, "
+                 "which caps the next run first")
+    return [line]
 
 
 def _overshoot_lines(governor: BudgetGovernor) -> list[str]:
@@ -458,15 +474,23 @@ def _health(cfg: RunConfig, endpoints: list[EndpointInfo] | None) -> ProviderHea
     return ProviderHealth(policy, guard)
 
 
+#: a second SIGINT/SIGTERM this soon after the first is the same keypress delivered twice, not a second one
+SIGNAL_DEBOUNCE_S = 0.2
+
+
 def _install_signals(engine: Engine, display: Any) -> Callable[[], None]:
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     loop = asyncio.get_running_loop()
     count = 0
+    last = 0.0
 
     def on_signal(signame: str) -> None:
-        nonlocal count
-        count += 1
+        nonlocal count, last
+        now = time.monotonic()
+        if (count and now - last < SIGNAL_DEBOUNCE_S) or count >= 2:
+            return  # one keypress delivered twice (terminal and shell), or the abort is already under way
+        count, last = count + 1, now
         if count == 1:
             engine.stats.interrupt = signame  # the display shows the grace period counting down
             display.print(f"{signame}: stopping; grace period: finishing {engine.in_flight} requests in flight "

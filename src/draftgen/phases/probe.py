@@ -341,7 +341,7 @@ class _Probe:
                 send = self.account(snap)
             except AuthError as exc:
                 self.rep.key_valid = False
-                self.fail(f"the API key was rejected ({exc}); check {cfg.endpoint.api_key_env} or --api-key-file")
+                self.fail(str(exc))  # the AuthError says it was rejected and what to check, once
                 snap, send = await self._endpoints_only(backend), False
         eps = self.endpoints(snap)
         return eps, send and len(self.rep.errors) == before
@@ -368,7 +368,7 @@ class _Probe:
             comp = await backend.complete(req)
         except AuthError as exc:
             self.rep.key_valid = False
-            self.fail(f"the API key was rejected ({exc})")
+            self.fail(str(exc))
             return None
         except PaymentRequired as exc:
             self.fail(f"payment required ({exc}); add credits or raise the key's limit")
