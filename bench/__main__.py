@@ -48,6 +48,7 @@ TIMEOUTS: dict[str, tuple[int, int]] = {
     "bench_scale": (450, 120),
     "bench_peers": (420, 180),
     "bench_replay": (600, 600),
+    "bench_plan": (420, 240),
     "bench_extract": (300, 150),
     "bench_chain": (1200, 900),
     "bench_train_disk": (240, 90),
@@ -60,7 +61,7 @@ QUICK_ARGS: dict[str, list[str]] = {
 }
 # Run order: cheap and independent first, the long engine runs after.
 ORDER = ["bench_resume", "bench_reconstruct", "bench_emulator", "bench_report", "bench_merge", "bench_generate",
-         "bench_scale", "bench_peers", "bench_replay", "bench_extract", "bench_train_disk", "bench_chain"]
+         "bench_scale", "bench_peers", "bench_replay", "bench_plan", "bench_extract", "bench_train_disk", "bench_chain"]
 
 
 TARGETS = [
@@ -87,6 +88,8 @@ TARGETS = [
            ("expected_occupancy",), ">=", 0.95, "issue 13"),
     Target("reference job replay: wall time vs ideal API-bound time (expected)", ("bench_replay",),
            ("expected_time_vs_ideal",), "<=", 1.1, "issue 13"),
+    Target("plan's time vs the run it plans (quickstart job, realistic): |plan ÷ run - 1|", ("bench_plan",),
+           ("plan_time_abs_error",), "<=", 0.25, "issue 23", detail=("plan_time_s", "run_time_s")),
     Target("hidden-state extract vs the bare base-model forward, teacher_fraction 0.05 (ratio)", ("bench_extract",),
            ("extract_overhead_vs_forward",), "<=", 1.10, "issue 21",
            detail=("teacher5_extract_s", "bare_base_forward_s", "extract_cpu_overhead_vs_forward")),

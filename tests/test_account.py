@@ -75,7 +75,7 @@ def test_credits_failure_is_a_reason(tmp_path: Path, emu: RunningEmulator, monke
 
 
 def test_missing_endpoints_are_a_reason(tmp_path: Path) -> None:
-    sc = builtin_scenario("fast").replace(accept_any_model=False)
+    sc = builtin_scenario("fast")  # a model id it does not list is OpenRouter's 404
     with start_in_thread(EmulatorOptions(port=0, scenario_obj=sc)) as e:
         snap = _read(_cfg(tmp_path, e.base_url, model="nobody/no-such-model"))
     assert snap.key is not None

@@ -154,8 +154,12 @@ def test_reference_by_sample_id_and_default_reference(tmp_path: Path) -> None:
     run = write_synthetic_run(tmp_path, "kimi-k2.5", 10, seed=4)
     gt = run.cfg.run_path / "emulator" / "ground_truth.jsonl"
     gt.unlink()
-    report = run_audit(run.cfg, profile=profile("kimi-k2.5"), **QUIET)
+    lines: list[str] = []
+    report = run_audit(run.cfg, profile=profile("kimi-k2.5"), echo=lines.append)
     assert report.reference is None and report.overall.reference_compared == 0
+    # As against a separately started emulator: ref 0, and where reference ids would come from.
+    hint = next(line for line in lines if line.startswith("ref 0:"))
+    assert "draftgen emulate --ground-truth FILE" in hint and "--reference FILE" in hint
     # Exact-id records (as a vLLM/SGLang run writes them) keyed by sample_id.
     ref = tmp_path / "exact.jsonl"
     with JsonlWriter(ref, fsync=False) as w:
@@ -164,6 +168,7 @@ def test_reference_by_sample_id_and_default_reference(tmp_path: Path) -> None:
                 w.write({"sample_id": r.sample_id, "output_ids": r.output_ids})
     result = CliRunner().invoke(cli, ["audit", str(tmp_path / "cfg.yaml"), "--reference", str(ref)])
     assert result.exit_code == 0, result.output
+    assert "ref 0:" not in result.output
     saved = read_json(run.cfg.run_path / "audit" / "audit.json", AuditReport)
     assert saved.overall.exact_match == 20 and saved.reference == str(ref.resolve())
 

@@ -181,14 +181,18 @@ def test_expected_dollar_overshoot_is_bounded(tmp_path: Path) -> None:
 def test_plan_states_the_dollar_bound(tmp_path: Path) -> None:
     from draftgen.backends.pricing import PriceEstimate
     from draftgen.phases.plan import PlanReport, _budget_bound
+    from draftgen.phases.plan_time import PartitionTime
 
     cfg = make_config(tmp_path, ["a"], budget={"max_spend_usd": 100.0},
                       partitions={"short": {"concurrency": 2000, "max_tokens": 10240},
                                   "long": {"concurrency": 500, "max_tokens": 16384}})
-    rep = PlanReport(datasets=[], budget_usd=100.0)
+    left = [PartitionTime(partition=p, requests=n, concurrency=c, max_tokens=m, waves=n / c, mean_latency_s=1.0,
+                          slowest_s=1.0, time_s=1.0) for p, n, c, m in (("short", 5000, 2000, 10240),
+                                                                        ("long", 900, 500, 16384))]
+    rep = PlanReport(datasets=[], budget_usd=100.0, partitions=left)
     line = _budget_bound(cfg, rep)
     assert "2,000 × 10,240 + 500 × 16,384" in line and "in flight" in line
     rep.prices = PriceEstimate(prompt=0.44e-6, completion=2e-6, basis="price", max_completion=3e-6)
-    assert "= $86" in _budget_bound(cfg, rep)
+    assert "= $86" in _budget_bound(cfg, rep) and "86% of the budget" in _budget_bound(cfg, rep)
     strict = make_config(tmp_path, ["a"], budget={"max_spend_usd": 100.0, "token_policy": "strict"})
     assert "never passes" in _budget_bound(strict, rep)

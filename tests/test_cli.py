@@ -215,3 +215,27 @@ def test_config_error_is_one_line_with_a_fix(tmp_path: Path, extra: str, expecte
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error:") and expected in lines[0], res.output
     assert "Traceback" not in res.output
+
+
+def test_token_budget_takes_k_and_m_suffixes() -> None:
+    from draftgen.cli import TokenCount
+
+    tc = TokenCount()
+    assert [tc.convert(v, None, None) for v in ("10M", "500k", "1.5k", "20,000,000", "2G", "7")] == \
+        [10_000_000, 500_000, 1500, 20_000_000, 2_000_000_000, 7]
+    for bad in ("10X", "-5", "1.5", "M"):
+        with pytest.raises(click.BadParameter):
+            tc.convert(bad, None, None)
+
+
+def test_token_budget_10m_reaches_the_config_and_status_watch_takes_the_config_after_it(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)
+    res = CliRunner().invoke(cli, ["generate", str(cfg), "--token-budget", "10M", "--dataset", "nope"])
+    assert res.exit_code == 2 and "no dataset named 'nope'" in res.output  # parsed, loaded, then refused
+    res = CliRunner().invoke(cli, ["generate", str(cfg), "--token-budget", "10X"])
+    assert res.exit_code == 2 and "not a token count" in res.output
+    for args in (["--watch", str(cfg)], [str(cfg), "--watch"], ["--watch", "0.5", str(cfg)]):
+        res = CliRunner().invoke(cli, ["status", *args])
+        assert "the run directory does not exist yet" in res.output, (args, res.output)
+    res = CliRunner().invoke(cli, ["status", "--watch", "soon", str(cfg)])
+    assert res.exit_code == 2 and "'soon' is not a number of seconds" in res.output

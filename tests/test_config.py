@@ -114,3 +114,47 @@ def test_enum_error_lists_the_valid_values(tmp_path: Path, text: str, expected: 
     with pytest.raises(ConfigError) as info:
         load_config(_write(tmp_path, text))
     assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (BASE + "routing: {sort: cheapest}\n", "at 'routing.sort'; valid values: price, throughput, latency"),
+        (BASE + "routing: {sort: pric}\n", "(did you mean 'price'?)"),
+        (BASE + "routing: {data_collection: maybe}\n", "at 'routing.data_collection'; valid values: allow, deny"),
+        (BASE + "routing: {quantizations: [int4, fp5]}\n", "at 'routing.quantizations[1]' (did you mean 'fp8'?); valid values: int4, int8, fp4"),
+        (BASE + "routing: {max_price: {promt: 1}}\n", "among the keys of 'routing.max_price' (did you mean 'prompt'?)"),
+        (BASE + "reasoning: {effort: maximum}\n", "at 'reasoning.effort'"),
+        (BASE + "reasoning: {effort: high, max_tokens: 100}\n", "reasoning.effort and reasoning.max_tokens are both set"),
+        (BASE + "sampling: {temperature: 5}\n", "sampling.temperature 5.0 is out of range; OpenRouter accepts [0, 2]"),
+        (BASE + "sampling: {top_p: 2}\n", "sampling.top_p 2.0 is out of range; OpenRouter accepts (0, 1]"),
+        (BASE + "sampling: {top_p: 0}\n", "sampling.top_p 0.0 is out of range"),
+        (BASE + "sampling: {logprobs: true, top_logprobs: 21}\n", "sampling.top_logprobs 21 is out of range"),
+        (BASE + "sampling: {top_logprobs: 5}\n", "sampling.top_logprobs needs sampling.logprobs: true"),
+        (BASE + "sampling: {stop: [a, b, c, d, e]}\n", "sampling.stop has 5 strings; OpenRouter accepts up to 4"),
+    ],
+)
+def test_generation_settings_outside_what_openrouter_accepts_are_refused_at_load(tmp_path: Path, text: str,
+                                                                                 expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, text))
+    assert expected in str(info.value) and "\n" not in str(info.value)
+    ok = BASE + "routing: {sort: price, quantizations: [int4, fp8]}\nsampling: {temperature: 2, top_p: 1}\n"
+    assert load_config(_write(tmp_path, ok)).routing.sort == "price"
+
+
+def test_yaml_floats_in_exponent_form(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, BASE + "train: {lr: 1e-4}\nsampling: {temperature: 5E-1}\n"))
+    assert cfg.train.lr == 1e-4 and cfg.sampling.temperature == 0.5
+
+
+@pytest.mark.parametrize("line", ["OPENROUTER_API_KEY=sk-or-v1-abcdefabcdef", 'export OPENROUTER_API_KEY="sk-or-v1-abc"'])
+def test_a_key_file_written_as_a_shell_assignment_is_spotted_and_advised_once(tmp_path: Path, line: str) -> None:
+    keyfile = tmp_path / "key.txt"
+    keyfile.write_text(line + "\n")
+    cfg = load_config(_write(tmp_path, BASE), {"endpoint.api_key_file": str(keyfile)})
+    with pytest.raises(ConfigError) as info:
+        resolve_api_key(cfg)
+    msg = str(info.value)
+    assert "holds a shell assignment (OPENROUTER_API_KEY=…)" in msg and "remove 'OPENROUTER_API_KEY='" in msg
+    assert msg.count("only the key") == 1 and "sk-or" not in msg

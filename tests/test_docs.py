@@ -101,3 +101,28 @@ def test_every_documented_default_is_the_codes_default(tmp_path: Path) -> None:
             assert cell == f"`{msgspec.json.encode(msgspec.to_builtins(obj)).decode()}`", key
     assert documented["partitions.long.max_tokens"] == "`16384`"
     assert documented["partitions.short.concurrency"] == "`2000`"
+
+
+def test_the_vllm_backend_section_the_readme_and_the_error_point_to_is_there() -> None:
+    """README and the ``not_extract_mode`` error link docs/extract.md#the-vllm-backend: the section gives the
+    versions checked, every serve flag and the sizing for the reference target (issue 23)."""
+    import re
+
+    root = DOCS.parent
+    text = (DOCS / "extract.md").read_text(encoding="utf-8")
+    section = text.split("\n## The vllm backend\n", 1)[1].split("\n## ", 1)[0]
+    for must in ("vLLM 0.33.0", ">= 0.22.0", "#46973", "extract_hidden_states", "ExampleHiddenStatesConnector",
+                 "--no-enable-chunked-prefill", "enable_chunked_prefill=False", "--no-enable-prefix-caching",
+                 "Kimi-K2.5", "8 × H200", "--tensor-parallel-size 8", "[2, 30, 58, 61]", "Sources:"):
+        assert must in section, must
+    assert "docs/extract.md#the-vllm-backend" in (root / "README.md").read_text(encoding="utf-8")
+    vllm = (root / "src" / "draftgen" / "phases" / "extract" / "capture" / "vllm.py").read_text(encoding="utf-8")
+    assert re.search(r"docs/extract\.md#the-vllm-backend\)\", kind=\"not_extract_mode\"", vllm)
+
+
+def test_resume_and_reruns_says_what_is_kept_redone_and_refused() -> None:
+    text = (DOCS.parent / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## Resume and reruns\n", 1)[1].split("\n## ", 1)[0]
+    for must in ("**Kept.**", "**Redone.**", "**Refused.**", "--redo changed", "--redo truncated", "replaced.jsonl",
+                 "--force"):
+        assert must in section, must

@@ -465,3 +465,15 @@ def test_cli_serves_and_stops_on_sigterm() -> None:
             proc.kill()
     assert proc.returncode == 0, err
     assert "emulator stopped: 1 requests" in out and "Traceback" not in err
+
+
+def test_an_unknown_model_slug_is_openrouters_404_and_every_listed_family_is_served(emu: RunningEmulator) -> None:
+    r = chat(emu.base_url, chat_body(model="moonshotai/kimi-k2.5x"))
+    assert r.status == 404
+    err = r.json()["error"]
+    assert "moonshotai/kimi-k2.5x is not a valid model ID" in err["message"]
+    assert err["availability"]["code"] == "model_not_found" and err["availability"]["retryable"] is False
+    assert request(f"{emu.base_url}/models/moonshotai/kimi-k2.5x/endpoints", key=None).status == 404
+    listed = [m["id"] for m in request(f"{emu.base_url}/models", key=None).json()["data"]]
+    assert {"qwen/qwen3-8b", "moonshotai/kimi-k2.5", "z-ai/glm-4.6"} <= set(listed)
+    assert chat(emu.base_url, chat_body(model="moonshotai/kimi-k2.5:floor", max_tokens=16)).status == 200

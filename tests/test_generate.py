@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -79,9 +80,9 @@ def test_generate_embedded_emulator_ids_provenance_and_resume(tmp_path: Path, ke
     assert rep2.done == 0 and rep2.requests == 0
     assert len(responses(run_dir, "a")) == 40
 
-    # Another config in the same run dir is refused.
-    other = make_config(tmp_path, ["a", "b"], sampling={"temperature": 0.3})
-    with pytest.raises(RunDirError, match="another config"):
+    # Another source under a dataset's name is refused (other generation settings are the records': test_rerun).
+    other = make_config(tmp_path, [{"name": "a", "path": "elsewhere.jsonl"}, "b"])
+    with pytest.raises(RunDirError, match=r"datasets\[0\]\.path \(a\): the run has 'a.jsonl'"):
         run_generate(other, **quiet)
 
 
@@ -320,3 +321,38 @@ def test_unreachable_server_stops_instead_of_failing_every_sample(tmp_path: Path
     rep = run_generate(cfg, **quiet)
     assert rep.exit_code == 1 and rep.message is not None and "cannot reach the server" in rep.message
     assert rep.done == 0 and rep.failed < 100
+
+
+def test_permanent_failures_print_their_reason_and_only_retryable_ones_are_told_to_rerun(
+        tmp_path: Path, qwen3_profile: Any) -> None:
+    from draftgen.emulator.scenarios import Provider
+
+    cfg0 = make_config(tmp_path, ["a"])
+    run_dir = claim(cfg0)
+    write_prompts(run_dir, "a", 6, long_every=3)  # 2 long, 4 short
+    broken = Provider("Faulty", "faulty/int4", "int4", 0.5, 2.0, faults={"server_error": 1.0})
+    with emulator(fast(providers=[broken], time_scale=0.01), profile_obj=qwen3_profile) as emu:
+        # long prompts ask for more than the context: HTTP 400, for good; short ones hit a 502 until retries run out
+        cfg = make_config(tmp_path, ["a"], base_url=emu.base_url, retry={"max_attempts": 2},
+                          partitions={"long": {"concurrency": 2, "max_tokens": 300_000}})
+        lines: list[str] = []
+        rep = run_generate(cfg, echo=lines.append, profile=qwen3_profile)
+    assert rep.exit_code == EXIT_FAILURES and rep.failed == 6
+    good = [ln for ln in lines if ln.startswith("failed for good:")]
+    assert len(good) == 1 and "2 × context_length_exceeded (HTTP 400" in good[0]
+    assert "maximum context length" in good[0]
+    assert rep.message is not None
+    assert "2 for good (a rerun sends them again only to fail the same way" in rep.message
+    assert "4 for now (rerun to retry them)" in rep.message
+
+
+def test_after_a_run_spent_and_left_add_up_to_the_budget_or_say_what_caps_it() -> None:
+    from draftgen.engine import BudgetGovernor
+    from draftgen.phases.generate import _budget_lines
+
+    gov = BudgetGovernor(max_spend=5.0, prior=0.04, session=0.06)
+    gov.reserved = 0.49  # an aborted run's requests in flight: cancelled, their reservations do not count as spent
+    assert _budget_lines(gov) == ["budget: $0.1000 spent + $4.9000 left = $5"]
+    gov.session_cap = 3.0  # the key's account has less than the budget left
+    assert "the key's account allows $2.9400 more, which caps the next run first" in _budget_lines(gov)[0]
+    assert _budget_lines(BudgetGovernor()) == [] and _budget_lines(BudgetGovernor(max_spend=0.05, prior=0.1)) == []

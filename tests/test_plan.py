@@ -158,3 +158,53 @@ def test_price_estimate_follows_routing() -> None:
     assert max(lb.providers, key=lambda k: lb.providers[k]) == "chutes/int4"
     assert 1e-6 < lb.completion < 4e-6 and sum(lb.providers.values()) == pytest.approx(1.0)
     assert estimate_price([], RoutingConfig()) is None
+
+
+def test_time_comes_in_waves_never_under_one_request_and_rows_add_up(tmp_path: Path, emulator: RunningEmulator,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # the table's basis column on one line
+    # The case: few prompts, 2,000 in flight. latency × prompts ÷ concurrency said 11 s of a 6-minute run.
+    cfg = load_config(write_config(tmp_path, base_url=emulator.base_url, n=20, extra=(
+        "partitions: {short: {concurrency: 2000, max_tokens: 1000}, long: {concurrency: 500, max_tokens: 2000}}\n"
+        "plan: {avg_output_tokens: 400, avg_latency_s: 9.0}\nbudget: {token_budget: 6000}\n"
+        "model: {id: moonshotai/kimi-k2.5, profile: qwen3, tokenizer: 'bundled:qwen3'}\n")))
+    lines: list[str] = []
+    rep = run_plan(cfg, echo=lines.append)
+    (short,) = rep.partitions
+    assert short.waves == 1 and rep.time_s == short.time_s >= 1.0 + 1000 / 50 >= 9.0  # one request at max_tokens
+    assert sum(d.time_s for d in rep.datasets) == pytest.approx(rep.time_s)
+    # The token budget binds a: 6,000 tokens at 400 a sample is 15 of its 20 prompts; it shows in the basis.
+    a = rep.datasets[0]
+    assert a.requests == pytest.approx(15) and a.token_budget == 6000
+    assert "token budget 0/6,000" in "\n".join(lines)
+    assert any("does not look like a model of profile 'qwen3'" in n for n in rep.notes)  # the profile's fit
+    # Many waves: (waves - 1) × mean + the slowest request.
+    from draftgen.config import PartitionConfig, PartitionsConfig
+    from draftgen.phases.plan_time import PartitionWork, StreamRates, partition_times
+
+    narrow = msgspec.structs.replace(cfg, partitions=PartitionsConfig(
+        short=PartitionConfig(concurrency=4, max_tokens=1000), long=PartitionConfig(concurrency=2, max_tokens=2000)))
+    work = [PartitionWork(dataset="a", partition="short", requests=20, latency_s=9.0),
+            PartitionWork(dataset="a", partition="long", requests=4, latency_s=9.0)]
+    got = {p.partition: p for p in partition_times(narrow, work, StreamRates(ttft_s=1.0, slowest_tokens_per_s=20.0,
+                                                                             responses=5))}
+    assert got["short"].waves == 5 and got["short"].time_s == pytest.approx(4 * 9.0 + 1.0 + 1000 / 20)
+    assert got["long"].waves == 2 and got["long"].time_s == pytest.approx(9.0 + 1.0 + 2000 / 20)
+
+
+def test_overshoot_bound_is_sized_to_what_can_be_in_flight(tmp_path: Path, emulator: RunningEmulator) -> None:
+    cfg = load_config(write_config(tmp_path, base_url=emulator.base_url, n=10, extra=(
+        "partitions: {short: {concurrency: 2000, max_tokens: 10240}, long: {concurrency: 500, max_tokens: 16384}}\n"
+        "plan: {avg_output_tokens: 300}\nbudget: {max_spend_usd: 100}\n")))
+    lines: list[str] = []
+    rep = run_plan(cfg, echo=lines.append)
+    bound = next(ln for ln in lines if ln.startswith("budget bound"))
+    assert "15 × 10,240" in bound and "2,000" not in bound and "500 ×" not in bound  # 10 + 5 prompts, no long ones
+    assert rep.budget_ok and "to shrink it" not in bound  # 15 × 10,240 × $3/M = $0.46, under a fifth of $100
+    small = load_config(write_config(tmp_path, base_url=emulator.base_url, n=10, extra=(
+        "partitions: {short: {concurrency: 2000, max_tokens: 10240}}\nplan: {avg_output_tokens: 300}\n"
+        "budget: {max_spend_usd: 1}\n")))
+    lines = []
+    run_plan(small, echo=lines.append)
+    bound = next(ln for ln in lines if ln.startswith("budget bound"))
+    assert "46% of the budget" in bound and "partitions.short.concurrency" in bound and "token_policy: strict" in bound

@@ -222,3 +222,21 @@ def test_served_by_warns_when_fp4_may_have_run(tmp_path: Path) -> None:
     fp8 = _Probe(cfg, lambda s: None)
     fp8.served_by(Completion(backend="openrouter", provider="baseten/fp8"), eps)
     assert fp8.rep.warnings == [] and fp8.rep.quantization == "fp8"
+
+
+def test_probe_lists_every_problem_in_one_pass(tmp_path: Path, emulator: RunningEmulator,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # The rehearsal: a tokenizer that cannot load, no key, and a Kimi model id under the Qwen3 profile.
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
+    data = config_dict(tmp_path, ["a"], endpoint={"kind": "openrouter", "base_url": emulator.base_url},
+                       model={"id": "moonshotai/kimi-k2.5", "profile": "qwen3", "tokenizer": "./nope"})
+    lines: list[str] = []
+    rep = run_probe(load_config(write_config(tmp_path, data)), echo=lines.append)
+    out = "\n".join(lines)
+    assert not rep.ok and len(rep.errors) == 2, out
+    assert "tokenizer folder not found" in rep.errors[0] and "no API key: set OPENROUTER_API_KEY" in rep.errors[1]
+    assert len(rep.warnings) == 1 and "does not look like a model of profile 'qwen3'" in rep.warnings[0]
+    assert "kimi-k2.5" in rep.warnings[0].split("for this model:")[1]
+    assert rep.endpoints and rep.eligible_endpoints  # what needs no key was still checked
+    assert "request" in out and "not sent" in out
+    assert out.rstrip().endswith("probe FAILED (2 problems)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html as htmllib
+import os
 import re
 from pathlib import Path
 
@@ -118,6 +119,9 @@ def test_report_is_self_contained(tmp_path: Path) -> None:
     out = run_report(cfg, echo=_quiet, output=tmp_path / "elsewhere" / "r.html").path
     page = out.read_text(encoding="utf-8")
     assert not (run / "report.html").exists()
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~mask  # a page to share, not a private file (mkstemp's 0600)
     assert not re.search(r"""<(script|link|img)[^>]+(src|href)=["']?https?:""", page)
     # The only </script> closers are the page's own: a hostile name cannot end a JSON block early.
     assert page.count("</script>") == page.count("<script")

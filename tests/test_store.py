@@ -130,3 +130,19 @@ def test_enospc_is_a_clear_storage_error(tmp_path: Path, monkeypatch: pytest.Mon
     with pytest.raises(StorageError, match="no space left on device"):
         w.write(_rec(2))
     assert [r.sample_id for _, r in iter_jsonl(p, ResponseRecord)] == ["s1"]
+
+
+def test_move_records_moves_lines_once_even_after_a_crash_between_its_two_steps(tmp_path: Path) -> None:
+    from draftgen.store import move_records
+
+    src, dst = tmp_path / "raw.jsonl", tmp_path / "replaced.jsonl"
+    lines = [b'{"sample_id": "s%d", "n": %d}\n' % (i, i) for i in range(5)]
+    src.write_bytes(b"".join(lines) + b'{"sample_id": "s9", "cut')  # a partial tail: dropped
+    assert move_records(src, dst, {"s1", "s3"}) == 2
+    assert src.read_bytes() == lines[0] + lines[2] + lines[4]
+    assert dst.read_bytes() == lines[1] + lines[3]
+    # A crash after the append and before the rename leaves the lines in both: moving again adds none twice.
+    src.write_bytes(lines[0] + lines[1] + lines[2])
+    assert move_records(src, dst, {"s1"}) == 1
+    assert src.read_bytes() == lines[0] + lines[2] and dst.read_bytes() == lines[1] + lines[3]
+    assert move_records(src, dst, {"nope"}) == 0 and src.read_bytes() == lines[0] + lines[2]

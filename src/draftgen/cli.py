@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import click
 
@@ -152,13 +152,36 @@ run_dir_option = click.option("--run-dir", type=click.Path(file_okay=False), cal
                               help="Run directory (overrides run_dir; relative to the working directory).")
 force_option = click.option("--force", is_flag=True,
                             help="Accept records made by another model, profile or tokenizer (the outputs record it).")
+skip_bad_option = click.option("--skip-bad", is_flag=True,
+                               help="Skip and count malformed input lines instead of stopping (prepare.skip_bad).")
+
+
+class TokenCount(click.ParamType):  # type: ignore[type-arg]
+    """A token count: an integer, with an optional k / M / G suffix (``10M`` = 10,000,000; ``1.5k``)."""
+
+    name = "TOKENS"
+    _SCALE: ClassVar[dict[str, int]] = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().replace(",", "").replace("_", "")
+        suffix = text[-1:].lower() if text[-1:].isalpha() else ""
+        try:
+            number = float(text[: len(text) - len(suffix)]) * self._SCALE[suffix]
+        except (KeyError, ValueError):
+            self.fail(f"{value!r} is not a token count; write e.g. 20000000, 20M or 500k", param, ctx)
+        if number < 0 or number != int(number):
+            self.fail(f"{value!r} is not a whole, non-negative token count", param, ctx)
+        return int(number)
+
 
 
 def generate_options(fn: F) -> F:
     opts = [
         click.option("--dataset", "datasets", multiple=True, help="Only this dataset (repeatable)."),
         click.option("--partition", type=click.Choice(["short", "long", "all"]), default="all", show_default=True),
-        click.option("--token-budget", type=int, help="Completion-token budget per dataset."),
+        click.option("--token-budget", type=TokenCount(), help="Completion-token budget per dataset (10M, 500k, 20000000)."),
         click.option("--max-spend", type=float, help="Dollar budget for this run directory (USD)."),
         click.option("--short-concurrency", type=int, help="Requests in flight for the short partition."),
         click.option("--long-concurrency", type=int, help="Requests in flight for the long partition."),
@@ -166,6 +189,7 @@ def generate_options(fn: F) -> F:
         click.option("--long-max-tokens", type=int, help="max_tokens for long prompts."),
         run_dir_option,
         force_option,
+        skip_bad_option,
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -176,6 +200,7 @@ def generate_overrides(kw: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "run_dir": kw.get("run_dir"),
         "budget.token_budget": kw.get("token_budget"),
+        "prepare.skip_bad": True if kw.get("skip_bad") else None,
         "budget.max_spend_usd": kw.get("max_spend"),
         "partitions.short.concurrency": kw.get("short_concurrency"),
         "partitions.long.concurrency": kw.get("long_concurrency"),
@@ -189,14 +214,17 @@ def generate_overrides(kw: dict[str, Any]) -> dict[str, Any]:
 @cli.command()
 @click.argument("config", type=click.Path(dir_okay=False))
 @generate_options
+@click.option("--redo", multiple=True, type=click.Choice(["changed", "truncated"]),
+              help="Generate again the samples whose records were made with other settings (changed) or cut at a "
+                   "max_tokens below today's (truncated); repeatable. A rerun without it keeps them and says so.")
 @friendly
-def generate(config: str, **kw: Any) -> None:
+def generate(config: str, redo: tuple[str, ...], **kw: Any) -> None:
     """Send prepared prompts and write raw responses with exact token ids (resumable)."""
     from draftgen.phases.generate import run_generate
 
     cfg = _load(config, generate_overrides(kw))
     report = run_generate(cfg, echo=click.echo, force=kw["force"], datasets=list(kw["datasets"]),
-                          partition=kw["partition"], argv=sys.argv, base_url_flag=kw.get("base_url"))
+                          partition=kw["partition"], argv=sys.argv, base_url_flag=kw.get("base_url"), redo=redo)
     if report.exit_code:
         sys.exit(report.exit_code)
 
@@ -204,14 +232,15 @@ def generate(config: str, **kw: Any) -> None:
 @cli.command()
 @click.argument("config", type=click.Path(dir_okay=False))
 @run_dir_option
-@click.option("--skip-bad", is_flag=True, help="Skip and count malformed input lines instead of stopping.")
+@skip_bad_option
+@force_option
 @friendly
-def prepare(config: str, run_dir: str | None, skip_bad: bool) -> None:
+def prepare(config: str, run_dir: str | None, skip_bad: bool, force: bool) -> None:
     """Normalise prompt datasets into prepared/<dataset>/prompts.jsonl."""
     from draftgen.phases.prepare import run_prepare
 
     cfg = _load(config, {"run_dir": run_dir, "prepare.skip_bad": True if skip_bad else None})
-    run_prepare(cfg, echo=click.echo)
+    run_prepare(cfg, echo=click.echo, force=force)
 
 
 @cli.command()
@@ -259,16 +288,18 @@ def _url_or_cwd(ctx: click.Context, param: click.Parameter, value: str | None) -
 @click.option("--limit", type=int, help="Stop after this many new samples (the manifest then says complete: false).")
 @click.option("--pilot", type=int, help="Extract this many samples to measure throughput for plan (they are kept).")
 @click.option("--workers", type=click.IntRange(min=1), help="Run on a Ray Data actor pool of this many actors (sets hidden_states.ray and .workers).")
+@force_option
 @friendly
 def extract(config: str, run_dir: str | None, output: str | None, model: str | None, backend: str | None,
-            dtype: str | None, device: str | None, limit: int | None, pilot: int | None, workers: int | None) -> None:
+            dtype: str | None, device: str | None, limit: int | None, pilot: int | None, workers: int | None,
+            force: bool) -> None:
     """Capture the target's hidden states for every merged train row into hidden/ (resumable; checked)."""
     from draftgen.phases.extract.run import run_extract
 
     cfg = _load(config, {"run_dir": run_dir, "hidden_states.output": output, "hidden_states.model": model,
                          "hidden_states.backend": backend, "hidden_states.dtype": dtype, "hidden_states.device": device,
                          "hidden_states.ray": True if workers else None, "hidden_states.workers": workers})
-    run_extract(cfg, echo=click.echo, limit=limit, pilot=pilot)
+    run_extract(cfg, echo=click.echo, limit=limit, pilot=pilot, force=force)
 
 
 @cli.command()
@@ -373,13 +404,17 @@ def accept(config: str, run_dir: str | None, api_key_file: str | None, base_url:
 @run_dir_option
 @endpoint_options
 @click.option("--pilot", type=int, help="Prompts per dataset to send as a pilot (overrides plan.pilot).")
+@force_option
+@skip_bad_option
 @friendly
-def plan(config: str, run_dir: str | None, api_key_file: str | None, base_url: str | None, pilot: int | None) -> None:
+def plan(config: str, run_dir: str | None, api_key_file: str | None, base_url: str | None, pilot: int | None,
+         force: bool, skip_bad: bool) -> None:
     """Estimate tokens, dollars, time and hidden-state disk before spending."""
     from draftgen.phases.plan import run_plan
 
-    cfg = _load(config, {"run_dir": run_dir, **endpoint_overrides(api_key_file, base_url), "plan.pilot": pilot})
-    run_plan(cfg, echo=click.echo)
+    cfg = _load(config, {"run_dir": run_dir, **endpoint_overrides(api_key_file, base_url), "plan.pilot": pilot,
+                         "prepare.skip_bad": True if skip_bad else None})
+    run_plan(cfg, echo=click.echo, force=force)
 
 
 @cli.command()
@@ -407,30 +442,54 @@ def run(config: str, yes: bool, dry_run: bool, **kw: Any) -> None:
         sys.exit(report.exit_code)
 
 
+#: ``status --watch``'s refresh interval when none is given
+WATCH_DEFAULT_S = 2.0
+
+
 @cli.command()
-@click.argument("target", type=click.Path())
-@click.option("--watch", type=click.FloatRange(min=0, min_open=True), is_flag=False, flag_value=2.0, default=None,
-              metavar="[SECONDS]", help="Refresh every SECONDS (default 2) until Ctrl-C; put it after TARGET.")
+@click.argument("target", type=click.Path(), required=False)
+@click.option("--watch", is_flag=False, flag_value=str(WATCH_DEFAULT_S), default=None, metavar="[SECONDS]",
+              help=f"Refresh every SECONDS (default {WATCH_DEFAULT_S:g}) until Ctrl-C; before or after TARGET.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary (one JSON object).")
 @friendly
-def status(target: str, watch: float | None, as_json: bool) -> None:
+def status(target: str | None, watch: str | None, as_json: bool) -> None:
     """Summarise a run directory (or a config's run directory), during a run or after it."""
     from draftgen.phases.status import status_command
 
-    status_command(target, watch=watch, as_json=as_json, echo=click.echo)
+    target, interval = _watch_args(target, watch)
+    status_command(target, watch=interval, as_json=as_json, echo=click.echo)
+
+
+def _watch_args(target: str | None, watch: str | None) -> tuple[str, float | None]:
+    """TARGET and the refresh interval of ``status``: ``--watch`` takes an optional number, so in
+    ``status --watch CONFIG`` the word after it is the target, not an interval."""
+    interval: float | None = None
+    if watch is not None:
+        try:
+            interval = float(watch)
+        except ValueError:
+            if target is not None:
+                raise click.BadParameter(f"{watch!r} is not a number of seconds", param_hint="--watch") from None
+            target, interval = watch, WATCH_DEFAULT_S
+        if not interval > 0:
+            raise click.BadParameter(f"{watch!r}: the interval must be over 0 seconds", param_hint="--watch")
+    if target is None:
+        raise click.UsageError("Missing argument 'TARGET' (a run directory or a config file).")
+    return target, interval
 
 
 @cli.command()
 @click.argument("config", type=click.Path(dir_okay=False))
 @run_dir_option
 @click.option("--output", type=click.Path(dir_okay=False), help="Where to write the page (default <run_dir>/report.html).")
+@force_option
 @friendly
-def report(config: str, run_dir: str | None, output: str | None) -> None:
+def report(config: str, run_dir: str | None, output: str | None, force: bool) -> None:
     """Write report.html: one self-contained page with tables and charts."""
     from draftgen.phases.report.run import run_report
 
     cfg = _load(config, {"run_dir": run_dir})
-    run_report(cfg, echo=click.echo, output=Path(output) if output else None)  # echoes "report: PATH"
+    run_report(cfg, echo=click.echo, force=force, output=Path(output) if output else None)  # echoes "report: PATH"
 
 
 @cli.command()

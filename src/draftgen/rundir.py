@@ -7,6 +7,8 @@ Layout (paths relative to the run directory)::
     pipeline.json                      what each phase of ``draftgen run`` last saw (pipeline)
     prepared/<dataset>/prompts.jsonl   PromptRecord       prepared/<dataset>/stats.json  DatasetStats
     raw/<dataset>/raw_responses.jsonl  ResponseRecord     raw/<dataset>/failures.jsonl   FailureRecord
+    raw/<dataset>/replaced.jsonl       ResponseRecord: records ``generate --redo`` took out of the raw log (their
+                                       samples are generated again); kept for their spend, never merged
     audit/audit.json                   AuditReport
     merged/                            the training rows: <split>-NNNNN-of-MMMMM.parquet shards, README.md (the
                                        dataset card: its YAML ``configs`` name the shards per split, so
@@ -27,7 +29,8 @@ tests/test_rundir_layout.py fails on any of them written as a string anywhere el
 Rules (ARCHITECTURE.md, invariants):
 
 - A folder is draftgen's once it holds ``run.json``. A writing command claims a missing or empty folder
-  (writing ``run.json`` first) and refuses a non-empty folder without it.
+  (writing ``run.json`` first) and refuses a non-empty folder without it. A command that fails before its
+  first real write removes its claim again: the folder is left as the command found it.
 - One writer at a time: every writing command holds an exclusive ``flock`` on ``.draftgen.lock`` for its
   whole run (it goes away with the process, even on kill -9). Nested phases of one process (``run``)
   re-enter the lock. A second writer fails at once with a line naming the holder. Readers never lock.
@@ -80,6 +83,7 @@ _REPORT = "report.html"
 _LOGS, _ATTEMPTS, _HEALTH = "logs", "attempts.jsonl", "health.jsonl"
 _PREPARED, _PROMPTS, _STATS = "prepared", "prompts.jsonl", "stats.json"
 _RAW, _RESPONSES, _FAILURES = "raw", "raw_responses.jsonl", "failures.jsonl"
+_REPLACED = "replaced.jsonl"
 _AUDIT, _AUDIT_JSON = "audit", "audit.json"
 _MERGED, _CARD, _MANIFEST = "merged", "README.md", "manifest.json"
 _EXPORTS = "exports"
@@ -99,7 +103,7 @@ _HIDDEN_EXPORTS = "hidden-exports"
 
 #: every file name of the layout
 LAYOUT_FILES: frozenset[str] = frozenset({
-    MARKER, LOCK_NAME, _PIPELINE, _REPORT, _ATTEMPTS, _HEALTH, _PROMPTS, _STATS, _RESPONSES, _FAILURES,
+    MARKER, LOCK_NAME, _PIPELINE, _REPORT, _ATTEMPTS, _HEALTH, _PROMPTS, _STATS, _RESPONSES, _FAILURES, _REPLACED,
     _AUDIT_JSON, _CARD, _MANIFEST, _HIDDEN_MARKER, _GROUND_TRUTH, _TRAIN_LOG, _TRAIN_SPEC_LOG, _TRAIN_REPORT, _ACCEPT_JSON,
 })
 #: every folder name of the layout (some are also ordinary words: ``train`` is a split, ``audit`` a command)
@@ -190,6 +194,10 @@ class RunDir:
 
     def failures(self, dataset: str) -> Path:
         return self.raw_dir(dataset) / _FAILURES
+
+    def replaced(self, dataset: str) -> Path:
+        """Records ``generate --redo`` moved out of the raw log (``phases.rerun``): spent, never merged."""
+        return self.raw_dir(dataset) / _REPLACED
 
     # -- phase outputs
     @property
@@ -491,32 +499,112 @@ def writer(cfg: RunConfig, command: str, *, argv: list[str] | None = None, force
 
     Claims a new or empty folder by writing ``run.json``; refuses a non-empty folder without it. Refuses a
     run made with another target (``model.*`` fields, named) unless ``force``. ``same_config`` (generate)
-    also refuses any other ``config_hash`` and refreshes ``run.json`` with this command's argv.
+    also refuses other datasets (a dataset's source under the same name) and refreshes ``run.json`` with
+    this command's argv and config; other generation settings are the records' own (``phases.rerun``).
+
+    A command that fails before its first real write leaves the folder as it found it: when this call
+    claimed it and nothing but the stamp (``run.json``, the lock, empty files, logs) is in it, they are
+    removed again, and so is the folder (and its parents) when the claim made it.
     """
     root = cfg.run_path
     _check_owner(root)
+    made = _missing_top(root)
     with _lock(root, command):
         rd = RunDir(root)
         _check_owner(root)  # another process may have written into it before the lock was ours
         argv = list(argv if argv is not None else sys.argv)
-        if not rd.marker.is_file():
+        claimed = not rd.marker.is_file()
+        if claimed:
             atomic_write_json(rd.marker, _manifest(cfg, argv, time.time()))
         else:
             man = read_manifest(rd)
-            if same_config and man.config_hash != config_hash(cfg):
-                diffs = _config_mismatches(cfg, man)
-                raise RunDirError(
-                    f"{root} was written by another config (config_hash {man.config_hash}, this config "
-                    f"{config_hash(cfg)}): " + ("; ".join(diffs) if diffs else
-                                                "the model, reasoning, sampling or datasets differ")
-                    + "; use another --run-dir or restore the config")
-            diffs = _config_mismatches(cfg, man)
-            if diffs and not force:
-                raise RunDirError(f"{root}: {diffs[0]}; run `draftgen {command}` with the run's config, "
-                                  "or pass --force to accept the difference (the outputs record it)")
+            _refuse_other(cfg, man, root, command, force=force, same_config=same_config)
             if same_config:
                 atomic_write_json(rd.marker, _manifest(cfg, argv, man.created_at or time.time()))
-        yield rd
+        try:
+            yield rd
+        except BaseException:
+            if claimed and _only_stamp(root):
+                _undo_claim(root, made)
+            raise
+
+
+def _refuse_other(cfg: RunConfig, man: RunManifest, root: Path, command: str, *, force: bool,
+                  same_config: bool) -> None:
+    """Refuse a run made with another target (unless ``force``) or, with ``same_config``, other datasets.
+    When the folder holds nothing but the stamp of a start that failed, the message says how to reset it."""
+    reset = (f"; {root} holds nothing but the stamp of a start that failed ({MARKER}): delete {root / MARKER} "
+             "to start afresh" if _only_stamp(root) else "")
+    if same_config:
+        ds = _dataset_mismatches(cfg, man)
+        if ds:
+            raise RunDirError(f"{root}: {ds[0]}; use another --run-dir for other data, or restore the "
+                              f"dataset{reset}")
+    diffs = _config_mismatches(cfg, man)
+    if diffs and not force:
+        raise RunDirError(f"{root}: {diffs[0]}; run `draftgen {command.split()[0]}` with the run's config, "
+                          f"or pass --force to accept the difference (the outputs record it){reset}")
+
+
+def _dataset_mismatches(cfg: RunConfig, man: RunManifest) -> list[str]:
+    """Datasets of the run whose source (path, hf, format) differs under the same name."""
+    old = man.config.get("datasets") if isinstance(man.config, dict) else None
+    if not isinstance(old, list):
+        return []
+    had = {d.get("name"): d for d in old if isinstance(d, dict)}
+    out = []
+    for i, d in enumerate(cfg.datasets):
+        was = had.get(d.name)
+        if was is None:
+            continue
+        for key in ("path", "hf", "format"):
+            now = _with_defaults(getattr(d, key))
+            if key in was and was[key] != now:
+                out.append(f"datasets[{i}].{key} ({d.name}): the run has {redact(repr(was[key]))}, "
+                           f"this config {redact(repr(now))}")
+    return out
+
+
+def _missing_top(root: Path) -> Path | None:
+    """The outermost folder of ``root``'s path that does not exist yet (None: ``root`` exists)."""
+    top = None
+    for p in (root, *root.parents):
+        if p.exists():
+            break
+        top = p
+    return top
+
+
+def _stamp_file(root: Path, p: Path) -> bool:
+    """A file a claim or a failed start leaves: the marker, the lock, an empty file, a log."""
+    rel = p.relative_to(root).parts
+    return rel in ((MARKER,), (LOCK_NAME,)) or rel[0] == _LOGS or p.stat().st_size == 0
+
+
+def _only_stamp(root: Path) -> bool:
+    """Whether ``root`` holds nothing but the stamp of a start (``_stamp_file``) and empty folders. Stops
+    at the first real file."""
+    try:
+        return all(not p.is_symlink() and (p.is_dir() or (p.is_file() and _stamp_file(root, p)))
+                   for p in root.rglob("*"))
+    except OSError:
+        return False
+
+
+def _undo_claim(root: Path, made: Path | None) -> None:
+    """Remove what a claim of ``root`` wrote (only stamp files: ``_only_stamp`` holds), and the folders the
+    claim made, up to ``made``."""
+    with contextlib.suppress(OSError):
+        for p in sorted(root.rglob("*"), key=lambda q: len(q.parts), reverse=True):
+            if p.is_dir():
+                p.rmdir()
+            else:
+                p.unlink()
+        if made is not None:
+            for p in (root, *root.parents):
+                p.rmdir()
+                if p == made:
+                    break
 
 
 # -- record provenance -----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ so start-up stays fast on logs of hundreds of millions of tokens.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -47,6 +48,8 @@ __all__ = [
     "iter_jsonl",
     "iter_jsonl_offsets",
     "iter_responses",
+    "move_records",
+    "new_file_mode",
     "publish",
     "raw_ids_len",
     "read_json",
@@ -55,6 +58,7 @@ __all__ = [
     "scan_failures",
     "scan_responses",
     "storage_error",
+    "temp_beside",
 ]
 
 T = TypeVar("T")
@@ -105,11 +109,33 @@ def storage_error(path: Path, exc: OSError) -> StorageError:
     return StorageError(f"{path}: write failed ({exc.strerror or exc}); completed work is kept")
 
 
+def new_file_mode() -> int:
+    """The mode a new file gets from the umask (0644 under the usual 022): what a temp file made by
+    ``mkstemp`` (always 0600) is given before it takes its final name, so outputs are not private."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def temp_beside(path: Path) -> Path:
+    """A new, empty temp file of this writer's own beside ``path`` (``mkstemp``: two writers never share
+    one), with the mode a new file gets from the umask."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, new_file_mode())
+    finally:
+        os.close(fd)
+    return Path(tmp)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (a temp file, fsynced, renamed over it), with the mode a new
+    file gets from the umask."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
+            os.fchmod(fd, new_file_mode())
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
                 fh.flush()
@@ -329,6 +355,76 @@ def scan_failures(path: Path) -> dict[str, FailureRecord]:
     for _, rec in iter_jsonl(path, FailureRecord):
         out[rec.sample_id] = rec
     return out
+
+
+class _SampleIdView(msgspec.Struct):
+    sample_id: str = ""
+
+
+def move_records(src: Path, dst: Path, sample_ids: set[str]) -> int:
+    """Move the lines of ``src`` whose record's ``sample_id`` is in ``sample_ids`` to the end of ``dst``,
+    byte for byte; ``src`` keeps the others, in order. Returns the number of lines moved.
+
+    Crash-safe: the moved lines are appended to ``dst`` and made durable first, then ``src`` is replaced
+    atomically by a copy without them. A crash between the two leaves the lines in both; moving them again
+    appends only the lines ``dst`` does not hold yet, so each is there once. ``src``'s partial tail (a write
+    cut by a crash) is dropped."""
+    if not sample_ids or not src.is_file():
+        return 0
+    repair_partial_tail(src)
+    decoder = msgspec.json.Decoder(_SampleIdView)
+    have = {_line_key(line) for line in _lines(dst)}
+    tmp = temp_beside(src)
+    moved = 0
+    try:
+        with open(tmp, "wb") as keep, open(src, "rb") as fh:
+            out: list[bytes] = []
+            for line in fh:
+                try:
+                    sid = decoder.decode(line).sample_id
+                except msgspec.DecodeError:
+                    sid = ""
+                if sid not in sample_ids:
+                    keep.write(line)
+                    continue
+                moved += 1
+                if _line_key(line) not in have:
+                    out.append(line)
+        if not moved:
+            tmp.unlink()
+            return 0
+        _append_lines(dst, out)
+        publish(tmp, src)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return moved
+
+
+def _lines(path: Path) -> Iterator[bytes]:
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 (closed by the with below)
+    except FileNotFoundError:
+        return
+    with fh:
+        yield from (line for line in fh if line.endswith(b"\n"))
+
+
+def _line_key(line: bytes) -> bytes:
+    return hashlib.sha256(line.rstrip(b"\n")).digest()
+
+
+def _append_lines(path: Path, lines: list[bytes]) -> None:
+    """Append whole lines to ``path`` (its partial tail repaired first) and make them durable."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    repair_partial_tail(path)
+    try:
+        with open(path, "ab") as fh:
+            fh.write(b"".join(lines))
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        raise storage_error(path, exc) from None
 
 
 def iter_responses(path: Path) -> Iterator[ResponseRecord]:

@@ -98,7 +98,7 @@ def test_vllm_current_shape_has_nulls_where_there_are_no_ids() -> None:
 
 def test_vllm_errors_nested_now_flat_when_legacy() -> None:
     long_prompt = {"messages": [{"role": "user", "content": "x " * 10}], "max_tokens": 131072}
-    with emulator(fast(accept_any_model=False)) as emu:
+    with emulator(fast(local_accept_any_model=False)) as emu:
         bad = _vllm(emu.root_url, max_tokens=0)
         ctx = _vllm(emu.root_url, **long_prompt)
         unknown = request(f"{emu.root_url}/v1/chat/completions", "POST",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,42 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
 
 if os.environ.get("DRAFTGEN_NO_BROWSER") == "1":
     pytest.skip("DRAFTGEN_NO_BROWSER=1: browser test left out on purpose", allow_module_level=True)
+
+
+def _overlap(a: dict[str, float], b: dict[str, float]) -> bool:
+    return not (a["x"] + a["width"] <= b["x"] or b["x"] + b["width"] <= a["x"]
+                or a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"])
+
+
+def _check_at_1280(browser: Any, cfg: Any, page_path: Path) -> None:
+    """At 1280 px the audit table is not cut, however long its numbers (the reference run's 35k samples and
+    91M tokens), and no chart's toolbar covers its legend."""
+    from draftgen.records import AuditReport
+    from draftgen.store import atomic_write_json, read_json
+
+    aj = cfg.run_path / "audit" / "audit.json"
+    rep = read_json(aj, AuditReport)
+    for da in [*rep.datasets, rep.overall]:
+        da.records, da.kept, da.reference_compared, da.exact_match = 35314, 35001, 35314, 35001
+        da.rebuilt_completion_tokens, da.billed_completion_tokens = 91234567, 91239999
+        da.kept_rebuilt_completion_tokens, da.kept_billed_completion_tokens = 91000500, 91000000
+        da.billing_mismatched_samples, da.tokenization_mismatch = 12345, 300
+    atomic_write_json(aj, rep)
+    run_report(cfg, echo=lambda s: None)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(page_path.as_uri(), wait_until="load")
+    page.wait_for_function("document.querySelectorAll('.chart .main-svg').length >= 9", timeout=20_000)
+    width, room = page.locator("#audit").evaluate("t => [t.scrollWidth, t.parentElement.clientWidth]")
+    assert width <= room, (width, room)
+    charts = page.locator(".chart")
+    for i in range(charts.count()):
+        chart = charts.nth(i)
+        chart.hover()
+        bar = chart.locator(".modebar").bounding_box()
+        legend = chart.locator(".legend").bounding_box() if chart.locator(".legend").count() else None
+        assert bar is not None
+        assert legend is None or not _overlap(bar, legend), chart.get_attribute("id")
+    page.close()
 
 
 def test_report_renders_in_chromium(tmp_path: Path) -> None:
@@ -96,6 +133,7 @@ def test_report_renders_in_chromium(tmp_path: Path) -> None:
             assert page.locator("#mismatches .tok.ours").count() >= 2 and page.locator("#mismatches .ctx").count() >= 4
             shot = tmp_path / "report.png"
             page.screenshot(path=str(shot), full_page=True)
+            _check_at_1280(browser, cfg, page_path)
         finally:
             browser.close()
     assert shot.stat().st_size > 50_000

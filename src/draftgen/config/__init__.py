@@ -31,6 +31,7 @@ from draftgen.config.load import (
     config_from_mapping,
     config_hash,
     load_config,
+    load_yaml,
     resolve_api_key,
 )
 from draftgen.config.merge import MergeConfig
@@ -63,5 +64,6 @@ __all__ = [
     "config_from_mapping",
     "config_hash",
     "load_config",
+    "load_yaml",
     "resolve_api_key",
 ]

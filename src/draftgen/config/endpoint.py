@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from draftgen.config.base import Section
@@ -50,6 +52,11 @@ class EndpointConfig(Section):
     emulator: EmulatorConfig = msgspec.field(default_factory=EmulatorConfig)
 
 
+#: the quantizations OpenRouter's ``provider.quantizations`` accepts
+Quantization = Literal["int4", "int8", "fp4", "mxfp4", "nvfp4", "fp6", "fp8", "mxfp8", "fp16", "bf16", "fp32",
+                       "unknown"]
+
+
 class RoutingConfig(Section):
     """OpenRouter's ``provider`` object, sent as is (omitted fields are not sent)."""
 
@@ -59,15 +66,17 @@ class RoutingConfig(Section):
     """Allow-list of providers; a base slug (``deepinfra``) also matches its variants."""
     ignore: list[str] | None = None
     """Providers never to use (the reference run ignored the NVFP4/FP4 ones)."""
-    sort: str | None = None
+    sort: Literal["price", "throughput", "latency"] | None = None
     """``price``, ``throughput`` or ``latency``."""
     allow_fallbacks: bool | None = None
     """Whether OpenRouter may fall back to other providers (default true upstream)."""
-    quantizations: list[str] | None = None
-    """Allowed quantizations, e.g. ``[int4, fp8]``."""
+    quantizations: list[Quantization] | None = None
+    """Allowed quantizations, e.g. ``[int4, int8, fp8, fp16, bf16]`` (keeps out FP4/NVFP4 hosts, and any new
+    ``*/fp4`` one, and hosts that do not say: ``unknown``): int4, int8, fp4, mxfp4, nvfp4, fp6, fp8, mxfp8,
+    fp16, bf16, fp32, unknown."""
     require_parameters: bool | None = None
     """Route only to providers supporting every parameter sent (e.g. logprobs)."""
-    data_collection: str | None = None
+    data_collection: Literal["allow", "deny"] | None = None
     """``allow`` or ``deny``."""
-    max_price: dict[str, float | str] | None = None
+    max_price: dict[Literal["prompt", "completion", "request", "image"], float | str] | None = None
     """Price ceilings in USD per million tokens: ``{prompt: 0.6, completion: 2.5}`` (numbers or numeric strings, as OpenRouter's spec types them)."""

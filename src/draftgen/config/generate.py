@@ -12,7 +12,7 @@ from draftgen.config.base import Section
 class ReasoningConfig(Section):
     """OpenRouter's ``reasoning`` object, sent as is (omitted fields are not sent)."""
 
-    effort: str | None = None
+    effort: Literal["max", "xhigh", "high", "medium", "low", "minimal", "none"] | None = None
     """``max``, ``xhigh``, ``high``, ``medium``, ``low``, ``minimal`` or ``none``."""
     max_tokens: int | None = None
     """Thinking budget in tokens (use either this or ``effort``)."""
@@ -36,7 +36,7 @@ class SamplingConfig(Section):
     logprobs: bool | None = None
     """Ask for per-token logprobs: where a provider returns them, content ids are recovered exactly."""
     top_logprobs: int | None = None
-    """Alternatives per position (0–20)."""
+    """Alternatives per position (0–20; needs ``logprobs: true``)."""
 
 
 class PartitionConfig(Section):

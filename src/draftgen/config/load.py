@@ -29,6 +29,20 @@ _PATH_RE = re.compile(r"\$\.?(.*)`?$")
 _HIDDEN_KEYS = frozenset({"base_dir"})  # set by the loader, never by the file
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """YAML's safe loader, reading ``1e-4`` as the float it means (YAML 1.1 wants a dot: ``1.0e-4``)."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML text as draftgen reads every YAML file (configs, scenarios): safely, with ``1e-4`` a float.
+    Raises ``yaml.YAMLError``."""
+    return yaml.load(text, Loader=_YamlLoader)
+
+
 def _unwrap(tp: Any) -> Any:
     """The Struct (or Literal) inside ``X | None`` and ``list[X]``; other types unchanged."""
     while True:
@@ -62,8 +76,11 @@ def _valid_keys(section: str) -> list[str]:
     return [f.name for f in msgspec.structs.fields(tp) if f.name not in _HIDDEN_KEYS]
 
 
-def _literal_values(key: str) -> list[str]:
+def _literal_values(key: str, in_key: bool = False) -> list[str]:
+    """The values a Literal at ``key`` allows (``in_key``: the Literal keys of the mapping at ``key``)."""
     tp = _type_at(key)
+    if in_key and typing.get_origin(tp) is dict:
+        tp = typing.get_args(tp)[0]
     if typing.get_origin(tp) is Literal:
         return [str(v) for v in typing.get_args(tp)]
     return []
@@ -73,8 +90,9 @@ def _explain(exc: msgspec.ValidationError, where: str) -> ConfigError:
     """One line from msgspec's validation error: the key path, and what to write instead. An unknown key gets
     the nearest valid key of its section ("did you mean"), a bad enum value the list of valid values."""
     msg = str(exc)
-    m = re.search(r"- at `\$(.*)`", msg)
-    key = m.group(1).lstrip(".") if m else ""
+    m = re.search(r"- at (`key` in )?`\$(.*)`", msg)
+    key = m.group(2).lstrip(".") if m else ""
+    in_key = bool(m and m.group(1))
     head = msg.split(" - at ")[0]
     unknown = re.match(r"Object contains unknown field `(.+)`", head)
     if unknown:
@@ -88,10 +106,13 @@ def _explain(exc: msgspec.ValidationError, where: str) -> ConfigError:
         listed = f"; valid keys{' in ' + repr(key) if key else ''}: {', '.join(valid)}" if valid else ""
         return ConfigError(f"{where}: unknown key {field_path!r}; check the spelling{listed} (see docs/config.md)")
     if head.startswith("Invalid enum value"):
-        values = _literal_values(key)
+        values = _literal_values(key, in_key)
         if values:
-            return ConfigError(f"{where}: {head}" + (f" at {key!r}" if key else "")
-                               + f"; valid values: {', '.join(values)}")
+            bad = re.search(r"'(.*)'", head)
+            close = difflib.get_close_matches(bad.group(1), values, n=1, cutoff=0.6) if bad else []
+            mean = f" (did you mean {close[0]!r}?)" if close else ""
+            what = f" among the keys of {key!r}" if in_key else (f" at {key!r}" if key else "")
+            return ConfigError(f"{where}: {head}{what}{mean}; valid values: {', '.join(values)}")
     return ConfigError(f"{where}: {head}" + (f" at {key!r}" if key else "") + "; see docs/config.md")
 
 
@@ -125,7 +146,29 @@ def _validate(cfg: RunConfig, where: str) -> None:
             raise ConfigError(f"{where}: routing.max_price.{k} must be >= 0 (USD per million tokens)")
     if not 0.0 <= cfg.merge.val_fraction < 1.0:
         raise ConfigError(f"{where}: merge.val_fraction must be in [0, 1)")
+    _validate_generation(cfg, where)
     _validate_no_key(cfg, where)
+
+
+def _validate_generation(cfg: RunConfig, where: str) -> None:
+    """The ranges OpenRouter's API reference documents for the sampling and reasoning settings (a request
+    outside them fails with HTTP 400 on every sample): refused at load, naming the key and the range."""
+    s, r = cfg.sampling, cfg.reasoning
+    ranges = (("sampling.temperature", s.temperature, 0.0, 2.0, "[0, 2]", True),
+              ("sampling.top_p", s.top_p, 0.0, 1.0, "(0, 1]", False),
+              ("sampling.top_logprobs", s.top_logprobs, 0, 20, "0 to 20", True))
+    for key, value, lo, hi, shown, lo_ok in ranges:
+        if value is not None and not ((lo <= value if lo_ok else lo < value) and value <= hi):
+            raise ConfigError(f"{where}: {key} {value!r} is out of range; OpenRouter accepts {shown}")
+    if s.stop is not None and len(s.stop) > 4:
+        raise ConfigError(f"{where}: sampling.stop has {len(s.stop)} strings; OpenRouter accepts up to 4")
+    if s.top_logprobs is not None and not s.logprobs:
+        raise ConfigError(f"{where}: sampling.top_logprobs needs sampling.logprobs: true")
+    if r.max_tokens is not None and r.max_tokens < 0:
+        raise ConfigError(f"{where}: reasoning.max_tokens must be >= 0 (a thinking budget in tokens)")
+    if r.effort is not None and r.max_tokens is not None:
+        raise ConfigError(f"{where}: reasoning.effort and reasoning.max_tokens are both set; OpenRouter takes one "
+                          "of them: keep the effort or the token budget")
 
 
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -205,6 +248,11 @@ def config_from_mapping(data: Any, *, where: str, base_dir: Path) -> RunConfig:
     if data.get("progress") is False:  # YAML reads a bare `off` as false
         data["progress"] = "off"
     data["base_dir"] = str(base_dir)
+    routing = data.get("routing")
+    if isinstance(routing, dict) and isinstance(routing.get("quantizations"), list):
+        # quantization names are compared case-insensitively (OpenRouter lists them in lower case)
+        data["routing"] = {**routing, "quantizations": [q.lower() if isinstance(q, str) else q
+                                                         for q in routing["quantizations"]]}
     parts = data.get("partitions")
     if isinstance(parts, dict):
         # A partially given partition (e.g. only a flag's concurrency) keeps the other default.
@@ -233,7 +281,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
     except IsADirectoryError:
         raise ConfigError(f"{p}: is a folder; give the path of a YAML config file") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         loc = f":{mark.line + 1}" if mark is not None else ""
@@ -279,6 +327,10 @@ def config_hash(cfg: RunConfig) -> str:
     return hashlib.sha256(msgspec.json.encode(keyed, order="sorted")).hexdigest()[:16]
 
 
+#: a key file written as a shell line: ``NAME=value`` or ``export NAME=value``
+_SHELL_ASSIGNMENT = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*[\"']?")
+
+
 def resolve_api_key(cfg: RunConfig, *, required: bool = True) -> str | None:
     """The API key from ``endpoint.api_key_file`` or the environment variable. Never logged."""
     from draftgen.secrets import redact
@@ -297,6 +349,11 @@ def resolve_api_key(cfg: RunConfig, *, required: bool = True) -> str | None:
             raise ConfigError(f"{shown}: cannot read the API key file; check the path and permissions") from None
         if not key:
             raise ConfigError(f"{shown}: the API key file is empty")
+        assignment = _SHELL_ASSIGNMENT.match(key)
+        if assignment:
+            raise ConfigError(f"{shown}: holds a shell assignment ({assignment.group(1)}=…), not the key alone; "
+                              f"remove '{assignment.group(1)}=' (and any 'export' or quotes) so the file holds only "
+                              "the key")
         if len(key.split()) > 1:
             raise ConfigError(f"{shown}: the API key file must hold only the key (one line, nothing else)")
         return key

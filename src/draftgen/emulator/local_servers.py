@@ -192,7 +192,7 @@ def _vllm_model(core: EmulatorCore, requested: Any) -> ModelInfo | None:
     for m in models:
         if m.id == requested:
             return m
-    return models[0] if core.scenario.accept_any_model else None
+    return models[0] if core.scenario.local_accept_any_model else None
 
 
 async def vllm_chat(request: web.Request) -> web.StreamResponse:

@@ -1,7 +1,8 @@
 """``POST /api/v1/chat/completions``: request validation, routing, money checks, faults, delivery.
 
 Flow of one request: auth (401) → JSON and field validation (400) → prompt ids (cached) → request key
-and attempt number → routing (404/503) → context check (400) → affordability and in-flight budget
+→ the model (an id the scenario does not list: OpenRouter's 404, ``model_not_found``) → attempt number →
+routing (404/503) → context check (400) → affordability and in-flight budget
 (402) → provider choice with fallbacks over the providers' drawn faults → delivery (streamed or not),
 paced by the provider's TTFT and tokens/s on the scenario's clock → billing, ``/generation`` record and
 ground truth for every generation delivered in full.
@@ -172,14 +173,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     prompt_hash, prompt_ids = prompt
     rkey = stable_hash(prompt_hash.hex(), req.model, req.temperature, req.top_p, req.seed, req.max_tokens,
                        req.stop, req.thinking)
+    if not core.scenario.accept_any_model and req.model not in {m.id for m in core.scenario.models}:
+        return _fail(core, ApiError(404, f"{req.model} is not a valid model ID", "not_found",
+                                    availability=availability("model_not_found", False, requested_models=[req.model])))
     attempt = core.next_attempt(rkey)
     cands = route(core.scenario.providers, req.prefs, req.used, core.uniform("route", rkey, attempt), req.model)
     if isinstance(cands, ApiError):
         return _fail(core, cands)
     cands = _misrouted(core, cands, rkey, attempt) + cands
-    if not core.scenario.accept_any_model and req.model not in {m.id for m in core.scenario.models}:
-        return _fail(core, ApiError(404, f"{req.model} is not a valid model ID", "not_found",
-                                    availability=availability("model_not_found", False, requested_models=[req.model])))
     first = cands[0]
     n_prompt = len(prompt_ids)
     if n_prompt + (req.max_tokens or 0) > first.context_length:

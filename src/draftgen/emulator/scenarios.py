@@ -72,6 +72,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from draftgen.config import load_yaml
 from draftgen.errors import ConfigError
 
 __all__ = [
@@ -163,7 +164,8 @@ class Provider:
 
 @dataclass
 class ModelInfo:
-    """A model listed by /models. Unknown model ids are served too while ``accept_any_model``."""
+    """A model listed by /models. The OpenRouter routes answer any other model id with OpenRouter's 404
+    (``model_not_found``), unless ``Scenario.accept_any_model``."""
 
     id: str
     canonical_slug: str = ""
@@ -176,6 +178,13 @@ def _default_models() -> list[ModelInfo]:
     return [
         ModelInfo("moonshotai/kimi-k2.5", "moonshotai/kimi-k2.5-0127", "MoonshotAI: Kimi K2.5", 262144, 235929),
         ModelInfo("qwen/qwen3-8b", "qwen/qwen3-8b-04-28", "Qwen: Qwen3 8B", 131072, 32768),
+        # one model of every other registered profile's family, so each can be rehearsed offline
+        ModelInfo("moonshotai/kimi-k2-thinking", name="MoonshotAI: Kimi K2 Thinking"),
+        ModelInfo("qwen/qwen3-235b-a22b-thinking-2507", name="Qwen: Qwen3 235B A22B Thinking 2507"),
+        ModelInfo("deepseek/deepseek-r1", name="DeepSeek: R1", context_length=163840),
+        ModelInfo("deepseek/deepseek-chat-v3.1", name="DeepSeek: DeepSeek V3.1", context_length=163840),
+        ModelInfo("z-ai/glm-4.6", name="Z.AI: GLM 4.6", context_length=202752),
+        ModelInfo("openai/gpt-oss-120b", name="OpenAI: gpt-oss-120b", context_length=131072),
     ]
 
 
@@ -184,7 +193,10 @@ class Scenario:
     name: str = "custom"
     providers: list[Provider] = field(default_factory=list)
     models: list[ModelInfo] = field(default_factory=_default_models)
-    accept_any_model: bool = True
+    # OpenRouter routes: a model id not in ``models`` is OpenRouter's 404, as a mistyped slug is upstream
+    accept_any_model: bool = False
+    # vLLM/SGLang routes: a local server serves its one model under any name a request gives (False: vLLM's 404)
+    local_accept_any_model: bool = True
     time_scale: float = 1.0
     # the emulated model
     pool_size: int = 256  # distinct outputs per (thinking, seed); requests map onto them by hash (~40 KB each)
@@ -364,7 +376,7 @@ def load_scenario(spec: str) -> Scenario:
     if not path.is_file():
         raise ConfigError(f"scenario {spec!r}: not a built-in (fast, realistic, chaos) and no such file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc})") from None
     if data is None:

@@ -35,7 +35,7 @@ import msgspec
 
 from draftgen.backends.base import Completion, token_limit
 from draftgen.errors import RetryableAPIError
-from draftgen.records import PromptRecord, Provenance, ResponseRecord
+from draftgen.records import GenerationSettings, PromptRecord, Provenance, ResponseRecord
 from draftgen.tokens import Profile
 from draftgen.tokens.logprobs import output_ids_from_logprobs
 
@@ -101,11 +101,12 @@ class Assembler:
     """
 
     def __init__(self, profile: Profile, *, use_logprobs: bool = True, provenance: Provenance | None = None,
-                 parse_ids: bool = False) -> None:
+                 parse_ids: bool = False, settings: GenerationSettings | None = None) -> None:
         self.profile = profile
         self.parse_ids = parse_ids
         self.use_logprobs = use_logprobs
         self.provenance = provenance
+        self.settings = settings  # stamped on every record: what a rerun compares its own settings with
 
     def prompt_ids(self, prompt: PromptRecord) -> list[int]:
         return self.profile.prompt_ids(prompt.messages, prompt.tools)
@@ -167,6 +168,7 @@ class Assembler:
             quantization=quantization,
             created_at=round(time.time(), 3),
             provenance=self.provenance,
+            settings=self.settings,
         )
 
     def _map_logprobs(self, comp: Completion) -> tuple[list[int], list[str]] | None:

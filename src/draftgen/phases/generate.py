@@ -15,8 +15,10 @@ retried elsewhere and never written, unless ``keep_unusable``; failing providers
 percentiles, retries, dropped reasoning, quantization, cool-downs), computed from the files by
 ``report.providers.provider_metrics``, is printed and logged.
 
-A run directory written by another config (different ``config_hash``: model, reasoning, sampling or
-datasets) is refused with a RunDirError. The engine itself lives in ``draftgen.engine``.
+A run directory written for another target (``model.*``, unless ``--force``) or with another source under a
+dataset's name is refused with a RunDirError. Other generation settings are the records' own: a rerun says
+what differs and what it keeps, and ``redo`` (``--redo changed|truncated``) generates those samples again
+(``phases.rerun``). The engine itself lives in ``draftgen.engine``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import os
 import resource
 import signal
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,8 +78,16 @@ from draftgen.errors import (
     InputError,
 )
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
+from draftgen.phases.rerun import (
+    REDO_KINDS,
+    generation_settings,
+    redo,
+    replaced_spend,
+    rerun_lines,
+    settings_report,
+)
 from draftgen.records import Provenance
-from draftgen.store import scan_responses
+from draftgen.store import scan_failures, scan_responses
 from draftgen.tokens import Profile, profile_from_config
 
 __all__ = [
@@ -95,6 +107,7 @@ class GenerateOptions:
     argv: list[str] = field(default_factory=list)
     base_url_flag: str | None = None
     force: bool = False  # accept records whose provenance differs from the config
+    redo: list[str] = field(default_factory=list)  # phases.rerun.REDO_KINDS: records to generate again
 
 
 class DatasetSummary(msgspec.Struct, kw_only=True):
@@ -143,8 +156,9 @@ def _api_keys(cfg: RunConfig) -> tuple[str | None, str | None]:
 
 
 def _prepared(cfg: RunConfig, rd: rundir.RunDir, names: list[str], echo: Echo,
-              profile: Profile | None) -> Profile | None:
-    """Prepare the selected datasets not prepared yet; returns the profile, loaded here when prepare ran."""
+              profile: Profile | None, force: bool) -> Profile | None:
+    """Prepare the selected datasets not prepared yet (``force`` reaches prepare too); returns the profile,
+    loaded here when prepare ran."""
     missing = [n for n in names if not rd.prepared(n).is_file()]
     if not missing:
         return profile
@@ -152,7 +166,7 @@ def _prepared(cfg: RunConfig, rd: rundir.RunDir, names: list[str], echo: Echo,
 
     echo(f"preparing prompts first ({', '.join(missing)} not prepared yet)")
     profile = profile if profile is not None else profile_from_config(cfg)
-    run_prepare(cfg, echo=echo, profile=profile)
+    run_prepare(cfg, echo=echo, profile=profile, force=force)
     still = [n for n in missing if not rd.prepared(n).is_file()]
     if still:
         raise InputError(f"{rd.prepared(still[0])}: not found after prepare; "
@@ -165,14 +179,18 @@ def _prepared(cfg: RunConfig, rd: rundir.RunDir, names: list[str], echo: Echo,
 
 def run_generate(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
                  datasets: Sequence[str] = (), partition: str = "all", argv: Sequence[str] = (),
-                 base_url_flag: str | None = None) -> GenerateReport:
+                 base_url_flag: str | None = None, redo: Sequence[str] = ()) -> GenerateReport:
     """Generate every pending sample of the selected datasets and partitions (see module docstring).
     ``profile``: the already loaded profile of ``cfg.model`` (default: loaded here, once, and shared with
     prepare and the embedded emulator). ``force``: accept records whose provenance differs from the config.
     ``datasets``: the ones to generate (default: every dataset of the config); ``partition``: short, long
-    or all; ``argv``: the command line recorded in run.json and the log; ``base_url_flag``: ``--base-url``."""
+    or all; ``argv``: the command line recorded in run.json and the log; ``base_url_flag``: ``--base-url``;
+    ``redo``: records to generate again, ``changed`` and/or ``truncated`` (``phases.rerun``)."""
     opts = GenerateOptions(datasets=list(datasets), partition=partition, argv=list(argv),
-                           base_url_flag=base_url_flag, force=force)
+                           base_url_flag=base_url_flag, force=force, redo=list(redo))
+    bad = [k for k in opts.redo if k not in REDO_KINDS]
+    if bad:
+        raise ConfigError(f"--redo {bad[0]!r}: use {' or '.join(REDO_KINDS)}")
     names = opts.datasets or [d.name for d in cfg.datasets]
     for n in names:
         cfg.dataset(n)  # ConfigError naming the known datasets
@@ -185,7 +203,7 @@ def run_generate(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None 
 def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, names: list[str],
                   out: Echo, loaded: Profile | None) -> GenerateReport:
     run_dir = rd.root
-    loaded = _prepared(cfg, rd, names, out, loaded)
+    loaded = _prepared(cfg, rd, names, out, loaded, opts.force)
     api_key, mgmt = _api_keys(cfg)
     profile = loaded if loaded is not None else profile_from_config(cfg)
     provenance = rundir.expected_provenance(cfg, profile.tokenizer_sha256)
@@ -203,11 +221,14 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
     governor = BudgetGovernor(max_spend=cfg.budget.max_spend_usd, token_policy=cfg.budget.token_policy)
     plans: list[DatasetPlan] = []
     table: list[str] = []
+    failed_lines: list[str] = []
+    since = time.time()  # this session's failures are those recorded from now on
     try:
         log.write(f"generate: {' '.join(rundir.scrub_argv(list(opts.argv)))}")
+        _rerun(cfg, rd, names, opts.redo, check, out, log)
         for d in cfg.datasets:
             idx = scan_responses(rd.raw(d.name), check=check)
-            governor.prior += idx.spend_usd
+            governor.prior += idx.spend_usd + replaced_spend(rd, d.name)
             if d.name not in names:
                 continue
             counts = stats.dataset(d.name)
@@ -237,13 +258,14 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
             base_urls = [emu_url] if emu_url else None
             result_code, message = asyncio.run(_main(cfg, api_key, mgmt, base_urls, profile, provenance, plans,
                                                      partitions, governor, stats, log, rd))
-        if result_code == 0 and stats.failed:
-            result_code = EXIT_FAILURES
-            where = ", ".join(str(rd.failures(c.name).relative_to(run_dir)) for c in stats.datasets.values() if c.failed)
-            message = (f"{stats.failed:,} samples failed ({where} says why); rerun to retry them")
+        if stats.failed:
+            failed_lines, failed_message = _failure_lines(rd, [c.name for c in stats.datasets.values() if c.failed],
+                                                          since)
+            if result_code == 0:
+                result_code, message = EXIT_FAILURES, failed_message
         table = _provider_table(run_dir, names) if plans else []
     finally:
-        summary = summary_lines(stats) + table + _overshoot_lines(governor)
+        summary = summary_lines(stats) + failed_lines + table + _overshoot_lines(governor) + _budget_lines(governor)
         for line in summary:
             log.write(line)
         log.close()
@@ -263,6 +285,69 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
         spend_over_budget=round(max(0.0, governor.spent - cfg.budget.max_spend_usd), 6)
         if cfg.budget.max_spend_usd is not None else 0.0,
     )
+
+
+def _rerun(cfg: RunConfig, rd: rundir.RunDir, names: list[str], kinds: list[str],
+           check: Callable[[Provenance | None, str], None], out: Echo, log: RunLog) -> None:
+    """Say what this rerun keeps of the records made with other settings (``phases.rerun``) and, with
+    ``--redo``, move those records aside so their samples are generated again. A record refused by the
+    provenance check stops the run before anything moves."""
+    report = settings_report(cfg, rd, names)
+    lines = rerun_lines(report, kinds)
+    if kinds:
+        for name in names:
+            scan_responses(rd.raw(name), check=check)
+        for name, n in redo(rd, report, kinds).items():
+            lines.append(f"{name}: --redo {'/'.join(kinds)}: {n:,} records moved to "
+                         f"{rd.replaced(name).relative_to(rd.root)}; their samples are generated again")
+    for line in lines:
+        out(line)
+        log.write(line)
+
+
+def _failure_lines(rd: rundir.RunDir, names: list[str], since: float) -> tuple[list[str], str]:
+    """This session's failures (recorded at or after ``since``, the latest per sample), as console lines and the
+    run's message: each permanent reason with its count (a rerun fails them again until the request, the
+    config or the prompt changes), and the retryable ones (a rerun retries them)."""
+    permanent: Counter[str] = Counter()
+    retryable = 0
+    for name in names:
+        for rec in scan_failures(rd.failures(name)).values():
+            if rec.created_at < since:
+                continue
+            if rec.permanent:
+                permanent[rec.reason if rec.kind in rec.reason else f"{rec.kind}: {rec.reason}"] += 1
+            else:
+                retryable += 1
+    where = ", ".join(str(rd.failures(n).relative_to(rd.root)) for n in names)
+    lines = [f"failed for good: {n:,} × {why}" for why, n in permanent.most_common(5)]
+    if len(permanent) > 5:
+        lines.append(f"failed for good: {sum(permanent.values()) - sum(n for _, n in permanent.most_common(5)):,} "
+                     f"more, for {len(permanent) - 5} other reasons ({where})")
+    parts = []
+    if permanent:
+        parts.append(f"{sum(permanent.values()):,} for good (a rerun sends them again only to fail the same way: "
+                     "fix what the reason says first)")
+    if retryable:
+        parts.append(f"{retryable:,} for now (rerun to retry {'it' if retryable == 1 else 'them'})")
+    total = sum(permanent.values()) + retryable
+    return lines, f"{total:,} samples failed: {'; '.join(parts) or 'see the failures'} ({where} says why)"
+
+
+def _budget_lines(governor: BudgetGovernor) -> list[str]:
+    """The dollar budget at the end, spent + left adding up to it (requests in flight have settled or been
+    cancelled by now: nothing is reserved), and what else caps the spend when the key's account does."""
+    cap = governor.max_spend
+    if cap is None:
+        return []
+    spent = governor.spent
+    if spent > cap:
+        return []  # _overshoot_lines says by how much
+    line = f"budget: ${spent:.4f} spent + ${cap - spent:.4f} left = ${cap:g}"
+    if governor.session_cap is not None and governor.session_cap - governor.session < cap - spent:
+        line += (f"; the key's account allows ${max(0.0, governor.session_cap - governor.session):.4f} more, "
+                 "which caps the next run first")
+    return [line]
 
 
 def _overshoot_lines(governor: BudgetGovernor) -> list[str]:
@@ -389,15 +474,23 @@ def _health(cfg: RunConfig, endpoints: list[EndpointInfo] | None) -> ProviderHea
     return ProviderHealth(policy, guard)
 
 
+#: a second SIGINT/SIGTERM this soon after the first is the same keypress delivered twice, not a second one
+SIGNAL_DEBOUNCE_S = 0.2
+
+
 def _install_signals(engine: Engine, display: Any) -> Callable[[], None]:
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     loop = asyncio.get_running_loop()
     count = 0
+    last = 0.0
 
     def on_signal(signame: str) -> None:
-        nonlocal count
-        count += 1
+        nonlocal count, last
+        now = time.monotonic()
+        if (count and now - last < SIGNAL_DEBOUNCE_S) or count >= 2:
+            return  # one keypress delivered twice (terminal and shell), or the abort is already under way
+        count, last = count + 1, now
         if count == 1:
             engine.stats.interrupt = signame  # the display shows the grace period counting down
             display.print(f"{signame}: stopping; grace period: finishing {engine.in_flight} requests in flight "
@@ -434,7 +527,7 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
         stats.remaining = governor.remaining
         if governor.remaining is not None and governor.remaining <= 0:
             return 1, (f"the dollar budget is spent (${governor.spent:.4f} of ${cfg.budget.max_spend_usd}); "
-                       "raise --max-spend to continue")
+                       "raise budget.max_spend_usd (--max-spend) to continue")
         options = EngineOptions(
             adaptive=cfg.retry.adaptive_concurrency, grace_s=cfg.retry.shutdown_grace_s,
             needs_prompt_ids=caps.needs_prompt_ids, cpu_workers=max(1, min(4, (os.cpu_count() or 2))),
@@ -442,7 +535,8 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
             keep_unusable=cfg.quality.keep_unusable, require_reasoning=not cfg.reasoning.exclude,
         )
         engine = Engine(
-            backend=backend, assembler=Assembler(profile, provenance=provenance, parse_ids=caps.output_is_raw_ids),
+            backend=backend, assembler=Assembler(profile, provenance=provenance, parse_ids=caps.output_is_raw_ids,
+                                                 settings=generation_settings(cfg)),
             datasets=plans, partitions=partitions, governor=governor, policy=RetryPolicy(cfg.retry), stats=stats,
             log=log, display=display, health=_health(cfg, eps), options=options,
         )

@@ -35,6 +35,14 @@ from draftgen.config import RunConfig
 from draftgen.fmt import fmt_duration, fmt_int, fmt_usd
 from draftgen.hidden.estimate import DatasetTokens, format_bytes, format_hidden_report, hidden_states_report
 from draftgen.phases import Echo
+from draftgen.phases.plan_time import (
+    ASSUMED_TOKENS_PER_S,
+    PartitionTime,
+    PartitionWork,
+    dataset_shares,
+    partition_times,
+    stream_rates,
+)
 from draftgen.phases.probe import embedded_endpoint
 from draftgen.phases.report.datasets import DatasetMetrics
 from draftgen.phases.report.metrics import compute_metrics
@@ -55,12 +63,12 @@ from draftgen.store import (
     read_json,
     scan_responses,
 )
-from draftgen.tokens import Profile, profile_from_config
+from draftgen.tokens import Profile, profile_fit, profile_from_config
 
 __all__ = ["ASSUMED_TOKENS_PER_S", "DatasetPlanLine", "PlanReport", "estimate_plan", "run_plan", "send_pilot"]
 
-#: Decode speed of one stream assumed when there is neither a pilot nor ``plan.avg_latency_s``.
-ASSUMED_TOKENS_PER_S = 50.0
+#: The in-flight worst case above this share of the dollar budget: plan says what would shrink it.
+LARGE_BOUND_SHARE = 0.2
 
 
 class DatasetPlanLine(msgspec.Struct, kw_only=True):
@@ -79,8 +87,17 @@ class DatasetPlanLine(msgspec.Struct, kw_only=True):
     """Expected cost of what remains."""
     cost_basis: str = ""
     latency_s: float = 0.0
+    """Mean latency of one of its requests."""
+    requests: float = 0.0
+    """Requests still to send (fewer than ``remaining`` when its token budget binds first)."""
+    long_requests: float = 0.0
+    """Of ``requests``, those of the long partition."""
+    token_budget: int | None = None
+    """Its completion-token budget (``datasets[].token_budget``, else ``budget.token_budget``)."""
+    tokens_done: int = 0
+    """Completion tokens already generated (what counts against ``token_budget``)."""
     time_s: float = 0.0
-    """Time for what remains if this dataset ran alone at the partitions' concurrency."""
+    """Its share of the run's time (``plan_time``: the rows add up to ``PlanReport.time_s``)."""
     cap_samples: int | None = None
     """Suggested total samples (done + new) to fit the dollar budget; None: no cap needed."""
     cap_tokens: int | None = None
@@ -99,6 +116,8 @@ class PlanReport(msgspec.Struct, kw_only=True):
     """What the key may still spend (its limit remaining, or the account's credits), when known."""
     account_ok: bool | None = None
     time_s: float = 0.0
+    """The run's time: the longest partition's (``plan_time``)."""
+    partitions: list[PartitionTime] = msgspec.field(default_factory=list)
     pilot_responses: int = 0
     hidden: HiddenStatesReport | None = None
     extraction_s: float | None = None
@@ -154,19 +173,20 @@ def _adopt(pilot: RunDir, run: RunDir, names: list[str]) -> int:
     return added
 
 
-def send_pilot(cfg: RunConfig, n: int, *, echo: Echo = print,
-               profile: Profile | None = None) -> tuple[int, str | None]:
+def send_pilot(cfg: RunConfig, n: int, *, echo: Echo = print, profile: Profile | None = None,
+               force: bool = False) -> tuple[int, str | None]:
     """Generate up to ``n`` responses per dataset through ``run_generate`` and keep them in the run's raw
     logs. Returns the number of records added to the run, and why the pilot stopped early (or None).
-    ``profile``: the command's already loaded profile of ``cfg.model`` (default: generate loads it)."""
+    ``profile``: the command's already loaded profile of ``cfg.model`` (default: generate loads it).
+    ``force``: plan's ``--force``, handed to the pilot's run directory and generate."""
     pilot_dir = RunDir(cfg.run_path).pilot
     pilot_cfg = msgspec.structs.replace(cfg, run_dir=str(pilot_dir.resolve()), progress="off")
-    with writer(pilot_cfg, "plan --pilot"):
-        return _pilot(cfg, pilot_cfg, RunDir(pilot_dir), n, echo, profile)
+    with writer(pilot_cfg, "plan --pilot", force=force):
+        return _pilot(cfg, pilot_cfg, RunDir(pilot_dir), n, echo, profile, force)
 
 
 def _pilot(cfg: RunConfig, pilot_cfg: RunConfig, pilot: RunDir, n: int, echo: Echo,
-           profile: Profile | None) -> tuple[int, str | None]:
+           profile: Profile | None, force: bool) -> tuple[int, str | None]:
     from draftgen.phases.generate import run_generate
 
     run = RunDir(cfg.run_path)
@@ -188,7 +208,7 @@ def _pilot(cfg: RunConfig, pilot_cfg: RunConfig, pilot: RunDir, n: int, echo: Ec
                 pilot_cfg, budget=msgspec.structs.replace(cfg.budget, max_spend_usd=left))
         echo(f"pilot: {n} prompts per dataset ({', '.join(names)})")
         rep = run_generate(pilot_cfg, echo=lambda line: echo(f"  pilot: {line}"), profile=profile, datasets=names,
-                           argv=["draftgen", "plan", "--pilot", str(n)])
+                           argv=["draftgen", "plan", "--pilot", str(n)], force=force)
         if rep.exit_code:
             stopped = rep.message or f"exit code {rep.exit_code}"
             echo("  pilot: planning with what came back")
@@ -229,6 +249,7 @@ def _line(cfg: RunConfig, name: str, obs: DatasetMetrics, prices: PriceEstimate 
         line.output_basis = "max_tokens"
     expected = line.remaining * line.avg_output_tokens
     budget = ds.token_budget if ds.token_budget is not None else cfg.budget.token_budget
+    line.token_budget, line.tokens_done = budget, obs.completion_tokens
     if budget is not None:
         expected = min(expected, max(0, budget - obs.completion_tokens))
     line.expected_output_tokens = round(expected)
@@ -249,11 +270,37 @@ def _line(cfg: RunConfig, name: str, obs: DatasetMetrics, prices: PriceEstimate 
         line.latency_s = cfg.plan.avg_latency_s
     else:
         line.latency_s = 1.0 + line.avg_output_tokens / ASSUMED_TOKENS_PER_S
-    frac = new_samples / line.remaining if line.remaining else 0.0
+    line.requests = min(float(line.remaining), new_samples)
     long_left = min(stats.long, line.remaining)
-    short_left = line.remaining - long_left
-    line.time_s = frac * line.latency_s * (short_left / parts.short.concurrency + long_left / parts.long.concurrency)
+    line.long_requests = line.requests * long_left / line.remaining if line.remaining else 0.0
     return line
+
+
+def _basis(ln: DatasetPlanLine) -> str:
+    """The basis column of a dataset's row: where its output and cost come from, and its token budget."""
+    parts = [ln.output_basis, ln.cost_basis or "no prices"]
+    if ln.token_budget is not None:
+        parts.append(f"token budget {fmt_int(ln.tokens_done)}/{fmt_int(ln.token_budget)}")
+    return " · ".join(parts)
+
+
+def _time(cfg: RunConfig, rep: PlanReport) -> None:
+    """The run's time and each dataset's share of it (``plan_time``)."""
+    work = [w for ln in rep.datasets for w in (
+        PartitionWork(dataset=ln.dataset, partition="short", requests=ln.requests - ln.long_requests,
+                      latency_s=ln.latency_s),
+        PartitionWork(dataset=ln.dataset, partition="long", requests=ln.long_requests, latency_s=ln.latency_s))]
+    rates = stream_rates(RunDir(cfg.run_path).raw(ln.dataset) for ln in rep.datasets)
+    rep.partitions = partition_times(cfg, work, rates)
+    rep.time_s = max((p.time_s for p in rep.partitions), default=0.0)
+    shares = dataset_shares(work, rep.time_s)
+    for ln in rep.datasets:
+        ln.time_s = shares.get(ln.dataset, 0.0)
+    if rep.partitions:
+        rep.notes.append("time: partitions run side by side, each in waves of its concurrency; "
+                         + "; ".join(p.describe() for p in rep.partitions)
+                         + f"; slowest stream {rates.slowest_tokens_per_s:,.0f} tokens/s ({rates.basis}); "
+                         "no rate limiting assumed")
 
 
 def _fit_budget(rep: PlanReport, lines: list[DatasetPlanLine], done_tokens: dict[str, int]) -> None:
@@ -337,15 +384,15 @@ def _print(rep: PlanReport, cfg: RunConfig, echo: Echo) -> None:
         table.add_column(col, justify="left" if col in ("dataset", "basis") else "right")
     for ln in rep.datasets:
         table.add_row(ln.dataset, fmt_int(ln.prompts), fmt_int(ln.done), f"{ln.avg_output_tokens:,.0f}",
-                      fmt_int(ln.expected_output_tokens), fmt_usd(ln.cost_usd), fmt_duration(ln.time_s),
-                      f"{ln.output_basis} · {ln.cost_basis or 'no prices'}")
+                      fmt_int(ln.expected_output_tokens), fmt_usd(ln.cost_usd), fmt_duration(ln.time_s), _basis(ln))
     table.add_section()
     table.add_row("all", fmt_int(sum(x.prompts for x in rep.datasets)), fmt_int(sum(x.done for x in rep.datasets)), "",
                   fmt_int(sum(x.expected_output_tokens for x in rep.datasets)), fmt_usd(rep.expected_cost_usd),
                   fmt_duration(rep.time_s), "", style="bold")
     echo(render_text(table))
     echo("basis: output tokens from observed responses (count), plan.avg_output_tokens, or max_tokens (upper "
-         "bound) · cost from observed $/sample or endpoint prices; total time: partitions run in parallel")
+         "bound) · cost from observed $/sample or endpoint prices · token budget: completion tokens done/budget; "
+         "time: each dataset's share of the run's (the rows add up to it)")
     if rep.budget_usd is None:
         echo(f"budget: none set; spent so far {fmt_usd(rep.spent_usd)}")
     elif rep.budget_ok:
@@ -377,17 +424,32 @@ def _print(rep: PlanReport, cfg: RunConfig, echo: Echo) -> None:
 
 def _budget_bound(cfg: RunConfig, rep: PlanReport) -> str:
     """How far spend may pass ``budget.max_spend_usd`` (``engine.budget``): never under ``strict``; under
-    ``expected`` at most the worst case of the requests in flight, a full set of slots at max_tokens."""
+    ``expected`` at most the worst case of the requests that can be in flight: per partition the smaller of
+    its concurrency and its requests left, at max_tokens. When that is a large share of the budget, what
+    would shrink it."""
     budget = fmt_usd(rep.budget_usd)
     if cfg.budget.token_policy == "strict":
         return f"budget bound: spend never passes {budget} (token_policy strict: every request reserves its worst case)"
-    parts = [(getattr(cfg.partitions, n).concurrency, getattr(cfg.partitions, n).max_tokens) for n in ("short", "long")]
-    slots = " + ".join(f"{c:,} × {m:,}" for c, m in parts)
+    left = {p.partition: p.requests for p in rep.partitions}
+    parts = [(n, min(getattr(cfg.partitions, n).concurrency, math.ceil(left.get(n, 0.0))),
+              getattr(cfg.partitions, n).max_tokens) for n in ("short", "long")]
+    parts = [p for p in parts if p[1] > 0]
+    if not parts:
+        return f"budget bound: nothing is left to send; spend stays at what is spent (budget {budget})"
+    slots = " + ".join(f"{c:,} × {m:,}" for _, c, m in parts)
     price = (rep.prices.max_completion or rep.prices.completion) if rep.prices is not None else None
-    worst = f" = {fmt_usd(sum(c * m for c, m in parts) * price)} at the dearest routable price" if price else ""
-    return (f"budget bound: spend stays under {budget} plus at most the worst case of the requests in flight "
-            f"({slots} completion tokens{worst}, plus their prompts); token_policy expected reserves the p90 "
-            "output length and switches to worst cases near the cap")
+    worst_usd = sum(c * m for _, c, m in parts) * price if price else None
+    worst = f" = {fmt_usd(worst_usd)} at the dearest routable price" if worst_usd is not None else ""
+    line = (f"budget bound: spend stays under {budget} plus at most the worst case of the requests in flight "
+            f"({slots} completion tokens{worst}, plus their prompts; in flight: the smaller of each partition's "
+            "concurrency and its requests left); token_policy expected reserves the p90 output length and "
+            "switches to worst cases near the cap")
+    if worst_usd is not None and rep.budget_usd and worst_usd > LARGE_BOUND_SHARE * rep.budget_usd:
+        big = max(parts, key=lambda p: p[1] * p[2])[0]
+        line += (f". That is {worst_usd / rep.budget_usd:.0%} of the budget; to shrink it lower "
+                 f"partitions.{big}.concurrency or partitions.{big}.max_tokens, or set budget.token_policy: "
+                 "strict (spend then never passes the budget)")
+    return line
 
 
 def run_plan(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None,
@@ -408,8 +470,8 @@ def _plan(cfg: RunConfig, echo: Echo, profile: Profile, force: bool) -> PlanRepo
 
         run_prepare(cfg, echo=echo, profile=profile, force=force)
     notes: list[str] = []
-    pilot_added, stopped = (send_pilot(cfg, cfg.plan.pilot, echo=echo, profile=profile) if cfg.plan.pilot > 0
-                            else (0, None))
+    pilot_added, stopped = (send_pilot(cfg, cfg.plan.pilot, echo=echo, profile=profile, force=force)
+                            if cfg.plan.pilot > 0 else (0, None))
     if stopped:
         notes.append(f"the pilot stopped early (its reason is above); the estimates use the {pilot_added} "
                      "responses it added")
@@ -449,19 +511,18 @@ def estimate_plan(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None
     costs = [ln.cost_usd for ln in lines]
     rep = PlanReport(
         datasets=lines, prices=prices, eligible_endpoints=[e.tag or e.provider_name for e in eligible],
-        spent_usd=m.total.cost_usd + m.total.orphan_cost_usd, expected_cost_usd=None if any(c is None for c in costs) else sum(c or 0.0 for c in costs),
+        spent_usd=m.total.spent_usd, expected_cost_usd=None if any(c is None for c in costs) else sum(c or 0.0 for c in costs),
         budget_usd=cfg.budget.max_spend_usd, pilot_responses=pilot_responses, notes=notes,
         account_remaining_usd=account,
     )
     if account is not None and rep.expected_cost_usd is not None:
         rep.account_ok = rep.expected_cost_usd <= account
-    parts = cfg.partitions
-    short_t = sum(ln.latency_s * ln.remaining * (1 - ln.long / ln.prompts if ln.prompts else 1) for ln in lines)
-    long_t = sum(ln.latency_s * min(ln.long, ln.remaining) for ln in lines)
-    rep.time_s = max(short_t / parts.short.concurrency, long_t / parts.long.concurrency)
+    _time(cfg, rep)
     if any(ln.output_basis == "max_tokens" for ln in lines):
-        notes.append("output tokens are upper bounds (max_tokens); set plan.pilot (or --pilot N) for real figures")
-    notes.append("time assumes no rate limiting at the configured concurrency")
+        notes.append("output tokens are upper bounds (max_tokens); set plan.pilot (or `draftgen plan --pilot N`) for real figures")
+    fit = profile_fit(cfg.model.id, cfg.model.profile)
+    if fit is not None:
+        notes.append(fit)
     _fit_budget(rep, lines, {d.name: d.completion_tokens for d in m.datasets})
     _hidden(cfg, lines, rep)
     _print(rep, cfg, echo)

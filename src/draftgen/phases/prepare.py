@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,7 +53,7 @@ from draftgen.errors import ConfigError, DraftgenError, InputError, TokenizerErr
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
 from draftgen.records import DatasetStats, PromptRecord
 from draftgen.rundir import RunDir, writer
-from draftgen.store import JsonlWriter, atomic_write_json, publish, read_json
+from draftgen.store import JsonlWriter, atomic_write_json, publish, read_json, temp_beside
 from draftgen.tokens import DEFAULT_CONTEXT_LENGTH, Profile, context_length_of, profile_from_config
 
 __all__ = ["PrepareReport", "phase_run", "prepare_dataset", "run_prepare"]
@@ -161,12 +159,6 @@ def _over_context(profile: Profile, cut: CutPrompt, ctx: int) -> tuple[int, int]
     return None
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def prepare_dataset(cfg: RunConfig, ds: DatasetConfig, profile: Profile, *, echo: Echo = print) -> DatasetStats:
     """Prepare one dataset and write its files (see the module docstring). Returns its stats."""
     base = Path(cfg.base_dir or ".")
@@ -184,7 +176,7 @@ def prepare_dataset(cfg: RunConfig, ds: DatasetConfig, profile: Profile, *, echo
     stats_path = rd.prepared_stats(ds.name)
     out.parent.mkdir(parents=True, exist_ok=True)
     stats_path.unlink(missing_ok=True)  # the dataset is incomplete until the new stats.json exists
-    tmp = _temp_beside(out)
+    tmp = temp_beside(out)  # the umask's mode: mkstemp's 0600 would make prompts.jsonl private
     try:
         with JsonlWriter(tmp, fsync=False) as w:
             batch: list[PromptRecord] = []
@@ -247,17 +239,6 @@ def _select(cfg: RunConfig, ds: DatasetConfig, max_line_bytes: int, bad: _Bad, s
     if limit is not None:
         stats.not_selected = order - len(heap)
     return sorted(heap, key=lambda p: p.order)
-
-
-def _temp_beside(out: Path) -> Path:
-    """A new temp file of this writer's own beside ``out``: two runs never write, fsync or rename the same
-    one. Its mode is what the umask gives a new file (mkstemp's 0600 would make prompts.jsonl private)."""
-    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-    finally:
-        os.close(fd)
-    return Path(tmp_name)
 
 
 def _record(

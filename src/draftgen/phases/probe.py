@@ -7,9 +7,12 @@ with ``probe.max_tokens`` (unset: 4096 for a thinking model, 512 otherwise) and 
 quantization served it, which field carried the reasoning, the content, the cost and implied $/M output tokens, the
 reasoning-token share, and whether the target profile rebuilds as many token ids as were billed.
 
-Failures (``ok`` false, the CLI exits 1): the key is rejected, no credits or limit left, the model is
-unknown, the request fails, the served provider is one the routing excludes (``ignore``, ``only``,
-``quantizations``). Warnings (``ok`` stays true): missing reasoning on a thinking model, truncation of
+Failures (``ok`` false, the CLI exits 1): the tokenizer or profile does not load, the key is missing or
+rejected, no credits or limit left, the model is unknown, the request fails, the served provider is one the
+routing excludes (``ignore``, ``only``, ``quantizations``). Every problem found is listed in one pass: a
+tokenizer that does not load still lets the key and the endpoints be checked, a missing key the endpoint
+list; the request is sent only when nothing found so far rules it out. Warnings (``ok`` stays true): a model id that does not look like the profile's family
+(``tokens.profile_fit``), missing reasoning on a thinking model, truncation of
 the answer, a rebuilt count that differs from the billed one, an ambiguous quantization, a provider serving
 a quantization known to change outputs (``fp4``, ``nvfp4``) that ``routing.quantizations`` does not list.
 A thinking model cut inside its reasoning is no warning: one neutral ``note`` line says so.
@@ -33,10 +36,12 @@ import msgspec
 
 from draftgen.backends import (
     EMULATOR_KEY,
+    Backend,
     Completion,
     CompletionRequest,
     EndpointInfo,
     api_key_for,
+    capabilities,
     endpoint_urls,
     open_backend,
 )
@@ -46,6 +51,7 @@ from draftgen.config import RunConfig
 from draftgen.errors import APIError, AuthError, DraftgenError, PaymentRequired
 from draftgen.phases import Echo
 from draftgen.records import Message
+from draftgen.tokens import profile_fit
 
 if TYPE_CHECKING:
     from draftgen.tokens import Profile
@@ -298,69 +304,134 @@ class _Probe:
             self.warn(f"rebuilt {rep.rebuilt_tokens} ids but {billed} completion tokens were billed; "
                       "check model.profile/tokenizer (a difference of 1-2 can be a provider's end token)")
 
-    async def run(self, base_urls: list[str] | None, profile: Profile) -> None:
+    async def run(self, base_urls: list[str] | None, profile: Profile | None, key: str | None) -> None:
+        """Everything the endpoint can tell: the key and credits, the model's endpoints, then (when nothing
+        so far rules it out) one request, its provider, response and rebuild (``profile``: None when it did
+        not load; ``key``: None when it is missing)."""
         cfg = self.cfg
-        key = api_key_for(cfg)
         self.rep.base_url = (base_urls or endpoint_urls(cfg))[0]
         self.echo(f"probe {cfg.model.id} at {self.rep.base_url}")
-        self.rep.max_tokens = probe_max_tokens(cfg)
-        if self.rep.max_tokens < 1:
-            self.fail(f"probe.max_tokens is {self.rep.max_tokens}; set it to 1 or more (or leave it unset)")
-            return
         async with open_backend(cfg, key, base_urls=base_urls, connections=4) as backend:
-            try:
-                snap = await read_account(backend, cfg)
-            except AuthError as exc:
-                self.rep.key_valid = False
-                self.fail(f"the API key was rejected ({exc}); check {cfg.endpoint.api_key_env} or --api-key-file")
+            eps, send = await self._account_and_endpoints(backend, key)
+            if not send:
+                self.line("request", "not sent (fix the problems above first)")
                 return
-            if not self.account(snap):
-                return
-            eps = self.endpoints(snap)
-            if self.rep.errors:
-                return
-            req = CompletionRequest(sample_id="probe", messages=[Message(role="user", content=cfg.probe.prompt)],
-                                    max_tokens=self.rep.max_tokens or PLAIN_MAX_TOKENS)
-            t0 = time.monotonic()
-            try:
-                comp = await backend.complete(req)
-            except AuthError as exc:
-                self.rep.key_valid = False
-                self.fail(f"the API key was rejected ({exc})")
-                return
-            except PaymentRequired as exc:
-                self.fail(f"payment required ({exc}); add credits or raise the key's limit")
-                return
-            except APIError as exc:
-                self.fail(f"the request failed: {exc}")
-                return
-            latency = time.monotonic() - t0
+            got = await self._request(backend)
+        if got is None:
+            return
+        comp, latency = got
         self.served_by(comp, eps)
         self.response(comp, latency)
-        self.rebuild(comp, profile)
+        if profile is not None:
+            self.rebuild(comp, profile)
+        else:
+            self.line("rebuild", "not checked: the profile did not load")
+
+    async def _account_and_endpoints(self, backend: Backend, key: str | None) -> tuple[list[EndpointInfo] | None, bool]:
+        """The key, the credits and the model's endpoints; returns the endpoints and whether the probe's
+        request is worth sending (not without a key, credits or an endpoint the routing allows)."""
+        cfg = self.cfg
+        before = len(self.rep.errors)  # a profile that did not load does not stop the request
+        if key is None:
+            snap = await self._endpoints_only(backend)
+            send = False
+        else:
+            try:
+                snap = await read_account(backend, cfg)
+                send = self.account(snap)
+            except AuthError as exc:
+                self.rep.key_valid = False
+                self.fail(str(exc))  # the AuthError says it was rejected and what to check, once
+                snap, send = await self._endpoints_only(backend), False
+        eps = self.endpoints(snap)
+        return eps, send and len(self.rep.errors) == before
+
+    async def _endpoints_only(self, backend: Backend) -> AccountSnapshot:
+        """The model's endpoints without the key's account (a missing or rejected key)."""
+        caps = capabilities(self.cfg.endpoint.kind)
+        snap = AccountSnapshot(backend=backend.name, has_account=caps.account, has_prices=caps.prices)
+        if caps.prices:
+            try:
+                snap.endpoints = await backend.get_model_endpoints(self.cfg.model.id)
+            except AuthError:
+                self.line("endpoints", "not checked: this endpoint lists them only with a valid key")
+            except APIError as exc:
+                snap.endpoints_error = str(exc)
+        return snap
+
+    async def _request(self, backend: Backend) -> tuple[Completion, float] | None:
+        """Send the probe's prompt; None (and the problem recorded) when it fails."""
+        req = CompletionRequest(sample_id="probe", messages=[Message(role="user", content=self.cfg.probe.prompt)],
+                                max_tokens=self.rep.max_tokens or PLAIN_MAX_TOKENS)
+        t0 = time.monotonic()
+        try:
+            comp = await backend.complete(req)
+        except AuthError as exc:
+            self.rep.key_valid = False
+            self.fail(str(exc))
+            return None
+        except PaymentRequired as exc:
+            self.fail(f"payment required ({exc}); add credits or raise the key's limit")
+            return None
+        except APIError as exc:
+            self.fail(f"the request failed: {exc}")
+            return None
+        return comp, time.monotonic() - t0
 
 
 def run_probe(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None,
               force: bool = False) -> ProbeReport:
-    """Send one request and report what came back; ``ok`` is false on any failure. ``profile``: the already
-    loaded profile of ``cfg.model`` (default: loaded here, once: the embedded emulator and the rebuild share
-    it). ``force``: nothing to accept (the probe writes no run directory); the one phase signature."""
+    """Send one request and report what came back; ``ok`` is false on any failure. Every problem found is
+    listed in one pass: the profile's fit to the model id, a tokenizer that does not load, a missing key,
+    then what the endpoint says (``_Probe.run``). ``profile``: the already loaded profile of ``cfg.model``
+    (default: loaded here, once: the embedded emulator and the rebuild share it). ``force``: nothing to
+    accept (the probe writes no run directory); the one phase signature."""
     probe = _Probe(cfg, echo)
-    try:
-        from draftgen.tokens import profile_from_config
-
-        if profile is None:
-            profile = profile_from_config(cfg)
-        with embedded_endpoint(cfg, profile=profile) as urls:
-            asyncio.run(probe.run(urls, profile))
-    except DraftgenError as exc:
-        probe.fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     rep = probe.rep
+    rep.max_tokens = probe_max_tokens(cfg)
+    fit = profile_fit(cfg.model.id, cfg.model.profile)
+    if fit is not None:
+        probe.warn(fit)
+    profile, key = _local_checks(cfg, probe, profile)
+    if rep.max_tokens < 1:
+        probe.fail(f"probe.max_tokens is {rep.max_tokens}; set it to 1 or more (or leave it unset)")
+    elif profile is None and _embedded(cfg):
+        probe.line("endpoint", "not checked: the embedded emulator serves the model's tokenizer, which did not load")
+    else:
+        try:
+            with embedded_endpoint(cfg, profile=profile) as urls:
+                asyncio.run(probe.run(urls, profile, key))
+        except DraftgenError as exc:
+            probe.fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     for w in rep.warnings:
         echo(f"  ! warning: {w}")
     rep.ok = not rep.errors
     echo(verdict(rep))
     return rep
+
+
+def _local_checks(cfg: RunConfig, probe: _Probe, profile: Profile | None) -> tuple[Profile | None, str | None]:
+    """What can be checked without the endpoint: the profile and tokenizer load, the API key is there.
+    Returns the profile and the key (None for what failed, each failure recorded)."""
+    from draftgen.tokens import profile_from_config
+
+    if profile is None:
+        try:
+            profile = profile_from_config(cfg)
+        except DraftgenError as exc:
+            probe.fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    key: str | None = None
+    try:
+        key = api_key_for(cfg)
+    except DraftgenError as exc:
+        probe.fail(str(exc).splitlines()[0])
+    return profile, key
+
+
+def _embedded(cfg: RunConfig) -> bool:
+    """The probe would start the embedded emulator (no base URL of its own)."""
+    ep = cfg.endpoint
+    return capabilities(ep.kind).embedded_server and not (ep.base_url or ep.base_urls)
 
 
 def verdict(rep: ProbeReport) -> str:

@@ -48,6 +48,16 @@ class Provenance(msgspec.Struct, omit_defaults=True, kw_only=True):
     imported_from: str | None = None
 
 
+class GenerationSettings(msgspec.Struct, omit_defaults=True, kw_only=True, frozen=True):
+    """The generation settings a record was made with, besides its ``max_tokens``: the config's ``sampling``,
+    ``reasoning`` and ``routing`` sections as plain data, unset fields left out. A rerun compares them with
+    its own (``phases.rerun``): what differs is reported, and ``generate --redo changed`` regenerates it."""
+
+    sampling: dict[str, Any] = msgspec.field(default_factory=dict)
+    reasoning: dict[str, Any] = msgspec.field(default_factory=dict)
+    routing: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
 class ResponseFields(msgspec.Struct, omit_defaults=True, kw_only=True):
     """What came back for one request: the fields a ``backends.base.Completion`` (as the server sent them)
     and a ``ResponseRecord`` (as written) share. Both derive from this one Struct, and
@@ -94,6 +104,9 @@ class ResponseRecord(ResponseFields, omit_defaults=True):
     created_at: float = 0.0
     provenance: Provenance | None = None
     schema_version: int = SCHEMA_VERSION
+    #: the sampling, reasoning and routing settings that made it (None: a record from before they were kept,
+    #: or one imported from elsewhere)
+    settings: GenerationSettings | None = None
 
     @classmethod
     def from_completion(cls, comp: ResponseFields, **record: Any) -> ResponseRecord:
@@ -210,6 +223,18 @@ class ResponseMetricsView(msgspec.Struct):
     created_at: float = 0.0
 
 
+class ResponseSettingsView(msgspec.Struct):
+    """``ResponseRecord``: what a rerun compares with its own settings (``phases.rerun``)."""
+
+    sample_id: str
+    partition: str = "short"
+    finish_reason: str | None = None
+    max_tokens: int | None = None
+    provider: str | None = None
+    quantization: str | None = None
+    settings: GenerationSettings | None = None
+
+
 class ResponseIdsView(msgspec.Struct):
     """``ResponseRecord``: a sample's output ids (the report's mismatch examples)."""
 
@@ -222,6 +247,7 @@ VIEWS: dict[type[msgspec.Struct], type[msgspec.Struct]] = {
     ResponseMergeView: ResponseRecord,
     ResponseMetricsView: ResponseRecord,
     ResponseIdsView: ResponseRecord,
+    ResponseSettingsView: ResponseRecord,
     PromptIdView: PromptRecord,
 }
 

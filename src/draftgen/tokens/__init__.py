@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from draftgen.errors import TokenizerError
+from draftgen.errors import DraftgenError, TokenizerError
 from draftgen.registry import Registry
 from draftgen.tokens.loader import DEFAULT_CONTEXT_LENGTH, LoadedTokenizer, context_length_of, load_tokenizer
 from draftgen.tokens.profile import Field, Lit, ParsedOutput, Profile, Reconstruction, Special
@@ -40,6 +40,7 @@ __all__ = [
     "load_profile",
     "load_tokenizer",
     "profile_class",
+    "profile_fit",
     "profile_from_config",
     "register_profile",
 ]
@@ -70,6 +71,30 @@ def profile_class(name: str) -> type[Profile]:
     if cls.name != name:  # the entry and the class must agree, or records would carry another name
         raise TokenizerError(f"profile {name!r} is registered as {cls.__name__}, whose name is {cls.name!r}")
     return cls
+
+
+def profile_fit(model_id: str, profile: str) -> str | None:
+    """Why ``model_id`` does not look like a model of ``profile``'s family (``Profile.model_families``), naming
+    the registered profiles whose family it does fit; None when it fits (or the profile is not registered:
+    loading it says so)."""
+    try:
+        cls = profile_class(profile)
+    except DraftgenError:
+        return None
+    slug = model_id.lower().split(":")[0]
+    if not cls.model_families or any(f in slug for f in cls.model_families):
+        return None
+    fits = [n for n in PROFILES.names() if _families(n) and any(f in slug for f in _families(n))]
+    hint = f"; for this model: {' or '.join(fits)}" if fits else ""
+    return (f"model.id {model_id!r} does not look like a model of profile {profile!r} (its family: "
+            f"{', '.join(cls.model_families)}); check model.profile and model.tokenizer{hint}")
+
+
+def _families(name: str) -> tuple[str, ...]:
+    try:
+        return profile_class(name).model_families
+    except DraftgenError:
+        return ()
 
 
 def _template_text(chat_template: str, base_dir: Path | None, folder: Path | None) -> str:

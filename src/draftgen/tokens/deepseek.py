@@ -37,6 +37,7 @@ _EOS = "<｜end▁of▁sentence｜>"
 
 class DeepSeekR1Profile(Profile):
     name = "deepseek-r1"
+    model_families: tuple[str, ...] = ("deepseek-r1",)
     tool_markup = None  # the emulator writes no DeepSeek tool-call markup
     thinking_suffix: tuple[Piece, ...] = (
         Field("reasoning", trail="\n"),
@@ -69,6 +70,7 @@ class DeepSeekR1Profile(Profile):
 
 class DeepSeekV31Profile(DeepSeekR1Profile):
     name = "deepseek-v3.1"
+    model_families: tuple[str, ...] = ("deepseek-v3.1", "deepseek-chat-v3.1")
     thinking_suffix: tuple[Piece, ...] = (
         Field("reasoning"),
         Special("</think>"),

@@ -27,6 +27,7 @@ GLM_TOOL_SPECIALS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "
 
 class Glm45Profile(Profile):
     name = "glm-4.5"
+    model_families: tuple[str, ...] = ("glm-4.5", "glm-4.6", "glm-4.7")
     # research: providers-and-quirks §2, GLM-4.5's reasoning often begins with a newline
     tool_markup = "glm"
     reasoning_edge = "\n"

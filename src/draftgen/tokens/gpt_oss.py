@@ -38,6 +38,7 @@ _NEXT: tuple[Piece, ...] = (Special("<|start|>"), Lit("assistant"))
 
 class GptOssProfile(Profile):
     name = "gpt-oss"
+    model_families: tuple[str, ...] = ("gpt-oss",)
     tool_markup = None  # harmony tool calls are messages of their own; the emulator writes none
     thinking_suffix: tuple[Piece, ...] = (*_ANALYSIS, *_NEXT, *_FINAL)
     plain_suffix: tuple[Piece, ...] = _FINAL

@@ -39,6 +39,7 @@ _KIMI_CALL_ID = re.compile(r"functions\.[^:\s]+:\d+")
 
 class KimiK25Profile(Profile):
     name = "kimi-k2.5"
+    model_families: tuple[str, ...] = ("kimi-k2.5", "kimi-k2.6")
     # research: providers-and-quirks §2, K2.5's reasoning and content often begin with a space
     tool_markup = "kimi"
     reasoning_edge = " "
@@ -100,6 +101,7 @@ class KimiK25Profile(Profile):
 
 class KimiK2ThinkingProfile(KimiK25Profile):
     name = "kimi-k2-thinking"
+    model_families: tuple[str, ...] = ("kimi-k2",)
     thinking_suffix: tuple[Piece, ...] = (
         Special("<think>"),
         Field("reasoning"),

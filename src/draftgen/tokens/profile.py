@@ -179,6 +179,9 @@ class Profile:
     config_names: tuple[str, ...] = ()
     #: pass tool-call arguments to the template as mappings (what vLLM/SGLang do) rather than strings
     tool_arguments_as_dict: bool = True
+    #: lower-case pieces of the model ids of this family (``qwen3`` in ``qwen/qwen3-8b``); probe and plan warn
+    #: when ``model.id`` holds none of them (empty: any model id fits, as for ``generic``)
+    model_families: tuple[str, ...] = ()
     #: documented guesses this profile makes, for probe/audit output
     assumptions: tuple[str, ...] = ()
     #: the end-of-turn token is a guess (flag ``assumed_end_token`` on every ended output)

@@ -23,6 +23,7 @@ __all__ = ["Qwen3Profile", "Qwen3ThinkingProfile"]
 
 class Qwen3Profile(Profile):
     name = "qwen3"
+    model_families: tuple[str, ...] = ("qwen3",)
     tool_markup = "qwen3"
     thinking_suffix: tuple[Piece, ...] = (
         Special("<think>"),

@@ -237,6 +237,13 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.2%}"
 
 
+#: the hint under a table whose ``ref`` column is all 0: where reference ids come from
+_NO_REFERENCE = ("ref 0: no reference ids were compared, so the BPE audit did not run; the embedded emulator "
+                 "writes them to emulator/ground_truth.jsonl, a separately started one with `draftgen emulate "
+                 "--ground-truth FILE`: audit it with `draftgen audit CONFIG --reference FILE` (audit.reference); "
+                 "a real endpoint has none")
+
+
 def summary_lines(report: AuditReport) -> list[str]:
     """A readable summary: one row per dataset and overall, then examples and broken thresholds."""
     head = (f"{'dataset':<20} {'records':>8} {'excluded':>8} {'truncated':>9} {'billing Δ':>10} {'kept Δ':>8} "
@@ -254,6 +261,8 @@ def summary_lines(report: AuditReport) -> list[str]:
             f"{da.semantic_mismatch:>8}{mark}"
         )
     o = report.overall
+    if o.records and not o.reference_compared:
+        lines.append(_NO_REFERENCE + ("" if report.reference is None else f" ({report.reference} matched no record)"))
     if o.excluded_by_reason:
         lines.append("excluded from merge: " + ", ".join(
             f"{k} {v}" for k, v in sorted(o.excluded_by_reason.items(), key=lambda kv: -kv[1]))

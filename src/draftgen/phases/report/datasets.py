@@ -52,6 +52,10 @@ class DatasetMetrics(msgspec.Struct, kw_only=True):
     """Records whose sample id is no longer in the prepared set (the dataset shrank): never merged."""
     orphan_cost_usd: float = 0.0
     """What the orphans cost (spent all the same; ``cost_usd`` covers the done samples only)."""
+    replaced: int = 0
+    """Records ``generate --redo`` replaced (raw/<dataset>/replaced.jsonl): never merged."""
+    replaced_cost_usd: float = 0.0
+    """What the replaced records cost (spent all the same)."""
     duplicates: int = 0
     failed: int = 0
     """Samples whose latest failure is not followed by a response (retried on the next run)."""
@@ -75,6 +79,8 @@ class DatasetMetrics(msgspec.Struct, kw_only=True):
     last_at: float | None = None
     mean_latency_s: float | None = None
     # Derived from the counts above (kept in the record so the page and the JSON agree).
+    spent_usd: float = 0.0
+    """Everything spent: the done samples, the orphans and the replaced records."""
     progress: float | None = None
     reasoning_share: float | None = None
     usd_per_m_output: float | None = None
@@ -192,7 +198,8 @@ class DatasetAcc:
 
     def merge(self, other: DatasetAcc) -> None:
         m, o = self.m, other.m
-        for f in ("prepared_prompt_tokens", "done", "orphans", "orphan_cost_usd", "duplicates", "failed", "failure_events", "prompt_tokens", "completion_tokens",
+        for f in ("prepared_prompt_tokens", "done", "orphans", "orphan_cost_usd", "replaced", "replaced_cost_usd",
+                  "duplicates", "failed", "failure_events", "prompt_tokens", "completion_tokens",
                   "reasoning_tokens", "content_tokens", "truncated", "no_reasoning"):
             setattr(m, f, getattr(m, f) + getattr(o, f))
         m.cost_usd += o.cost_usd
@@ -222,4 +229,5 @@ class DatasetAcc:
         m.reasoning_share = m.reasoning_tokens / m.completion_tokens if m.completion_tokens else None
         m.usd_per_m_output = m.cost_usd / m.completion_tokens * 1e6 if m.completion_tokens else None
         m.mean_completion_tokens = m.completion_tokens / m.done if m.done else None
+        m.spent_usd = m.cost_usd + m.orphan_cost_usd + m.replaced_cost_usd
         return m

@@ -117,18 +117,23 @@ def audit_rows(m: RunMetrics) -> list[AuditRow]:
     return out
 
 
+#: every chart's legend: one row at the bottom of the figure (the toolbar takes its top right corner)
+_LEGEND: dict[str, Any] = {"orientation": "h", "x": 0, "xanchor": "left", "y": 0, "yanchor": "bottom",
+                           "yref": "container", "traceorder": "normal"}
+
+
 def _layout(title: str, **extra: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "title": {"text": title, "font": {"size": 15}, "x": 0.01, "xanchor": "left"},
-        "margin": {"l": 56, "r": 18, "t": 44, "b": 44},
-        "height": 320,
+        # the legend sits in the bottom margin, under the axis: the chart toolbar (top right) never covers it
+        "margin": {"l": 56, "r": 18, "t": 44, "b": 84},
+        "height": 350,
         "paper_bgcolor": "rgba(0,0,0,0)",
         "plot_bgcolor": "rgba(0,0,0,0)",
         "font": {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 12, "color": "#343a40"},
         "xaxis": {"gridcolor": "#eceff3", "zeroline": False},
         "yaxis": {"gridcolor": "#eceff3", "zeroline": False},
-        "legend": {"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom",
-                   "traceorder": "normal"},
+        "legend": _LEGEND,
     }
     base.update(extra)
     return base
@@ -216,8 +221,8 @@ def _activity_figures(m: RunMetrics, per_unit: float, xaxis: dict[str, Any]) -> 
     figs.append(("chart-retries", retries_caption, {
         "data": data,
         "layout": _layout("Retries and failures over time", barmode="stack", xaxis=xaxis,
-                          legend={"orientation": "v", "x": 1.01, "xanchor": "left", "y": 1, "yanchor": "top",
-                                  "font": {"size": 10.5}, "traceorder": "normal"},
+                          legend={**_LEGEND, "font": {"size": 10.5}}, height=400,
+                          margin={"l": 56, "r": 18, "t": 44, "b": 134},  # room for three rows of legend
                           yaxis={**_AXIS, "rangemode": "tozero", "title": {"text": "per bucket"}},
                           annotations=[] if data else _empty("no retries or failures")),
     }))

@@ -60,6 +60,7 @@ from draftgen.records import (
     MergedFile,
     MergeManifest,
     MergeStats,
+    ResponseMetricsView,
     RunManifest,
 )
 from draftgen.rundir import RunDir
@@ -128,6 +129,9 @@ def compute_metrics(run_dir: Path, configured: list[str] | None = None) -> RunMe
                             + completion)
             if row.created_at:
                 events.append((row.created_at, completion, row_cost(u)))
+        for _, row in iter_jsonl(rd.replaced(name), ResponseMetricsView):  # generate --redo's: spent, not merged
+            acc.m.replaced += 1
+            acc.m.replaced_cost_usd += row_cost(row.usage)
         latest_failure: dict[str, FailureRecord] = {}
         for _, fail in iter_jsonl(rd.failures(name), FailureRecord):
             acc.m.failure_events += 1

@@ -64,6 +64,7 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-
 tr.broken td { background: #fff5f5; } td.broken { color: var(--bad); font-weight: 650; }
 tr.warn td { background: #fff9db; }
 #providers th, #providers td { padding: 7px 7px; }
+#audit th, #audit td { padding: 7px 6px; } #audit td.pair { white-space: normal; min-width: 7em; }
 .sv { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12.5px; line-height: 1.9; white-space: pre-wrap;
   word-break: break-word; padding: 10px 12px; }
 .sv .seg { display: block; margin: 0 0 6px; }
@@ -208,7 +209,7 @@ text returned. Percentiles interpolate linearly{% if ttft %}; TTFT is the time t
 <tr class="{{ 'total' if loop.last else '' }}{{ ' broken' if a.broken else '' }}" data-audit="{{ a.dataset }}"{% if a.broken %} title="breaks the audit threshold of: {{ a.broken | join(', ') }}"{% endif %}>
 <td>{{ a.dataset }}</td><td>{{ a.records | int }}</td><td>{{ a.excluded | int }}</td>
 <td class="{{ 'broken' if 'structural' in a.broken else ('bad' if a.structural_failures else '') }}">{{ a.structural_failures | int }}</td>
-<td>{{ a.rebuilt | int }} / {{ a.billed | int }}</td>
+<td class="pair">{{ a.rebuilt | int }} / {{ a.billed | int }}</td>
 {% if kept_col %}<td>{{ a.billing_disagreement | pct(3) }}</td>
 <td{% if 'billing' in a.broken %} class="broken"{% endif %}>{{ a.billing_disagreement_kept | pct(3) }}</td>
 {% else %}<td{% if 'billing' in a.broken %} class="broken"{% endif %}>{{ a.billing_disagreement | pct(3) }}</td>{% endif %}

@@ -306,7 +306,7 @@ class VllmExtractBackend:
             raise PermanentAPIError(
                 f"sample {row.sample_id}: no kv_transfer_params.hidden_states_path in the response ({where}); serve "
                 "with --speculative-config method extract_hidden_states and --kv-transfer-config "
-                "ExampleHiddenStatesConnector (docs/extract.md)", kind="not_extract_mode")
+                "ExampleHiddenStatesConnector (docs/extract.md#the-vllm-backend)", kind="not_extract_mode")
         # invariant: nothing outside the connector folder is opened, read or removed
         path = self.folder.admit(named, sample_id=row.sample_id, where=where)
         await wait_for_lock(path, self.opts.file_timeout_s)
