@@ -55,10 +55,10 @@ __all__ = [
     "read_json_object",
     "repair_partial_tail",
     "scan_attempt_spend",
-    "superseded_lines",
     "scan_failures",
     "scan_responses",
     "storage_error",
+    "superseded_lines",
 ]
 
 T = TypeVar("T")

@@ -77,12 +77,12 @@ from draftgen.records import Usage, spend_usd
 __all__ = [
     "MIN_SAMPLES",
     "QUANTILE",
+    "TEXT_BYTES_PER_TOKEN",
     "Admission",
     "BudgetGovernor",
     "LengthEstimate",
     "Prices",
     "Reservation",
-    "TEXT_BYTES_PER_TOKEN",
     "TokenBudget",
     "TokenPolicy",
     "usage_cost",

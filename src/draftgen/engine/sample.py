@@ -48,9 +48,9 @@ from draftgen.engine.health import ProviderHealth
 from draftgen.engine.limiter import AdaptiveLimiter
 from draftgen.engine.plans import EngineOptions, PartitionPlan
 from draftgen.engine.progress import RunLog
+from draftgen.engine.prompts import estimate_prompt_tokens
 from draftgen.engine.retry import Keep, Retry, RetryPolicy
 from draftgen.engine.sinks import Sinks
-from draftgen.engine.prompts import estimate_prompt_tokens
 from draftgen.engine.stats import RunStats
 from draftgen.engine.usable import check_complete, check_identity, record_flags
 from draftgen.errors import (
@@ -241,7 +241,7 @@ class SampleRunner:
                 elif isinstance(out, Unusable):
                     s.kept = out.response
                     comp = out.response.comp
-                    for prov in comp.providers or [comp.provider]:
+                    for prov in comp.providers or ([comp.provider] if comp.provider else []):
                         self._avoid(s.avoid, prov)
             kept = None
             if isinstance(out, Finished):
