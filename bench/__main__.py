@@ -52,6 +52,7 @@ TIMEOUTS: dict[str, tuple[int, int]] = {
     "bench_extract": (300, 150),
     "bench_chain": (1200, 900),
     "bench_train_disk": (240, 90),
+    "bench_storm": (240, 120),
 }
 DEFAULT_TIMEOUT = (180, 90)
 # Smoke-size flags for scripts that neither read DRAFTGEN_BENCH_QUICK nor accept --quick.
@@ -61,7 +62,8 @@ QUICK_ARGS: dict[str, list[str]] = {
 }
 # Run order: cheap and independent first, the long engine runs after.
 ORDER = ["bench_resume", "bench_reconstruct", "bench_emulator", "bench_report", "bench_merge", "bench_generate",
-         "bench_scale", "bench_peers", "bench_replay", "bench_plan", "bench_extract", "bench_train_disk", "bench_chain"]
+         "bench_scale", "bench_storm", "bench_peers", "bench_replay", "bench_plan", "bench_extract",
+         "bench_train_disk", "bench_chain"]
 
 
 TARGETS = [
@@ -107,6 +109,9 @@ TARGETS = [
            ("al_trained_sglang_vs_vllm",), "<=", 0.15, "issue 15", detail=("al_trained_sglang", "al_trained")),
     Target("drafter chain: states shifted by one, samples the extract checks flag reference_aux", ("bench_chain",),
            ("shifted_reference_aux",), ">=", 1, "issue 15", detail=("shifted_flagged", "shifted_samples")),
+    Target("a 20 s 429 storm at 500 in flight: share of samples failed", ("bench_storm",),
+           ("storm_failed_fraction",), "<=", 0.0, "issue 22",
+           detail=("storm_recover_s", "baseline_failed_fraction")),
     Target("train: disk under train/ besides the drafter, as a fraction of the hidden set", ("bench_train_disk",),
            ("train_extra_disk_fraction",), "<=", 0.01, "issue 21",
            detail=("inputs_bytes_per_token", "set_bytes_per_token")),

@@ -145,7 +145,8 @@ def _noncanonical(prof: Profile, ids: list[int], rng: random.Random, start: int)
 
 
 NO_THRESHOLDS: dict[str, Any] = {"max_structural_failure_rate": None, "max_billing_disagreement": None,
-                                 "max_semantic_mismatch_rate": None, "max_tokenization_mismatch_rate": None}
+                                 "max_semantic_mismatch_rate": None, "max_tokenization_mismatch_rate": None,
+                                 "max_excluded_share": None}
 
 
 def write_synthetic_run(

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from _merge_helpers import chat_rows, fake_generate, prepared_run
 from draftgen.cli import cli
-from draftgen.errors import InputError
+from draftgen.errors import InputError, ThresholdBroken
 from draftgen.phases.merge import run_merge
 from draftgen.records import (
     AuditReport,
@@ -206,10 +206,13 @@ def test_legacy_rows_rebuild_prompt_ids_and_missing_prompts_are_orphans(tmp_path
         n = len(qwen3_profile.prompt_ids(p.messages, p.tools))
         assert row["prompt_len"] == n and row["loss_mask"].index(1) == n
         assert row["finish_reason"] is None and row["ids_source"] == "exact"
-    # Without the prepared prompts no record is in the prepared set: all orphans, none merged.
+    # Without the prepared prompts no record is in the prepared set: all orphans, none merged, and an empty
+    # merge is a failure (exit 3), never a success; stats.json says why, no manifest is written.
     RunDir(cfg.run_path).prepared("a").unlink()
     notes: list[str] = []
-    run_merge(cfg, echo=notes.append)
+    with pytest.raises(ThresholdBroken, match=r"no row to write.*orphans 5"):
+        run_merge(cfg, echo=notes.append)
+    assert not (cfg.run_path / "merged" / "manifest.json").exists()
     stats = read_json(cfg.run_path / "merged" / "stats.json", MergeStats)
     a = stats.datasets[0]
     assert (a.records, a.orphans, a.samples, a.dropped) == (0, 5, 0, {}) and _rows(cfg) == []

@@ -79,11 +79,11 @@ def test_scan_counts_tokens_spend_and_legacy_sglang_rows(tmp_path: Path) -> None
         w.write_many([_rec(1, provenance=prov), _rec(2, provenance=prov)])
     with open(p, "ab") as fh:
         fh.write(b'{"sample_id": "legacy", "output_ids": [5, 6, 7, 8]}\n')
-        fh.write(b'{"sample_id": "s1", "output_ids": [1]}\n')  # a duplicate written by another tool
+        fh.write(b'{"sample_id": "s1", "output_ids": [1]}\n')  # a later record of s1: its tokens count too
         fh.write(b'{"sample_id": "byok", "usage": {"completion_tokens": 2, "cost": 0.0, "is_byok": true, "upstream_cost": 0.25}}\n')
     idx = scan_responses(p)
     assert idx.done == {"s1", "s2", "legacy", "byok"}
-    assert idx.completion_tokens == 3 + 3 + 4 + 2
+    assert idx.completion_tokens == 3 + 3 + 4 + 1 + 2
     assert idx.spend_usd == pytest.approx(1.25)
     assert idx.duplicates == 1
     # The phases pass a check: it sees every record's provenance and file:line, and refuses by raising.

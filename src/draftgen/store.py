@@ -18,7 +18,7 @@ import errno
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,8 +27,10 @@ import msgspec
 from draftgen.errors import InputError, StorageError
 from draftgen.records import (
     SCHEMA_VERSION,
+    AttemptRecord,
     FailureRecord,
     Provenance,
+    ResponseKeyView,
     ResponseRecord,
     ResponseScanView,
     spend_usd,
@@ -55,9 +57,11 @@ __all__ = [
     "read_json",
     "read_json_object",
     "repair_partial_tail",
+    "scan_attempt_spend",
     "scan_failures",
     "scan_responses",
     "storage_error",
+    "superseded_lines",
     "temp_beside",
 ]
 
@@ -317,36 +321,70 @@ def raw_ids_len(raw: msgspec.Raw) -> int:
 
 
 class ResumeIndex(msgspec.Struct):
-    """What resume needs from one dataset's raw log."""
+    """What resume needs from one dataset's raw log. ``tracked``: for the ids asked for, the ``created_at``
+    of their last record and how many records they have."""
 
     done: set[str]
     completion_tokens: int = 0
     spend_usd: float = 0.0
     duplicates: int = 0
+    tracked: dict[str, tuple[float, int]] = msgspec.field(default_factory=dict)
 
 
-def scan_responses(path: Path, *, check: Callable[[Provenance | None, str], None] | None = None) -> ResumeIndex:
+def scan_responses(path: Path, *, check: Callable[[Provenance | None, str], None] | None = None,
+                   track: Collection[str] = ()) -> ResumeIndex:
     """Read the done ids, completion tokens and spend of a raw log (repairing nothing on disk).
 
     Completion tokens use ``usage.completion_tokens`` when present, else ``len(output_ids)`` (legacy
-    SGLang rows). A duplicated id (possible only in logs written by other tools) counts once.
-    ``check(provenance, "file:line")`` is called per record and raises to refuse one.
+    SGLang rows). Every record's tokens and spend count, a sample's later records included (a sample the
+    audit excluded is generated again, and both were paid for), except the spend of a record kept
+    unusable (flagged ``unusable:*``): its attempt booked it in ``logs/attempts.jsonl``
+    (``scan_attempt_spend``). ``check(provenance, "file:line")`` is called per record and raises to refuse
+    one.
     """
     idx = ResumeIndex(done=set())
     for lineno, row in iter_jsonl(path, ResponseScanView):
         if check is not None:
             check(row.provenance, f"{path}:{lineno}")
-        if row.sample_id in idx.done:
+        sid = row.sample_id
+        if sid in idx.done:
             idx.duplicates += 1
-            continue
-        idx.done.add(row.sample_id)
+        idx.done.add(sid)
+        if track and sid in track:
+            _, n = idx.tracked.get(sid, (0.0, 0))
+            idx.tracked[sid] = (row.created_at, n + 1)
         if row.usage is not None and row.usage.completion_tokens:
             idx.completion_tokens += row.usage.completion_tokens
         else:
             idx.completion_tokens += raw_ids_len(row.output_ids)
-        if row.usage is not None:
-            idx.spend_usd += spend_usd(row.usage.cost, row.usage.is_byok, row.usage.upstream_cost)
+        if row.usage is not None and not any(f.startswith("unusable:") for f in row.recon_flags):
+            cost = spend_usd(row.usage.cost, row.usage.is_byok, row.usage.upstream_cost)
+            idx.spend_usd += cost if cost > 0 else 0.0  # never a credit (NaN compares False too)
     return idx
+
+
+def superseded_lines(path: Path) -> set[int]:
+    """Line numbers of the records of a raw log that a later record of the same sample supersedes (a
+    sample the audit excluded, generated again): readers take each sample's last record. Empty, the usual
+    case, when no sample has two records."""
+    last: dict[str, int] = {}
+    out: set[int] = set()
+    for lineno, row in iter_jsonl(path, ResponseKeyView):
+        before = last.get(row.sample_id)
+        if before is not None:
+            out.add(before)
+        last[row.sample_id] = lineno
+    return out
+
+
+def scan_attempt_spend(path: Path) -> float:
+    """What the attempts log (``logs/attempts.jsonl``) booked for attempts that left no record: responses
+    rejected or unusable, and requests abandoned on the wire. Each is spend no raw log carries."""
+    total = 0.0
+    for _, att in iter_jsonl(path, AttemptRecord):
+        if att.outcome != "ok" and att.cost > 0:
+            total += att.cost
+    return total
 
 
 def scan_failures(path: Path) -> dict[str, FailureRecord]:

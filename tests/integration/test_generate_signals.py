@@ -106,7 +106,6 @@ def test_sigint_finishes_in_flight_and_second_sigint_exits_now(tmp_path: Path) -
         cfg = _config(tmp_path, emu.base_url, endpoint={"kind": "emulator", "base_url": emu.base_url,
                                                          "idle_timeout_s": 60, "stream": False})
         proc = _start(cfg)
-        log = tmp_path / "run" / "logs" / "generate.log"
         deadline = time.monotonic() + 30
         while emu.state.requests < 6 and time.monotonic() < deadline:
             time.sleep(0.05)

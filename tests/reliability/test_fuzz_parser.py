@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from draftgen.backends.base import Completion, CompletionRequest
-from draftgen.backends.errors import classify_http
+from draftgen.backends.errors import billing_of, classify_http
 from draftgen.backends.openrouter import OpenAIChatBackend
 from draftgen.backends.sse import ChatStream, SSEParser
 from draftgen.backends.wire import check_completion, completion_from_body, decode_chat
@@ -406,3 +406,83 @@ def test_the_backend_over_http_classifies_everything(
     sse_looking = stream and (head[:5] == b"data:" or head[:1] == b":")
     if ctype != "text/event-stream" and not sse_looking:  # read as a whole JSON body, like classify_body
         assert got == classify_body(status, payload)
+
+
+# -- the shapes of a server that lies (issue 22): money, choices, providers, reasoning -----------------------
+
+lying_number = st.one_of(st.integers(-10, 10**6), st.floats(allow_nan=False, allow_infinity=False),
+                         st.sampled_from(["154", "0.001", "NaN", "Infinity", "-0.01", "abc", ""]), st.none(),
+                         st.booleans())
+lying_usage = st.fixed_dictionaries({}, optional={
+    "prompt_tokens": lying_number, "completion_tokens": lying_number, "cost": lying_number,
+    "is_byok": st.one_of(st.booleans(), st.just("yes")),
+    "completion_tokens_details": st.fixed_dictionaries({}, optional={"reasoning_tokens": lying_number}),
+    "cost_details": st.fixed_dictionaries({}, optional={"upstream_inference_cost": lying_number}),
+})
+
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj, allow_nan=True).encode()
+
+
+@settings(max_examples=fuzz_examples(150), deadline=None)
+@given(usage=lying_usage, bad_choices=st.booleans())
+def test_usage_of_any_shape_is_read_never_as_a_credit(usage: dict[str, Any], bad_choices: bool) -> None:
+    body = {"id": "g", "provider": "P", "usage": usage,
+            "choices": 7 if bad_choices else [{"index": 0, "message": {"content": "hi"}, "finish_reason": "stop"}]}
+    try:
+        comp = completion_from_body(decode_chat(_json(body)), backend="openrouter")
+    except RetryableAPIError as exc:  # rejected for its shape: it still says what it was billed
+        assert bad_choices
+        billing = billing_of(exc)
+        if billing is not None and billing.usage is not None:
+            assert billing.usage.cost >= 0 and billing.usage.completion_tokens >= 0
+        return
+    u = comp.usage
+    assert u is not None and u.cost >= 0 and u.completion_tokens >= 0 and u.prompt_tokens >= 0
+    if usage.get("cost") is None:
+        assert comp.cost_missing  # the engine prices it
+    elif "cost_invalid" not in comp.flags:
+        assert not comp.cost_missing and u.cost == pytest.approx(float(usage["cost"]))
+
+
+@settings(max_examples=fuzz_examples(150), deadline=None)
+@given(texts=st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=6),
+       fields=st.lists(st.sampled_from(["reasoning", "reasoning_details", "both"]), min_size=6, max_size=6),
+       other=st.text(min_size=1, max_size=8).map(lambda t: "\x00" + t), index_first=st.booleans())
+def test_stream_choices_apart_and_reasoning_from_every_field(texts: list[str], fields: list[str], other: str,
+                                                            index_first: bool) -> None:
+    chunks: list[dict[str, Any]] = []
+    texts = [f"{i}:{t}" for i, t in enumerate(texts)]  # distinct pieces (equal whole texts read as one repeat)
+    for text, field in zip(texts, fields, strict=False):
+        delta: dict[str, Any] = {}
+        if field in ("reasoning", "both"):
+            delta["reasoning"] = text
+        if field in ("reasoning_details", "both"):
+            delta["reasoning_details"] = [{"type": "reasoning.text", "text": text}]
+        mine = {"index": 0, "delta": delta}
+        theirs = {"index": 1, "delta": {"content": other, "reasoning": other}}
+        chunks.append({"provider": "P", "choices": [theirs, mine] if index_first else [mine, theirs]})
+    chunks.append({"provider": "P", "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": "stop"}]})
+    acc = ChatStream("openrouter")
+    for c in chunks:
+        acc.feed(_json(c))
+    acc.feed(b"[DONE]")
+    comp = acc.result()
+    assert comp.reasoning == "".join(texts) and comp.content == "ok"
+    assert "extra_choices" in comp.flags and comp.providers == ["P"]
+
+
+@settings(max_examples=fuzz_examples(100), deadline=None)
+@given(providers=st.lists(st.sampled_from(["A", "B", None]), min_size=1, max_size=5),
+       models=st.lists(st.sampled_from(["m", "m-0127", "x", None]), min_size=1, max_size=5))
+def test_every_chunk_names_its_provider_and_model(providers: list[str | None], models: list[str | None]) -> None:
+    acc = ChatStream("openrouter")
+    for i, (prov, model) in enumerate(zip(providers, models, strict=False)):
+        acc.feed(_json({"provider": prov, "model": model,
+                        "choices": [{"index": 0, "delta": {"content": str(i)}, "finish_reason": None}]}))
+    acc.feed(_json({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+    comp = acc.result()
+    n = min(len(providers), len(models))
+    assert comp.providers == list(dict.fromkeys(p for p in providers[:n] if p))
+    assert comp.models == list(dict.fromkeys(m for m in models[:n] if m))

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 
-from draftgen.records import Message, ResponseFields, Tool
+from draftgen.records import Message, ResponseFields, Tool, Usage
 
 if TYPE_CHECKING:
     import aiohttp
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Backend",
     "BackendKind",
+    "Billing",
     "Capabilities",
     "Completion",
     "CompletionRequest",
@@ -141,11 +142,36 @@ class Completion(ResponseFields, kw_only=True):
     ``cost_missing``: ``usage`` came without a ``cost`` (plain servers, some providers); the engine then
     computes it from the token counts and the routed prices.
     ``ttft_s``: seconds from sending the request to the first data event of a stream (None unstreamed).
+    ``flags``: what the wire said that the record must carry (``usage_coerced``, ``cost_invalid``,
+    ``reasoning_fields_mixed``, ``reasoning_fields_disagree``, ``extra_choices``); the engine adds them to
+    the record's ``recon_flags``. ``providers`` / ``models``: every distinct ``provider`` and ``model``
+    the body or the stream's chunks named, in order (``provider`` / ``model`` hold the last one).
+    ``text_bytes``: UTF-8 bytes of text received (reasoning, content, tool arguments), for booking a
+    response whose usage is missing.
     """
 
     backend: str
     logprobs: list[LogprobToken] | None = None
     cost_missing: bool = False
+    flags: list[str] = msgspec.field(default_factory=list)
+    providers: list[str] = msgspec.field(default_factory=list)
+    models: list[str] = msgspec.field(default_factory=list)
+    text_bytes: int = 0
+
+
+class Billing(msgspec.Struct, kw_only=True):
+    """What a response the client rejected was billed, as far as its body says: attached to the error
+    (``backends.errors.bill``) so the engine books it although no completion came of it.
+
+    ``usage``: the leniently decoded usage (None when the body had none that could be read);
+    ``cost_known``: its ``cost`` is a real, non-negative number (else the engine computes the cost from the
+    token counts and the routed prices); ``text_bytes``: UTF-8 bytes of text the body carried (the last
+    resort when there is no usage: priced as completion tokens).
+    """
+
+    usage: Usage | None = None
+    cost_known: bool = False
+    text_bytes: int = 0
 
 
 class KeyInfo(msgspec.Struct, kw_only=True):

@@ -30,6 +30,10 @@ exports has its own entry (``tests/test_backend_errors.py`` checks it); ``aiohtt
 ``OSError`` themselves are the generic fallback, kind ``transport``. ``TRANSPORT_ERRORS`` is what a
 caller catches around a request to hand to ``translate_exception``.
 
+Billing: an error raised for a response that was billed all the same (a body rejected for its shape whose
+usage could still be read) carries a ``base.Billing`` (``bill``), read back by ``billing_of``; the engine
+books it, so a rejected response is never free.
+
 Attribution: an error that names its provider (``error.metadata.provider_name``, the body's or the
 stream's ``provider``) carries it, ``provider_of(exc)`` reads it back; the engine judges provider health
 on it. Errors no provider can be blamed for (connect errors, a plain 524) carry none.
@@ -42,7 +46,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import msgspec
@@ -58,6 +62,9 @@ from draftgen.errors import (
 )
 from draftgen.secrets import redact as _redact
 
+if TYPE_CHECKING:
+    from draftgen.backends.base import Billing
+
 __all__ = [
     "GENERIC_KIND",
     "TRANSLATIONS",
@@ -68,6 +75,8 @@ __all__ = [
     "Translation",
     "WireError",
     "attribute",
+    "bill",
+    "billing_of",
     "classify_http",
     "error_from_wire",
     "one_line",
@@ -135,6 +144,20 @@ def provider_of(exc: BaseException) -> str | None:
     """The provider an error was attributed to (``attribute``), or None."""
     prov = getattr(exc, "provider", None)
     return prov if isinstance(prov, str) and prov else None
+
+
+def bill(exc: _E, billing: Billing | None) -> _E:
+    """``exc`` (a response rejected for its shape, say) tagged with what its body says was billed; a first
+    billing is kept; returns ``exc``. The engine books it (``engine.sample``)."""
+    if billing is not None and billing_of(exc) is None:
+        exc.billing = billing  # type: ignore[attr-defined]  # errors.APIError has no field for it
+    return exc
+
+
+def billing_of(exc: BaseException) -> Billing | None:
+    """What an error's response was billed (``bill``), or None."""
+    got: Billing | None = getattr(exc, "billing", None)
+    return got
 
 
 def redact(text: str) -> str:

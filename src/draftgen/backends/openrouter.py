@@ -16,12 +16,14 @@ padding allowed), within the bounds of ``http.Bounds`` (total deadline, data idl
 Account endpoints (OpenRouter only): ``GET /key``, ``GET /credits`` (management key),
 ``GET /models/{author}/{slug}/endpoints``; their ``{"data": …}`` envelopes are decoded here
 (``decode_key_info``, ``decode_credits``, ``decode_endpoints``: unknown keys ignored, prices sent as
-strings parsed to floats), a body of another shape being a retryable ``bad_response``.
+strings parsed to floats), a body of another shape being a retryable ``bad_response``, and so is a key
+limit that is not a finite number (``"NaN"``, ``"Infinity"``).
 ``backends.account`` reads them through the ``Backend`` methods.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -240,14 +242,24 @@ def _decode_lenient(body: bytes, type_: type[Any], what: str) -> Any:
 
 
 def decode_key_info(body: bytes) -> KeyInfo:
-    """``GET /key``'s body → its ``KeyInfo``."""
+    """``GET /key``'s body → its ``KeyInfo``. A limit, limit remaining or usage that is not a finite number
+    (``"NaN"``, ``"Infinity"``) is refused (retryable ``bad_response``): it must never switch the key's cap off."""
     info: KeyInfo = _decode_lenient(body, _KeyEnv, "GET /key").data
+    for name in ("limit", "limit_remaining", "usage", "usage_daily"):
+        value = getattr(info, name)
+        if value is not None and not math.isfinite(value):
+            raise RetryableAPIError(f"GET /key: {name} is {value!r}, not a finite number of dollars; the key's "
+                                    "limit cannot be read", kind="bad_response")
     return info
 
 
 def decode_credits(body: bytes) -> Credits:
     """``GET /credits``' body → its ``Credits``."""
     cr: Credits = _decode_lenient(body, _CreditsEnv, "GET /credits").data
+    for name in ("total_credits", "total_usage"):
+        if not math.isfinite(getattr(cr, name)):
+            raise RetryableAPIError(f"GET /credits: {name} is {getattr(cr, name)!r}, not a finite number of dollars",
+                                    kind="bad_response")
     return cr
 
 

@@ -9,6 +9,13 @@ Framing (``SSEParser``), per the SSE spec as servers really send it:
 
 Accumulation (``ChatStream``) of OpenAI-style ``chat.completion.chunk`` payloads:
 - ``data: [DONE]`` ends the stream;
+- only choice 0 counts (by ``index``; a choice without one takes its position): another choice's deltas
+  never reach the text, and the completion is flagged ``extra_choices``;
+- reasoning is assembled from every field, delta by delta, in arrival order (``wire.ReasoningParts``);
+- every chunk's ``provider`` and ``model`` count: the completion lists each distinct one in order
+  (``Completion.providers`` / ``models``), so a stream that changed provider or model mid-way is seen;
+- a chunk of the wrong shape does not end the reading: the rest of the stream is read for its usage, and
+  ``result`` raises the ``bad_response`` carrying what the stream said it was billed (``errors.bill``);
 - the usage may come in a final chunk with ``choices: []`` or on a repeated finish chunk (Kimi via
   OpenRouter sends the finish chunk twice, the second time with usage): the last usage seen wins, and a
   repeated finish reason is not an error;
@@ -19,9 +26,17 @@ Accumulation (``ChatStream``) of OpenAI-style ``chat.completion.chunk`` payloads
 
 from __future__ import annotations
 
-from draftgen.backends.base import Completion, LogprobToken
-from draftgen.backends.errors import attribute, error_from_wire
-from draftgen.backends.wire import WireToolCall, WireUsage, decode_chat, pick_reasoning, usage_from_wire
+from draftgen.backends.base import Billing, Completion, LogprobToken
+from draftgen.backends.errors import attribute, billing_of, error_from_wire
+from draftgen.backends.wire import (
+    ReasoningParts,
+    WireToolCall,
+    WireUsage,
+    choice_zero,
+    decode_chat,
+    details_text,
+    usage_from_wire,
+)
 from draftgen.errors import RetryableAPIError
 from draftgen.records import FunctionCall, ToolCall
 
@@ -114,65 +129,80 @@ class ChatStream:
     """Accumulates the chunks of one streamed chat completion."""
 
     __slots__ = (
-        "_content", "_details", "_logprobs", "_reasoning", "_reasoning_content", "_tools", "backend",
-        "done", "finish_reason", "generation_id", "model", "native_finish_reason", "output_ids",
-        "prompt_ids", "provider", "usage", "where",
+        "_bad", "_content", "_logprobs", "_reasoning", "_tools", "backend", "done", "extra_choices",
+        "finish_reason", "generation_id", "model", "models", "native_finish_reason", "output_ids",
+        "prompt_ids", "provider", "providers", "text_bytes", "usage", "where",
     )
 
     def __init__(self, backend: str, *, where: str = "") -> None:
         self.backend = backend
         self.where = where
         self._content: list[str] = []
-        self._reasoning: list[str] = []
-        self._reasoning_content: list[str] = []
-        self._details: list[str] = []
+        self._reasoning = ReasoningParts()
         self._tools: dict[int, _ToolAcc] | None = None
         self._logprobs: list[LogprobToken] | None = None
+        self._bad: RetryableAPIError | None = None  # the first chunk of the wrong shape
         self.done = False
+        self.extra_choices = 0
         self.finish_reason: str | None = None
         self.native_finish_reason: str | None = None
         self.provider: str | None = None
+        self.providers: list[str] = []
         self.model: str | None = None
+        self.models: list[str] = []
         self.generation_id: str | None = None
         self.usage: WireUsage | None = None
         self.output_ids: list[int] | None = None
         self.prompt_ids: list[int] | None = None
+        self.text_bytes = 0
 
     def feed(self, payload: bytes) -> None:
-        """One event payload. Raises the classified APIError on an error chunk."""
+        """One event payload. Raises the classified APIError on an error chunk; a chunk of the wrong shape
+        is kept for ``result`` (the usage may still follow)."""
         if payload[:6] == b"[DONE]":
             self.done = True
             return
-        chunk = decode_chat(payload, where=self.where)
+        try:
+            chunk = decode_chat(payload, where=self.where)
+        except RetryableAPIError as exc:
+            if self._bad is None:
+                self._bad = exc
+            return
         if chunk.provider is not None:
             self.provider = chunk.provider
+            if chunk.provider not in self.providers:
+                self.providers.append(chunk.provider)
         if chunk.error is not None:
             raise error_from_wire(chunk.error, 200, provider=self.provider, where=self.where or "mid-stream")
         if self.generation_id is None and chunk.id is not None:
             self.generation_id = chunk.id
         if chunk.model is not None:
             self.model = chunk.model
+            if chunk.model not in self.models:
+                self.models.append(chunk.model)
         if chunk.usage is not None:
             self.usage = chunk.usage
         if chunk.prompt_token_ids is not None:
             self.prompt_ids = chunk.prompt_token_ids
         if not chunk.choices:
             return
-        ch = chunk.choices[0]
+        ch, others = choice_zero(chunk.choices)
+        self.extra_choices += others
+        if ch is None:
+            return
         if ch.error is not None:
             raise error_from_wire(ch.error, 200, provider=self.provider, where=self.where or "mid-stream")
         d = ch.delta if ch.delta is not None else ch.message
         if d is not None:
             if d.content is not None:
                 self._content.append(d.content)
-            if d.reasoning:
-                self._reasoning.append(d.reasoning)
-            if d.reasoning_content:
-                self._reasoning_content.append(d.reasoning_content)
-            if d.reasoning_details:
-                for det in d.reasoning_details:
-                    if det.text:
-                        self._details.append(det.text)
+                self.text_bytes += len(d.content.encode("utf-8", errors="replace"))
+            details = details_text(d.reasoning_details)
+            self._reasoning.add(d.reasoning, d.reasoning_content, details)
+            for text in (d.reasoning, d.reasoning_content, details):
+                if text:
+                    self.text_bytes += len(text.encode("utf-8", errors="replace"))
+                    break
             if d.tool_calls:
                 self._add_tools(d.tool_calls)
         if ch.token_ids:
@@ -205,25 +235,42 @@ class ChatStream:
                     acc.name += c.function.name
                 if c.function.arguments:
                     acc.args.append(c.function.arguments)
+                    self.text_bytes += len(c.function.arguments.encode("utf-8", errors="replace"))
+
+    def billing(self) -> Billing | None:
+        """What the stream said it was billed so far: its last usage, else a malformed chunk's, else the
+        size of the text received (None when there is nothing)."""
+        if self.usage is not None:
+            usage, cost_known, _ = usage_from_wire(self.usage)
+            return Billing(usage=usage, cost_known=cost_known, text_bytes=self.text_bytes)
+        loose = billing_of(self._bad) if self._bad is not None else None
+        if loose is not None and loose.usage is not None:
+            return loose
+        text = self.text_bytes + (loose.text_bytes if loose is not None else 0)
+        return Billing(text_bytes=text) if text else None
 
     def result(self) -> Completion:
-        """The completion once the body has ended. A cut stream is a retryable error."""
+        """The completion once the body has ended. A cut stream is a retryable error; so is a stream with a
+        chunk of the wrong shape (billed: it carries the stream's usage)."""
+        prov = f", {self.provider}" if self.provider else ""
+        if self._bad is not None:
+            bad = self._bad
+            billing = self.billing()
+            if billing is not None:
+                bad.billing = billing  # type: ignore[attr-defined]  # the stream's, over the one chunk's
+            raise attribute(bad, self.provider)
         if not self.done and self.finish_reason is None:
             raise attribute(RetryableAPIError(
-                f"stream_truncated (the stream ended without a finish reason{', ' + self.provider if self.provider else ''})",
-                kind="stream_truncated",
+                f"stream_truncated (the stream ended without a finish reason{prov})", kind="stream_truncated",
             ), self.provider)
-        reasoning, field = pick_reasoning(
-            "".join(self._reasoning) or None,
-            "".join(self._reasoning_content) or None,
-            "".join(self._details) or None,
-        )
+        reasoning, field, flags = self._reasoning.result()
         tool_calls = None
         if self._tools:
             tool_calls = [
                 ToolCall(id=a.id, type=a.type, function=FunctionCall(name=a.name, arguments="".join(a.args)))
                 for _, a in sorted(self._tools.items())
             ]
+        usage, cost_known, usage_flags = usage_from_wire(self.usage)
         return Completion(
             backend=self.backend,
             reasoning=reasoning,
@@ -235,9 +282,13 @@ class ChatStream:
             provider=self.provider,
             model=self.model,
             generation_id=self.generation_id,
-            usage=usage_from_wire(self.usage),
+            usage=usage,
             output_ids=self.output_ids,
             prompt_ids=self.prompt_ids,
             logprobs=self._logprobs,
-            cost_missing=self.usage is not None and self.usage.cost is None,
+            cost_missing=usage is not None and not cost_known,
+            flags=usage_flags + flags + (["extra_choices"] if self.extra_choices else []),
+            providers=list(self.providers),
+            models=list(self.models),
+            text_bytes=self.text_bytes,
         )

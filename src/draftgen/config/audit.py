@@ -18,3 +18,5 @@ class AuditConfig(Section):
     """Largest share of the compared rows merge keeps whose decoded text differs from the reference (null: no limit)."""
     max_tokenization_mismatch_rate: float | None = None
     """Largest share of compared records with the same text but other ids (BPE drift)."""
+    max_excluded_share: float | None = 0.25
+    """Largest share of a dataset's (or the run's) samples whose record merge must leave out (billing far off, a structural failure, dropped reasoning, ...); past it the verdict fails (exit 3). A run whose merge would keep nothing always fails, whatever this says (null: no share limit)."""

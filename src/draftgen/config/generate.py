@@ -68,6 +68,8 @@ class BudgetConfig(Section):
     """What a request reserves against its dataset's token budget. ``strict``: ``max_tokens``; a request is admitted only if done + reserved + max_tokens <= budget, so the budget is never passed (a 10M budget at max_tokens 10,240 holds at most 976 requests in flight). ``expected``: the running p90 of the completion lengths seen for that dataset and partition (``max_tokens`` until 20 responses are in); admission stops when done + reserved reaches the budget, so the overshoot is at most what was in flight beyond its reservations (≤ concurrency × max_tokens) and is reported."""
     allow_unpriced: bool = False
     """Run with ``max_spend_usd`` even when neither ``usage.cost`` nor the model's prices are known (the dollar budget then cannot be enforced)."""
+    key_recheck_s: float = 60.0
+    """How often, in seconds, a run reads the API key's limit again (``GET /key``, OpenRouter): a limit lowered mid-run is followed, and a limit reached stops the run naming it. 0: read at the start only."""
 
 
 class RetryConfig(Section):
@@ -85,6 +87,8 @@ class RetryConfig(Section):
     """Shrink the requests in flight during 429 storms and grow back after."""
     shutdown_grace_s: float = 30.0
     """On SIGINT/SIGTERM, how long in-flight requests may finish before the run stops."""
+    rate_limit_wait_s: float = 600.0
+    """Seconds one sample may spend waiting out rate limits (429, the in-flight budget's 402) before a rate limit counts as its failure; waits for rate limits use none of ``max_attempts`` (each waits the server's ``Retry-After``). 0: rate limits count as attempts like any other failure."""
 
 
 class QualityConfig(Section):
@@ -102,3 +106,7 @@ class QualityConfig(Section):
     """How long a failing provider stays on the run's ignore list."""
     billing_tolerance: float = 0.05
     """A response whose rebuilt completion length differs from the billed one by more than this share is billed far off."""
+    model_aliases: list[str] = msgspec.field(default_factory=list)
+    """Other names a response's ``model`` may carry besides ``model.id`` (its versions with a date suffix, e.g. ``moonshotai/kimi-k2.5-0127``, are always accepted); a response naming another model is unusable and retried elsewhere."""
+    min_length_fraction: float = 0.5
+    """A response cut by the length limit (``finish_reason: length``) at fewer than this share of ``max_tokens`` completion tokens is incomplete, and so is one without a finish reason: both are retried elsewhere."""

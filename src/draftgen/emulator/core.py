@@ -111,6 +111,7 @@ class EmulatorCore:
             else sc.scaled(sc.generation_lag_s)
         self.in_flight_budget = opts.in_flight_budget_usd if opts.in_flight_budget_usd is not None \
             else sc.in_flight_budget_usd
+        self._first_request: float | None = None  # monotonic time of the first chat request (the storm's clock)
         self._attempts: Counter[int] = Counter()
         self._faulty: Counter[int] = Counter()
         self._prompts: OrderedDict[bytes, list[int]] = OrderedDict()
@@ -184,6 +185,21 @@ class EmulatorCore:
         return out
 
     # -- identity, attempts, faults -----------------------------------------------------------------
+
+    def storm_retry_after(self) -> float | None:
+        """The Retry-After of the scenario's rate-limit storm when a request arriving now falls in it, else
+        None (``Scenario.storm_s``, counted from the first chat request)."""
+        sc = self.scenario
+        now = time.monotonic()
+        if self._first_request is None:
+            self._first_request = now
+        if sc.storm_s is None:
+            return None
+        start, length = sc.storm_s
+        since = now - self._first_request
+        if sc.scaled(start) <= since < sc.scaled(start + length):
+            return sc.scaled(sc.storm_retry_after_s)
+        return None
 
     def next_attempt(self, key: int) -> int:
         n = self._attempts[key]

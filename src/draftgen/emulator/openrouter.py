@@ -167,6 +167,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     req = parse_chat(body, core.opts.thinking)
     if isinstance(req, ApiError):
         return _fail(core, req)
+    storm = core.storm_retry_after()
+    if storm is not None:  # the scenario's rate-limit storm: OpenRouter's own 429, whatever the provider
+        st.by_fault["storm"] += 1
+        return _fail(core, ApiError(429, f"{req.model} is temporarily rate-limited upstream. Please retry shortly.",
+                                    "rate_limit_exceeded", retry_after_s=storm,
+                                    availability=availability("capacity_exhausted", True, retry_after=storm)))
     prompt = core.prompt(req.messages, req.tools, req.thinking)
     if isinstance(prompt, ApiError):
         return _fail(core, prompt)

@@ -58,6 +58,10 @@ included, since a client without bounds would wait ``hang_s`` on each):
                           far beyond max_tokens (``huge_body_ids``), or that much content text, with usage
                           billing 5 completion tokens; not billed
 
+A rate-limit storm over every provider (OpenRouter's own 429s, as in a surge) is ``storm_s: [start,
+length]``: requests arriving in that window after the first one get 429 with ``Retry-After:
+storm_retry_after_s``.
+
 A ``Retry-After`` of a day is ``retry_after_s: 86400`` with ``time_scale: 1`` and a ``rate_limit`` fault;
 a provider that sends no ``usage.cost`` (as plain OpenAI-compatible servers do) is ``omit_cost: true``.
 """
@@ -219,6 +223,10 @@ class Scenario:
     edge_timeout_s: float = 100.0
     hang_s: float = 600.0  # not scaled
     max_faulty_attempts: int | None = None
+    # a rate-limit storm: every chat request in [start, start + length) seconds after the first one is
+    # answered 429 with Retry-After ``storm_retry_after_s`` (both on the scenario's clock), whatever the provider
+    storm_s: tuple[float, float] | None = None
+    storm_retry_after_s: float = 2.0
     # account
     in_flight_budget_usd: float | None = None
     generation_lag_s: float = 1.0  # /generation answers 404 this long after completion
@@ -267,6 +275,8 @@ class Scenario:
             raise ConfigError(f"{where}: time_scale must be >= 0")
         if self.stream_chunk_tokens < 1:
             raise ConfigError(f"{where}: stream_chunk_tokens must be >= 1")
+        if self.storm_s is not None and (len(self.storm_s) != 2 or min(self.storm_s) < 0):
+            raise ConfigError(f"{where}: storm_s must be [start, length], seconds >= 0")
         return self
 
 

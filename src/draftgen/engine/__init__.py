@@ -7,8 +7,9 @@ reservation, attempts and record), ``sinks`` (the writers of its files), ``limit
 ``retry`` (backoff and the retry decision), ``budget`` (tokens and dollars with reservations), ``writer``
 (one group-committing writer task per file), ``prompts`` (streamed prompt cursors), ``assemble``
 (Completion → ResponseRecord with ids, and what makes a response usable), ``health`` (provider
-cool-downs and the routing applied to responses), ``stats`` (counters) and ``progress`` (rich/plain
-display and the run log).
+cool-downs and the routing applied to responses), ``usable`` (the model, the providers and the
+completeness a response must have), ``keywatch`` (the API key's limit reread during a run), ``stats``
+(counters) and ``progress`` (rich/plain display and the run log).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from draftgen.engine.assemble import Assembler, request_hash
 from draftgen.engine.budget import Admission, BudgetGovernor, Prices, TokenBudget, usage_cost
 from draftgen.engine.health import HealthPolicy, ProviderHealth, RoutingGuard
+from draftgen.engine.keywatch import key_limit_label, watch_key
 from draftgen.engine.limiter import AdaptiveLimiter
 from draftgen.engine.plans import DatasetPlan, EngineOptions, EngineResult, PartitionPlan
 from draftgen.engine.progress import Display, RunLog, make_display, status_line, summary_lines
@@ -49,9 +51,11 @@ __all__ = [
     "TokenBudget",
     "count_pending",
     "estimate_prompt_tokens",
+    "key_limit_label",
     "make_display",
     "request_hash",
     "status_line",
     "summary_lines",
     "usage_cost",
+    "watch_key",
 ]

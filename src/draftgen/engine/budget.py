@@ -43,6 +43,18 @@ A response without ``usage.cost`` (plain servers, some providers) is priced here
 are known (``priced``): ``prompt_tokens · prompt + completion_tokens · completion + request``, stored in
 the record's usage with ``cost_computed`` so a resume scan adds it up like a reported cost.
 
+Every billed response is booked: a record's cost when it is written; ``charge`` for one that produced
+no record (rejected as invalid, or unusable), at ``billed_cost``: its reported cost, else its usage at
+the routed prices, else its text length at the routed prices (``TEXT_BYTES_PER_TOKEN``), at most its
+worst case; and the worst case of a request abandoned on the wire (an interrupt). A cost is never
+negative (``usage_cost``): a credit from a server is no credit. A sample retried after a billed attempt
+reserves again (``rebook``) before its next attempt, so retries of billed rejections keep
+``spent + reserved <= max_spend`` too: the overshoot stays within what is in flight.
+
+Caps are named: ``session_cap_source`` says where the account cap came from (the API key's limit, the
+account's credits), and ``stop_message`` names the cap a stopped run hit (``--max-spend``, or the key's
+limit), never ``$None``.
+
 Lengths read at resume are not fed to the estimate (the resume scan keeps totals, not lengths): a resumed
 run warms up again over its first ``MIN_SAMPLES`` responses per dataset and partition.
 """
@@ -51,18 +63,21 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
 
 import msgspec
 
+from draftgen.backends.base import Billing
 from draftgen.backends.pricing import Prices
 from draftgen.records import Usage, spend_usd
 
 __all__ = [
     "MIN_SAMPLES",
     "QUANTILE",
+    "TEXT_BYTES_PER_TOKEN",
     "Admission",
     "BudgetGovernor",
     "LengthEstimate",
@@ -79,11 +94,18 @@ TokenPolicy = Literal["strict", "expected"]
 MIN_SAMPLES = 20
 #: the quantile of the observed completion lengths each request reserves under ``expected``
 QUANTILE = 0.9
+#: text bytes per completion token when a billed response's tokens are known only from its text: fewer
+#: than any tokenizer's average (English ≈ 4, CJK ≈ 2-3), so the estimate leans high
+TEXT_BYTES_PER_TOKEN = 2
 
 
 def usage_cost(u: Usage | None) -> float:
-    """What a response cost the account: ``cost``, plus the upstream cost only on BYOK responses."""
-    return 0.0 if u is None else spend_usd(u.cost, u.is_byok, u.upstream_cost)
+    """What a response cost the account: ``cost``, plus the upstream cost only on BYOK responses; never
+    negative, never NaN (a negative cost is no credit)."""
+    if u is None:
+        return 0.0
+    cost = spend_usd(u.cost, u.is_byok, u.upstream_cost)
+    return cost if math.isfinite(cost) and cost > 0 else 0.0
 
 
 class Admission(Enum):
@@ -171,6 +193,8 @@ class BudgetGovernor:
     #: the completion worst case of a full set of slots (``Σ concurrency × max_tokens · completion price``)
     slots_worst: float = 0.0
     estimates: dict[tuple[str, str], LengthEstimate] = field(default_factory=dict)
+    #: what ``session_cap`` is, for messages: "the API key's limit ($5.00)", "the account's credits"
+    session_cap_source: str = "the account's limit"
     _waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
     # -- dollars ---------------------------------------------------------------------------------------
@@ -207,6 +231,30 @@ class BudgetGovernor:
         if fits:
             return Admission.OK
         return Admission.WAIT if wait else Admission.NEVER
+
+    def binding_cap(self, worst_usd: float = 0.0) -> str:
+        """Which cap leaves the least room now: ``max_spend`` or ``session`` (the account's)."""
+        if self.session_cap is None:
+            return "max_spend"
+        session_room = self.session_cap - self.session - self.reserved_worst - worst_usd
+        if self.max_spend is None:
+            return "session"
+        spend_room = self.max_spend - self.spent - self.reserved - worst_usd
+        return "session" if session_room < spend_room else "max_spend"
+
+    def stop_message(self, usd: float = 0.0, worst_usd: float = 0.0) -> str:
+        """Why no (further) request fits, naming the cap: the dollar budget (``--max-spend``), or the
+        account's cap (the API key's limit, the credits) with the figure read from the server."""
+        if self.binding_cap(worst_usd) == "session":
+            left = (self.session_cap or 0.0) - self.session - self.reserved_worst
+            where = f"over it by ${-left:.4f}" if left < 0 else f"${left:.4f} left for this run"
+            need = f", which cannot cover the next request (${worst_usd or usd:.4f})" if worst_usd or usd else ""
+            return (f"{self.session_cap_source} is reached ({where}, from the server's account figures{need}); "
+                    "raise the key's limit or add credits, then rerun to resume")
+        left = max((self.max_spend or 0.0) - self.spent - self.reserved, 0.0)
+        need = f" cannot cover the next request (${usd:.4f})" if usd else ""
+        return (f"dollar budget: ${left:.4f} left of ${self.max_spend or 0.0:g} (budget.max_spend_usd; "
+                f"${self.spent:.4f} spent){need}; raise --max-spend to continue")
 
     def near_cap(self) -> bool:
         """The money left under ``max_spend`` after reservations is below ``(1 - QUANTILE) × slots_worst``:
@@ -302,10 +350,42 @@ class BudgetGovernor:
         return msgspec.structs.replace(usage, cost=cost, cost_computed=True)
 
     def charge(self, cost: float) -> None:
-        """Book spend that produced no record (a billed response rejected as invalid)."""
-        if cost > 0:
+        """Book spend that produced no record (a billed response rejected as invalid, a request abandoned)."""
+        if cost > 0 and math.isfinite(cost):
             self.session += cost
             self._notify()
+
+    def billed_cost(self, b: Billing, worst_usd: float, prompt_tokens: int = 0) -> float:
+        """What a response that produced no record was billed (see the module docstring); never negative.
+        ``prompt_tokens``: the estimate used when its usage names none."""
+        u = b.usage
+        if u is not None and b.cost_known:
+            return usage_cost(u)
+        if not self.priced:
+            return 0.0
+        from_text = -(-b.text_bytes // TEXT_BYTES_PER_TOKEN)
+        completion = max(u.completion_tokens if u is not None else 0, from_text)
+        prompt = u.prompt_tokens if u is not None and u.prompt_tokens else prompt_tokens
+        if not completion and u is None:
+            return 0.0
+        return max(0.0, min(self.prices.cost(prompt, completion), worst_usd))
+
+    async def rebook(self, res: Reservation, prompt_tokens: int) -> Reservation | None:
+        """A reservation for one more attempt of the request holding ``res`` (whose last attempt was billed):
+        ``res`` is swapped for a fresh one when that fits under the caps, waiting while it may; None when
+        it never will (``res`` is then still held, for the caller to release)."""
+        while True:
+            self._unreserve(res.dataset, res.tokens, res.usd, res.worst_usd)
+            new = self.reservation(res.dataset, res.partition, res.max_tokens, prompt_tokens)
+            new = Reservation(new.dataset, res.tokens, new.usd, new.worst_usd, new.partition, new.max_tokens)
+            adm = self.check_dollars(new.usd, new.worst_usd)
+            if adm is Admission.OK:
+                self.hold(new)
+                return new
+            self.hold(res)  # nothing changes while waiting: the old one stays held
+            if adm is Admission.NEVER:
+                return None
+            await self.changed()
 
     def release(self, dataset: str, tokens: int, usd: float, cost: float = 0.0, *,
                 worst_usd: float | None = None) -> None:

@@ -7,6 +7,7 @@ and ``pending``, which are the caller's view of the run before it starts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,7 +51,11 @@ class EngineOptions:
     the first ``concurrency`` requests of a partition are spread over it; ``attempts_path`` /
     ``health_path``: ``logs/attempts.jsonl`` and ``logs/health.jsonl`` (None: not written);
     ``keep_unusable``: an unusable response is a sample's record when its retries run out;
-    ``require_reasoning``: a response with its reasoning dropped is unusable.
+    ``require_reasoning``: a response with its reasoning dropped is unusable; ``model`` /
+    ``model_aliases``: the model requested and the other names its responses may carry (None: not
+    checked); ``min_length_fraction``: a ``length`` cut below this share of ``max_tokens`` is incomplete;
+    ``avoid``: (dataset, sample id) → providers its requests avoid from the first attempt (a sample
+    regenerated because the audit excluded the record a provider served).
     """
 
     adaptive: bool = True
@@ -64,3 +69,7 @@ class EngineOptions:
     health_path: Path | None = None
     keep_unusable: bool = False
     require_reasoning: bool = True
+    model: str | None = None
+    model_aliases: tuple[str, ...] = ()
+    min_length_fraction: float = 0.5
+    avoid: Mapping[tuple[str, str], Sequence[str]] = field(default_factory=dict)

@@ -10,6 +10,13 @@ Retryable: ``RetryableAPIError`` (429, 5xx, 408, timeouts, resets, empty 200s, `
 errors in 200 bodies, mid-stream errors), up to ``max_attempts`` attempts in all. Everything else is final
 for this run; failure records are retried on the next run.
 
+Rate limits are waited out, not counted: a ``RateLimited`` error (a 429, the in-flight budget's 402, a
+rate limit mid-stream) uses no attempt while the sample's time spent waiting out rate limits stays
+within ``retry.rate_limit_wait_s``. Its wait is the server's ``Retry-After`` plus a little jitter (no
+exponential growth: the server said when), or, without one, the exponential backoff over the rate
+limits so far. Past that budget the rate limit is a failure like any other
+(``retries_exhausted:<kind>``). ``rate_limit_wait_s: 0`` counts rate limits as attempts.
+
 ``RetryPolicy.decide`` is the one retry decision of a sample's failed attempt (``sample.SampleRunner``):
 ``Retry`` after a delay, ``Keep`` the sample's last unusable response as its record (retries exhausted,
 ``quality.keep_unusable``), or ``GiveUp`` with the failure's kind. ``retrying(fn, policy)`` is the same
@@ -26,7 +33,7 @@ from typing import TypeVar
 
 from draftgen.config import RetryConfig
 from draftgen.engine.assemble import UnusableResponse
-from draftgen.errors import APIError, RetryableAPIError
+from draftgen.errors import APIError, RateLimited, RetryableAPIError
 
 __all__ = ["Decision", "GiveUp", "Keep", "Retry", "RetryPolicy", "retrying"]
 
@@ -35,9 +42,11 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Retry:
-    """Another attempt, after ``delay`` seconds."""
+    """Another attempt, after ``delay`` seconds; ``rate_limited``: a rate limit waited out (no attempt used,
+    ``delay`` taken from the sample's rate-limit time)."""
 
     delay: float
+    rate_limited: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,16 +71,32 @@ class RetryPolicy:
         self.base = cfg.base_delay_s
         self.multiplier = cfg.multiplier
         self.max_delay = cfg.max_delay_s
+        self.rate_limit_wait = max(0.0, cfg.rate_limit_wait_s)
         self.rng = rng or random.Random()
 
     def should_retry(self, exc: APIError, attempts: int) -> bool:
         return isinstance(exc, RetryableAPIError) and attempts < self.max_attempts
 
-    def decide(self, exc: APIError, attempts: int, *, keepable: bool = False) -> Decision:
+    def rate_wait(self, exc: APIError, rate_limits: int, rate_waited: float) -> float | None:
+        """The wait before retrying a rate limit without using an attempt (``rate_limits`` of them waited out
+        already, ``rate_waited`` seconds in all); None when ``exc`` is no rate limit or its time is spent."""
+        if not isinstance(exc, RateLimited) or self.rate_limit_wait <= 0:
+            return None
+        ra = exc.retry_after
+        wait = self.delay(1, ra) if ra is not None and ra > 0 else self.delay(rate_limits + 1)
+        return wait if rate_waited + wait <= self.rate_limit_wait else None
+
+    def decide(self, exc: APIError, attempts: int, *, keepable: bool = False, rate_limits: int = 0,
+               rate_waited: float = 0.0) -> Decision:
         """What follows ``attempts`` attempts, the last failed with ``exc``; ``keepable``: the sample has
-        an unusable response it may keep. Draws the jittered delay only for a retry."""
-        if self.should_retry(exc, attempts):
-            return Retry(self.delay(attempts, exc.retry_after))
+        an unusable response it may keep; ``rate_limits`` / ``rate_waited``: the rate limits it waited out
+        so far (they are not attempts) and the seconds they took. Draws the jittered delay only for a
+        retry."""
+        wait = self.rate_wait(exc, rate_limits, rate_waited)
+        if wait is not None:
+            return Retry(wait, rate_limited=True)
+        if self.should_retry(exc, attempts - rate_limits):
+            return Retry(self.delay(attempts - rate_limits, exc.retry_after))
         retryable = isinstance(exc, RetryableAPIError)
         if retryable and keepable:
             return Keep()
@@ -93,18 +118,23 @@ class RetryPolicy:
 
 async def retrying(fn: Callable[[], Awaitable[T]], policy: RetryPolicy, *,
                    on_retry: Callable[[APIError, int, float], object] | None = None) -> T:
-    """``await fn()`` until it succeeds, retrying what ``policy`` retries (``RetryableAPIError`` while
-    attempts remain) after ``policy.delay``; anything else, and the last retryable error, propagate.
+    """``await fn()`` until it succeeds, retrying what ``policy.decide`` retries (``RetryableAPIError``
+    while attempts remain; rate limits while their time lasts); anything else, and the last retryable
+    error, propagate.
     ``on_retry(exc, attempts, delay)`` is told of each retry before its wait."""
-    attempts = 0
+    attempts = rate_limits = 0
+    rate_waited = 0.0
     while True:
         attempts += 1
         try:
             return await fn()
         except APIError as exc:
-            if not policy.should_retry(exc, attempts):
+            decision = policy.decide(exc, attempts, rate_limits=rate_limits, rate_waited=rate_waited)
+            if not isinstance(decision, Retry):
                 raise
-            wait = policy.delay(attempts, exc.retry_after)
+            if decision.rate_limited:
+                rate_limits += 1
+                rate_waited += decision.delay
             if on_retry is not None:
-                on_retry(exc, attempts, wait)
-            await asyncio.sleep(wait)
+                on_retry(exc, attempts, decision.delay)
+            await asyncio.sleep(decision.delay)

@@ -17,8 +17,12 @@ through ``Sinks``. Three layers, each owning one thing:
 
 Invariants: the slot is freed as soon as a response is in, before its record is built, and taken again
 before a further attempt; a response that is not written as a record still has its billed cost booked
-(``_charge_rejected``); a kept unusable response writes no ``AttemptRecord`` of its own (its attempt has
-one already) and feeds no provider health.
+(``_charge``: a rejected completion, or an error whose body said what it was billed, ``errors.billing_of``),
+and a request abandoned on the wire (cancelled: an interrupt) is booked at its worst case, as an
+``abandoned`` attempt in ``logs/attempts.jsonl`` that the next run's budget reads; an attempt after a
+billed one first reserves again (``BudgetGovernor.rebook``); a kept unusable response writes no
+``AttemptRecord`` of its own (its attempt has one already) and feeds no provider health. Rate limits are
+waited out on their own time budget (``RetryPolicy.decide``), not on the attempts.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, Protocol
 
-from draftgen.backends.base import Backend, Completion, CompletionRequest
-from draftgen.backends.errors import attribute, provider_of
+from draftgen.backends.base import Backend, Billing, Completion, CompletionRequest
+from draftgen.backends.errors import attribute, billing_of, provider_of
 from draftgen.engine.assemble import (
     Assembler,
     UnusableResponse,
@@ -44,9 +48,11 @@ from draftgen.engine.health import ProviderHealth
 from draftgen.engine.limiter import AdaptiveLimiter
 from draftgen.engine.plans import EngineOptions, PartitionPlan
 from draftgen.engine.progress import RunLog
+from draftgen.engine.prompts import estimate_prompt_tokens
 from draftgen.engine.retry import Keep, Retry, RetryPolicy
 from draftgen.engine.sinks import Sinks
 from draftgen.engine.stats import RunStats
+from draftgen.engine.usable import check_complete, check_identity, record_flags
 from draftgen.errors import (
     APIError,
     AuthError,
@@ -169,6 +175,9 @@ class Sample:
     attempts: int = 0
     avoid: list[str] = field(default_factory=list)  # providers it must not go back to (they returned it unusable)
     kept: Response | None = None  # its last unusable response
+    rate_limits: int = 0  # rate limits waited out (no attempts)
+    rate_waited: float = 0.0  # seconds they took
+    billed: bool = False  # its last attempt was billed: reserve again before the next
 
     @property
     def key(self) -> tuple[str, str]:
@@ -202,7 +211,10 @@ class SampleRunner:
         flight = self.stats.partition(part.name).flight
         try:
             req = await self._request(prompt, part.max_tokens)
-            await self._until_done(Sample(dataset, prompt, lease, req, flight))
+            avoid: list[str] = []
+            for prov in self.options.avoid.get((dataset, prompt.sample_id), ()):
+                self._avoid(avoid, prov)
+            await self._until_done(Sample(dataset, prompt, lease, req, flight, avoid=avoid))
         finally:
             flight.pop((dataset, prompt.sample_id), None)  # cancelled or failed on the wire: no longer in flight
             lease.close()
@@ -228,7 +240,9 @@ class SampleRunner:
                     out = await self._finish(s, out.response)
                 elif isinstance(out, Unusable):
                     s.kept = out.response
-                    self._avoid(s.avoid, out.response.comp.provider)
+                    comp = out.response.comp
+                    for prov in comp.providers or ([comp.provider] if comp.provider else []):
+                        self._avoid(s.avoid, prov)
             kept = None
             if isinstance(out, Finished):
                 return
@@ -255,18 +269,25 @@ class SampleRunner:
         except APIError as exc:
             s.flight.pop(s.key, None)
             prov = provider_of(exc)
-            self._record(s, started, exc.kind, prov)
+            billing = billing_of(exc)
+            charged = self._charge(s, billing) if billing is not None else 0.0
+            self._record(s, started, exc.kind, prov, cost=charged)
             self._judge(prov, exc)
             return Rejected(exc)
+        except asyncio.CancelledError:  # abandoned on the wire (an interrupt): it may be billed in full
+            s.flight.pop(s.key, None)
+            self._abandon(s, started)
+            raise
         s.flight.pop(s.key, None)
         latency = time.monotonic() - t0
         ended = time.time()
         try:
             check_tokens(comp, s.part.max_tokens)
-            self._check_usable(comp, req.provider_ignore)
+            self._check_usable(comp, req)
         except RetryableAPIError as exc:  # more tokens than asked for, or unusable
             attribute(exc, comp.provider)
-            charged = self._charge_rejected(comp, s.lease.res.worst_usd)
+            charged = self._charge(s, Billing(usage=comp.usage, cost_known=not comp.cost_missing,
+                                              text_bytes=comp.text_bytes))
             self._record(s, started, exc.kind, comp.provider, comp, charged, ended=ended)
             self._judge(comp.provider, exc)
             if isinstance(exc, UnusableResponse):
@@ -288,7 +309,8 @@ class SampleRunner:
         except RetryableAPIError as exc:  # the text rebuilt to more ids than were asked for
             attribute(exc, r.comp.provider)
             if r.unusable is None:
-                charged = self._charge_rejected(r.comp, s.lease.res.worst_usd)
+                charged = self._charge(s, Billing(usage=r.comp.usage, cost_known=not r.comp.cost_missing,
+                                                  text_bytes=r.comp.text_bytes))
                 self._record(s, r.started, exc.kind, r.comp.provider, r.comp, charged, ended=r.ended)
                 self._judge(r.comp.provider, exc)
             s.kept = None  # a kept response that rebuilds too long is no record either
@@ -304,7 +326,7 @@ class SampleRunner:
             return await asyncio.get_running_loop().run_in_executor(self.cpu, partial(
                 self.assembler.build, s.prompt, comp, partition=s.part.name, max_tokens=s.part.max_tokens,
                 attempts=s.attempts, latency_s=r.latency, prompt_ids=s.req.prompt_ids, quantization=quant,
-                extra_flags=[f"unusable:{r.unusable}"] if r.unusable else None,
+                extra_flags=record_flags(comp, s.req) + ([f"unusable:{r.unusable}"] if r.unusable else []),
             ))
         except DraftgenError as exc:  # a tokenizer/profile problem with this one output
             if r.unusable is None:
@@ -351,14 +373,21 @@ class SampleRunner:
         if self.host.stopping:
             self.log.write(f"abandon {where} attempt {s.attempts}: {exc} (stopping)")
             return "stop"
-        decision = self.policy.decide(exc, s.attempts, keepable=s.kept is not None and self.options.keep_unusable)
+        decision = self.policy.decide(exc, s.attempts, keepable=s.kept is not None and self.options.keep_unusable,
+                                      rate_limits=s.rate_limits, rate_waited=s.rate_waited)
         if isinstance(decision, Retry):
             self.stats.retries[exc.kind] += 1
             self.stats.partition(s.part.name).retries += 1
-            self.log.write(f"retry {where} attempt {s.attempts}/{self.policy.max_attempts} in {decision.delay:.2f}s: "
-                           f"{exc}")
+            if decision.rate_limited:
+                s.rate_limits += 1
+                s.rate_waited += decision.delay
+            self.log.write(f"retry {where} attempt {s.attempts - s.rate_limits + decision.rate_limited}/"
+                           f"{self.policy.max_attempts} in {decision.delay:.2f}s: {exc}"
+                           + (" (a rate limit: waited out, no attempt used)" if decision.rate_limited else ""))
             await self._backoff(decision.delay)
-            return "stop" if self.host.stopping else "attempt"
+            if self.host.stopping:
+                return "stop"
+            return "attempt" if await self._rebook(s) else "stop"
         if isinstance(decision, Keep):
             self.log.write(f"kept {where} after {s.attempts} attempt(s): its last unusable response is its "
                            f"record, flagged unusable (quality.keep_unusable); last error: {exc}")
@@ -394,15 +423,15 @@ class SampleRunner:
 
     # -- quality and health --------------------------------------------------------------------------------
 
-    def _check_usable(self, comp: Completion, sent_ignore: list[str] | None) -> None:
-        """Raise ``UnusableResponse`` for a response from a provider the request's routing excluded, or one
+    def _check_usable(self, comp: Completion, req: CompletionRequest) -> None:
+        """Raise ``UnusableResponse`` for a response of another model or from a provider the request's
+        routing excluded (``usable.check_identity``), an incomplete one (``usable.check_complete``), or one
         whose reasoning text was dropped."""
-        if self.health is not None:
-            why = self.health.guard.excluded(comp.provider, sent_ignore)
-            if why is not None:
-                raise UnusableResponse(f"provider_excluded ({comp.provider}: {why}; it was served all the same)",
-                                       kind="provider_excluded")
-        if self.options.require_reasoning:
+        o = self.options
+        check_identity(comp, model=o.model, aliases=o.model_aliases,
+                       guard=self.health.guard if self.health is not None else None, sent_ignore=req.provider_ignore)
+        check_complete(comp, req.max_tokens, o.min_length_fraction)
+        if o.require_reasoning:
             check_reasoning(comp)
 
     def _ignore_for(self, avoid: list[str]) -> list[str] | None:
@@ -455,22 +484,38 @@ class SampleRunner:
             completion_tokens=u.completion_tokens if u is not None else 0, cost=cost,
         ))
 
-    def _charge_rejected(self, comp: Completion, worst: float) -> float:
-        """Book what a response rejected as invalid was billed (no record will carry it): its reported
-        cost, or the cost computed from its usage, at most the request's worst case. Returns it."""
-        u = comp.usage
-        if u is None:
-            return 0.0
-        if comp.cost_missing:
-            priced = self.governor.priced_usage(u, prompt_tokens=0, completion_tokens=0)
-            cost = min(usage_cost(priced), worst) if priced is not u else 0.0
-        else:
-            cost = usage_cost(u)
+    def _charge(self, s: Sample, billing: Billing) -> float:
+        """Book what a response that produced no record was billed (``BudgetGovernor.billed_cost``); the
+        sample reserves again before its next attempt. Returns it."""
+        cost = self.governor.billed_cost(billing, s.lease.res.worst_usd, estimate_prompt_tokens(s.prompt))
         if cost > 0:
             self.governor.charge(cost)
+            s.billed = True
             self.stats.spend_session = self.governor.session
             self.stats.remaining = self.governor.remaining
-        return max(cost, 0.0)
+        return cost
+
+    def _abandon(self, s: Sample, started: float) -> None:
+        """A request cancelled on the wire: booked at its worst case (the provider may finish and bill it),
+        as an ``abandoned`` attempt the next run's budget reads."""
+        cost = s.lease.res.worst_usd
+        self.governor.charge(cost)
+        self.stats.spend_session = self.governor.session
+        self._record(s, started, "abandoned", None, cost=cost)
+
+    async def _rebook(self, s: Sample) -> bool:
+        """Reserve again before an attempt that follows a billed one; False (the run stops, the sample is
+        left for the next run) when no reservation will fit."""
+        if not s.billed:
+            return True
+        s.billed = False
+        new = await self.governor.rebook(s.lease.res, estimate_prompt_tokens(s.prompt))
+        self.stats.reserved = self.governor.reserved
+        if new is None:
+            self.host.request_stop(self.governor.stop_message(s.lease.res.usd, s.lease.res.worst_usd), exit_code=1)
+            return False
+        s.lease.res = new
+        return True
 
     def _book(self, dataset: str, comp: Completion, rec: ResponseRecord, res: Reservation, latency: float,
               charged: float = 0.0) -> None:

@@ -294,12 +294,7 @@ class Engine:
                 if dadm is Admission.WAIT:
                     waiting = True
                     break
-                rem = gov.remaining or 0.0
-                self.request_stop(
-                    f"dollar budget: ${max(rem, 0.0):.4f} left cannot cover the next request (${res.usd:.4f}); "
-                    "raise --max-spend to continue",
-                    exit_code=1,
-                )
+                self.request_stop(gov.stop_message(res.usd, res.worst_usd), exit_code=1)
                 return None
             if not waiting:
                 return None

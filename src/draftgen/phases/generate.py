@@ -19,6 +19,13 @@ A run directory written for another target (``model.*``, unless ``--force``) or 
 dataset's name is refused with a RunDirError. Other generation settings are the records' own: a rerun says
 what differs and what it keeps, and ``redo`` (``--redo changed|truncated``) generates those samples again
 (``phases.rerun``). The engine itself lives in ``draftgen.engine``.
+
+Spend: the run directory's spend before this run (``prior``) is what its raw logs' records cost plus what
+``logs/attempts.jsonl`` booked for attempts that left no record (responses rejected or unusable, requests
+abandoned on an interrupt: ``store.scan_attempt_spend``), so a resumed run's budget sees every billed
+response. The API key's limit is read again during the run (``engine.keywatch``). Samples whose last
+record the audit excluded are generated again (``phases.excluded``), elsewhere when the provider was at
+fault.
 """
 
 from __future__ import annotations
@@ -65,8 +72,10 @@ from draftgen.engine import (
     RunStats,
     TokenBudget,
     count_pending,
+    key_limit_label,
     make_display,
     summary_lines,
+    watch_key,
 )
 from draftgen.errors import (
     EXIT_FAILURES,
@@ -78,6 +87,7 @@ from draftgen.errors import (
     InputError,
 )
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
+from draftgen.phases.excluded import excluded_samples, plan_regeneration
 from draftgen.phases.rerun import (
     REDO_KINDS,
     generation_settings,
@@ -87,7 +97,7 @@ from draftgen.phases.rerun import (
     settings_report,
 )
 from draftgen.records import Provenance
-from draftgen.store import scan_failures, scan_responses
+from draftgen.store import scan_attempt_spend, scan_failures, scan_responses
 from draftgen.tokens import Profile, profile_from_config
 
 __all__ = [
@@ -223,14 +233,27 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
     table: list[str] = []
     failed_lines: list[str] = []
     since = time.time()  # this session's failures are those recorded from now on
+    avoid: dict[tuple[str, str], list[str]] = {}
     try:
         log.write(f"generate: {' '.join(rundir.scrub_argv(list(opts.argv)))}")
         _rerun(cfg, rd, names, opts.redo, check, out, log)
+        if rd.attempts.is_file():
+            governor.prior += scan_attempt_spend(rd.attempts)
+        excluded = excluded_samples(rd)
         for d in cfg.datasets:
-            idx = scan_responses(rd.raw(d.name), check=check)
+            excl = excluded.get(d.name, {}) if d.name in names else {}
+            idx = scan_responses(rd.raw(d.name), check=check, track=excl.keys())
             governor.prior += idx.spend_usd + replaced_spend(rd, d.name)
             if d.name not in names:
                 continue
+            regen = plan_regeneration(rd, d.name, excl, idx.tracked, now=time.time())
+            if regen.samples:
+                idx.done -= regen.samples.keys()
+                avoid.update(((d.name, sid), provs) for sid, provs in regen.avoid.items())
+                line = (f"{d.name}: {len(regen.samples):,} samples whose record the audit excluded are generated "
+                        "again (" + ", ".join(f"{k} {v}" for k, v in regen.reasons.most_common()) + ")")
+                out(line)
+                log.write(line)
             counts = stats.dataset(d.name)
             counts.done_before = len(idx.done)
             counts.tokens_before = idx.completion_tokens
@@ -257,7 +280,7 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
         with embedded_emulator(cfg, api_key=api_key, management_key=mgmt, profile=profile) as emu_url:
             base_urls = [emu_url] if emu_url else None
             result_code, message = asyncio.run(_main(cfg, api_key, mgmt, base_urls, profile, provenance, plans,
-                                                     partitions, governor, stats, log, rd))
+                                                     partitions, governor, stats, log, rd, avoid))
         if stats.failed:
             failed_lines, failed_message = _failure_lines(rd, [c.name for c in stats.datasets.values() if c.failed],
                                                           since)
@@ -389,9 +412,10 @@ def _provider_table(run_dir: Path, datasets: list[str]) -> list[str]:
 
 
 async def _account(backend: Backend, cfg: RunConfig, governor: BudgetGovernor,
-                   log: RunLog) -> tuple[float | None, float | None, list[EndpointInfo] | None]:
+                   log: RunLog) -> tuple[float | None, float | None, list[EndpointInfo] | None, float | None]:
     """Prices and account caps before the run (``account.read_account``); returns (key usage, credits
-    usage) for reconciliation, and the model's endpoints when the backend lists them.
+    usage) for reconciliation, the model's endpoints when the backend lists them, and the credits left
+    (the cap a reread key limit never passes).
 
     A dollar budget needs the cost of every response: ``usage.cost`` where the backend reports it, else
     usage × the routed prices (``governor.priced``). Prices also size each request's reservation. Without
@@ -432,7 +456,13 @@ async def _account(backend: Backend, cfg: RunConfig, governor: BudgetGovernor,
             log.write(warning)
             print(warning, file=sys.stderr, flush=True)
     if snap.key_error is not None:
-        log.write(f"GET /key failed: {snap.key_error}")
+        import sys  # only this warning goes to stderr
+
+        warning = (f"warning: the API key's limit could not be read ({snap.key_error}); this run is held to "
+                   + (f"budget.max_spend_usd (${cfg.budget.max_spend_usd:g})" if cfg.budget.max_spend_usd is not None
+                      else "no dollar cap of its own") + " and the server's own refusals")
+        log.write(warning)
+        print(warning, file=sys.stderr, flush=True)
     key = snap.key
     if key is not None:
         log.write(f"key: usage ${key.usage:.4f}, limit remaining "
@@ -444,7 +474,11 @@ async def _account(backend: Backend, cfg: RunConfig, governor: BudgetGovernor,
         log.write(f"credits: ${cr.total_credits:.4f} total, ${cr.total_usage:.4f} used")
     if snap.remaining is not None:
         governor.session_cap = snap.remaining
-    return (key.usage if key is not None else None), (cr.total_usage if cr is not None else None), snap.endpoints
+        key_cap = key.limit_remaining if key is not None else None
+        governor.session_cap_source = (key_limit_label(key) if key is not None and key_cap is not None
+                                       and (cr is None or key_cap <= cr.remaining) else "the account's credits")
+    return ((key.usage if key is not None else None), (cr.total_usage if cr is not None else None), snap.endpoints,
+            cr.remaining if cr is not None else None)
 
 
 async def _reconcile(backend: Backend, mgmt: str | None, key_usage: float | None, credits_usage: float | None,
@@ -518,21 +552,23 @@ def _install_signals(engine: Engine, display: Any) -> Callable[[], None]:
 
 async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls: list[str] | None, profile: Any,
                 provenance: Provenance, plans: list[DatasetPlan], partitions: list[PartitionPlan], governor: BudgetGovernor, stats: RunStats,
-                log: RunLog, rd: rundir.RunDir) -> tuple[int, str | None]:
+                log: RunLog, rd: rundir.RunDir,
+                avoid: dict[tuple[str, str], list[str]]) -> tuple[int, str | None]:
     display = make_display(cfg.progress, stats, log)
     conns = sum(p.concurrency for p in partitions) + 16
     caps = capabilities(cfg.endpoint.kind)
     async with open_backend(cfg, api_key, base_urls=base_urls, connections=conns) as backend:
-        key_usage, credits_usage, eps = await _account(backend, cfg, governor, log)
+        key_usage, credits_usage, eps, credits_cap = await _account(backend, cfg, governor, log)
         stats.remaining = governor.remaining
         if governor.remaining is not None and governor.remaining <= 0:
-            return 1, (f"the dollar budget is spent (${governor.spent:.4f} of ${cfg.budget.max_spend_usd}); "
-                       "raise budget.max_spend_usd (--max-spend) to continue")
+            return 1, governor.stop_message()
+        q = cfg.quality
         options = EngineOptions(
             adaptive=cfg.retry.adaptive_concurrency, grace_s=cfg.retry.shutdown_grace_s,
             needs_prompt_ids=caps.needs_prompt_ids, cpu_workers=max(1, min(4, (os.cpu_count() or 2))),
             attempts_path=rd.attempts, health_path=rd.health,
-            keep_unusable=cfg.quality.keep_unusable, require_reasoning=not cfg.reasoning.exclude,
+            keep_unusable=q.keep_unusable, require_reasoning=not cfg.reasoning.exclude, model=cfg.model.id,
+            model_aliases=tuple(q.model_aliases), min_length_fraction=q.min_length_fraction, avoid=avoid,
         )
         engine = Engine(
             backend=backend, assembler=Assembler(profile, provenance=provenance, parse_ids=caps.output_is_raw_ids,
@@ -541,12 +577,19 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
             log=log, display=display, health=_health(cfg, eps), options=options,
         )
         uninstall = _install_signals(engine, display)
+        watch = None
+        if caps.account and cfg.budget.key_recheck_s > 0:
+            watch = asyncio.create_task(watch_key(
+                backend, governor, interval_s=cfg.budget.key_recheck_s, credits_cap=credits_cap, log=log,
+                stop=lambda why: engine.request_stop(why, exit_code=1)))
         display.start()
         try:
             result = await engine.run()
         except DraftgenError:
             raise
         finally:
+            if watch is not None:
+                watch.cancel()
             uninstall()
             await display.stop()
         await _reconcile(backend, mgmt, key_usage, credits_usage, stats, log)

@@ -7,12 +7,14 @@ SpecForge export) and ``audit/audit.json`` (``failed_sample_ids``; without it th
 note). Writes the Parquet shards of ``merged/`` and the peer formats of ``exports/<format>/`` through
 ``export.write_split``, the dataset card ``merged/README.md`` (``export.write_card``), ``merged/stats.json``
 (``records.MergeStats``) and, last, ``merged/manifest.json`` (``records.MergeManifest``, every file written,
-with size and sha256): the output is complete iff the manifest exists. A rerun first removes exactly the
+with size and sha256): the output is complete iff the manifest exists. A merge that would keep no row
+writes nothing and fails (``ThresholdBroken``, exit 3): an empty dataset is never a success. A rerun first removes exactly the
 files the previous manifest lists (``_clear``), nothing else.
 
 Steps, each deterministic:
 
-1. scan: per response (first record per sample id of the current prepared set; others are orphans),
+1. scan: per response (the last record per sample id of the current prepared set: a sample the audit
+   excluded is generated again; others are orphans),
    drop by reason: the audit's exclusion reason (``structural:<kind>``, ``reasoning_dropped``,
    ``semantic_mismatch``, ``billing_off``; see ``audit.verdict``), ``reasoning_dropped`` and ``unusable``
    from the record's own flags even without an audit (``unusable:*`` rows are kept, flagged, only with
@@ -47,7 +49,7 @@ from typing import Any
 import msgspec
 
 from draftgen.config import RunConfig
-from draftgen.errors import InputError
+from draftgen.errors import InputError, ThresholdBroken
 from draftgen.exporters import (
     MergedRow,
     RowSource,
@@ -77,7 +79,7 @@ from draftgen.records import (
     check_ids,
 )
 from draftgen.rundir import RunDir, check_provenance, expected_provenance, writer
-from draftgen.store import JsonlReader, atomic_write_json, iter_jsonl_offsets, read_json
+from draftgen.store import JsonlReader, atomic_write_json, iter_jsonl_offsets, read_json, superseded_lines
 from draftgen.tokens import Profile, profile_from_config
 
 __all__ = ["MergeReport", "phase_run", "reasoning_length", "run_merge"]
@@ -167,7 +169,7 @@ class _Scanner:
             self.notes.append(f"{name}: {ppath.relative_to(cfg.run_path)} is missing or empty; only samples of "
                               "the prepared set are merged (run `draftgen prepare`)")
         failed = self.failed.get(name, {})
-        seen: set[str] = set()
+        superseded = superseded_lines(raw_path)
         vocab = self.profile.tokenizer.vocab_size
         try:
             for lineno, off, rec in iter_jsonl_offsets(raw_path, ResponseMergeView):
@@ -176,10 +178,9 @@ class _Scanner:
                 check_ids(rec.output_ids, vocab, where, "output_ids")
                 check_ids(rec.prompt_ids, vocab, where, "prompt_ids")
                 sid = rec.sample_id
-                if sid in seen:
+                if lineno in superseded:  # the sample's last record is its record (generated again)
                     reason: str | None = "duplicate_record"
                 else:
-                    seen.add(sid)
                     if sid not in pindex:
                         st.orphans += 1
                         continue
@@ -399,6 +400,22 @@ def _clear(rd: RunDir) -> None:
         rd.exports.rmdir()
 
 
+def _nothing_merged(rd: RunDir, stats: MergeStats, echo: Echo) -> None:
+    """A merge that keeps no row: ``merged/stats.json`` says why, no manifest is written (the output is
+    not complete) and it fails: an empty dataset is never a success."""
+    atomic_write_json(rd.merged_stats, stats)
+    for line in _table_lines(stats):
+        echo(line)
+    for n in stats.notes:
+        echo(f"note: {n}")
+    t = stats.total
+    dropped = ", ".join(f"{k} {v}" for k, v in sorted(t.dropped.items(), key=lambda kv: -kv[1]))
+    why = ", ".join(x for x in (dropped, f"orphans {t.orphans}" if t.orphans else "") if x)
+    raise ThresholdBroken(f"merge: no row to write ({t.records:,} records of the prepared sets"
+                          + (f"; left out: {why}" if why else "") + f"); no manifest written, see {rd.merged_stats} "
+                          "(rerun generate: samples whose record the audit excluded are generated again)")
+
+
 def run_merge(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None,
               force: bool = False) -> MergeReport:
     """Build merged/ from the run directory (see the module docstring). ``profile``: the already loaded
@@ -429,6 +446,8 @@ def _merge(cfg: RunConfig, rd: RunDir, echo: Echo, force: bool, profile: Profile
     check_exports(exports)
     out_dir.mkdir(parents=True, exist_ok=True)
     _clear(rd)
+    if not train and not val:
+        _nothing_merged(rd, stats, echo)
     ids = scanner.id_array()
     sources = {ds.name: RowSource(rd.raw(ds.name), rd.prepared(ds.name) if rd.prepared(ds.name).is_file() else None)
                for ds in cfg.datasets}

@@ -39,6 +39,8 @@ class ExcludedSample(msgspec.Struct, omit_defaults=True):
     sample_id: str
     reason: str
     detail: str = ""
+    provider: str | None = None  # who served the excluded record (the next generate avoids it when at fault)
+    created_at: float = 0.0  # the excluded record's, to tell it from a later record of the same sample
 
 
 class DatasetAudit(msgspec.Struct, omit_defaults=True):
@@ -75,6 +77,12 @@ class DatasetAudit(msgspec.Struct, omit_defaults=True):
     prompt_reference_mismatch: int = 0  # prompt_ids differing from the reference's
     tokenization_mismatch_ids: list[str] = msgspec.field(default_factory=list)
     semantic_mismatch_ids: list[str] = msgspec.field(default_factory=list)
+    #: kept records billed for fewer completion tokens than their ids, which are exact on their own (clean
+    #: rebuild, decoded text equal, reference exact or absent): the provider's count is wrong, not the ids
+    underbilled: int = 0
+    underbilled_billed_tokens: int = 0
+    underbilled_rebuilt_tokens: int = 0
+    underbilled_by_provider: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class AuditReport(msgspec.Struct, omit_defaults=True):

@@ -186,6 +186,8 @@ class ResponseScanView(msgspec.Struct):
     output_ids: msgspec.Raw = msgspec.Raw(b"")
     provenance: Provenance | None = None
     schema_version: int = SCHEMA_VERSION
+    recon_flags: list[str] = msgspec.field(default_factory=list)
+    created_at: float = 0.0
 
 
 class ResponseMergeView(msgspec.Struct):
@@ -242,12 +244,19 @@ class ResponseIdsView(msgspec.Struct):
     output_ids: list[int] | None = None
 
 
+class ResponseKeyView(msgspec.Struct):
+    """``ResponseRecord``: its sample id only (which record of a sample is its last, ``store.last_records``)."""
+
+    sample_id: str
+
+
 VIEWS: dict[type[msgspec.Struct], type[msgspec.Struct]] = {
     ResponseScanView: ResponseRecord,
     ResponseMergeView: ResponseRecord,
     ResponseMetricsView: ResponseRecord,
     ResponseIdsView: ResponseRecord,
     ResponseSettingsView: ResponseRecord,
+    ResponseKeyView: ResponseRecord,
     PromptIdView: PromptRecord,
 }
 

@@ -4,6 +4,8 @@ Hybrid: the prompt ends ``<|im_start|>assistant\\n``; the model writes
 ``<think>\\n{r}\\n</think>\\n\\n{c}<|im_end|>``. With thinking off the template already appends
 ``<think>\\n\\n</think>\\n\\n`` to the prompt, so the model writes ``{c}<|im_end|>``.
 2507-Thinking: the prompt ends ``…assistant\\n<think>\\n``; the model writes ``{r}\\n</think>\\n\\n{c}<|im_end|>``.
+A provider without a reasoning parser leaves the think block in ``content``: ``repair_fields`` splits it
+back (``think_in_content_repaired``).
 Ids: ``<|im_end|>`` 151645, ``<think>`` 151667, ``</think>`` 151668. Tool calls are text between
 ``<tool_call>``/``</tool_call>`` control tokens (151657/151658): ``\\n<tool_call>\\n{"name": …,
 "arguments": …}\\n</tool_call>`` after the content (no leading newline on the first when the content is empty).
@@ -37,6 +39,18 @@ class Qwen3Profile(Profile):
     generated_specials = ("<tool_call>", "</tool_call>")
     thinking_kwarg: str | None = "enable_thinking"
     expected_special_ids = MappingProxyType({"<|im_end|>": 151645, "<think>": 151667, "</think>": 151668, "<tool_call>": 151657})
+
+    def repair_fields(self, reasoning: str | None, content: str | None, flags: list[str]) -> tuple[str | None, str | None]:
+        # A provider serving Qwen3 without a reasoning parser returns the think block inside the content
+        # (reasoning empty, reasoning_tokens 0): "<think>\nR\n</think>\n\nC", or "R\n</think>\n\nC" from
+        # the 2507 models, whose prompt opens it. Split back at the end-of-think, flagged; no text is edited.
+        if self.thinking and not reasoning and content and self.think_end in content:
+            before, _, after = content.partition(self.think_end)
+            if before.startswith("<think>"):
+                before = before[len("<think>"):]
+            flags.append("think_in_content_repaired")
+            return before, after
+        return reasoning, content
 
     def render_tool_calls(self, tool_calls: Sequence[ToolCall], content: str, flags: list[str]) -> str:
         flags.append("tool_calls_rendered")

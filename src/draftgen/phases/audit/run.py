@@ -12,6 +12,11 @@ Reads ``raw/<dataset>/raw_responses.jsonl`` (ResponseRecord), ``prepared/<datase
 - BPE audit against reference ids: exact-match, tokenization-only and semantic mismatch rates, with the
   first differing span of each mismatch (``[' NOR']`` vs ``[' N', 'OR']``).
 
+A sample with several records (one the audit excluded, then generated again: ``phases.excluded``) is
+audited on its last record; the earlier ones count as ``duplicates``. Records billed for fewer tokens than
+their ids, which are exact on their own (``verdict.underbilled``), are kept and reported as the provider's
+miscount (``underbilled``, by provider): the audit says which side is wrong.
+
 Writes ``AuditReport`` (records.py) to ``audit/audit.json``; ``excluded`` per dataset names each sample
 merge leaves out with its reason (``audit.verdict``: structural failures, dropped reasoning, semantic
 mismatches, billing far off), and ``failed_sample_ids`` lists their ids. Prints the one-line verdict first,
@@ -36,7 +41,14 @@ from draftgen.phases.audit.checks import (
     first_diff_span,
 )
 from draftgen.phases.audit.reference import ReferenceIndex, ids_digest, load_reference
-from draftgen.phases.audit.verdict import exclusion_reason, rates, thresholds_broken, verdict_line
+from draftgen.phases.audit.verdict import (
+    billing_side_lines,
+    exclusion_reason,
+    rates,
+    thresholds_broken,
+    underbilled,
+    verdict_line,
+)
 from draftgen.records import (
     AuditReport,
     BillingExample,
@@ -50,7 +62,14 @@ from draftgen.records import (
     check_ids,
 )
 from draftgen.rundir import RunDir, check_provenance, expected_provenance, writer
-from draftgen.store import JsonlReader, atomic_write_json, iter_jsonl, iter_jsonl_offsets, read_json
+from draftgen.store import (
+    JsonlReader,
+    atomic_write_json,
+    iter_jsonl,
+    iter_jsonl_offsets,
+    read_json,
+    superseded_lines,
+)
 from draftgen.tokens import Profile, profile_from_config
 
 __all__ = [
@@ -105,7 +124,7 @@ def audit_dataset(
     checked against it (``rundir.check_provenance``)."""
     da = DatasetAudit(dataset=name)
     prompts = _PromptIndex(prompts_path)
-    seen: set[str] = set()
+    superseded = superseded_lines(raw_path)
     failed: set[str] = set()
     vocab = profile.tokenizer.vocab_size
     try:
@@ -115,10 +134,9 @@ def audit_dataset(
                 check_provenance(rec.provenance, provenance, where, force=force, forced=forced)
             check_ids(rec.output_ids, vocab, where, "output_ids")
             check_ids(rec.prompt_ids, vocab, where, "prompt_ids")
-            if rec.sample_id in seen:
+            if lineno in superseded:  # a later record of the sample is its record (generated again)
                 da.duplicates += 1
                 continue
-            seen.add(rec.sample_id)
             da.records += 1
             da.ids_source[rec.ids_source] = da.ids_source.get(rec.ids_source, 0) + 1
             _audit_one(profile, rec, prompts, reference, da, failed, keep_unusable, billing_tolerance)
@@ -191,16 +209,28 @@ def _audit_one(
                 da.billing_examples.append(
                     BillingExample(sample_id=rec.sample_id, billed=f.billed, rebuilt=f.rebuilt, cause=cause)
                 )
-    excluded = exclusion_reason(structural=f.failures, flags=f.flags, reference_kind=ref_kind, billed=f.billed,
-                                rebuilt=f.rebuilt, keep_unusable=keep_unusable, billing_tolerance=billing_tolerance)
+    under = f.billed is not None and underbilled(structural=f.failures, flags=f.flags, reference_kind=ref_kind,
+                                                 billed=f.billed, rebuilt=f.rebuilt,
+                                                 billing_tolerance=billing_tolerance)
+    excluded = None if under else exclusion_reason(
+        structural=f.failures, flags=f.flags, reference_kind=ref_kind, billed=f.billed, rebuilt=f.rebuilt,
+        keep_unusable=keep_unusable, billing_tolerance=billing_tolerance)
     if excluded is not None:
         reason, detail = excluded
-        da.excluded.append(ExcludedSample(sample_id=rec.sample_id, reason=reason, detail=detail))
+        da.excluded.append(ExcludedSample(sample_id=rec.sample_id, reason=reason, detail=detail,
+                                          provider=rec.provider, created_at=rec.created_at))
         da.excluded_by_reason[reason] = da.excluded_by_reason.get(reason, 0) + 1
         failed.add(rec.sample_id)
         return
     da.kept += 1
-    if f.billed is not None:
+    if under and f.billed is not None:  # the provider's count is wrong, not the ids: kept, reported apart
+        da.underbilled += 1
+        da.underbilled_billed_tokens += f.billed
+        da.underbilled_rebuilt_tokens += f.rebuilt
+        prov = rec.provider or "unknown"
+        da.underbilled_by_provider[prov] = da.underbilled_by_provider.get(prov, 0) + 1
+        da.flags["underbilled"] = da.flags.get("underbilled", 0) + 1
+    elif f.billed is not None:
         da.kept_billed_completion_tokens += f.billed
         da.kept_rebuilt_completion_tokens += f.rebuilt
     if ref_kind is not None:
@@ -214,10 +244,12 @@ def _merge_into(total: DatasetAudit, da: DatasetAudit) -> None:
         "reference_compared", "exact_match", "tokenization_mismatch", "semantic_mismatch", "duplicates",
         "prompt_checked", "billing_checked", "reference_missing", "prompt_reference_mismatch",
         "structural_failed_samples", "kept", "kept_billed_completion_tokens", "kept_rebuilt_completion_tokens",
-        "kept_reference_compared", "kept_semantic_mismatch", "truncated",
+        "kept_reference_compared", "kept_semantic_mismatch", "truncated", "underbilled",
+        "underbilled_billed_tokens", "underbilled_rebuilt_tokens",
     ):
         setattr(total, name, getattr(total, name) + getattr(da, name))
-    for name in ("structural_failures", "flags", "ids_source", "billing_explanations", "excluded_by_reason"):
+    for name in ("structural_failures", "flags", "ids_source", "billing_explanations", "excluded_by_reason",
+                 "underbilled_by_provider"):
         acc: dict[str, int] = getattr(total, name)
         for k, v in getattr(da, name).items():
             acc[k] = acc.get(k, 0) + v
@@ -277,6 +309,7 @@ def summary_lines(report: AuditReport) -> list[str]:
             f"{o.billing_mismatched_samples} samples differ: "
             + ", ".join(f"{k} {v}" for k, v in sorted(o.billing_explanations.items(), key=lambda kv: -kv[1]))
         )
+    lines += billing_side_lines(o)
     if o.flags:
         lines.append("flags: " + ", ".join(f"{k} {v}" for k, v in sorted(o.flags.items(), key=lambda kv: -kv[1])))
     for m in o.examples[:10]:
