@@ -116,7 +116,7 @@ class ChatStream:
     __slots__ = (
         "_content", "_details", "_logprobs", "_reasoning", "_reasoning_content", "_tools", "backend",
         "done", "finish_reason", "generation_id", "model", "native_finish_reason", "output_ids",
-        "prompt_ids", "provider", "usage", "where",
+        "prompt_ids", "provider", "service_tier", "usage", "where",
     )
 
     def __init__(self, backend: str, *, where: str = "") -> None:
@@ -137,6 +137,7 @@ class ChatStream:
         self.usage: WireUsage | None = None
         self.output_ids: list[int] | None = None
         self.prompt_ids: list[int] | None = None
+        self.service_tier: str | None = None
 
     def feed(self, payload: bytes) -> None:
         """One event payload. Raises the classified APIError on an error chunk."""
@@ -156,6 +157,8 @@ class ChatStream:
             self.usage = chunk.usage
         if chunk.prompt_token_ids is not None:
             self.prompt_ids = chunk.prompt_token_ids
+        if chunk.service_tier is not None:
+            self.service_tier = chunk.service_tier
         if not chunk.choices:
             return
         ch = chunk.choices[0]
@@ -240,4 +243,5 @@ class ChatStream:
             prompt_ids=self.prompt_ids,
             logprobs=self._logprobs,
             cost_missing=self.usage is not None and self.usage.cost is None,
+            service_tier=self.service_tier,
         )

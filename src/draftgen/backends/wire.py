@@ -124,6 +124,7 @@ class WireBody(msgspec.Struct):
     message: Any = None  # legacy vLLM top-level error: {"object": "error", "message": ..., "code": ...}
     code: Any = None
     prompt_token_ids: list[int] | None = None  # vLLM return_token_ids
+    service_tier: str | None = None  # the tier that served it (OpenRouter echoes it at the top level)
 
 
 _chat_decoder = msgspec.json.Decoder(WireBody)
@@ -221,6 +222,7 @@ def completion_from_body(body: WireBody, *, backend: str, status: int = 200, whe
         prompt_ids=body.prompt_token_ids,
         logprobs=logprobs,
         cost_missing=body.usage is not None and body.usage.cost is None,
+        service_tier=body.service_tier,
     )
 
 

@@ -7,7 +7,9 @@ and ``raw/<dataset>/failures.jsonl`` (``FailureRecord``); ``run.json`` (``RunMan
 secrets removed, versions, git SHA, config hash); ``logs/generate.log``; ``logs/attempts.jsonl`` (one
 ``AttemptRecord`` per request attempt) and ``logs/health.jsonl`` (``HealthEvent``: providers cooled down
 and restored). With ``endpoint: emulator`` and no base URL it starts the embedded emulator (ground truth
-in ``emulator/ground_truth.jsonl``).
+in ``emulator/ground_truth.jsonl``). With ``endpoint.mode: batch`` the prompts go through OpenRouter's Batch
+API first (``phases.generate_batch``, ``openrouter-batches/journal.jsonl``), then what it leaves is sent
+synchronously.
 
 Quality (``quality.*``): unusable responses (dropped reasoning, a provider the routing excluded) are
 retried elsewhere and never written, unless ``keep_unusable``; failing providers are cooled down
@@ -74,6 +76,7 @@ from draftgen.errors import (
     InputError,
 )
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
+from draftgen.phases.generate_batch import leftover_plans, run_batch_phase, wants_batches
 from draftgen.records import Provenance
 from draftgen.store import scan_responses
 from draftgen.tokens import Profile, profile_from_config
@@ -435,6 +438,20 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
         if governor.remaining is not None and governor.remaining <= 0:
             return 1, (f"the dollar budget is spent (${governor.spent:.4f} of ${cfg.budget.max_spend_usd}); "
                        "raise --max-spend to continue")
+        assembler = Assembler(profile, provenance=provenance, parse_ids=caps.output_is_raw_ids)
+        display.start()
+        if wants_batches(cfg, rd):  # endpoint.mode batch, or open batches of an earlier run (phases.generate_batch)
+            try:
+                phase = await run_batch_phase(cfg, backend, rd=rd, plans=plans, partitions=partitions,
+                                              governor=governor, stats=stats, log=log, display=display,
+                                              assembler=assembler)
+            finally:
+                await display.stop()
+            if phase.exit_code or not phase.sync_after:
+                await _reconcile(backend, mgmt, key_usage, credits_usage, stats, log)
+                return phase.exit_code, phase.stop_reason
+            plans = leftover_plans(plans, phase, stats, planned=cfg.endpoint.mode == "batch")
+            display.start()
         options = EngineOptions(
             adaptive=cfg.retry.adaptive_concurrency, grace_s=cfg.retry.shutdown_grace_s,
             needs_prompt_ids=caps.needs_prompt_ids, cpu_workers=max(1, min(4, (os.cpu_count() or 2))),
@@ -442,12 +459,10 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
             keep_unusable=cfg.quality.keep_unusable, require_reasoning=not cfg.reasoning.exclude,
         )
         engine = Engine(
-            backend=backend, assembler=Assembler(profile, provenance=provenance, parse_ids=caps.output_is_raw_ids),
-            datasets=plans, partitions=partitions, governor=governor, policy=RetryPolicy(cfg.retry), stats=stats,
+            backend=backend, assembler=assembler, datasets=plans, partitions=partitions, governor=governor, policy=RetryPolicy(cfg.retry), stats=stats,
             log=log, display=display, health=_health(cfg, eps), options=options,
         )
         uninstall = _install_signals(engine, display)
-        display.start()
         try:
             result = await engine.run()
         except DraftgenError:
