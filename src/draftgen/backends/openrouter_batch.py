@@ -1,8 +1,9 @@
 """OpenRouter's Batch API (beta): the submission body, the calls, and results as ``Completion``s.
 
 What it speaks, from OpenRouter's own documentation (``batch-quickstart.mdx`` in OpenRouterTeam/docs, commit
-c26125a; the live ``guides/features/batch-api`` page; the SDKs' ``BatchSubmitBody``,
-``BatchProviderPreferences``, ``BatchObject`` and ``BatchListResponse``)::
+c26125a; the live ``guides/features/batch-api`` page) and its Python SDK's generated types (``openrouter``
+1.3.84: ``components.batchsubmitbody``, ``batchproviderpreferences``, ``batchobject``, ``batchlistitem``,
+``batchlistresponse``; ``operations`` paths ``/batches``, ``/batches/{id}`` under ``/api/v1``)::
 
     POST {batch_root}/batches        {"endpoint": "/v1/chat/completions", "model": M, "completion_window": "24h",
                                       "provider": {"only": [...]}, "requests": [{"custom_id", "body"}, ...]}
@@ -21,8 +22,8 @@ body and answers 400 otherwise); one model per batch (request bodies omit ``mode
 most ``MAX_REQUESTS`` requests and ``MAX_BYTES`` bytes per batch; ``completion_window`` is ``24h`` only;
 request bodies carry no ``stream``, no per-request ``provider`` and no ``service_tier``.
 
-Routing (``batch_provider``): the Batch API takes ``provider.only`` and nothing else, and runs a batch on
-one provider, by default the cheapest eligible one. So the run's routing is applied here, against the
+Routing (``batch_provider``): the Batch API takes ``provider.only`` (and ``allow_fallbacks``) and nothing
+else, and runs a batch on one provider, by default the cheapest eligible one. So the run's routing is applied here, against the
 batch variant's endpoints: ``ignore``, ``only``, ``quantizations`` and ``max_price`` (and ``order`` with
 ``allow_fallbacks: false``) become the ``only`` list of the endpoints they leave. A setting the Batch API
 would ignore is refused (``ConfigError`` naming the key), never dropped: ``order`` with fallbacks,
@@ -209,11 +210,9 @@ def submission_overhead(model: str, provider: dict[str, Any] | None) -> int:
 
 
 def batch_root(cfg: RunConfig, base_url: str) -> str:
-    """``endpoint.batch.url``, else ``base_url`` with a trailing ``/api/v1`` replaced by ``/api/beta``."""
-    if cfg.endpoint.batch.url:
-        return cfg.endpoint.batch.url.rstrip("/")
-    root = base_url.rstrip("/")
-    return root[: -len("/v1")] + "/beta" if root.endswith("/api/v1") else root
+    """``endpoint.batch.url``, else ``base_url`` (``…/api/v1/batches``, as the SDKs and the live docs call
+    it; the quickstart's ``/api/beta`` is ``endpoint.batch.url: https://openrouter.ai/api/beta``)."""
+    return (cfg.endpoint.batch.url or base_url).rstrip("/")
 
 
 def _refuse(key: str, why: str) -> ConfigError:

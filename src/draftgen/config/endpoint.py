@@ -40,7 +40,7 @@ class BatchConfig(Section):
     expected_hours: float = 2.0
     """What ``plan`` assumes one batch takes (OpenRouter: most finish in minutes, all within the 24 h window)."""
     url: str | None = None
-    """Batch API root; default: ``base_url`` with its ``/api/v1`` replaced by ``/api/beta`` (``…/api/beta/batches``)."""
+    """Batch API root; default: ``base_url`` (``https://openrouter.ai/api/v1/batches``); the beta quickstart's is ``https://openrouter.ai/api/beta``."""
 
 
 class EndpointConfig(Section):

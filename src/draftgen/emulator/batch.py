@@ -13,9 +13,10 @@ Routes (the API root's ``/api/beta``, as ``batch-quickstart.mdx`` spells it, and
 
 Submission checks (400 ``invalid_request`` unless said): JSON object; ``endpoint`` and ``model`` before
 ``requests`` (the stream-parsing rule); ``endpoint`` ``/v1/chat/completions``; a model with a batch
-variant (``BatchBehaviour.models``); ``completion_window`` ``24h``; ``provider`` with ``only`` and nothing
-else, leaving a batch endpoint; 1 to 5,000 requests, unique ``custom_id`` strings, object bodies without
-``stream: true`` and with no ``model`` other than the batch's; at most 200 MB (413). A request body the chat
+variant (``BatchBehaviour.models``); ``completion_window`` ``24h``; ``provider`` with ``only`` (and
+``allow_fallbacks``) and nothing else, leaving a batch endpoint; 1 to 5,000 requests, unique ``custom_id``
+strings, object bodies without ``stream: true`` and with no ``model`` other than the batch's; at most 200 MB
+(413). A request body the chat
 endpoint would refuse fails the batch at validation (status "failed", ``error.message`` naming it).
 
 Lifecycle (``BatchBehaviour``, times × ``time_scale``): ``validating`` for ``validating_s``, then
@@ -169,8 +170,9 @@ def _provider(sc: Scenario, obj: Any) -> Provider | ApiError:
     """The batch's provider: the cheapest batch-capable one ``provider.only`` allows."""
     cands = _batch_providers(sc)
     if obj is not None:
-        if not isinstance(obj, dict) or set(obj) - {"only"}:
-            return _bad("Batch provider routing preferences: only provider.only is supported")
+        if not isinstance(obj, dict) or set(obj) - {"only", "allow_fallbacks"}:
+            return _bad("Batch provider routing preferences: only provider.only and provider.allow_fallbacks "
+                        "are supported")
         only = obj.get("only")
         if only is not None:
             if not isinstance(only, list) or not all(isinstance(x, str) for x in only):

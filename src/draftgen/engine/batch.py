@@ -161,13 +161,16 @@ class BatchRunner:
                 self.ctx.display.print(line)
 
     async def _sleep(self) -> None:
-        due = min((o.next_poll for o in self._open.values() if o.view.batch_id is not None), default=None)
+        if self._wake.is_set():  # something changed since the last round (a batch finished, a stop)
+            self._wake.clear()
+            return
+        due = min((o.next_poll for o in self._open.values()), default=None)
         wait = 1.0 if due is None else max(0.0, due - time.monotonic())
-        self._wake.clear()
         try:
             await asyncio.wait_for(self._wake.wait(), timeout=min(wait, SUMMARY_EVERY_S))
         except TimeoutError:
             pass
+        self._wake.clear()
 
     def _exhausted(self) -> bool:
         """Nothing is left to cut (every cursor done, no retry waiting) or nothing could ever fit."""

@@ -76,7 +76,7 @@ from draftgen.errors import (
     InputError,
 )
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
-from draftgen.phases.generate_batch import leftover_plans, run_batch_phase, wants_batches
+from draftgen.phases.generate_batch import check_mode, leftover_plans, run_batch_phase, wants_batches
 from draftgen.records import Provenance
 from draftgen.store import scan_responses
 from draftgen.tokens import Profile, profile_from_config
@@ -188,6 +188,7 @@ def run_generate(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None 
 def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, names: list[str],
                   out: Echo, loaded: Profile | None) -> GenerateReport:
     run_dir = rd.root
+    check_mode(cfg)  # endpoint.mode / service_tier the backend cannot honour: refused before anything is sent
     loaded = _prepared(cfg, rd, names, out, loaded)
     api_key, mgmt = _api_keys(cfg)
     profile = loaded if loaded is not None else profile_from_config(cfg)

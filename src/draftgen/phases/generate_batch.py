@@ -54,7 +54,7 @@ from draftgen.engine.prompts import count_pending
 from draftgen.engine.sinks import Sinks
 from draftgen.errors import ConfigError
 
-__all__ = ["BatchPhase", "leftover_plans", "run_batch_phase", "wants_batches"]
+__all__ = ["BatchPhase", "check_mode", "leftover_plans", "run_batch_phase", "wants_batches"]
 
 
 @dataclass
@@ -79,12 +79,22 @@ def _http(backend: Backend) -> HttpBackend:
     return http
 
 
-async def _setup(cfg: RunConfig, backend: Backend, batch: bool) -> BatchSetup:
-    if not capabilities(cfg.endpoint.kind).batch_api:
-        raise ConfigError(f"endpoint.mode: batch needs OpenRouter's Batch API (endpoint.kind openrouter or emulator); "
-                          f"endpoint.kind {cfg.endpoint.kind!r} has none; use endpoint.mode: sync")
-    if batch:
+def check_mode(cfg: RunConfig) -> None:
+    """Refuse, before anything is sent, ``mode: batch`` on a backend without the Batch API or with a
+    setting a batch would ignore, and ``service_tier`` on a backend without it."""
+    caps = capabilities(cfg.endpoint.kind)
+    if cfg.endpoint.mode == "batch":
+        if not caps.batch_api:
+            raise ConfigError(f"endpoint.mode: batch needs OpenRouter's Batch API (endpoint.kind openrouter or "
+                              f"emulator); endpoint.kind {cfg.endpoint.kind!r} has none; use endpoint.mode: sync")
         check_batch_config(cfg)
+    elif cfg.endpoint.service_tier is not None and not caps.batch_api:
+        raise ConfigError(f"endpoint.service_tier is OpenRouter's; endpoint.kind {cfg.endpoint.kind!r} has no service "
+                          "tiers: remove it")
+
+
+async def _setup(cfg: RunConfig, backend: Backend, batch: bool) -> BatchSetup:
+    check_mode(cfg)
     http = _http(backend)
     client = BatchClient(http.session, batch_root(cfg, http.base_url), http.base_url, http.bounds)
     eps = await client.variant_endpoints(cfg.model.id)
