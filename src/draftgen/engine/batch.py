@@ -19,9 +19,10 @@ A batch's steps, each journalled (fsynced) before the next starts:
 Crash safety (kill -9 at any point, then rerun): every batch the journal holds open is resumed, never cut
 again and never generated synchronously. One that is ``prepared`` without an id may or may not have
 reached OpenRouter: the account's batches are listed and one with the same model and request count,
-created since it was prepared and not known to the journal, is adopted (``submitted``, ``adopted``);
-only when none is found is it submitted, the same body again (its fingerprint checked; a batch whose
-prompts changed is ``abandoned``). One with an id is polled again. Ingestion skips samples already in a
+created since it was prepared (less a few seconds of clock skew) and not known to the journal, is adopted
+(``submitted``, ``adopted``); only when none is found is it submitted, the same body again (its
+fingerprint checked; a batch whose prompts changed is ``abandoned``). An adopted batch whose results carry
+none of its custom_ids was another's: its items are retried like failed ones. One with an id is polled again. Ingestion skips samples already in a
 raw log. So each sample is paid for once and recorded once.
 
 Budgets: a batch reserves the worst case of every item at batch prices (prompt estimate × prompt price +
@@ -55,8 +56,9 @@ from draftgen.records.batches import apply_event, custom_id
 
 __all__ = ["BatchRunner"]
 
-#: how far before its ``prepared`` time a batch found on the account may have been created (clock skew)
-ADOPT_SKEW_S = 300.0
+#: how far before its ``prepared`` time a batch found on the account may have been created (clock skew
+#: between this machine and OpenRouter's; NTP keeps it well under this)
+ADOPT_SKEW_S = 5.0
 #: how often the batches' summary line is printed while they run
 SUMMARY_EVERY_S = 60.0
 
@@ -373,15 +375,17 @@ class BatchRunner:
         await self._submit(o)
 
     async def _find(self, v: BatchView) -> WireBatch | None:
-        """The account's batch that is ``v``: same model and request count, created since ``v`` was prepared
-        (less ``ADOPT_SKEW_S``) and known to no other journal entry; the earliest such. Lists newest first."""
+        """The account's batch that is ``v``: same model and request count, not known to the journal,
+        created no earlier than ``ADOPT_SKEW_S`` (and the second ``created_at`` is rounded to) before ``v``
+        was prepared; the earliest such. The account's batches are listed newest first."""
         known = {x.batch_id for x in self._views.values() if x.batch_id}
+        since = v.prepared_at - 1.0 - ADOPT_SKEW_S
         found: list[WireBatch] = []
         after: str | None = None
         while True:
             page = await self.ctx.setup.client.list_page(after=after)
             for b in page.data:
-                if b.created_at and b.created_at < v.prepared_at - ADOPT_SKEW_S:
+                if b.created_at is not None and b.created_at < since:
                     return found[-1] if found else None
                 if b.id not in known and b.model == v.model and b.counts.total == len(v.items):
                     found.append(b)
