@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from _common_helpers import config_dict
 from _generate_helpers import claim, emulator, failures, fast, make_config, responses, write_prompts
 from draftgen.backends.openrouter_batch import (
     MAX_REQUESTS,
@@ -19,12 +20,14 @@ from draftgen.backends.openrouter_batch import (
     request_item,
 )
 from draftgen.backends.pricing import tier_pool
-from draftgen.config import RunConfig
+from draftgen.config import RunConfig, config_from_mapping
 from draftgen.emulator.batch import with_batch
-from draftgen.emulator.scenarios import Scenario
+from draftgen.emulator.scenarios import Provider, Scenario
 from draftgen.engine.batch_journal import batch_lines, load_batches
 from draftgen.errors import ConfigError
 from draftgen.phases.generate import run_generate
+from draftgen.phases.plan import run_plan
+from draftgen.phases.status import run_status
 from draftgen.backends import EndpointInfo
 from draftgen.records import AttemptRecord
 from draftgen.rundir import RunDir
@@ -211,3 +214,66 @@ def test_batch_lines_show_states_ages_and_reservations(tmp_path: Path) -> None:
     v.finished, v.status, v.completed = False, "in_progress", 1
     lines = batch_lines(views.values(), now=v.submitted_at + 125 if v.submitted_at else 0)
     assert "1 in progress" in lines[0] and f"{v.batch_id}: in_progress, 1/2 requests, age 2m 05s" in lines[1]
+
+
+def test_status_and_the_provider_table_show_batches_and_tiers(tmp_path: Path) -> None:
+    run = claim(_cfg(tmp_path, "http://unused"))
+    write_prompts(run, "chat", 4)
+    printed: list[str] = []
+    with emulator(_scenario()) as emu:
+        run_generate(_cfg(tmp_path, emu.base_url), echo=printed.append)
+    head = next(i for i, ln in enumerate(printed) if ln.startswith("provider "))
+    assert printed[head].split()[-1] == "tier" and printed[head + 1].split()[-1] == "batch"
+    shown: list[str] = []
+    run_status(str(run), echo=shown.append)
+    assert "batches: 0 waiting to be submitted, 0 submitted, 0 in progress, 1 done" in shown[0]
+    assert "tier batch" in shown[0]
+
+
+def test_service_tier_is_sent_recorded_priced_and_shown(tmp_path: Path) -> None:
+    sc = fast()
+    flex = Provider("DeepInfra", "deepinfra/flex", "fp4", 0.2, 1.0, supports_logprobs=True, tier="flex")
+    run = claim(_cfg(tmp_path, "http://unused", mode="sync"))
+    write_prompts(run, "chat", 6)
+    printed: list[str] = []
+    with emulator(sc.replace(providers=[*sc.providers, flex])) as emu:
+        cfg = make_config(tmp_path, ["chat"], base_url=emu.base_url, partitions=PARTS, endpoint={"service_tier": "flex"})
+        rep = run_generate(cfg, echo=printed.append)
+        billed = emu.state.spend_usd
+    assert cfg.endpoint.service_tier == "flex" and rep.done == 6
+    recs = responses(run, "chat")
+    assert {r.service_tier for r in recs} == {"flex"} and {r.provider for r in recs} == {"DeepInfra"}
+    u = recs[0].usage
+    assert u is not None and u.cost == pytest.approx((u.prompt_tokens * 0.2 + u.completion_tokens * 1.0) / 1e6)
+    assert sum(r.usage.cost for r in recs if r.usage) == pytest.approx(billed)
+    head = next(i for i, ln in enumerate(printed) if ln.startswith("provider "))
+    assert printed[head + 1].split()[-1] == "flex"
+    with pytest.raises(ConfigError, match="service_tier"):
+        run_generate(make_config(tmp_path, ["chat"], kind="vllm", base_url="http://127.0.0.1:9",
+                                 endpoint={"service_tier": "flex"}), **quiet)
+
+
+def test_plan_shows_sync_flex_and_batch_side_by_side(tmp_path: Path) -> None:
+    rows = [msgspec.json.encode({"messages": [{"role": "user", "content": f"Topic {i}?"}]}) for i in range(12)]
+    (tmp_path / "chat.jsonl").write_bytes(b"\n".join(rows) + b"\n")
+    sc = fast()
+    flex = Provider("DeepInfra", "deepinfra/flex", "fp4", 0.2, 1.0, tier="flex")
+    printed: list[str] = []
+    for variant, scenario in (("with", _scenario().replace(providers=[*sc.providers, flex])),
+                              ("without", _scenario(models=[]))):
+        with emulator(scenario) as emu:
+            data = config_dict(tmp_path / variant, [{"name": "chat", "path": str(tmp_path / "chat.jsonl")}],
+                               endpoint={"kind": "emulator", "base_url": emu.base_url}, progress="off",
+                               plan={"avg_output_tokens": 200}, partitions=PARTS)
+            rep = run_plan(config_from_mapping(data, where="test", base_dir=tmp_path), echo=printed.append)
+        modes = {m.mode: m for m in rep.modes}
+        assert modes["sync"].available and modes["sync"].cost_usd == pytest.approx(rep.expected_cost_usd)
+        if variant == "with":
+            assert modes["flex"].available and modes["flex"].vs_sync is not None and modes["flex"].vs_sync < 0.6
+            b = modes["batch"]
+            assert b.available and b.vs_sync is not None and b.vs_sync < 0.55 and b.time_s == 2 * 3600.0
+            assert "1 batches of ≤ 5,000" in b.note
+        else:
+            assert modes["batch"].available is False and "no :batch variant" in modes["batch"].note
+    assert any(ln.startswith("what remains, bought three ways") for ln in printed)
+    assert any(ln.strip().startswith("batch ") and "≤ 24 h" in ln for ln in printed)

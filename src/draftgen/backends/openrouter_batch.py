@@ -43,7 +43,14 @@ import msgspec
 
 from draftgen.backends.base import Completion, EndpointInfo, reasoning_body, sampling_body
 from draftgen.backends.errors import classify_http, one_line
-from draftgen.backends.http import ACCOUNT_BODY_BYTES, Bounds, drop_none, fetch_bytes, within_deadline
+from draftgen.backends.http import (
+    ACCOUNT_BODY_BYTES,
+    Bounds,
+    HttpBackend,
+    drop_none,
+    fetch_bytes,
+    within_deadline,
+)
 from draftgen.backends.openrouter import chat_body_prefix, decode_endpoints
 from draftgen.backends.pricing import Prices, eligible_endpoints, endpoint_matches
 from draftgen.backends.wire import check_completion, completion_from_body, decode_chat
@@ -64,6 +71,8 @@ __all__ = [
     "WireBatch",
     "WireBatchList",
     "WireResult",
+    "batch_client",
+    "batch_endpoints_at",
     "batch_prices",
     "batch_provider",
     "batch_root",
@@ -351,6 +360,24 @@ class BatchClient:
         slug = model.split(":", 1)[0] + VARIANT
         body = await self._call("GET", f"{self.api_root}/models/{slug}/endpoints", where=f"GET /models/{slug}/endpoints")
         return decode_endpoints(body)
+
+
+def batch_client(cfg: RunConfig, backend: Any) -> BatchClient:
+    """The Batch API client on an open OpenRouter backend's session and key (the first, when several URLs
+    are balanced)."""
+    inner = getattr(backend, "backends", None)
+    http = inner[0] if inner else backend
+    if not isinstance(http, HttpBackend):
+        raise ConfigError("endpoint.mode: batch needs an HTTP backend (endpoint.kind openrouter or emulator)")
+    return BatchClient(http.session, batch_root(cfg, http.base_url), http.base_url, http.bounds)
+
+
+async def batch_endpoints_at(cfg: RunConfig, base_urls: list[str] | None = None) -> list[EndpointInfo]:
+    """The model's ``:batch`` variant endpoints over a backend opened for the purpose (``plan``)."""
+    from draftgen.backends import api_key_for, open_backend
+
+    async with open_backend(cfg, api_key_for(cfg), base_urls=base_urls, connections=2) as backend:
+        return await batch_client(cfg, backend).variant_endpoints(cfg.model.id)
 
 
 def results_cap(max_tokens: Sequence[int]) -> int:

@@ -14,7 +14,7 @@ synchronously.
 Quality (``quality.*``): unusable responses (dropped reasoning, a provider the routing excluded) are
 retried elsewhere and never written, unless ``keep_unusable``; failing providers are cooled down
 (``engine.health``). At the end a per-provider table (responses, $/M output, latency and TTFT
-percentiles, retries, dropped reasoning, quantization, cool-downs), computed from the files by
+percentiles, retries, dropped reasoning, quantization, cool-downs, service tier), computed from the files by
 ``report.providers.provider_metrics``, is printed and logged.
 
 A run directory written by another config (different ``config_hash``: model, reasoning, sampling or
@@ -294,10 +294,10 @@ def _provider_table(run_dir: Path, datasets: list[str]) -> list[str]:
         return "-" if v is None else format(v, fmt)
 
     head = ("provider", "responses", "$/M out", "p50 lat", "p95 lat", "p50 TTFT", "p95 TTFT", "retries",
-            "dropped", "quant", "cool-downs")
+            "dropped", "quant", "cool-downs", "tier")
     body = [(m.provider, str(m.responses), num(m.usd_per_m_output, ".3f"), num(m.latency_p50_s, ".2f"),
              num(m.latency_p95_s, ".2f"), num(m.ttft_p50_s, ".2f"), num(m.ttft_p95_s, ".2f"), str(m.retries),
-             str(m.dropped_reasoning), m.quantization or "-", str(m.cooldowns)) for m in rows]
+             str(m.dropped_reasoning), m.quantization or "-", str(m.cooldowns), m.service_tiers or "-") for m in rows]
     widths = [max(len(r[i]) for r in (head, *body)) for i in range(len(head))]
 
     def line(r: tuple[str, ...]) -> str:

@@ -25,13 +25,11 @@ from dataclasses import dataclass, field
 
 from draftgen import rundir
 from draftgen.backends import Backend, capabilities
-from draftgen.backends.http import HttpBackend
 from draftgen.backends.openrouter_batch import (
-    BatchClient,
     BatchRequests,
+    batch_client,
     batch_prices,
     batch_provider,
-    batch_root,
     check_batch_config,
 )
 from draftgen.backends.pricing import Prices
@@ -71,14 +69,6 @@ def wants_batches(cfg: RunConfig, rd: rundir.RunDir) -> bool:
     return cfg.endpoint.mode == "batch" or any(v.open for v in load_batches(rd.batch_journal).values())
 
 
-def _http(backend: Backend) -> HttpBackend:
-    inner = getattr(backend, "backends", None)
-    http = inner[0] if inner else backend
-    if not isinstance(http, HttpBackend):
-        raise ConfigError("endpoint.mode: batch needs an HTTP backend")
-    return http
-
-
 def check_mode(cfg: RunConfig) -> None:
     """Refuse, before anything is sent, ``mode: batch`` on a backend without the Batch API or with a
     setting a batch would ignore, and ``service_tier`` on a backend without it."""
@@ -95,8 +85,7 @@ def check_mode(cfg: RunConfig) -> None:
 
 async def _setup(cfg: RunConfig, backend: Backend, batch: bool) -> BatchSetup:
     check_mode(cfg)
-    http = _http(backend)
-    client = BatchClient(http.session, batch_root(cfg, http.base_url), http.base_url, http.bounds)
+    client = batch_client(cfg, backend)
     eps = await client.variant_endpoints(cfg.model.id)
     if not eps and batch:
         raise ConfigError(f"{cfg.model.id} has no batch variant at OpenRouter (GET /models/{cfg.model.id}:batch/endpoints "
@@ -113,7 +102,7 @@ async def _setup(cfg: RunConfig, backend: Backend, batch: bool) -> BatchSetup:
         body=lambda p, mt: requests.body(p.messages, mt, p.tools), prices=prices,
         provider_for=lambda avoid: batch_provider(cfg, eps, avoid),
         guard=RoutingGuard(eps, allowed=allowed, ignore=r.ignore, only=r.only, quantizations=r.quantizations)
-        if eps else None, backend=http.name)
+        if eps else None, backend=getattr(backend, "name", "openrouter"))
 
 
 async def run_batch_phase(cfg: RunConfig, backend: Backend, *, rd: rundir.RunDir, plans: list[DatasetPlan],
