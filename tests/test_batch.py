@@ -12,6 +12,7 @@ import pytest
 
 from _common_helpers import config_dict
 from _generate_helpers import claim, emulator, failures, fast, make_config, responses, write_prompts
+from draftgen.backends import EndpointInfo
 from draftgen.backends.openrouter_batch import (
     MAX_REQUESTS,
     batch_provider,
@@ -28,7 +29,6 @@ from draftgen.errors import ConfigError
 from draftgen.phases.generate import run_generate
 from draftgen.phases.plan import run_plan
 from draftgen.phases.status import run_status
-from draftgen.backends import EndpointInfo
 from draftgen.records import AttemptRecord
 from draftgen.rundir import RunDir
 from draftgen.store import iter_jsonl
