@@ -48,6 +48,7 @@ TIMEOUTS: dict[str, tuple[int, int]] = {
     "bench_scale": (450, 120),
     "bench_peers": (420, 180),
     "bench_replay": (600, 600),
+    "bench_replay_batch": (600, 300),
     "bench_extract": (300, 150),
     "bench_chain": (1200, 900),
     "bench_train_disk": (240, 90),
@@ -60,7 +61,8 @@ QUICK_ARGS: dict[str, list[str]] = {
 }
 # Run order: cheap and independent first, the long engine runs after.
 ORDER = ["bench_resume", "bench_reconstruct", "bench_emulator", "bench_report", "bench_merge", "bench_generate",
-         "bench_scale", "bench_peers", "bench_replay", "bench_extract", "bench_train_disk", "bench_chain"]
+         "bench_scale", "bench_peers", "bench_replay", "bench_replay_batch", "bench_extract", "bench_train_disk",
+         "bench_chain"]
 
 
 TARGETS = [
@@ -87,6 +89,9 @@ TARGETS = [
            ("expected_occupancy",), ">=", 0.95, "issue 13"),
     Target("reference job replay: wall time vs ideal API-bound time (expected)", ("bench_replay",),
            ("expected_time_vs_ideal",), "<=", 1.1, "issue 13"),
+    Target("reference job through the Batch API: cost vs sync on the emulator, same audit verdict (ratio)",
+           ("bench_replay_batch",), ("batch_cost_vs_sync",), "<=", 0.55, "issue 26",
+           detail=("batch_usd", "sync_usd", "same_audit_verdict")),
     Target("hidden-state extract vs the bare base-model forward, teacher_fraction 0.05 (ratio)", ("bench_extract",),
            ("extract_overhead_vs_forward",), "<=", 1.15, "issue 14",
            detail=("teacher5_extract_s", "bare_base_forward_s")),
