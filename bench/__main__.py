@@ -49,6 +49,7 @@ TIMEOUTS: dict[str, tuple[int, int]] = {
     "bench_peers": (420, 180),
     "bench_replay": (600, 600),
     "bench_plan": (420, 240),
+    "bench_replay_batch": (600, 300),
     "bench_extract": (300, 150),
     "bench_chain": (1200, 900),
     "bench_train_disk": (240, 90),
@@ -62,8 +63,8 @@ QUICK_ARGS: dict[str, list[str]] = {
 }
 # Run order: cheap and independent first, the long engine runs after.
 ORDER = ["bench_resume", "bench_reconstruct", "bench_emulator", "bench_report", "bench_merge", "bench_generate",
-         "bench_scale", "bench_storm", "bench_peers", "bench_replay", "bench_plan", "bench_extract",
-         "bench_train_disk", "bench_chain"]
+         "bench_scale", "bench_storm", "bench_peers", "bench_replay", "bench_replay_batch", "bench_plan",
+         "bench_extract", "bench_train_disk", "bench_chain"]
 
 
 TARGETS = [
@@ -92,6 +93,9 @@ TARGETS = [
            ("expected_time_vs_ideal",), "<=", 1.1, "issue 13"),
     Target("plan's time vs the run it plans (quickstart job, realistic): |plan ÷ run - 1|", ("bench_plan",),
            ("plan_time_abs_error",), "<=", 0.25, "issue 23", detail=("plan_time_s", "run_time_s")),
+    Target("reference job through the Batch API: cost vs sync on the emulator, same audit verdict (ratio)",
+           ("bench_replay_batch",), ("batch_cost_vs_sync",), "<=", 0.55, "issue 26",
+           detail=("batch_usd", "sync_usd", "same_audit_verdict")),
     Target("hidden-state extract vs the bare base-model forward, teacher_fraction 0.05 (ratio)", ("bench_extract",),
            ("extract_overhead_vs_forward",), "<=", 1.10, "issue 21",
            detail=("teacher5_extract_s", "bare_base_forward_s", "extract_cpu_overhead_vs_forward")),

@@ -19,6 +19,7 @@ Layout (paths relative to the run directory)::
     exports/validation/<format>/       the validation rows in the same format (``merge.val_fraction`` > 0)
     logs/attempts.jsonl                AttemptRecord: every request attempt (provider health, report timelines)
     logs/health.jsonl                  HealthEvent: providers sent to and back from the cool-down
+    openrouter-batches/journal.jsonl   BatchEvent: every OpenRouter batch of ``endpoint.mode: batch`` (records.batches)
     report.html, logs/<command>.log, emulator/ground_truth.jsonl, plan/pilot/ (a run directory of its own)
     hidden/                            (coming) the extract phase's hidden states: per-sample files, index, manifest
     train/                             (coming) the train phase's drafter checkpoints, vocab mapping, training log
@@ -100,17 +101,19 @@ _TRAIN_DRAFTER, _TRAIN_EAGLE = "drafter", "eagle3"
 _TRAIN_LOG, _TRAIN_SPEC_LOG, _TRAIN_REPORT = "log.jsonl", "speculators.log", "train.json"
 _ACCEPT, _ACCEPT_JSON = "accept", "acceptance.json"
 _HIDDEN_EXPORTS = "hidden-exports"
+_BATCHES, _BATCH_JOURNAL = "openrouter-batches", "journal.jsonl"
 
 #: every file name of the layout
 LAYOUT_FILES: frozenset[str] = frozenset({
     MARKER, LOCK_NAME, _PIPELINE, _REPORT, _ATTEMPTS, _HEALTH, _PROMPTS, _STATS, _RESPONSES, _FAILURES, _REPLACED,
     _AUDIT_JSON, _CARD, _MANIFEST, _HIDDEN_MARKER, _GROUND_TRUTH, _TRAIN_LOG, _TRAIN_SPEC_LOG, _TRAIN_REPORT, _ACCEPT_JSON,
+    _BATCH_JOURNAL,
 })
 #: every folder name of the layout (some are also ordinary words: ``train`` is a split, ``audit`` a command)
 LAYOUT_DIRS: frozenset[str] = frozenset({
     _LOGS, _PREPARED, _RAW, _AUDIT, _MERGED, _EXPORTS, _EMULATOR, _PLAN, _PILOT, _HIDDEN, _TRAIN,
     _HIDDEN_STATES, _HIDDEN_INDEX, _TRAIN_INPUTS, _TRAIN_VOCAB, _TRAIN_CKPTS, _TRAIN_DRAFTER, _TRAIN_EAGLE,
-    _ACCEPT, _HIDDEN_EXPORTS,
+    _ACCEPT, _HIDDEN_EXPORTS, _BATCHES,
 })
 LAYOUT_NAMES: frozenset[str] = LAYOUT_FILES | LAYOUT_DIRS
 # Files a failed first claim may leave behind; a folder holding only these still counts as empty.
@@ -168,6 +171,11 @@ class RunDir:
     @property
     def health(self) -> Path:
         return self.logs / _HEALTH
+
+    @property
+    def batch_journal(self) -> Path:
+        """``openrouter-batches/journal.jsonl``: the batch journal (``records.batches``)."""
+        return self.root / _BATCHES / _BATCH_JOURNAL
 
     # -- per dataset
     @property

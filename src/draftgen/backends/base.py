@@ -57,6 +57,8 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     are an emulator's play credits, never real money (``run`` does not ask before spending them).
     ``acceptance``: where a speculative-decoding server reports its drafter's acceptance: ``metrics``
     (vLLM's Prometheus ``/metrics`` counters) or ``meta_info`` (SGLang's per-request ``meta_info``).
+    ``batch_api``: OpenRouter's Batch API (``endpoint.mode: batch``, ``backends.openrouter_batch``) and
+    its ``service_tier``.
     """
 
     exact_ids: bool = False
@@ -74,6 +76,7 @@ class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
     embedded_server: bool = False
     play_money: bool = False
     acceptance: Literal["metrics", "meta_info"] | None = None
+    batch_api: bool = False
 
 
 #: ``factory(cfg, session, base_url, bounds)``: one backend bound to one base URL and its pool.

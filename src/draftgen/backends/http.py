@@ -195,13 +195,14 @@ async def fetch_bytes(
     session: aiohttp.ClientSession, method: str, url: str, *, data: bytes | None = None, cap: int,
     where: str | None = None, headers: Mapping[str, str] | None = None,
 ) -> bytes:
-    """One request on ``session``: the body of a 200 (at most ``cap`` bytes, else retryable
-    ``body_too_large``), else the classified error of its status and body (``classify_http``, labelled
-    ``where``, by default ``"METHOD url"``); a transport exception becomes its ``translate_exception``."""
+    """One request on ``session``: the body of a 2xx (at most ``cap`` bytes, else retryable
+    ``body_too_large``; a batch submission answers 202), else the classified error of its status and body
+    (``classify_http``, labelled ``where``, by default ``"METHOD url"``); a transport exception becomes its
+    ``translate_exception``."""
     label = where if where is not None else f"{method} {url}"
     try:
         async with session.request(method, url, data=data, headers=headers) as resp:
-            if resp.status != 200:
+            if not 200 <= resp.status < 300:
                 body = await read_error_body(resp)
                 raise classify_http(resp.status, body, headers=resp.headers, where=label)
             return await read_body(resp, cap, where=label)

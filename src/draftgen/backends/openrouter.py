@@ -2,7 +2,9 @@
 
 Request body (JSON): ``model``, ``messages``, ``tools``, ``max_tokens``, ``stream`` (+ ``stream_options``
 so plain servers send usage), the sampling fields, and with ``openrouter=True`` also the ``provider``
-routing object and the ``reasoning`` object. The parts that are the same for every request are encoded
+routing object, the ``reasoning`` object and ``service_tier`` (``endpoint.service_tier``; the response
+echoes the tier served, ``Completion.service_tier``, and billing follows it: OpenRouter's
+``guides/features/service-tiers.mdx``). The parts that are the same for every request are encoded
 once; a request only encodes its messages, and its own ``provider`` object when it carries
 ``provider_ignore`` (the configured routing with those slugs added to ``ignore``; ``allow_fallbacks`` and
 the rest as configured).
@@ -59,12 +61,12 @@ EMULATOR_KEY = "sk-or-v1-draftgen-emulator"
 OPENAI_CAPABILITIES = Capabilities(logprobs=True)
 #: OpenRouter: a key with money on it, provider endpoints with prices, routing.
 OPENROUTER_CAPABILITIES = Capabilities(logprobs=True, account=True, prices=True, requires_key=True,
-                                       default_url=OPENROUTER_URL, attribution_headers=True)
+                                       default_url=OPENROUTER_URL, attribution_headers=True, batch_api=True)
 #: The offline OpenRouter emulator: the same protocol; any ``sk-or-`` key, none needed; started in process
 #: when no base URL is configured.
 EMULATOR_CAPABILITIES = Capabilities(logprobs=True, account=True, prices=True, placeholder_key=EMULATOR_KEY,
                                      attribution_headers=True, embedded_server=True,
-                                     play_money=True)
+                                     play_money=True, batch_api=True)
 
 __all__ = ["OpenAIChatBackend", "chat_body_prefix", "decode_credits", "decode_endpoints", "decode_key_info"]
 
@@ -96,6 +98,7 @@ class OpenAIChatBackend(HttpBackend):
         extra: Mapping[str, Any] | None = None,
         name: str | None = None,
         bounds: Bounds | None = None,
+        service_tier: str | None = None,
     ) -> None:
         super().__init__(session, base_url, bounds=bounds)
         self.name = name or ("openrouter" if openrouter else "openai")
@@ -115,6 +118,8 @@ class OpenAIChatBackend(HttpBackend):
         elif reasoning and reasoning.get("effort"):
             const["reasoning_effort"] = reasoning["effort"]
         const.update(drop_none(sampling or {}))
+        if openrouter and service_tier:
+            const["service_tier"] = service_tier
         const.update(extra or {})
         # Without routing of its own a request uses the one prefix; with ``provider_ignore`` it gets the
         # bare one and a ``provider`` object of its own.
@@ -274,7 +279,7 @@ def _chat(cfg: RunConfig, session: aiohttp.ClientSession, url: str, bounds: Boun
     return OpenAIChatBackend(
         session, url, model=cfg.model.id, stream=cfg.endpoint.stream, openrouter=openrouter,
         routing=msgspec.to_builtins(cfg.routing), reasoning=reasoning_body(cfg), sampling=sampling_body(cfg),
-        bounds=bounds,
+        bounds=bounds, service_tier=cfg.endpoint.service_tier,
     )
 
 

@@ -12,6 +12,12 @@ quantizations, ``max_price`` (USD per million) removes dearer endpoints.
 Expected price: with ``order``, the first eligible endpoint in that order; with ``sort: price``, the
 cheapest; with ``sort`` throughput/latency (unknown here), the dearest (an upper bound); otherwise
 OpenRouter's default load balancing, which picks endpoints with weight 1/price².
+
+Service tiers (``guides/features/service-tiers.mdx``): a tier endpoint is listed with a tier-suffixed tag
+(``openai/flex``, ``google-vertex/priority``) and its tier price. It is eligible only when asked for
+(``tier_pool``): ``service_tier: flex`` routes to flex endpoints only (to the default ones when there is
+none), ``priority``/``fast`` adds the priority ones, and a tier tag named in ``only``/``order`` opts that
+endpoint in; otherwise only default-tier endpoints serve.
 """
 
 from __future__ import annotations
@@ -24,15 +30,21 @@ from draftgen.backends.base import EndpointInfo
 from draftgen.config import RoutingConfig, RunConfig
 
 __all__ = [
+    "TIERS",
     "PriceEstimate",
     "Prices",
     "eligible_endpoints",
     "endpoint_matches",
+    "endpoint_tier",
     "estimate_price",
     "matching_endpoints",
     "routable_endpoints",
     "routed_prices",
+    "tier_pool",
 ]
+
+#: the non-default service tiers whose endpoints carry the tier as the last part of their tag
+TIERS = ("flex", "priority")
 
 
 def endpoint_matches(pattern: str, ep: EndpointInfo) -> bool:
@@ -140,11 +152,31 @@ class Prices:
         return completion_tokens * self.completion + prompt_tokens * self.prompt + self.request
 
 
+def endpoint_tier(ep: EndpointInfo) -> str:
+    """``flex`` or ``priority`` for a tier endpoint (its tag ends so), else ``default``."""
+    last = (ep.tag or "").rsplit("/", 1)[-1].lower()
+    return last if last in TIERS and "/" in (ep.tag or "") else "default"
+
+
+def tier_pool(endpoints: list[EndpointInfo], service_tier: str | None, named: list[str] | None = None) -> list[EndpointInfo]:
+    """The endpoints a request with ``service_tier`` may be served by (module docstring); ``named``: the
+    routing's ``only`` and ``order`` slugs (a tier tag there opts its endpoint in)."""
+    wanted = {(n or "").lower() for n in named or []}
+    default = [e for e in endpoints if endpoint_tier(e) == "default" or (e.tag or "").lower() in wanted]
+    if service_tier == "flex":
+        flex = [e for e in endpoints if endpoint_tier(e) == "flex"]
+        return flex or default
+    if service_tier in ("priority", "fast"):
+        return default + [e for e in endpoints if endpoint_tier(e) == "priority" and e not in default]
+    return default
+
+
 def routable_endpoints(cfg: RunConfig, endpoints: list[EndpointInfo]) -> list[EndpointInfo]:
-    """The endpoints routing may choose (``pricing.eligible_endpoints``, and only the ``order`` ones when
-    fallbacks are off)."""
+    """The endpoints routing may choose: the service tier's pool (``tier_pool``) filtered by
+    ``pricing.eligible_endpoints``, and only the ``order`` ones when fallbacks are off."""
     r = cfg.routing
-    eps = eligible_endpoints(list(endpoints), r)
+    pool = tier_pool(list(endpoints), cfg.endpoint.service_tier, [*(r.only or []), *(r.order or [])])
+    eps = eligible_endpoints(pool, r)
     if r.order and r.allow_fallbacks is False:
         eps = [e for e in eps if any(endpoint_matches(o, e) for o in r.order)]
     return eps

@@ -131,7 +131,7 @@ class ChatStream:
     __slots__ = (
         "_bad", "_content", "_logprobs", "_reasoning", "_tools", "backend", "done", "extra_choices",
         "finish_reason", "generation_id", "model", "models", "native_finish_reason", "output_ids",
-        "prompt_ids", "provider", "providers", "text_bytes", "usage", "where",
+        "prompt_ids", "provider", "providers", "service_tier", "text_bytes", "usage", "where",
     )
 
     def __init__(self, backend: str, *, where: str = "") -> None:
@@ -155,6 +155,7 @@ class ChatStream:
         self.output_ids: list[int] | None = None
         self.prompt_ids: list[int] | None = None
         self.text_bytes = 0
+        self.service_tier: str | None = None
 
     def feed(self, payload: bytes) -> None:
         """One event payload. Raises the classified APIError on an error chunk; a chunk of the wrong shape
@@ -184,6 +185,8 @@ class ChatStream:
             self.usage = chunk.usage
         if chunk.prompt_token_ids is not None:
             self.prompt_ids = chunk.prompt_token_ids
+        if chunk.service_tier is not None:
+            self.service_tier = chunk.service_tier
         if not chunk.choices:
             return
         ch, others = choice_zero(chunk.choices)
@@ -291,4 +294,5 @@ class ChatStream:
             providers=list(self.providers),
             models=list(self.models),
             text_bytes=self.text_bytes,
+            service_tier=self.service_tier,
         )

@@ -128,6 +128,7 @@ class WireBody(msgspec.Struct):
     message: Any = None  # legacy vLLM top-level error: {"object": "error", "message": ..., "code": ...}
     code: Any = None
     prompt_token_ids: list[int] | None = None  # vLLM return_token_ids
+    service_tier: str | None = None  # the tier that served it (OpenRouter echoes it at the top level)
 
 
 _chat_decoder = msgspec.json.Decoder(WireBody)
@@ -410,6 +411,7 @@ def completion_from_body(body: WireBody, *, backend: str, status: int = 200, whe
         models=[body.model] if body.model else [],
         text_bytes=_text_bytes(reasoning, msg.content, *((t.function.arguments if t.function else None)
                                                            for t in tools or ())),
+        service_tier=body.service_tier,
     )
 
 

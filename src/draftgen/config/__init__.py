@@ -15,7 +15,7 @@ from __future__ import annotations
 from draftgen.config.audit import AuditConfig
 from draftgen.config.base import Section
 from draftgen.config.data import DatasetConfig, PrepareConfig
-from draftgen.config.endpoint import EmulatorConfig, EndpointConfig, RoutingConfig
+from draftgen.config.endpoint import BatchConfig, EmulatorConfig, EndpointConfig, RoutingConfig
 from draftgen.config.generate import (
     PARTITION_DEFAULTS,
     BudgetConfig,
@@ -42,6 +42,7 @@ from draftgen.config.run import RunConfig
 __all__ = [
     "PARTITION_DEFAULTS",
     "AuditConfig",
+    "BatchConfig",
     "BudgetConfig",
     "DatasetConfig",
     "EmulatorConfig",

@@ -22,6 +22,27 @@ class EmulatorConfig(Section):
     """Write the emulator's true ids to ``<run_dir>/emulator/ground_truth.jsonl`` (for the BPE audit)."""
 
 
+class BatchConfig(Section):
+    """``endpoint.mode: batch``: OpenRouter's Batch API (``docs/batch.md``; ``engine.batch``)."""
+
+    max_requests: int = 5000
+    """Requests per batch, at most OpenRouter's limit of 5,000."""
+    max_bytes: int = 200_000_000
+    """Encoded size of one batch's submission, at most OpenRouter's limit of 200 MB."""
+    max_open: int = 20
+    """Batches submitted and not yet finished at once."""
+    retry: Literal["sync", "batch"] = "sync"
+    """Where failed items and the items of failed or expired batches go: synchronous requests after the batches, or a later batch (up to ``retry.max_attempts`` in all)."""
+    poll_interval_s: float = 30.0
+    """First wait before a batch's status is read again; each wait grows by half, up to ``poll_max_interval_s``."""
+    poll_max_interval_s: float = 600.0
+    """Longest wait between two reads of one batch's status."""
+    expected_hours: float = 2.0
+    """What ``plan`` assumes one batch takes (OpenRouter: most finish in minutes, all within the 24 h window)."""
+    url: str | None = None
+    """Batch API root; default: ``base_url`` (``https://openrouter.ai/api/v1/batches``); the beta quickstart's is ``https://openrouter.ai/api/beta``."""
+
+
 class EndpointConfig(Section):
     """Where requests go."""
 
@@ -50,6 +71,11 @@ class EndpointConfig(Section):
     max_body_bytes: int | None = None
     """Largest response body accepted; default: derived from ``max_tokens`` (a larger body is invalid and retried)."""
     emulator: EmulatorConfig = msgspec.field(default_factory=EmulatorConfig)
+    mode: Literal["sync", "batch"] = "sync"
+    """``sync``: one request per sample, answers in minutes; ``batch``: OpenRouter's Batch API, about half the price, answers within 24 h (``endpoint.batch``; ``docs/batch.md``)."""
+    service_tier: Literal["default", "flex", "priority", "fast"] | None = None
+    """OpenRouter's ``service_tier`` sent with every synchronous request: ``flex`` (cheaper, slower, only flex endpoints), ``priority``/``fast`` (faster, dearer); the tier served is recorded per record. Not with ``mode: batch``."""
+    batch: BatchConfig = msgspec.field(default_factory=BatchConfig)
 
 
 #: the quantizations OpenRouter's ``provider.quantizations`` accepts

@@ -23,7 +23,7 @@ from draftgen.emulator.core import CORE, EmulatorCore
 from draftgen.emulator.envelopes import ApiError, availability, error_response
 from draftgen.emulator.scenarios import ALL_PARAMETERS, ModelInfo, Provider
 
-__all__ = ["credits", "endpoints", "generation", "key", "models", "per_token"]
+__all__ = ["architecture", "credits", "endpoint_entry", "endpoints", "generation", "key", "models", "per_token"]
 
 
 def per_token(usd_per_million: float) -> str:
@@ -82,7 +82,7 @@ def _cheapest(providers: list[Provider]) -> Provider:
     return min(providers, key=lambda p: p.price_prompt + p.price_completion)
 
 
-def _architecture(m: ModelInfo) -> dict[str, Any]:
+def architecture(m: ModelInfo) -> dict[str, Any]:
     tokenizer = "Qwen3" if m.id.startswith("qwen/") else "Other"
     return {"modality": "text->text", "input_modalities": ["text"], "output_modalities": ["text"],
             "tokenizer": tokenizer, "instruct_type": None}
@@ -100,7 +100,7 @@ def _model_entry(core: EmulatorCore, m: ModelInfo) -> dict[str, Any]:
         "created": 1768528898,
         "description": "Served by the draftgen OpenRouter emulator.",
         "context_length": m.context_length,
-        "architecture": _architecture(m),
+        "architecture": architecture(m),
         "pricing": {"prompt": per_token(c.price_prompt), "completion": per_token(c.price_completion),
                     "request": "0", "image": "0", "web_search": "0", "internal_reasoning": "0",
                     "input_cache_read": per_token(c.price_prompt / 4), "input_cache_write": "0"},
@@ -125,7 +125,8 @@ def _percentiles(lo: float, hi: float, scale: float = 1.0) -> dict[str, float]:
             "p90": round((lo + span * 0.9) * scale, 3), "p99": round((lo + span * 0.99) * scale, 3)}
 
 
-def _endpoint(m: ModelInfo, p: Provider) -> dict[str, Any]:
+def endpoint_entry(m: ModelInfo, p: Provider) -> dict[str, Any]:
+    """One provider endpoint of ``m`` as ``/endpoints`` lists it (prices per token, as strings)."""
     return {
         "name": f"{p.name} | {m.canonical_slug or m.id}",
         "model_id": m.id,
@@ -161,5 +162,5 @@ async def endpoints(request: web.Request) -> web.Response:
         info = ModelInfo(mid)
     return _json({"data": {"id": info.id, "name": info.name or info.id, "created": 1768528898,
                            "description": "Served by the draftgen OpenRouter emulator.",
-                           "architecture": _architecture(info),
-                           "endpoints": [_endpoint(info, p) for p in core.scenario.providers]}})
+                           "architecture": architecture(info),
+                           "endpoints": [endpoint_entry(info, p) for p in core.scenario.providers]}})

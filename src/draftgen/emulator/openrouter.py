@@ -10,7 +10,7 @@ ground truth for every generation delivered in full.
 Honoured request fields: ``model`` (``:nitro``/``:floor`` suffixes), ``messages``, ``tools``,
 ``max_tokens``/``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, ``reasoning``
 {effort, max_tokens, exclude, enabled}, ``reasoning_effort``, ``include_reasoning``, ``provider``,
-``logprobs``/``top_logprobs``, ``stream``. Parameters a provider does not support are dropped (they do
+``logprobs``/``top_logprobs``, ``stream``, ``service_tier`` (``emulator.tiers``). Parameters a provider does not support are dropped (they do
 not change the output) unless ``provider.require_parameters`` routes around that provider. Every
 ``provider`` field applies to the one request it came with (a client may send a different ``ignore`` with
 each retry); a provider with the ``ignores_routing`` quirk serves that share of the requests whose routing
@@ -52,8 +52,9 @@ from draftgen.emulator.responses import (
 from draftgen.emulator.routing import ProviderPrefs, parse_prefs, route, used_parameters
 from draftgen.emulator.scenarios import FALLBACK_FAULTS, Provider
 from draftgen.emulator.scripted import Output, stable_hash
+from draftgen.emulator.tiers import parse_tier, tier_pool, with_echo
 
-__all__ = ["chat_completions", "error_json", "parse_chat", "reset_connection"]
+__all__ = ["ChatRequest", "chat_completions", "error_json", "parse_chat", "reset_connection", "sample_key"]
 
 
 @dataclass
@@ -146,6 +147,16 @@ def parse_chat(body: dict[str, Any], default_thinking: bool) -> ChatRequest | Ap
                        used_parameters(body))
 
 
+def sample_key(req: ChatRequest, p: Provider, prompt_hash: bytes) -> int:
+    """What the model samples: a function of prompt and sampling, not of max_tokens (which only cuts it).
+    Parameters ``p`` drops do not change it (a batch's results are the same samples as synchronous ones)."""
+    supported = set(p.supported_parameters)
+    return stable_hash("sample", prompt_hash.hex(), req.model, req.thinking,
+                       req.temperature if "temperature" in supported else None,
+                       req.top_p if "top_p" in supported else None,
+                       req.seed if "seed" in supported else None)
+
+
 def _fail(core: EmulatorCore, err: ApiError, gen_id: str | None = None) -> web.Response:
     core.state.by_status[err.status] += 1
     return error_response(err, {"X-Generation-Id": gen_id} if gen_id else None)
@@ -177,16 +188,20 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if isinstance(prompt, ApiError):
         return _fail(core, prompt)
     prompt_hash, prompt_ids = prompt
+    tier = parse_tier(body)
+    if isinstance(tier, ApiError):
+        return _fail(core, tier)
     rkey = stable_hash(prompt_hash.hex(), req.model, req.temperature, req.top_p, req.seed, req.max_tokens,
                        req.stop, req.thinking)
     if not core.scenario.accept_any_model and req.model not in {m.id for m in core.scenario.models}:
         return _fail(core, ApiError(404, f"{req.model} is not a valid model ID", "not_found",
                                     availability=availability("model_not_found", False, requested_models=[req.model])))
     attempt = core.next_attempt(rkey)
-    cands = route(core.scenario.providers, req.prefs, req.used, core.uniform("route", rkey, attempt), req.model)
+    cands = route(tier_pool(core.scenario.providers, tier, req.prefs), req.prefs, req.used,
+                  core.uniform("route", rkey, attempt), req.model)
     if isinstance(cands, ApiError):
         return _fail(core, cands)
-    cands = _misrouted(core, cands, rkey, attempt) + cands
+    cands = with_echo(_misrouted(core, cands, rkey, attempt) + cands, tier)
     first = cands[0]
     n_prompt = len(prompt_ids)
     if n_prompt + (req.max_tokens or 0) > first.context_length:
@@ -387,13 +402,7 @@ async def _serve(request: web.Request, core: EmulatorCore, req: ChatRequest, p: 
     if fault == "huge_body":
         return await _huge(request, core, req, p, gen_id, created, model, len(prompt_ids))
 
-    # What the model samples: a function of prompt and sampling, not of max_tokens (which only cuts it).
-    # Parameters this provider drops do not change it.
-    supported = set(p.supported_parameters)
-    skey = stable_hash("sample", prompt_hash.hex(), req.model, req.thinking,
-                       req.temperature if "temperature" in supported else None,
-                       req.top_p if "top_p" in supported else None,
-                       req.seed if "seed" in supported else None)
+    skey = sample_key(req, p, prompt_hash)
     cap = min(req.max_tokens or p.max_completion_tokens, p.max_completion_tokens)
     out = await core.output(skey, thinking=req.thinking, max_tokens=cap)
     if req.stop:

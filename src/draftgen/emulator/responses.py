@@ -199,6 +199,8 @@ def completion_body(gen_id: str, created: int, provider: Provider, model: str, v
         "id": gen_id, "provider": provider.name, "model": model, "object": "chat.completion",
         "created": created, "system_fingerprint": None, "choices": [choice],
     }
+    if provider.echo_tier is not None:
+        body["service_tier"] = provider.echo_tier
     if usage is not None:
         body["usage"] = usage
     return body
@@ -212,6 +214,8 @@ def chunk(gen_id: str, created: int, provider: Provider, model: str, choices: li
           **extra: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"id": gen_id, "provider": provider.name, "model": model,
                            "object": "chat.completion.chunk", "created": created, "choices": choices}
+    if provider.echo_tier is not None:
+        out["service_tier"] = provider.echo_tier
     out.update(extra)
     return out
 
@@ -245,8 +249,11 @@ def delta_frags(view: View, provider: Provider) -> list[bytes]:
 
 def chunk_prefix(gen_id: str, created: int, provider: Provider, model: str) -> bytes:
     """``data: {…,"choices":[`` of a chunk; append a choice's JSON and ``]}\n\n``."""
-    head = orjson.dumps({"id": gen_id, "provider": provider.name, "model": model,
-                         "object": "chat.completion.chunk", "created": created})
+    fields: dict[str, Any] = {"id": gen_id, "provider": provider.name, "model": model,
+                              "object": "chat.completion.chunk", "created": created}
+    if provider.echo_tier is not None:
+        fields["service_tier"] = provider.echo_tier
+    head = orjson.dumps(fields)
     return b"data: " + head[:-1] + b',"choices":['
 
 

@@ -18,7 +18,7 @@ built-in to start from, and ``providers:`` (when given) replaces its provider li
 
 Built-ins:
 
-- ``fast``: zero latency, no faults, no quirks; for tests and benchmarks.
+- ``fast``: zero latency, no faults, no quirks, batches done at once; for tests and benchmarks.
 - ``realistic``: Kimi-K2.5-like provider roster (research file "openrouter-providers-and-quirks"):
   int4 hosts at 20–70 tok/s with 1–8 s TTFT, fp4 hosts at 150–350 tok/s with 0.3–1 s TTFT, rare faults,
   each provider with the quirks seen on the wire.
@@ -62,6 +62,11 @@ A rate-limit storm over every provider (OpenRouter's own 429s, as in a surge) is
 length]``: requests arriving in that window after the first one get 429 with ``Retry-After:
 storm_retry_after_s``.
 
+Service tiers: a provider with ``tier: flex`` (or ``priority``) is that tier's endpoint, with the tier's
+prices and a tier-suffixed tag (``openai/flex``); ``emulator.tiers`` routes to it only when a request asks.
+The Batch API's behaviour (speed, failed, expired and partially failed batches, the discount) is the
+``batch:`` mapping (``BatchBehaviour``; presets in ``emulator.batch.BATCH_PRESETS``).
+
 A ``Retry-After`` of a day is ``retry_after_s: 86400`` with ``time_scale: 1`` and a ``rate_limit`` fault;
 a provider that sends no ``usage.cost`` (as plain OpenAI-compatible servers do) is ``omit_cost: true``.
 """
@@ -85,6 +90,7 @@ __all__ = [
     "BOUND_FAULT_KINDS",
     "FALLBACK_FAULTS",
     "FAULT_KINDS",
+    "BatchBehaviour",
     "ModelInfo",
     "Provider",
     "Scenario",
@@ -149,6 +155,11 @@ class Provider:
     omit_cost: bool = False  # usage without `cost` and `cost_details` (the client must price it)
     huge_body_bytes: int = 50_000_000  # size of this provider's huge_body fault bodies
     huge_body_ids: bool = True  # huge_body: token_ids (else content text)
+    # service tier of this endpoint (``flex``/``priority``: its tag ends in the tier, its prices are the
+    # tier's); served only to requests that ask for it (``emulator.tiers``)
+    tier: str = "default"
+    echo_tier: str | None = None  # set per request: the ``service_tier`` its response echoes
+    batch: bool = True  # it has an endpoint in the model's ``:batch`` variant (``emulator.batch``)
 
     @property
     def slug(self) -> str:
@@ -164,6 +175,26 @@ class Provider:
     @property
     def fault_total(self) -> float:
         return sum(self.faults.values())
+
+
+@dataclass
+class BatchBehaviour:
+    """How the emulator's Batch API (``emulator.batch``) treats batches. Times in seconds, scaled by the
+    scenario's ``time_scale``; rates are probabilities per batch (``fail_rate``, ``expire_rate``) or per
+    request (``item_fail_rate``), drawn from the seed and the batch or request."""
+
+    models: list[str] | None = None  # models with a ``:batch`` variant (None: every model served)
+    discount: float = 0.5  # batch price = the provider's price × this ("typically 50%")
+    validating_s: float = 1.0
+    in_progress_s: float = 30.0  # every batch at least this long in progress ...
+    per_request_s: float = 0.01  # ... plus this per request
+    finalizing_s: float = 1.0
+    window_s: float = 86400.0  # still unfinished this long after submission: expired, no results
+    fail_rate: float = 0.0  # a batch that fails validation (status failed, error.message)
+    expire_rate: float = 0.0  # a batch whose provider never finishes it (expired at window_s)
+    item_fail_rate: float = 0.0  # a request whose result is an ``error`` (partially failed batch)
+    item_cost: bool = True  # each result's body carries usage.cost (else only the batch's usage.cost)
+    accept_delay_s: float = 0.0  # a submission is recorded, then answered this long after (kill tests)
 
 
 @dataclass
@@ -230,6 +261,7 @@ class Scenario:
     # account
     in_flight_budget_usd: float | None = None
     generation_lag_s: float = 1.0  # /generation answers 404 this long after completion
+    batch: BatchBehaviour = field(default_factory=BatchBehaviour)
 
     def replace(self, **changes: Any) -> Scenario:
         return dataclasses.replace(self, **changes)
@@ -269,6 +301,12 @@ class Scenario:
                 raise ConfigError(f"{where}: providers[{i}].huge_body_bytes must be >= 0")
             if p.reasoning_field not in ("reasoning", "reasoning_content"):
                 raise ConfigError(f"{where}: providers[{i}].reasoning_field must be reasoning or reasoning_content")
+            if p.tier not in ("default", "flex", "priority"):
+                raise ConfigError(f"{where}: providers[{i}].tier must be default, flex or priority")
+        b = self.batch
+        for name in ("fail_rate", "expire_rate", "item_fail_rate"):
+            if not 0.0 <= getattr(b, name) <= 1.0:
+                raise ConfigError(f"{where}: batch.{name} {getattr(b, name)} is not in [0, 1]")
         if self.pool_size < 1:
             raise ConfigError(f"{where}: pool_size must be >= 1")
         if self.time_scale < 0:
@@ -292,6 +330,7 @@ def _fast() -> Scenario:
         ],
         keepalive_comments=1,
         stream_chunk_tokens=32,
+        batch=BatchBehaviour(validating_s=0.0, in_progress_s=0.0, per_request_s=0.0, finalizing_s=0.0),
     )
 
 
@@ -331,13 +370,16 @@ def _roster(scale_faults: float, every_fault: bool) -> list[Provider]:
 def _realistic() -> Scenario:
     return Scenario(name="realistic", providers=_roster(1.0, False), pool_size=1024, keepalive_comments=3,
                     stream_chunk_tokens=4, reasoning_tokens_median=1500, content_tokens_median=400,
-                    length_sigma=0.9, max_generated_tokens=32768)
+                    length_sigma=0.9, max_generated_tokens=32768,
+                    batch=BatchBehaviour(validating_s=10.0, in_progress_s=300.0, per_request_s=0.05,
+                                         finalizing_s=30.0))
 
 
 def _chaos() -> Scenario:
     return Scenario(name="chaos", providers=_roster(1.0, True), time_scale=0.01, pool_size=512,
                     keepalive_comments=2, stream_chunk_tokens=8, runaway_rate=0.05, non_canonical_rate=0.1,
-                    tool_call_rate=0.15, max_faulty_attempts=6)
+                    tool_call_rate=0.15, max_faulty_attempts=6,
+                    batch=BatchBehaviour(fail_rate=0.05, expire_rate=0.02, item_fail_rate=0.05))
 
 
 _BUILTINS = {"fast": _fast, "realistic": _realistic, "chaos": _chaos}

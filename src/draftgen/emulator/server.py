@@ -5,6 +5,8 @@ Routes (API root ``http://HOST:PORT/api/v1``; local-server protocols at the serv
     POST /api/v1/chat/completions                 OpenRouter chat completions (streamed or not)
     GET  /api/v1/key | /api/v1/auth/key | /api/v1/credits | /api/v1/generation?id=
     GET  /api/v1/models | /api/v1/models/{author}/{slug}/endpoints
+    POST /api/{beta,v1}/batches, GET …/batches[/{id}], GET /api/v1/models/{author}/{slug}:batch/endpoints
+                                                  OpenRouter's Batch API (``emulator.batch``)
     POST /generate                                SGLang native (cumulative or incremental streaming)
     POST /v1/chat/completions, GET /v1/models     vLLM OpenAI-compatible (return_token_ids; current or
                                                   legacy shape: ``Scenario.vllm_legacy``)
@@ -22,7 +24,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from draftgen.emulator import local_servers, metadata, openrouter, threaded
+from draftgen.emulator import batch, local_servers, metadata, openrouter, threaded
 from draftgen.emulator.accounting import EmulatorState
 from draftgen.emulator.core import CORE, EmulatorCore, EmulatorOptions
 from draftgen.emulator.threaded import Serving, ThreadedServer
@@ -35,8 +37,9 @@ async def _health(request: web.Request) -> web.Response:
 
 
 def build_app(core: EmulatorCore) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=batch.MAX_BYTES + 1024 * 1024)  # a batch of 200 MB
     app[CORE] = core
+    batch.register(app)  # its :batch variant route comes before the generic /endpoints one
     r = app.router
     r.add_post("/api/v1/chat/completions", openrouter.chat_completions)
     r.add_get("/api/v1/key", metadata.key)

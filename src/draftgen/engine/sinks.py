@@ -80,6 +80,12 @@ class Sinks:
                 self._health.start()
             self._health.put(ev)
 
+    async def flush(self) -> None:
+        """Wait until every record and failure put so far is on disk."""
+        sinks: list[RecordSink[Any]] = [*self._responses.values(), *self._failures.values()]
+        for sink in sinks:
+            await sink.flush()
+
     async def close(self) -> list[BaseException]:
         """Close every sink (each drains first); the errors of those that failed, in order."""
         errors: list[BaseException] = []

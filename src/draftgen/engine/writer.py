@@ -4,7 +4,7 @@
 queued). The sink's task takes everything queued, writes it with one ``JsonlWriter.write_many`` (one
 ``write`` + one ``fsync``) in a worker thread, then calls ``on_written`` for the batch on the event loop.
 A record counts as done only after that call, i.e. once it is durable on disk. ``close`` drains the
-queue first, so everything ``put`` before it reaches the file.
+queue first, so everything ``put`` before it reaches the file; ``flush`` waits for that without closing.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class RecordSink(Generic[R]):
         self.on_written = on_written
         self.max_batch = max_batch
         self.written = 0
+        self.queued = 0
         self.batches = 0
         self._queue: asyncio.Queue[R | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
@@ -49,7 +50,20 @@ class RecordSink(Generic[R]):
     def put(self, record: R) -> None:
         if self.error is not None:
             raise self.error
+        self.queued += 1
         self._queue.put_nowait(record)
+
+    async def flush(self) -> None:
+        """Wait until every record ``put`` so far is on disk (re-raises a write error)."""
+        target = self.queued
+        while self.written < target:
+            if self.error is not None:
+                raise self.error
+            if self._task is None or self._task.done():
+                raise RuntimeError(f"the writer of {self.path} stopped with records queued")
+            await asyncio.sleep(0.002)
+        if self.error is not None:
+            raise self.error
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

@@ -7,12 +7,14 @@ and ``raw/<dataset>/failures.jsonl`` (``FailureRecord``); ``run.json`` (``RunMan
 secrets removed, versions, git SHA, config hash); ``logs/generate.log``; ``logs/attempts.jsonl`` (one
 ``AttemptRecord`` per request attempt) and ``logs/health.jsonl`` (``HealthEvent``: providers cooled down
 and restored). With ``endpoint: emulator`` and no base URL it starts the embedded emulator (ground truth
-in ``emulator/ground_truth.jsonl``).
+in ``emulator/ground_truth.jsonl``). With ``endpoint.mode: batch`` the prompts go through OpenRouter's Batch
+API first (``phases.generate_batch``, ``openrouter-batches/journal.jsonl``), then what it leaves is sent
+synchronously.
 
 Quality (``quality.*``): unusable responses (dropped reasoning, a provider the routing excluded) are
 retried elsewhere and never written, unless ``keep_unusable``; failing providers are cooled down
 (``engine.health``). At the end a per-provider table (responses, $/M output, latency and TTFT
-percentiles, retries, dropped reasoning, quantization, cool-downs), computed from the files by
+percentiles, retries, dropped reasoning, quantization, cool-downs, service tier), computed from the files by
 ``report.providers.provider_metrics``, is printed and logged.
 
 A run directory written for another target (``model.*``, unless ``--force``) or with another source under a
@@ -88,6 +90,7 @@ from draftgen.errors import (
 )
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
 from draftgen.phases.excluded import excluded_samples, plan_regeneration
+from draftgen.phases.generate_batch import check_mode, leftover_plans, run_batch_phase, wants_batches
 from draftgen.phases.rerun import (
     REDO_KINDS,
     generation_settings,
@@ -213,6 +216,7 @@ def run_generate(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None 
 def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, names: list[str],
                   out: Echo, loaded: Profile | None) -> GenerateReport:
     run_dir = rd.root
+    check_mode(cfg)  # endpoint.mode / service_tier the backend cannot honour: refused before anything is sent
     loaded = _prepared(cfg, rd, names, out, loaded, opts.force)
     api_key, mgmt = _api_keys(cfg)
     profile = loaded if loaded is not None else profile_from_config(cfg)
@@ -398,10 +402,10 @@ def _provider_table(run_dir: Path, datasets: list[str]) -> list[str]:
         return "-" if v is None else format(v, fmt)
 
     head = ("provider", "responses", "$/M out", "p50 lat", "p95 lat", "p50 TTFT", "p95 TTFT", "retries",
-            "dropped", "quant", "cool-downs")
+            "dropped", "quant", "cool-downs", "tier")
     body = [(m.provider, str(m.responses), num(m.usd_per_m_output, ".3f"), num(m.latency_p50_s, ".2f"),
              num(m.latency_p95_s, ".2f"), num(m.ttft_p50_s, ".2f"), num(m.ttft_p95_s, ".2f"), str(m.retries),
-             str(m.dropped_reasoning), m.quantization or "-", str(m.cooldowns)) for m in rows]
+             str(m.dropped_reasoning), m.quantization or "-", str(m.cooldowns), m.service_tiers or "-") for m in rows]
     widths = [max(len(r[i]) for r in (head, *body)) for i in range(len(head))]
 
     def line(r: tuple[str, ...]) -> str:
@@ -563,6 +567,20 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
         if governor.remaining is not None and governor.remaining <= 0:
             return 1, governor.stop_message()
         q = cfg.quality
+        assembler = Assembler(profile, provenance=provenance, parse_ids=caps.output_is_raw_ids,
+                              settings=generation_settings(cfg))
+        if wants_batches(cfg, rd):  # endpoint.mode batch, or open batches of an earlier run (phases.generate_batch)
+            display.start()
+            try:
+                phase = await run_batch_phase(cfg, backend, rd=rd, plans=plans, partitions=partitions,
+                                              governor=governor, stats=stats, log=log, display=display,
+                                              assembler=assembler)
+            finally:
+                await display.stop()
+            if phase.exit_code or not phase.sync_after:
+                await _reconcile(backend, mgmt, key_usage, credits_usage, stats, log)
+                return phase.exit_code, phase.stop_reason
+            plans = leftover_plans(plans, phase, stats, planned=cfg.endpoint.mode == "batch")
         options = EngineOptions(
             adaptive=cfg.retry.adaptive_concurrency, grace_s=cfg.retry.shutdown_grace_s,
             needs_prompt_ids=caps.needs_prompt_ids, cpu_workers=max(1, min(4, (os.cpu_count() or 2))),
@@ -571,8 +589,7 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
             model_aliases=tuple(q.model_aliases), min_length_fraction=q.min_length_fraction, avoid=avoid,
         )
         engine = Engine(
-            backend=backend, assembler=Assembler(profile, provenance=provenance, parse_ids=caps.output_is_raw_ids,
-                                                 settings=generation_settings(cfg)),
+            backend=backend, assembler=assembler,
             datasets=plans, partitions=partitions, governor=governor, policy=RetryPolicy(cfg.retry), stats=stats,
             log=log, display=display, health=_health(cfg, eps), options=options,
         )

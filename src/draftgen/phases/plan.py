@@ -2,7 +2,9 @@
 
 Per dataset it reports the prompts (``prepared/<dataset>/stats.json``; ``prepare`` runs first when a
 dataset is not prepared), the expected output tokens, the cost, the time at the configured concurrency,
-and whether ``budget.max_spend_usd`` suffices (and, if not, how far to cap each dataset). With
+and whether ``budget.max_spend_usd`` suffices (and, if not, how far to cap each dataset); then the same
+work bought synchronously, at ``service_tier: flex`` and through the Batch API, side by side
+(``plan_modes``: cost, expected time, whether the model has a flex endpoint and a batch variant). With
 ``hidden_states.hidden_size`` set it also gives the hidden-state disk size for ``merge.max_seq_len`` and
 the extraction time, at ``hidden_states.extraction_tokens_per_s`` or, when unset, at the throughput the last
 ``draftgen extract`` (or ``extract --pilot N``) measured and recorded in its local manifest.json (the line
@@ -30,11 +32,12 @@ import msgspec
 
 from draftgen.backends import EndpointInfo, capabilities
 from draftgen.backends.account import read_account_at
-from draftgen.backends.pricing import PriceEstimate, eligible_endpoints, estimate_price
+from draftgen.backends.pricing import PriceEstimate, eligible_endpoints, estimate_price, tier_pool
 from draftgen.config import RunConfig
 from draftgen.fmt import fmt_duration, fmt_int, fmt_usd
 from draftgen.hidden.estimate import DatasetTokens, format_bytes, format_hidden_report, hidden_states_report
 from draftgen.phases import Echo
+from draftgen.phases.plan_modes import ModeLine, mode_lines, mode_table, read_batch_endpoints
 from draftgen.phases.plan_time import (
     ASSUMED_TOKENS_PER_S,
     PartitionTime,
@@ -124,6 +127,8 @@ class PlanReport(msgspec.Struct, kw_only=True):
     extraction_tokens_per_s: float | None = None
     extraction_rate_source: str | None = None  # the config key, or the manifest whose measured rate was used
     notes: list[str] = msgspec.field(default_factory=list)
+    modes: list[ModeLine] = msgspec.field(default_factory=list)
+    """Sync, flex and batch side by side (``plan_modes``)."""
 
 
 # -- pilot -----------------------------------------------------------------------------------------------
@@ -392,7 +397,11 @@ def _print(rep: PlanReport, cfg: RunConfig, echo: Echo) -> None:
     echo(render_text(table))
     echo("basis: output tokens from observed responses (count), plan.avg_output_tokens, or max_tokens (upper "
          "bound) · cost from observed $/sample or endpoint prices · token budget: completion tokens done/budget; "
-         "time: each dataset's share of the run's (the rows add up to it)")
+         "time: each dataset's share of the run's (the rows add up to it); total time: partitions run in parallel")
+    if rep.modes:
+        echo("what remains, bought three ways (plan_modes):")
+        for text in mode_table(rep.modes):
+            echo(f"  {text}")
     if rep.budget_usd is None:
         echo(f"budget: none set; spent so far {fmt_usd(rep.spent_usd)}")
     elif rep.budget_ok:
@@ -491,6 +500,7 @@ def estimate_plan(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None
     # run the key cannot make is pointless; other failures are notes.
     with embedded_endpoint(cfg, profile=profile) as urls:
         snap = asyncio.run(read_account_at(cfg, urls))
+        batch_eps, batch_error = read_batch_endpoints(cfg, urls)
     eps: list[EndpointInfo] | None = snap.endpoints
     account: float | None = snap.remaining
     for what, why in (("GET /key", snap.key_error), ("GET /credits", snap.credits_error)):
@@ -501,7 +511,8 @@ def estimate_plan(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None
     prices: PriceEstimate | None = None
     eligible: list[EndpointInfo] = []
     if eps is not None:
-        eligible = eligible_endpoints(eps, cfg.routing)
+        r = cfg.routing  # the service tier's endpoints only (a tier endpoint serves only those who ask)
+        eligible = eligible_endpoints(tier_pool(eps, cfg.endpoint.service_tier, [*(r.only or []), *(r.order or [])]), r)
         prices = estimate_price(eligible, cfg.routing)
         if prices is None:
             notes.append("the routing config (ignore/only/quantizations/max_price) excludes every endpoint")
@@ -525,5 +536,7 @@ def estimate_plan(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None
         notes.append(fit)
     _fit_budget(rep, lines, {d.name: d.completion_tokens for d in m.datasets})
     _hidden(cfg, lines, rep)
+    rep.modes = mode_lines(cfg, lines=list(lines), sync_cost=rep.expected_cost_usd, sync_time_s=rep.time_s,
+                           sync_prices=prices, endpoints=eps, batch_endpoints=batch_eps, batch_error=batch_error)
     _print(rep, cfg, echo)
     return rep

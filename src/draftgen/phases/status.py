@@ -21,6 +21,9 @@ Each row is one phase of the phase table (``phases.PHASES``: the same names, in 
     any       running: a live process holds ``.draftgen.lock`` for this phase (``draftgen <phase>``, or
               ``draftgen run``, whose running phase is the first one not done); pending: nothing yet
 
+After the table: OpenRouter batches (``endpoint.mode: batch``, the batch journal): how many wait to be
+submitted, are submitted, in progress and done, each open one's age and the dollars it reserves.
+
 The selected datasets are the config's (``status CONFIG``), else those of run.json's config snapshot,
 else every dataset folder found. ``--json`` prints one ``StatusSummary``; ``--watch`` redraws every N
 seconds until Ctrl-C (which ends it with exit 0).
@@ -42,6 +45,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from draftgen.engine.batch_journal import batch_lines, load_batches
 from draftgen.errors import InputError, RunDirError
 from draftgen.fmt import fmt_duration, fmt_int, fmt_pct, fmt_time, fmt_usd
 from draftgen.phases import PHASES, Echo, Phase, PhaseTable
@@ -332,6 +336,8 @@ def _provider_line(p: ProviderMetrics) -> str:
     parts = [f"{p.provider} {fmt_int(p.responses)} ({fmt_pct(p.share, 0)})"]
     if p.quantization:
         parts.append(p.quantization)
+    if p.service_tiers:
+        parts.append(f"tier {p.service_tiers}")
     if p.latency_p50_s is not None:
         parts.append(f"latency p50 {_secs(p.latency_p50_s)} p95 {_secs(p.latency_p95_s)}")
     if p.ttft_p50_s is not None:
@@ -440,7 +446,9 @@ def _status(target: str, *, now: float | None) -> tuple[StatusReport, str, str]:
     selected = _selected(run_dir, names)
     metrics = compute_metrics(run_dir, selected)
     summary = summarize(metrics, run_dir, selected, live_holder(run_dir))
-    text = redact(render_text(render_status(metrics, summary, now=time.time() if now is None else now)))
+    at = time.time() if now is None else now
+    batches = batch_lines(load_batches(RunDir(run_dir).batch_journal).values(), at)  # endpoint.mode: batch
+    text = redact("\n".join([render_text(render_status(metrics, summary, now=at)), *batches]))
     return StatusReport(run_dir=str(run_dir), metrics=metrics, summary=summary), text, \
         redact(msgspec.json.encode(summary).decode())
 

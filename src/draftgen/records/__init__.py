@@ -6,6 +6,7 @@ Files and the record each line holds:
     prepared/<dataset>/stats.json         DatasetStats                 (records.prompts)
     raw/<dataset>/raw_responses.jsonl     ResponseRecord (also legacy SGLang rows: sample_id + output_ids)
     raw/<dataset>/failures.jsonl          FailureRecord                (records.responses)
+    openrouter-batches/journal.jsonl      BatchEvent                   (records.batches)
     emulator ground truth (--ground-truth) GroundTruthRecord           (records.responses)
     audit/audit.json                      AuditReport                  (records.audit)
     run.json                              RunManifest                  (records.run)
@@ -31,6 +32,7 @@ from draftgen.records.audit import (
     StructuralExample,
 )
 from draftgen.records.base import SCHEMA_VERSION
+from draftgen.records.batches import BatchEvent, BatchItem, BatchView, fold_batches
 from draftgen.records.drafter import (
     AcceptanceFigures,
     AcceptReport,
@@ -121,6 +123,9 @@ __all__ = [
     "AcceptanceFigures",
     "AttemptRecord",
     "AuditReport",
+    "BatchEvent",
+    "BatchItem",
+    "BatchView",
     "BillingExample",
     "Column",
     "DatasetAudit",
@@ -182,6 +187,7 @@ __all__ = [
     "TrainReport",
     "Usage",
     "check_ids",
+    "fold_batches",
     "parquet_columns",
     "parse_row_id",
     "row_id",

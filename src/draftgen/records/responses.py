@@ -80,6 +80,9 @@ class ResponseFields(msgspec.Struct, omit_defaults=True, kw_only=True):
     output_ids: list[int] | None = None
     prompt_ids: list[int] | None = None
     ttft_s: float | None = None  # time to the first byte of the answer (streams only)
+    #: the service tier that served it, as the response echoed it (``default``, ``flex``, ``priority``);
+    #: ``batch`` for a result of OpenRouter's Batch API that echoed none
+    service_tier: str | None = None
 
 
 class ResponseRecord(ResponseFields, omit_defaults=True):
@@ -107,6 +110,7 @@ class ResponseRecord(ResponseFields, omit_defaults=True):
     #: the sampling, reasoning and routing settings that made it (None: a record from before they were kept,
     #: or one imported from elsewhere)
     settings: GenerationSettings | None = None
+    batch_id: str | None = None  # the OpenRouter batch it came from (``endpoint.mode: batch``)
 
     @classmethod
     def from_completion(cls, comp: ResponseFields, **record: Any) -> ResponseRecord:
@@ -223,6 +227,7 @@ class ResponseMetricsView(msgspec.Struct):
     ttft_s: float | None = None
     quantization: str | None = None
     created_at: float = 0.0
+    service_tier: str | None = None
 
 
 class ResponseSettingsView(msgspec.Struct):

@@ -2,8 +2,8 @@
 
 Reads (all optional; an unterminated last line is skipped):
 
-    raw/<dataset>/raw_responses.jsonl    ResponseMetricsView   responses, tokens, cost, quantization,
-                                                               latency, TTFT, dropped reasoning (done
+    raw/<dataset>/raw_responses.jsonl    ResponseMetricsView   responses, tokens, cost, quantization, service
+                                                               tier, latency, TTFT, dropped reasoning (done
                                                                samples only, as ``datasets.scan_raw`` says)
     prepared/<dataset>/prompts.jsonl     PromptIdView          which samples are in the current prepared set
     logs/attempts.jsonl                  AttemptRecord         attempts, failed attempts by kind, TTFT
@@ -56,6 +56,8 @@ class ProviderMetrics(msgspec.Struct, kw_only=True):
     cooldowns: int = 0
     share: float | None = None  # responses / all done responses
     failure_rate: float | None = None  # retries / attempts
+    #: the service tiers its records were served at, most first (``default 90, flex 10``; ``batch``)
+    service_tiers: str | None = None
 
 
 def provider_metrics(run_dir: Path, configured: list[str] | None = None) -> list[ProviderMetrics]:
@@ -104,7 +106,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 class _Provider:
     __slots__ = ("attempt_quants", "attempts", "completion", "cooldowns", "cost", "dropped", "kinds", "latencies",
-                 "quants", "responses", "retries", "ttft_attempts", "ttft_records")
+                 "quants", "responses", "retries", "tiers", "ttft_attempts", "ttft_records")
 
     def __init__(self) -> None:
         self.responses = self.completion = self.dropped = self.attempts = self.retries = self.cooldowns = 0
@@ -115,6 +117,7 @@ class _Provider:
         self.quants: Counter[str] = Counter()
         self.attempt_quants: Counter[str] = Counter()
         self.kinds: Counter[str] = Counter()
+        self.tiers: Counter[str] = Counter()
 
 
 class ProviderAcc:
@@ -139,6 +142,8 @@ class ProviderAcc:
             p.dropped += 1
         if row.quantization:
             p.quants[row.quantization] += 1
+        if row.service_tier:
+            p.tiers[row.service_tier] += 1
         if row.latency_s is not None:
             p.latencies.append(row.latency_s)
         if row.ttft_s is not None:
@@ -183,6 +188,8 @@ class ProviderAcc:
                 cooldowns=p.cooldowns,
                 share=p.responses / total if total else None,
                 failure_rate=p.retries / p.attempts if p.attempts else None,
+                service_tiers=", ".join(f"{k} {v}" if len(p.tiers) > 1 else k
+                                        for k, v in sorted_counts(p.tiers).items()) or None,
             ))
         out.sort(key=lambda m: (-m.responses, -m.attempts, m.provider))
         return out

@@ -148,13 +148,14 @@ footer { color: var(--muted); font-size: 12px; margin-top: 40px; }
 <table id="providers">
 {% set att = (m.providers_table | sum(attribute='attempts')) > 0 %}
 {% set ttft = m.providers_table | selectattr('ttft_p50_s', 'ne', none) | list | length > 0 %}
-<thead><tr><th>provider</th><th>quantization</th><th>responses</th>{% if att %}<th>retries / attempts</th>
+{% set tiers = m.providers_table | selectattr('service_tiers') | list | length > 0 %}
+<thead><tr><th>provider</th><th>quantization</th>{% if tiers %}<th>service tier</th>{% endif %}<th>responses</th>{% if att %}<th>retries / attempts</th>
 <th>retries by kind</th>{% endif %}<th>dropped reasoning</th><th>cool-downs</th><th>completion tokens</th><th>cost</th><th>$/M output</th>
 <th>latency p50 / p95</th>{% if ttft %}<th>TTFT p50 / p95</th>{% endif %}</tr></thead>
 <tbody>
 {% for p in m.providers_table %}
 <tr{% if p.cooldowns or p.dropped_reasoning %} class="warn"{% endif %} data-provider="{{ p.provider }}">
-<td>{{ p.provider }}</td><td class="mono">{{ p.quantization or '–' }}</td>
+<td>{{ p.provider }}</td><td class="mono">{{ p.quantization or '–' }}</td>{% if tiers %}<td class="mono">{{ p.service_tiers or '–' }}</td>{% endif %}
 <td>{{ p.responses | int }} <span class="muted">({{ p.share | pct }})</span></td>
 {% if att %}<td>{{ p.retries | int }} / {{ p.attempts | int }}{% if p.failure_rate %} <span class="muted">({{ p.failure_rate | pct }})</span>{% endif %}</td>
 <td class="mono" style="white-space: normal; min-width: 150px">{% for k, n in p.failures_by_kind.items() %}{{ k }} {{ n }}{% if not loop.last %}, {% endif %}{% else %}–{% endfor %}</td>{% endif %}
@@ -169,7 +170,8 @@ footer { color: var(--muted); font-size: 12px; margin-top: 40px; }
 </div>
 <p class="muted">{% if att %}Retries are failed attempts (logs/attempts.jsonl). {% else %}No logs/attempts.jsonl in this run:
 attempts and retries per provider are not known. {% endif %}Dropped reasoning: reasoning tokens billed but no reasoning
-text returned. Percentiles interpolate linearly{% if ttft %}; TTFT is the time to the first byte of the answer{% endif %}.</p>
+text returned. Percentiles interpolate linearly{% if ttft %}; TTFT is the time to the first byte of the answer{% endif %}.{% if tiers %}
+Service tier: the tier each response says served it (<code>batch</code>: OpenRouter's Batch API), priced at that tier.{% endif %}</p>
 {% else %}
 <p class="muted">No responses yet.</p>
 {% endif %}
