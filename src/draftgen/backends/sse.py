@@ -114,7 +114,7 @@ class ChatStream:
     """Accumulates the chunks of one streamed chat completion."""
 
     __slots__ = (
-        "_content", "_details", "_logprobs", "_reasoning", "_reasoning_content", "_tools", "backend",
+        "_content", "_details", "_logprobs", "_reasoning", "_reasoning_content", "_tools", "backend", "chars",
         "done", "finish_reason", "generation_id", "model", "native_finish_reason", "output_ids",
         "prompt_ids", "provider", "usage", "where",
     )
@@ -137,6 +137,7 @@ class ChatStream:
         self.usage: WireUsage | None = None
         self.output_ids: list[int] | None = None
         self.prompt_ids: list[int] | None = None
+        self.chars = 0  # characters of content and reasoning text so far (a progress figure, ``WireMeter``)
 
     def feed(self, payload: bytes) -> None:
         """One event payload. Raises the classified APIError on an error chunk."""
@@ -165,10 +166,14 @@ class ChatStream:
         if d is not None:
             if d.content is not None:
                 self._content.append(d.content)
+                self.chars += len(d.content)
             if d.reasoning:
                 self._reasoning.append(d.reasoning)
+                self.chars += len(d.reasoning)
             if d.reasoning_content:
                 self._reasoning_content.append(d.reasoning_content)
+                if not d.reasoning:  # the same text under both names counts once
+                    self.chars += len(d.reasoning_content)
             if d.reasoning_details:
                 for det in d.reasoning_details:
                     if det.text:

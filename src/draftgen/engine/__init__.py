@@ -7,8 +7,8 @@ reservation, attempts and record), ``sinks`` (the writers of its files), ``limit
 ``retry`` (backoff and the retry decision), ``budget`` (tokens and dollars with reservations), ``writer``
 (one group-committing writer task per file), ``prompts`` (streamed prompt cursors), ``assemble``
 (Completion → ResponseRecord with ids, and what makes a response usable), ``health`` (provider
-cool-downs and the routing applied to responses), ``stats`` (counters) and ``progress`` (rich/plain
-display and the run log).
+cool-downs and the routing applied to responses), ``flight`` (one request on the wire) and ``tail`` (stalls,
+slow streams, hedges), ``stats`` (counters) and ``progress`` (rich/plain display and the run log).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from draftgen.engine.prompts import PromptCursor, count_pending, estimate_prompt
 from draftgen.engine.retry import RetryPolicy
 from draftgen.engine.scheduler import Engine
 from draftgen.engine.stats import DatasetCounts, RunStats
+from draftgen.engine.tail import TailPolicy
 from draftgen.engine.writer import RecordSink
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "RoutingGuard",
     "RunLog",
     "RunStats",
+    "TailPolicy",
     "TokenBudget",
     "count_pending",
     "estimate_prompt_tokens",

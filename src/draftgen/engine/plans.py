@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftgen.engine.tail import TailPolicy
+
 __all__ = ["DatasetPlan", "EngineOptions", "EngineResult", "PartitionPlan"]
 
 
@@ -50,7 +52,8 @@ class EngineOptions:
     the first ``concurrency`` requests of a partition are spread over it; ``attempts_path`` /
     ``health_path``: ``logs/attempts.jsonl`` and ``logs/health.jsonl`` (None: not written);
     ``keep_unusable``: an unusable response is a sample's record when its retries run out;
-    ``require_reasoning``: a response with its reasoning dropped is unusable.
+    ``require_reasoning``: a response with its reasoning dropped is unusable; ``tail``: stalls, the rate floor
+    and hedges (``tail.*``).
     """
 
     adaptive: bool = True
@@ -64,3 +67,4 @@ class EngineOptions:
     health_path: Path | None = None
     keep_unusable: bool = False
     require_reasoning: bool = True
+    tail: TailPolicy = field(default_factory=TailPolicy)
