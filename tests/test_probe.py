@@ -222,3 +222,26 @@ def test_served_by_warns_when_fp4_may_have_run(tmp_path: Path) -> None:
     fp8 = _Probe(cfg, lambda s: None)
     fp8.served_by(Completion(backend="openrouter", provider="baseten/fp8"), eps)
     assert fp8.rep.warnings == [] and fp8.rep.quantization == "fp8"
+
+
+def test_the_probe_says_what_it_is_waiting_for() -> None:
+    """While its request is out, probe echoes a line every few seconds: nothing yet, then what has streamed."""
+    import asyncio
+    import time
+
+    from draftgen.backends import Completion, WireMeter
+    from draftgen.phases.probe import wait_with_progress
+
+    meter = WireMeter()
+    lines: list[str] = []
+
+    async def slow_answer() -> Completion:
+        await asyncio.sleep(0.25)
+        meter.data(400, 0, time.monotonic(), "Chutes")  # 100 tokens arrive
+        await asyncio.sleep(0.2)
+        return Completion(backend="openai", content="Hi.", finish_reason="stop")
+
+    comp = asyncio.run(wait_with_progress(slow_answer(), meter, lines.append, every_s=0.1))
+    assert comp.content == "Hi."
+    assert lines and "no data yet" in lines[0]
+    assert any("~100 tokens streamed so far from Chutes" in line for line in lines[2:])
