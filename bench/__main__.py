@@ -48,6 +48,7 @@ TIMEOUTS: dict[str, tuple[int, int]] = {
     "bench_scale": (450, 120),
     "bench_peers": (420, 180),
     "bench_replay": (600, 600),
+    "bench_tail": (480, 240),
     "bench_extract": (300, 150),
     "bench_chain": (1200, 900),
     "bench_train_disk": (240, 90),
@@ -60,7 +61,7 @@ QUICK_ARGS: dict[str, list[str]] = {
 }
 # Run order: cheap and independent first, the long engine runs after.
 ORDER = ["bench_resume", "bench_reconstruct", "bench_emulator", "bench_report", "bench_merge", "bench_generate",
-         "bench_scale", "bench_peers", "bench_replay", "bench_extract", "bench_train_disk", "bench_chain"]
+         "bench_scale", "bench_peers", "bench_replay", "bench_tail", "bench_extract", "bench_train_disk", "bench_chain"]
 
 
 TARGETS = [
@@ -87,6 +88,10 @@ TARGETS = [
            ("expected_occupancy",), ">=", 0.95, "issue 13"),
     Target("reference job replay: wall time vs ideal API-bound time (expected)", ("bench_replay",),
            ("expected_time_vs_ideal",), "<=", 1.1, "issue 13"),
+    Target("chaos quickstart: time to 100% of samples / time to 90% (tail guard on)", ("bench_tail",),
+           ("on_tail_ratio",), "<=", 2.0, "issue 23", detail=("on_t90_s", "on_t100_s", "off_tail_ratio")),
+    Target("chaos quickstart: hedges' extra spend, share of the run's spend", ("bench_tail",),
+           ("on_extra_spend_fraction",), "<=", 0.03, "issue 23", detail=("on_hedges", "on_hedges_won")),
     Target("hidden-state extract vs the bare base-model forward, teacher_fraction 0.05 (ratio)", ("bench_extract",),
            ("extract_overhead_vs_forward",), "<=", 1.15, "issue 14",
            detail=("teacher5_extract_s", "bare_base_forward_s")),

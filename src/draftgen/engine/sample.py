@@ -257,7 +257,7 @@ class SampleRunner:
                 elif isinstance(out, Unusable):
                     s.kept = out.response
                     self._avoid(s.avoid, out.response.comp.provider)
-                elif out.exc.kind == "slow_stream":  # retried on another provider
+                elif out.exc.kind in ("slow_stream", "stalled"):  # retried on another provider
                     self._avoid(s.avoid, provider_of(out.exc))
             kept = None
             if isinstance(out, Finished):
@@ -326,6 +326,13 @@ class SampleRunner:
         """A request the engine cancelled: under the rate floor (retried elsewhere), or beaten by another
         request of its sample (its cost so far booked as extra spend)."""
         m, cpt = fl.meter, self.stats.chars_per_token
+        if fl.reason == "stalled":  # a hedge that stalled in its turn
+            exc = attribute(RetryableAPIError(
+                f"stalled (a hedge with no text for {fl.silent_s(time.monotonic()):.0f}s; cancelled)", kind="stalled"),
+                m.provider)
+            self._record(s, started, exc.kind, m.provider, hedge=fl.hedge)
+            self._judge(m.provider, exc)
+            return Rejected(exc)
         if fl.reason == "slow_stream":
             t = self.options.tail
             exc = attribute(RetryableAPIError(

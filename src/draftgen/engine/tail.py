@@ -19,7 +19,8 @@ knobs are ``tail.*``, ``TailPolicy``):
   ``SampleRunner.hedge``, which takes the slot and the reservation, and says no when the budget or
   ``hedge_max_extra_spend`` does). At most one hedge of a request is on the wire at a time, at most
   ``MAX_HEDGES`` per attempt, and a hedge that failed is followed by the next only after a retry delay
-  (``Flight.next_hedge``).
+  (``Flight.next_hedge``). A hedge that stalls itself is cancelled (``stalled``, retryable): when the request
+  it hedged is still on the wire, the next hedge follows; when that request has ended, the sample retries.
 
 The race between a request and its hedge is the sample's (``sample.SampleRunner``): the first usable
 response becomes the record, the other request is cancelled and its cost booked as extra spend.
@@ -91,9 +92,13 @@ class TailGuard:
                         self.stats.slow_streams += 1
                     continue
                 quiet = fl.silent_s(now)
-                if quiet >= stall and not fl.hedge:
-                    stalled.append(fl)
-                    silence = quiet if silence is None else max(silence, quiet)
+                if quiet < stall:
+                    continue
+                if fl.hedge:  # a hedge that stalls too is no help: cancelled, the next goes out after a delay
+                    fl.cancel("stalled")
+                    continue
+                stalled.append(fl)
+                silence = quiet if silence is None else max(silence, quiet)
             pc.stalled, pc.stalled_s = len(stalled), silence
             self.on_stalled(name, len(stalled))
             if hedging and stalled and self.policy.hedge_max_extra_spend > 0 and self.drained(name):
