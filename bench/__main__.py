@@ -50,6 +50,7 @@ TIMEOUTS: dict[str, tuple[int, int]] = {
     "bench_replay": (600, 600),
     "bench_plan": (420, 240),
     "bench_replay_batch": (600, 300),
+    "bench_tail": (480, 240),
     "bench_extract": (300, 150),
     "bench_chain": (1200, 900),
     "bench_train_disk": (240, 90),
@@ -64,7 +65,7 @@ QUICK_ARGS: dict[str, list[str]] = {
 # Run order: cheap and independent first, the long engine runs after.
 ORDER = ["bench_resume", "bench_reconstruct", "bench_emulator", "bench_report", "bench_merge", "bench_generate",
          "bench_scale", "bench_storm", "bench_peers", "bench_replay", "bench_replay_batch", "bench_plan",
-         "bench_extract", "bench_train_disk", "bench_chain"]
+         "bench_tail", "bench_extract", "bench_train_disk", "bench_chain"]
 
 
 TARGETS = [
@@ -96,6 +97,10 @@ TARGETS = [
     Target("reference job through the Batch API: cost vs sync on the emulator, same audit verdict (ratio)",
            ("bench_replay_batch",), ("batch_cost_vs_sync",), "<=", 0.55, "issue 26",
            detail=("batch_usd", "sync_usd", "same_audit_verdict")),
+    Target("chaos quickstart: time to 100% of samples / time to 90% (tail guard on)", ("bench_tail",),
+           ("on_tail_ratio",), "<=", 2.0, "issue 23", detail=("on_t90_s", "on_t100_s", "off_tail_ratio")),
+    Target("chaos quickstart: hedges' extra spend, share of the run's spend", ("bench_tail",),
+           ("on_extra_spend_fraction",), "<=", 0.03, "issue 23", detail=("on_hedges", "on_hedges_won")),
     Target("hidden-state extract vs the bare base-model forward, teacher_fraction 0.05 (ratio)", ("bench_extract",),
            ("extract_overhead_vs_forward",), "<=", 1.10, "issue 21",
            detail=("teacher5_extract_s", "bare_base_forward_s", "extract_cpu_overhead_vs_forward")),

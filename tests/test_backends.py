@@ -16,7 +16,9 @@ from draftgen.backends import (
     EMULATOR_KEY,
     BackendKind,
     Balanced,
+    Completion,
     CompletionRequest,
+    WireMeter,
     api_key_for,
     capabilities,
     management_key_for,
@@ -66,6 +68,25 @@ def test_openrouter_streamed_and_whole_agree(tmp_path: Path) -> None:
         streamed, whole = asyncio.run(go(True)), asyncio.run(go(False))
     assert streamed == whole
     assert any(r for r, _, _ in streamed)
+
+
+def test_a_stream_counts_what_arrives_on_its_meter(tmp_path: Path, qwen3_profile) -> None:  # type: ignore[no-untyped-def]
+    """The engine's display and tail guard see a stream's progress: text (OpenRouter) or ids (SGLang)."""
+    with emulator(fast(stream_chunk_tokens=4)) as emu:
+        async def go(kind: str) -> tuple[WireMeter, Completion]:
+            cfg = make_config(tmp_path, ["b"], kind=kind, base_url=emu.base_url)
+            p = prompt("b", 1)
+            req = _req(1, prompt_ids=qwen3_profile.prompt_ids(p.messages, p.tools) if kind == "sglang" else None)
+            req.meter = WireMeter()
+            async with open_backend(cfg, "sk-or-test") as be:
+                return req.meter, await be.complete(req)
+
+        meter, comp = asyncio.run(go("openrouter"))
+        assert meter.events > 2 and meter.provider == comp.provider
+        assert meter.chars == len(comp.reasoning or "") + len(comp.content or "")
+        assert meter.first_at is not None and meter.last_at is not None and meter.last_at >= meter.first_at
+        meter, comp = asyncio.run(go("sglang"))
+        assert meter.ids == len(comp.output_ids or []) > 0 and meter.tokens() == meter.ids
 
 
 def test_account_endpoints(tmp_path: Path) -> None:

@@ -263,6 +263,8 @@ def test_display_lines_and_rich_panel(tmp_path: Path) -> None:
     stats = RunStats(clock=clock, started=0.0)
     d = stats.dataset("chat")
     d.to_do, d.done, d.failed, d.completion_tokens, d.cost = 100, 40, 2, 50_000, 0.25
+    pc = stats.partition("short")  # the rows (and the total, their sum) are per partition
+    pc.planned, pc.done, pc.failed = 100, 40, 2
     stats.in_flight, stats.limit = {"short": 12, "long": 3}, {"short": 16, "long": 4}
     stats.retries["rate_limited"] += 5
     stats.providers["Chutes"] += 30

@@ -80,6 +80,13 @@ def test_generate_embedded_emulator_ids_provenance_and_resume(tmp_path: Path, ke
     assert rep2.done == 0 and rep2.requests == 0
     assert len(responses(run_dir, "a")) == 40
 
+    # Resume with three prompts added: the display's progress is over the whole set (58), not this run's 3.
+    write_prompts(run_dir, "b", 18)
+    rep3 = run_generate(cfg, **quiet)
+    assert rep3.done == 3
+    last = [ln for ln in (run_dir / "logs" / "generate.log").read_text().splitlines() if "total: done" in ln][-1]
+    assert "total: done 58/58 (100%)" in last and "0 remaining" in last
+
     # Another source under a dataset's name is refused (other generation settings are the records': test_rerun).
     other = make_config(tmp_path, [{"name": "a", "path": "elsewhere.jsonl"}, "b"])
     with pytest.raises(RunDirError, match=r"datasets\[0\]\.path \(a\): the run has 'a.jsonl'"):

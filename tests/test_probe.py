@@ -240,3 +240,26 @@ def test_probe_lists_every_problem_in_one_pass(tmp_path: Path, emulator: Running
     assert rep.endpoints and rep.eligible_endpoints  # what needs no key was still checked
     assert "request" in out and "not sent" in out
     assert out.rstrip().endswith("probe FAILED (2 problems)")
+
+
+def test_the_probe_says_what_it_is_waiting_for() -> None:
+    """While its request is out, probe echoes a line every few seconds: nothing yet, then what has streamed."""
+    import asyncio
+    import time
+
+    from draftgen.backends import Completion, WireMeter
+    from draftgen.phases.probe import wait_with_progress
+
+    meter = WireMeter()
+    lines: list[str] = []
+
+    async def slow_answer() -> Completion:
+        await asyncio.sleep(0.25)
+        meter.data(400, 0, time.monotonic(), "Chutes")  # 100 tokens arrive
+        await asyncio.sleep(0.2)
+        return Completion(backend="openai", content="Hi.", finish_reason="stop")
+
+    comp = asyncio.run(wait_with_progress(slow_answer(), meter, lines.append, every_s=0.1))
+    assert comp.content == "Hi."
+    assert lines and "no data yet" in lines[0]
+    assert any("~100 tokens streamed so far from Chutes" in line for line in lines[2:])

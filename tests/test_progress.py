@@ -12,14 +12,19 @@ from rich.console import Console
 from _generate_helpers import write_prompts
 from draftgen.config import RetryConfig
 from draftgen.engine import BudgetGovernor, Prices, RetryPolicy, RunStats
+from draftgen.engine.flight import Flight
 from draftgen.engine.progress import (
     RowFigures,
     Snapshot,
     footer_lines,
+    footer_segments,
+    main_cells,
     plain_line,
     render,
     row_cells,
     snapshot,
+    tokens_left,
+    wire_cells,
 )
 from draftgen.errors import RetryableAPIError
 from draftgen.records import Usage
@@ -31,13 +36,14 @@ LONG_ID = "code-fedcba9876543210"
 def _snapshot(**over: object) -> Snapshot:
     """A $100 run well under way: large counts, long sample ids (the widest figures a run shows)."""
     rows = (
-        RowFigures("short", 25_000, 12_345, 3, 12_300.0, 4.5, 1990, 2000, 8.20, 800.0, 12, SHORT_ID, 52.0),
+        RowFigures("short", 25_000, 12_345, 3, 12_300.0, 4.5, 1990, 2000, 8.20, 800.0, 12, SHORT_ID, 52.0, 3, 41.0),
         RowFigures("long", 10_314, 2_000, 1, 5_300.0, 1.0, 500, 500, 4.10, 9000.0, 3, LONG_ID, 310.0),
-        RowFigures("total", 35_314, 14_345, 4, 17_600.0, 5.5, 2490, 2500, 12.30, 3800.0, 15, LONG_ID, 310.0),
+        RowFigures("total", 35_314, 14_345, 4, 17_600.0, 5.5, 2490, 2500, 12.30, 3800.0, 15, LONG_ID, 310.0, 3, 41.0),
     )
     base: dict[str, object] = dict(
         rows=rows, spent=12.30, left=87.70, reserved=7.60, retries=(("rate_limited", 10), ("timeout", 5)),
         failures=(("retries_exhausted:timeout", 4),), providers=(("Chutes", 3000),), elapsed_s=1200.0,
+        token_budgets=(("chat", 1_234_567, 10_000_000), ("code", 400_000, 10_000_000)), hedges=(3, 2, 0.0123),
     )
     base.update(over)
     return Snapshot(**base)  # type: ignore[arg-type]
@@ -49,12 +55,12 @@ def _terminal(snap: Snapshot, width: int = 160) -> list[str]:
     return console.export_text().rstrip("\n").split("\n")
 
 
-def test_recorded_terminal_one_line_per_partition_and_total_without_wrapping() -> None:
+def test_recorded_terminal_one_line_per_partition_and_total_when_wide() -> None:
     snap = _snapshot()
-    lines = _terminal(snap)
+    lines = _terminal(snap, 240)
     # one line per partition and the total, then the run-wide lines: nothing wrapped onto a line of its own
     assert len(lines) == len(snap.rows) + len(footer_lines(snap)), lines
-    assert all(len(line) <= 160 for line in lines)
+    assert all(len(line) <= 240 for line in lines)
     for i, name in enumerate(("short", "long", "total")):
         assert lines[i].startswith(name + " "), lines[i]
         assert "━" in lines[i]  # the bar of done out of planned
@@ -62,10 +68,12 @@ def test_recorded_terminal_one_line_per_partition_and_total_without_wrapping() -
     assert "done 12,345/25,000 (49%)" in short and "12,652 remaining" in short and "in flight 1990/2000" in short
     assert "done 14,345/35,314 (41%)" in total and "20,965 remaining" in total and "retries 15" in total
     assert "tok/s" in long_ and "resp/s" in long_ and "ETA 2h 30m" in long_ and "oldest 5m 10s" in long_
+    assert "stalled 3 (41s)" in short and "stalled 0" in long_
     text = "\n".join(lines)
     assert "$12.30 spent · $87.70 left ($7.60 reserved)" in text
     assert "retries: rate_limited 10, timeout 5" in text and "failures: retries_exhausted:timeout 4" in text
     assert f"short {SHORT_ID} 52s" in text and f"long {LONG_ID} 5m 10s" in text  # which request, how long
+    assert "token budget chat: 1.2M/10.0M (12%)" in text and "hedged 3 (2 won, $0.0123 extra)" in text
     assert "errors:" not in text  # one name for retries everywhere
     # every figure is there whole (no cell was cut to fit)
     for r in snap.rows:
@@ -74,17 +82,43 @@ def test_recorded_terminal_one_line_per_partition_and_total_without_wrapping() -
     assert "…" not in text
 
 
+def test_recorded_80_column_terminal_cuts_nothing_that_matters() -> None:
+    """At 80 columns a row keeps progress, ETA, spend and failures beside its bar, the rest on the lines below;
+    the run-wide segments are packed onto as many lines as they need. Nothing is cut with an ellipsis."""
+    snap = _snapshot()
+    lines = _terminal(snap, 80)
+    assert all(len(line) <= 80 for line in lines), [ln for ln in lines if len(ln) > 80]
+    text = "\n".join(lines)
+    assert "…" not in text
+    for r in snap.rows:
+        bar_line = next(line for line in lines if line.startswith(r.name + " "))
+        assert "━" in bar_line
+        for cell in main_cells(r):  # what matters is on the bar's own line
+            assert cell in bar_line, (cell, bar_line)
+        for cell in wire_cells(r):
+            assert cell in text, cell
+    for segs in footer_segments(snap):
+        for seg in segs:
+            assert seg in text, seg
+    assert "$87.70 left" in lines[next(i for i, ln in enumerate(lines) if ln.startswith("budget:"))]
+    assert "ETA 13m 20s" in text and "failed 3" in text and "failures: retries_exhausted:timeout 4" in text
+    # the rows come first, in order, and their extra lines are indented under them
+    names = [ln.split(" ")[0] for ln in lines if ln and not ln.startswith(" ")][:3]
+    assert names == ["short", "long", "total"]
+
+
 def test_the_bar_grows_with_the_room_the_terminal_gives() -> None:
     snap = _snapshot()
-    narrow = _terminal(snap, 160)[0].count("━") + _terminal(snap, 160)[0].count("╺")
-    wide = _terminal(snap, 220)[0].count("━") + _terminal(snap, 220)[0].count("╺")
-    assert wide >= narrow + 50  # the whole width is used, no fixed-width footer
+    for narrow_w, wide_w in ((100, 160), (240, 300)):  # with the rows on two lines, and on one
+        narrow = _terminal(snap, narrow_w)[0].count("━") + _terminal(snap, narrow_w)[0].count("╺")
+        wide = _terminal(snap, wide_w)[0].count("━") + _terminal(snap, wide_w)[0].count("╺")
+        assert wide >= narrow + 50  # the whole width is used, no fixed-width footer
 
 
 def test_plain_line_carries_the_same_figures_under_the_same_names() -> None:
     snap = _snapshot()
     line = plain_line(snap)
-    text = "\n".join(_terminal(snap))
+    text = "\n".join(_terminal(snap, 240))
     assert "\n" not in line
     for r in snap.rows:
         assert f"{r.name}: " in line
@@ -92,7 +126,7 @@ def test_plain_line_carries_the_same_figures_under_the_same_names() -> None:
             assert cell in line and cell in text, cell
     for footer in footer_lines(snap):
         assert footer in line and footer in text
-    for name in ("remaining", "reserved", "retries", SHORT_ID, "5m 10s"):
+    for name in ("remaining", "reserved", "retries", SHORT_ID, "5m 10s", "stalled 3 (41s)", "token budget code"):
         assert name in line
     assert "errors:" not in line
 
@@ -115,14 +149,16 @@ def test_snapshot_of_run_stats_oldest_request_budget_left_and_grace() -> None:
     short = stats.partition("short")
     short.planned, short.done, short.failed, short.completion_tokens, short.retries = 10, 4, 1, 4000, 2
     stats.in_flight, stats.limit = {"short": 3}, {"short": 8}
-    short.flight[("chat", "chat-aaaa")] = 40.0  # in order of going out: the first is the oldest
-    short.flight[("chat", "chat-bbbb")] = 90.0
+    short.flight[("chat", "chat-aaaa")] = Flight(("chat", "chat-aaaa"), "short", 40.0)  # the first is the oldest
+    short.flight[("chat", "chat-bbbb")] = Flight(("chat", "chat-bbbb"), "short", 90.0)
     short.flight.pop(("chat", "chat-aaaa"))  # its attempt ended, and the retry went out again later
-    short.flight[("chat", "chat-aaaa")] = 95.0
+    short.flight[("chat", "chat-aaaa")] = Flight(("chat", "chat-aaaa"), "short", 95.0)
     stats.spend_prior, stats.spend_session, stats.reserved, stats.remaining = 2.0, 1.0, 0.5, 6.5
     stats.sample()
     t[0] = 110.0
     short.done, short.completion_tokens, d.done, d.completion_tokens = 6, 6000, 6, 6000
+    short.wire_done += 1900.0  # two responses came in: their tokens arrived in the last 10 s
+    short.flight[("chat", "chat-bbbb")].meter.data(400, 0, 105.0)  # a stream on the wire: 100 tokens so far
     stats.sample()
     snap = snapshot(stats)
     s, total = snap.rows
@@ -221,3 +257,32 @@ def test_scheduler_tracks_requests_in_flight_per_sample_and_feeds_partition_figu
     assert pc.flight == {}  # every attempt popped its entry when it ended
     assert (pc.planned, pc.done, pc.failed, pc.retries) == (6, 6, 0, 1)
     assert pc.completion_tokens == stats.completion_tokens > 0 and pc.cost == pytest.approx(stats.spend_session)
+
+
+def test_tokens_left_counts_what_streams_in_flight_have_received() -> None:
+    lengths = [100, 200, 300, 400]  # this run's responses, sorted
+    assert tokens_left([], [50.0], 3) is None  # nothing to go on yet: the display falls back to samples/s
+    assert tokens_left(lengths, [], 2) == pytest.approx(2 * 250)  # queued samples: the mean length each
+    # a stream with 250 tokens: the responses longer than that average 350, so 100 more to come
+    assert tokens_left(lengths, [250.0], 0) == pytest.approx(100)
+    # past every length seen: half as much again
+    assert tokens_left(lengths, [1000.0], 0) == pytest.approx(500)
+
+
+def test_a_stream_in_flight_moves_tok_s_and_the_eta_before_any_response_is_done() -> None:
+    t = [0.0]
+    stats = RunStats(clock=lambda: t[0], started=0.0)
+    pc = stats.partition("short")
+    pc.planned, pc.lengths = 2, [400, 400]
+    stats.in_flight, stats.limit = {"short": 1}, {"short": 4}
+    fl = Flight(("chat", "chat-aaaa"), "short", 0.0)
+    pc.flight[fl.key] = fl
+    stats.sample()
+    for step in range(1, 11):  # 40 characters (10 tokens) a second on the wire, nothing finished
+        t[0] = float(step)
+        fl.meter.data(40 * step, 0, t[0])
+        stats.sample()
+    row = snapshot(stats).rows[0]
+    assert row.done == 0 and row.tok_s == pytest.approx(10.0)
+    # 300 tokens to come for the stream (400 - 100) and 400 for the sample not started yet: 70 s at 10 tok/s
+    assert row.eta_s == pytest.approx(70.0)

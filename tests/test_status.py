@@ -45,7 +45,7 @@ def test_status_on_a_partial_run_dir(tmp_path: Path) -> None:
     assert by["code-later"].prepared is None and by["code-later"].done == 5
     assert m.phases["audited"] is False and m.phases["merged"] is False
     assert m.model is None and m.config_hash is None  # no run.json
-    assert "10 / 20" in out and "0 / 10" in out and "5 / ?" in out
+    assert "10/20" in out and "0/10" in out and "5/?" in out
     assert "rate_limited" in out and "context_length_exceeded" in out
     assert "latest activity" in out and "ago" in out
     assert "audit:" not in out
@@ -62,7 +62,7 @@ def test_status_from_a_config_and_after_the_audit(tmp_path: Path) -> None:
     out = "\n".join(lines)
     assert [d.name for d in rep.metrics.datasets] == ["chat", "code", "notyet"]
     assert "audit: 52 records" in out and "BPE exact 50/52" in out
-    assert "notyet" in out and "0 / ?" in out
+    assert "notyet" in out and "0/?" in out
     # the verdict in one line (failures and nothing merged: red), then the other findings
     flat = " ".join(out.split())
     assert rep.metrics.verdict.level == "red"
@@ -96,7 +96,7 @@ def test_status_cli_and_missing_target(tmp_path: Path) -> None:
     write_run_dir(run, datasets={"chat": 5})
     res = CliRunner().invoke(cli, ["status", str(run)])
     assert res.exit_code == 0, res.output
-    assert "chat" in res.output and "4 / 5" in res.output
+    assert "chat" in res.output and "4/5" in res.output
     res = CliRunner().invoke(cli, ["status", str(tmp_path / "nope")])
     assert res.exit_code == 1 and "no such run directory" in res.output
     with pytest.raises(RunDirError, match="does not exist yet"):

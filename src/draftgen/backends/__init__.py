@@ -37,6 +37,7 @@ from draftgen.backends.base import (
     EndpointInfo,
     KeyInfo,
     LogprobToken,
+    WireMeter,
 )
 from draftgen.backends.http import Bounds, HttpBackend, check_base_url, make_session
 from draftgen.backends.openrouter import (
@@ -69,6 +70,7 @@ __all__ = [
     "EndpointInfo",
     "KeyInfo",
     "LogprobToken",
+    "WireMeter",
     "api_key_for",
     "capabilities",
     "endpoint_urls",

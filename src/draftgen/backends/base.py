@@ -35,6 +35,7 @@ __all__ = [
     "EndpointPricing",
     "KeyInfo",
     "LogprobToken",
+    "WireMeter",
     "reasoning_body",
     "sampling_body",
     "token_limit",
@@ -113,12 +114,50 @@ def token_limit(max_tokens: int) -> int:
     return max_tokens + max(16, -(-max_tokens // 100))
 
 
+class WireMeter:
+    """What one streamed request has received so far, updated by the backend as data events arrive and read
+    by whoever waits for it (the engine's display and tail guard, probe's progress lines).
+
+    ``events``: data events (keep-alive comments are no data); ``chars``: characters of reasoning and content
+    text; ``ids``: token ids (servers that send them); ``first_at`` / ``last_at``: ``time.monotonic()`` of the
+    first data event and of the last one that carried text or ids (None: none yet); ``provider``: who serves
+    it, once the stream said so. A backend that does not stream leaves it untouched until the body is in.
+    """
+
+    __slots__ = ("chars", "events", "first_at", "ids", "last_at", "provider")
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.chars = 0
+        self.ids = 0
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.provider: str | None = None
+
+    def data(self, chars: int, ids: int, now: float, provider: str | None = None) -> None:
+        """One data event: the text and ids received so far in all (cumulative), and its time."""
+        self.events += 1
+        if self.first_at is None:
+            self.first_at = now
+        if chars > self.chars or ids > self.ids:
+            self.last_at = now
+        self.chars = max(self.chars, chars)
+        self.ids = max(self.ids, ids)
+        if provider is not None:
+            self.provider = provider
+
+    def tokens(self, chars_per_token: float = 4.0) -> float:
+        """Tokens received: the ids where the server sends them, else the text at ``chars_per_token``."""
+        return float(self.ids) if self.ids else self.chars / max(chars_per_token, 1e-9)
+
+
 class CompletionRequest(msgspec.Struct, kw_only=True):
     """One sample to generate. ``prompt_ids`` is required only by token-level backends (SGLang).
 
     ``provider_ignore``: routing slugs this attempt must avoid on top of the configured routing (providers
     that dropped this sample's reasoning, providers in the run's cool-down); OpenRouter sends them in
     ``provider.ignore``, other protocols have no providers to route around and ignore it.
+    ``meter``: where a streaming backend counts what has arrived (``WireMeter``); never sent.
     """
 
     sample_id: str
@@ -127,6 +166,7 @@ class CompletionRequest(msgspec.Struct, kw_only=True):
     tools: list[Tool] | None = None
     prompt_ids: list[int] | None = None
     provider_ignore: list[str] | None = None
+    meter: WireMeter | None = None
 
 
 class LogprobToken(msgspec.Struct, array_like=True):

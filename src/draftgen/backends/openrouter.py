@@ -9,7 +9,8 @@ once; a request only encodes its messages, and its own ``provider`` object when 
 ``provider_ignore`` (the configured routing with those slugs added to ``ignore``; ``allow_fallbacks`` and
 the rest as configured).
 
-A streamed completion carries ``ttft_s``: from sending the request to its first SSE data event. An error
+A streamed completion carries ``ttft_s``: from sending the request to its first SSE data event; while it
+streams, the request's ``WireMeter`` (when it has one) counts the text and ids received so far. An error
 raised once the stream named its provider is attributed to it (``backends.errors.provider_of``).
 
 Responses are read streamed (SSE, ``backends.sse``) or whole (``wire.decode_chat``; leading whitespace
@@ -167,13 +168,17 @@ class OpenAIChatBackend(HttpBackend):
                     raise classify_http(resp.status, await read_error_body(resp), headers=resp.headers,
                                         where=self._where)
                 if self.stream and resp.content_type == "text/event-stream":
-                    acc = ChatStream(self.name)
+                    acc = chat = ChatStream(self.name)
                     feed = acc.feed
+                    meter = req.meter
 
                     def on_event(payload: bytes) -> None:
+                        now = time.monotonic()
                         if not first:
-                            first.append(time.monotonic())
+                            first.append(now)
                         feed(payload)
+                        if meter is not None:
+                            meter.data(chat.chars, len(chat.output_ids) if chat.output_ids else 0, now, chat.provider)
 
                     await read_events(resp, on_event, idle_timeout_s=bounds.idle_timeout_s, max_bytes=cap,
                                       where=self._where)

@@ -24,13 +24,21 @@ deadline rather than by its total size.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import msgspec
 
-from draftgen.backends.base import Capabilities, Completion, CompletionRequest, sampling_body, token_limit
+from draftgen.backends.base import (
+    Capabilities,
+    Completion,
+    CompletionRequest,
+    WireMeter,
+    sampling_body,
+    token_limit,
+)
 from draftgen.backends.errors import (
     TRANSPORT_ERRORS,
     WireError,
@@ -146,7 +154,7 @@ class SGLangBackend(HttpBackend):
                     raise classify_http(resp.status, await read_error_body(resp), headers=resp.headers,
                                         where=self._where)
                 if self.stream and resp.content_type == "text/event-stream":
-                    out = await self._read_stream(resp, req.max_tokens, cap)
+                    out = await self._read_stream(resp, req.max_tokens, cap, req.meter)
                 else:
                     out = _decode(await read_body(resp, cap, where=self._where), self._where)
         except TRANSPORT_ERRORS as exc:
@@ -162,7 +170,8 @@ class SGLangBackend(HttpBackend):
             post_json(self.session, self._url, data, cap=self.bounds.body_cap(max_tokens), where=self._where),
             self.bounds.deadline_s(max_tokens), where=self._where)
 
-    async def _read_stream(self, resp: aiohttp.ClientResponse, max_tokens: int, cap: int) -> _GenOut:
+    async def _read_stream(self, resp: aiohttp.ClientResponse, max_tokens: int, cap: int,
+                           meter: WireMeter | None = None) -> _GenOut:
         # Cumulative events repeat everything so far, so the body as a whole is not bounded by ``cap``:
         # each event is, the ids are (``token_limit``), and so is the time.
         acc = _StreamIds(max_tokens, self._where)
@@ -174,6 +183,8 @@ class SGLangBackend(HttpBackend):
                 done = True
                 return
             acc.feed(_decode(payload, self._where))
+            if meter is not None:
+                meter.data(0, len(acc.ids), time.monotonic())
 
         await read_events(resp, take, idle_timeout_s=self.bounds.idle_timeout_s, max_bytes=None,
                           max_event_bytes=cap, where=self._where)

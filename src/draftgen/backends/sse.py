@@ -129,7 +129,7 @@ class ChatStream:
     """Accumulates the chunks of one streamed chat completion."""
 
     __slots__ = (
-        "_bad", "_content", "_logprobs", "_reasoning", "_tools", "backend", "done", "extra_choices",
+        "_bad", "_content", "_logprobs", "_reasoning", "_tools", "backend", "chars", "done", "extra_choices",
         "finish_reason", "generation_id", "model", "models", "native_finish_reason", "output_ids",
         "prompt_ids", "provider", "providers", "service_tier", "text_bytes", "usage", "where",
     )
@@ -156,6 +156,7 @@ class ChatStream:
         self.prompt_ids: list[int] | None = None
         self.text_bytes = 0
         self.service_tier: str | None = None
+        self.chars = 0  # characters of content and reasoning text so far (a progress figure, ``WireMeter``)
 
     def feed(self, payload: bytes) -> None:
         """One event payload. Raises the classified APIError on an error chunk; a chunk of the wrong shape
@@ -200,11 +201,13 @@ class ChatStream:
             if d.content is not None:
                 self._content.append(d.content)
                 self.text_bytes += len(d.content.encode("utf-8", errors="replace"))
+                self.chars += len(d.content)
             details = details_text(d.reasoning_details)
             self._reasoning.add(d.reasoning, d.reasoning_content, details)
             for text in (d.reasoning, d.reasoning_content, details):
-                if text:
+                if text:  # the same text under several names counts once
                     self.text_bytes += len(text.encode("utf-8", errors="replace"))
+                    self.chars += len(text)
                     break
             if d.tool_calls:
                 self._add_tools(d.tool_calls)

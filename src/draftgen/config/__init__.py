@@ -6,8 +6,8 @@ Reads one YAML file (``draftgen <command> CONFIG``) through ``config.load``; eve
 
 Sections: ``model`` (``config.model``), ``endpoint``/``routing``/``emulator`` (``config.endpoint``),
 ``reasoning``/``sampling``/``partitions``/``budget``/``retry``/``quality`` (``config.generate``),
-``datasets``/``prepare`` (``config.data``), ``audit``, ``merge``, ``plan``, ``probe``, ``hidden_states``
-(``config.hidden``), ``train``, ``accept``; the whole file is ``config.run.RunConfig``.
+``tail`` (``config.tail``), ``datasets``/``prepare`` (``config.data``), ``audit``, ``merge``, ``plan``,
+``probe``, ``hidden_states`` (``config.hidden``), ``train``, ``accept``; the whole file is ``config.run.RunConfig``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from draftgen.config.merge import MergeConfig
 from draftgen.config.model import ModelConfig
 from draftgen.config.plan import PlanConfig, ProbeConfig
 from draftgen.config.run import RunConfig
+from draftgen.config.tail import TailConfig
 
 __all__ = [
     "PARTITION_DEFAULTS",
@@ -61,6 +62,7 @@ __all__ = [
     "RunConfig",
     "SamplingConfig",
     "Section",
+    "TailConfig",
     "apply_overrides",
     "config_from_mapping",
     "config_hash",

@@ -24,6 +24,7 @@ from draftgen.config.hidden import HiddenStatesConfig
 from draftgen.config.merge import MergeConfig
 from draftgen.config.model import ModelConfig
 from draftgen.config.plan import PlanConfig, ProbeConfig
+from draftgen.config.tail import TailConfig
 from draftgen.config.train import TrainConfig
 from draftgen.errors import ConfigError
 
@@ -44,6 +45,7 @@ class RunConfig(Section):
     audit: AuditConfig = msgspec.field(default_factory=AuditConfig)
     merge: MergeConfig = msgspec.field(default_factory=MergeConfig)
     quality: QualityConfig = msgspec.field(default_factory=QualityConfig)
+    tail: TailConfig = msgspec.field(default_factory=TailConfig)
     hidden_states: HiddenStatesConfig = msgspec.field(default_factory=HiddenStatesConfig)
     train: TrainConfig = msgspec.field(default_factory=TrainConfig)
     accept: AcceptConfig = msgspec.field(default_factory=AcceptConfig)

@@ -8,8 +8,9 @@ reservation, attempts and record), ``sinks`` (the writers of its files), ``limit
 (one group-committing writer task per file), ``prompts`` (streamed prompt cursors), ``assemble``
 (Completion → ResponseRecord with ids, and what makes a response usable), ``health`` (provider
 cool-downs and the routing applied to responses), ``usable`` (the model, the providers and the
-completeness a response must have), ``keywatch`` (the API key's limit reread during a run), ``stats``
-(counters) and ``progress`` (rich/plain display and the run log).
+completeness a response must have), ``keywatch`` (the API key's limit reread during a run), ``flight``
+(one request on the wire) and ``tail`` (stalls, slow streams, hedges), ``stats`` (counters) and
+``progress`` (rich/plain display and the run log).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from draftgen.engine.prompts import PromptCursor, count_pending, estimate_prompt
 from draftgen.engine.retry import RetryPolicy
 from draftgen.engine.scheduler import Engine
 from draftgen.engine.stats import DatasetCounts, RunStats
+from draftgen.engine.tail import TailPolicy
 from draftgen.engine.writer import RecordSink
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "RoutingGuard",
     "RunLog",
     "RunStats",
+    "TailPolicy",
     "TokenBudget",
     "count_pending",
     "estimate_prompt_tokens",

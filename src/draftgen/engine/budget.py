@@ -55,6 +55,11 @@ Caps are named: ``session_cap_source`` says where the account cap came from (the
 account's credits), and ``stop_message`` names the cap a stopped run hit (``--max-spend``, or the key's
 limit), never ``$None``.
 
+Hedges (``engine.tail``) are requests like any other: each holds a reservation while it is on the wire, so
+the bound above holds with them; the losing request of a hedged sample is charged as spent (``charge_loser``:
+its reported cost, or for a cancelled stream the prompt and the tokens received at the routed prices), and
+``hedge_room`` keeps that extra spend within ``tail.hedge_max_extra_spend`` of the session's spend.
+
 Lengths read at resume are not fed to the estimate (the resume scan keeps totals, not lengths): a resumed
 run warms up again over its first ``MIN_SAMPLES`` responses per dataset and partition.
 """
@@ -195,6 +200,10 @@ class BudgetGovernor:
     estimates: dict[tuple[str, str], LengthEstimate] = field(default_factory=dict)
     #: what ``session_cap`` is, for messages: "the API key's limit ($5.00)", "the account's credits"
     session_cap_source: str = "the account's limit"
+    #: hedges (``engine.tail``): what their losing requests cost (in ``session`` too), and what the hedges on
+    #: the wire reserve (in ``reserved`` too)
+    hedge_spent: float = 0.0
+    hedge_reserved: float = 0.0
     _waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
     # -- dollars ---------------------------------------------------------------------------------------
@@ -396,6 +405,30 @@ class BudgetGovernor:
 
     def release_res(self, res: Reservation, cost: float = 0.0) -> None:
         self.release(res.dataset, res.tokens, res.usd, cost, worst_usd=res.worst_usd)
+
+    # -- hedges ----------------------------------------------------------------------------------------
+
+    def hedge_room(self, res: Reservation, share: float) -> bool:
+        """A hedge reserving ``res`` may go out: it is admitted like any request (tokens and dollars), and what
+        hedges cost beyond one request per sample stays within ``share`` of this session's spend, counting
+        each hedge on the wire at its reservation (it may be the loser)."""
+        if share <= 0 or self.hedge_spent + self.hedge_reserved + res.usd > share * self.session:
+            return False
+        return (self.token_budget(res.dataset).check(res.tokens) is Admission.OK
+                and self.check_dollars(res.usd, res.worst_usd) is Admission.OK)
+
+    def hold_hedge(self, res: Reservation) -> None:
+        self.hold(res)
+        self.hedge_reserved += res.usd
+
+    def release_hedge(self, res: Reservation) -> None:
+        self.hedge_reserved = max(0.0, self.hedge_reserved - res.usd)
+        self.release_res(res)
+
+    def charge_loser(self, cost: float) -> None:
+        """Book what the losing request of a hedged sample cost (it is no record): extra spend."""
+        self.hedge_spent += max(cost, 0.0)
+        self.charge(cost)
 
     def _notify(self) -> None:
         waiters, self._waiters = self._waiters, []

@@ -1,6 +1,9 @@
 """Adaptive concurrency for one partition: a slot limiter whose limit follows AIMD in 429 storms.
 
-Invariant: at most ``current`` (``int(limit)``) slots are taken by new acquisitions; ``limit`` stays in ``[floor, ceiling]``.
+Invariant: at most ``current`` (``int(limit)``) slots are taken by new acquisitions, not counting the slots
+of stalled requests (``stalled``, set by the engine's tail guard: a request that has received nothing for a
+while is no load the limit has to throttle, and must not starve the rest), and never more than ``ceiling``
+slots in all; ``limit`` stays in ``[floor, ceiling]``.
 
 - A rate-limited response (429, in-flight-budget 402) feeds an exponentially weighted 429 rate. When that
   rate shows a storm (above ``storm_rate``) the limit is multiplied by ``decrease`` at most once per
@@ -51,6 +54,7 @@ class AdaptiveLimiter:
         self.recover = max(1.0, 0.02 * ceiling)
         self.clock = clock
         self.in_use = 0
+        self.stalled = 0  # slots held by stalled requests (not counted against ``current``)
         self.rate_429 = 0.0  # EWMA of "this response was rate-limited"
         self.decreases = 0
         self._last_decrease = -1e18
@@ -63,15 +67,24 @@ class AdaptiveLimiter:
     def current(self) -> int:
         return int(self.limit + 1e-9)
 
+    def _free(self) -> bool:
+        """A new acquisition may take a slot now."""
+        return self.in_use - min(self.stalled, self.in_use) < self.current and self.in_use < self.ceiling
+
+    def set_stalled(self, n: int) -> None:
+        """``n`` of the slots in use are held by stalled requests now."""
+        self.stalled = max(0, n)
+        self._wake()
+
     def _wake(self) -> None:
-        while self._waiters and self.in_use < self.current:
+        while self._waiters and self._free():
             fut = self._waiters.popleft()
             if not fut.done():
                 self.in_use += 1
                 fut.set_result(None)
 
     async def acquire(self) -> None:
-        if not self._waiters and self.in_use < self.current:
+        if not self._waiters and self._free():
             self.in_use += 1
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -87,6 +100,13 @@ class AdaptiveLimiter:
                 except ValueError:
                     pass
             raise
+
+    def try_acquire(self) -> bool:
+        """A slot now if one is idle and nobody waits for one (a hedge never takes a slot from a waiter)."""
+        if self._waiters or not self._free():
+            return False
+        self.in_use += 1
+        return True
 
     def release(self) -> None:
         self.in_use -= 1

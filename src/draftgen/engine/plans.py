@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftgen.engine.tail import TailPolicy
+
 __all__ = ["DatasetPlan", "EngineOptions", "EngineResult", "PartitionPlan"]
 
 
@@ -55,7 +57,8 @@ class EngineOptions:
     ``model_aliases``: the model requested and the other names its responses may carry (None: not
     checked); ``min_length_fraction``: a ``length`` cut below this share of ``max_tokens`` is incomplete;
     ``avoid``: (dataset, sample id) → providers its requests avoid from the first attempt (a sample
-    regenerated because the audit excluded the record a provider served).
+    regenerated because the audit excluded the record a provider served); ``tail``: stalls, the rate floor
+    and hedges (``tail.*``).
     """
 
     adaptive: bool = True
@@ -73,3 +76,4 @@ class EngineOptions:
     model_aliases: tuple[str, ...] = ()
     min_length_fraction: float = 0.5
     avoid: Mapping[tuple[str, str], Sequence[str]] = field(default_factory=dict)
+    tail: TailPolicy = field(default_factory=TailPolicy)

@@ -24,15 +24,20 @@ class _PromptScan(msgspec.Struct):
     partition: str = "short"
 
 
-def count_pending(path: Path, done: set[str]) -> dict[str, int]:
-    """Prompts not yet done, per partition (each id counted once)."""
+def count_pending(path: Path, done: set[str], done_counts: dict[str, int] | None = None) -> dict[str, int]:
+    """Prompts not yet done, per partition (each id counted once); ``done_counts``, when given, receives the
+    prompts already done, per partition (a resumed run's progress is shown over the whole set)."""
     seen: set[str] = set()
     counts: dict[str, int] = {}
     for _, row in iter_jsonl(path, _PromptScan):
         sid = row.sample_id
-        if sid in done or sid in seen:
+        if sid in seen:
             continue
         seen.add(sid)
+        if sid in done:
+            if done_counts is not None:
+                done_counts[row.partition] = done_counts.get(row.partition, 0) + 1
+            continue
         counts[row.partition] = counts.get(row.partition, 0) + 1
     return counts
 

@@ -35,6 +35,10 @@ Invariants:
   with that provider added to the sample's own ``provider.ignore``, and booked as spend. When the retries
   run out the sample is a failure of that kind, or (``keep_unusable``) the last unusable response becomes
   its record, flagged ``unusable:<kind>``.
+- The tail (``tail.TailGuard``, four times a second): a stream under the rate floor is cancelled and retried
+  elsewhere; once a partition's producer has nothing left to start, its stalled requests may be hedged on
+  idle slots (a hedge takes a slot and a reservation of its own, so requests on the wire ≤ slots still
+  holds); hedges left on the wire at the end are cancelled with the samples.
 - Every attempt is one ``AttemptRecord`` in ``logs/attempts.jsonl`` (its own writer task). Each outcome
   attributed to a provider feeds ``health.ProviderHealth``; the providers it cools down go into every
   request's ``provider.ignore`` until restored (``HealthEvent`` in ``logs/health.jsonl``, a line in the
@@ -62,9 +66,13 @@ from draftgen.engine.retry import RetryPolicy
 from draftgen.engine.sample import SampleRunner
 from draftgen.engine.sinks import Sinks
 from draftgen.engine.stats import RunStats
+from draftgen.engine.tail import TailGuard
 from draftgen.records import HealthEvent, PromptRecord
 
 __all__ = ["DatasetPlan", "Engine", "EngineOptions", "EngineResult", "PartitionPlan"]
+
+#: seconds between two looks of the tail guard at the requests on the wire
+TAIL_LOOK_S = 0.25
 
 
 class Engine:
@@ -101,6 +109,8 @@ class Engine:
         self._backoff: set[asyncio.Task[Any]] = set()
         self._producers: list[asyncio.Task[None]] = []
         self._samples: SampleRunner | None = None
+        self._guard: TailGuard | None = None
+        self._drained: set[str] = set()  # partitions whose producer has no prompt left to start
         self._taken: dict[str, set[str]] = {d.name: set() for d in self.datasets}
         self._stop_reason: str | None = None
         self._exit_code = 0
@@ -154,6 +164,9 @@ class Engine:
             stats=self.stats, log=self.log, health=self.health, options=self.options, sinks=self.sinks,
             cpu=self._cpu, backoff=self._backoff,
         )
+        self._guard = TailGuard(self.options.tail, self.stats, hedge=self._samples.hedge,
+                                drained=self._drained.__contains__, stalled=self._stalled)
+        next_look = 0.0
         try:
             self.sinks.open(self._io)
             if not self.governor.slots_worst:  # near the dollar cap: see budget.BudgetGovernor.near_cap
@@ -183,6 +196,10 @@ class Engine:
                     self.stats.limit[part_name] = lim.current
                 if self.health is not None:
                     self.health.tick()
+                now = time.monotonic()
+                if now >= next_look:  # the requests on the wire: stalls, slow streams, hedges
+                    next_look = now + TAIL_LOOK_S
+                    self._guard.tick(now, hedging=not self._stopping)
                 await asyncio.sleep(0.05)
         finally:
             await self._shutdown()
@@ -196,7 +213,9 @@ class Engine:
     async def _shutdown(self) -> None:
         for p in self._producers:
             p.cancel()
-        tasks = list(self._tasks)
+        tasks: list[asyncio.Task[Any]] = list(self._tasks)
+        if self._samples is not None:
+            tasks += list(self._samples.hedging)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*self._producers, *tasks, return_exceptions=True)
@@ -207,6 +226,11 @@ class Engine:
             self._io.shutdown(wait=True)
         if errors and self._fatal is None:
             self._fatal = errors[0]
+
+    def _stalled(self, partition: str, n: int) -> None:
+        lim = self.limiters.get(partition)
+        if lim is not None:
+            lim.set_stalled(n)
 
     # -- health --------------------------------------------------------------------------------------------
 
@@ -255,6 +279,8 @@ class Engine:
             if picked is None:
                 limiter.release()
                 alive.release()
+                if not self._stopping:
+                    self._drained.add(part.name)  # nothing left to start: its idle slots may hedge
                 return
             dataset, prompt, res = picked
             self.stats.in_flight[part.name] = limiter.in_use

@@ -4,6 +4,10 @@ Writes ``raw_responses.jsonl`` and ``failures.jsonl`` per dataset (``DatasetPlan
 ``logs/attempts.jsonl`` / ``logs/health.jsonl`` where ``EngineOptions`` names them. One ``RecordSink``
 task per file, started on first use (a dataset with prompts pending gets its record sink at ``open``);
 ``close`` drains every one of them, so everything put before it is on disk.
+
+``claim`` is the one place that decides which response of a sample becomes its record: the first claim of a
+``(dataset, sample_id)`` in this run wins, every later one is refused (a hedged sample may have two usable
+responses; exactly one record is written).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class Sinks:
         self._failures: dict[str, RecordSink[FailureRecord]] = {}
         self.attempts: RecordSink[AttemptRecord] | None = None
         self._health: RecordSink[HealthEvent] | None = None
+        self._claimed: dict[str, set[str]] = {}
 
     def open(self, io: Executor) -> None:
         """Start the record sinks of the datasets with prompts pending, and the attempts log."""
@@ -44,6 +49,14 @@ class Sinks:
         if self.attempts_path is not None:
             self.attempts = RecordSink(self.attempts_path, executor=io, fsync=False)
             self.attempts.start()
+
+    def claim(self, dataset: str, sample_id: str) -> bool:
+        """True for the first response of ``sample_id`` in this run (write it), False for any later one."""
+        ids = self._claimed.setdefault(dataset, set())
+        if sample_id in ids:
+            return False
+        ids.add(sample_id)
+        return True
 
     def responses(self, dataset: str) -> RecordSink[ResponseRecord]:
         sink = self._responses.get(dataset)

@@ -5,17 +5,26 @@ thread; a display thread may read them at any time (a momentarily stale number i
 sliding window of (time, cumulative tokens, cumulative done) samples taken by the display, in total and
 per partition.
 
-Requests on the wire are tracked per partition in ``PartitionCounts.flight``: one dict insert when an
-attempt goes out and one pop when it ends (response, error or cancel). A dict keeps insertion order, so its
-first entry is always the oldest request in flight (an O(1) look-up for the display).
+Requests on the wire are tracked per partition in ``PartitionCounts.flight`` (``flight.Flight``, hedges
+hanging off the flight they hedge): one dict insert when an attempt goes out and one pop when it ends
+(response, error or cancel). A dict keeps insertion order, so its first entry is always the oldest request in
+flight (an O(1) look-up for the display).
+
+Tokens count when they arrive, not when a response is done: the throughput window's token figure is the
+tokens received on the wire (``wire_tokens``: those of attempts that ended, plus what each request in flight
+has received so far, estimated from its text at the run's characters per token, ``chars_per_token``, until the
+server's own count replaces it), so tok/s and the ETA move while long streams are still running.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+
+from draftgen.engine.flight import Flight
 
 __all__ = ["DatasetCounts", "PartitionCounts", "RunStats", "window_rates"]
 
@@ -35,7 +44,7 @@ class DatasetCounts:
     skipped: str | None = None  # why the dataset was skipped or stopped early
 
 
-Window = deque[tuple[float, int, int]]  # (time, cumulative completion tokens, cumulative done)
+Window = deque[tuple[float, int, int]]  # (time, cumulative tokens received on the wire, cumulative done)
 
 
 def window_rates(w: Window, period: float = 30.0) -> tuple[float, float] | None:
@@ -49,7 +58,8 @@ def window_rates(w: Window, period: float = 30.0) -> tuple[float, float] | None:
             t0, tok0, n0 = t, tok, n
             break
     dt = t1 - t0
-    return ((tok1 - tok0) / dt, (n1 - n0) / dt) if dt > 0 else (0.0, 0.0)
+    # a response's own count replacing its estimate may lower the token figure a little: never below 0
+    return (max(0.0, (tok1 - tok0) / dt), (n1 - n0) / dt) if dt > 0 else (0.0, 0.0)
 
 
 @dataclass
@@ -58,24 +68,40 @@ class PartitionCounts:
 
     name: str
     planned: int = 0  # samples this run set out to finish in this partition
+    done_before: int = 0  # samples of the selection in this partition already done when the run started
     done: int = 0  # written to a raw log by this run
     failed: int = 0
     completion_tokens: int = 0
     cost: float = 0.0
     retries: int = 0
-    #: (dataset, sample_id) → when its current attempt went out (``time.monotonic``). Insertion order is age
-    #: order: an entry is popped when its attempt ends and re-inserted (at the end) by the next attempt.
-    flight: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: (dataset, sample_id) → its current attempt on the wire. Insertion order is age order: an entry is
+    #: popped when its attempt ends and re-inserted (at the end) by the next attempt.
+    flight: dict[tuple[str, str], Flight] = field(default_factory=dict)
     window: Window = field(default_factory=lambda: deque(maxlen=120))
+    wire_done: float = 0.0  # tokens received by the attempts that ended (answered, failed or cancelled)
+    lengths: list[int] = field(default_factory=list)  # completion lengths of this run's records, sorted
+    stalled: int = 0  # requests in flight with no text for the stall time (set by ``tail.TailGuard``)
+    stalled_s: float | None = None  # how long the most silent of them has been silent
 
     def oldest(self) -> tuple[tuple[str, str], float] | None:
         """The request longest on the wire and when it went out (None when none is)."""
         try:
-            for key, since in self.flight.items():
-                return key, since
+            for key, fl in self.flight.items():
+                return key, fl.started
         except RuntimeError:  # changed under a reader on another thread: no figure this time
             pass
         return None
+
+    def flights(self) -> Iterator[Flight]:
+        """Every request on the wire: each sample's attempt, then the hedges hanging off it."""
+        for fl in list(self.flight.values()):
+            yield fl
+            for hf, _ in fl.running_hedges():
+                yield hf
+
+    def live_tokens(self, chars_per_token: float) -> float:
+        """Tokens received so far by the requests on the wire."""
+        return sum(fl.meter.tokens(chars_per_token) for fl in self.flights())
 
 
 @dataclass
@@ -103,6 +129,13 @@ class RunStats:
     interrupt: str | None = None  # the signal that stopped the run (SIGINT, SIGTERM), set by its handler
     grace_until: float | None = None  # (clock) when an interrupted run cancels what is still in flight
     aborting: bool = False  # a hard stop: what is in flight is being cancelled now
+    hedges: int = 0  # second requests sent for samples already on the wire (``tail``)
+    hedges_won: int = 0  # ... whose response became the record
+    hedge_extra_usd: float = 0.0  # what the losing requests of hedged samples cost (booked in the budget)
+    slow_streams: int = 0  # streams cancelled under the rate floor (``tail.min_tokens_per_s``)
+    text_chars: int = 0  # characters of text of this run's streamed responses ...
+    text_tokens: int = 0  # ... and their completion tokens: the run's characters per token
+    first_data: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # recent times to first data
     _window: Window = field(default_factory=lambda: deque(maxlen=120))
 
     def dataset(self, name: str) -> DatasetCounts:
@@ -137,12 +170,43 @@ class RunStats:
     def elapsed(self) -> float:
         return self.clock() - self.started
 
+    @property
+    def chars_per_token(self) -> float:
+        """Characters of text per completion token in this run's responses (4 until 1,000 tokens are in)."""
+        return self.text_chars / self.text_tokens if self.text_tokens >= 1000 and self.text_chars else 4.0
+
+    def response_in(self, partition: str, completion_tokens: int, chars: int, first_data_s: float | None) -> None:
+        """A response became a record: its length, its text per token, its time to first data."""
+        bisect.insort(self.partition(partition).lengths, completion_tokens)
+        if chars > 0 and completion_tokens > 0:
+            self.text_chars += chars
+            self.text_tokens += completion_tokens
+        if first_data_s is not None:
+            self.first_data.append(first_data_s)
+
+    def attempt_ended(self, fl: Flight, completion_tokens: int | None = None) -> None:
+        """An attempt left the wire: what it received counts in the wire tokens for good (the server's
+        count when it answered, else what arrived)."""
+        got = fl.meter.tokens(self.chars_per_token)
+        self.partition(fl.partition).wire_done += float(completion_tokens) if completion_tokens else got
+
+    def wire_tokens(self, partition: str | None = None) -> float:
+        """Tokens received on the wire so far, in ``partition`` or in all."""
+        cpt = self.chars_per_token
+        parts = self.partitions.values() if partition is None else [self.partition(partition)]
+        return sum(p.wire_done + p.live_tokens(cpt) for p in parts)
+
     def sample(self) -> None:
-        """Record a throughput sample, in total and per partition (called by the display at its own rate)."""
+        """Record a throughput sample, in total and per partition (called by the display at its own rate): the
+        tokens received on the wire, and the samples done."""
         now = self.clock()
-        self._window.append((now, self.completion_tokens, self.done))
+        cpt = self.chars_per_token
+        total = 0.0
         for p in self.partitions.values():
-            p.window.append((now, p.completion_tokens, p.done))
+            wire = p.wire_done + p.live_tokens(cpt)
+            total += wire
+            p.window.append((now, int(wire), p.done))
+        self._window.append((now, int(total), self.done))
 
     def rates(self, period: float = 30.0) -> tuple[float, float]:
         """(tokens/s, samples/s) over the last ``period`` seconds of samples."""

@@ -72,6 +72,7 @@ from draftgen.engine import (
     RoutingGuard,
     RunLog,
     RunStats,
+    TailPolicy,
     TokenBudget,
     count_pending,
     key_limit_label,
@@ -151,6 +152,12 @@ class GenerateReport(msgspec.Struct, kw_only=True):
     requests: int = 0
     #: dollars spent beyond ``budget.max_spend_usd`` (at most the worst case of what was in flight)
     spend_over_budget: float = 0.0
+    #: the tail (``tail.*``): hedges sent, hedges whose response became the record, what the losing requests
+    #: of hedged samples cost (in ``spend_session`` too), streams cancelled under the rate floor
+    hedges: int = 0
+    hedges_won: int = 0
+    hedge_extra_usd: float = 0.0
+    slow_streams: int = 0
 
 
 # -- set-up ----------------------------------------------------------------------------------------------
@@ -264,8 +271,11 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
             budget = d.token_budget if d.token_budget is not None else cfg.budget.token_budget
             counts.token_budget = budget
             governor.tokens[d.name] = TokenBudget(budget=budget, done=idx.completion_tokens)
-            pending = count_pending(rd.prepared(d.name), idx.done)
+            done_by_part: dict[str, int] = {}
+            pending = count_pending(rd.prepared(d.name), idx.done, done_by_part)
             pending = {p: n for p, n in pending.items() if p in parts}
+            for p in parts:  # the display's progress is over the whole prepared set, not only this run's work
+                stats.partition(p).done_before += done_by_part.get(p, 0)
             if budget is not None and idx.completion_tokens >= budget:
                 counts.skipped = f"over its token budget ({idx.completion_tokens} of {budget} completion tokens done)"
                 out(f"{d.name}: skipped, {counts.skipped}")
@@ -311,6 +321,8 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
         elapsed_s=round(stats.elapsed, 3), requests=stats.requests,
         spend_over_budget=round(max(0.0, governor.spent - cfg.budget.max_spend_usd), 6)
         if cfg.budget.max_spend_usd is not None else 0.0,
+        hedges=stats.hedges, hedges_won=stats.hedges_won, hedge_extra_usd=round(stats.hedge_extra_usd, 6),
+        slow_streams=stats.slow_streams,
     )
 
 
@@ -587,6 +599,8 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
             attempts_path=rd.attempts, health_path=rd.health,
             keep_unusable=q.keep_unusable, require_reasoning=not cfg.reasoning.exclude, model=cfg.model.id,
             model_aliases=tuple(q.model_aliases), min_length_fraction=q.min_length_fraction, avoid=avoid,
+            tail=TailPolicy(min_tokens_per_s=cfg.tail.min_tokens_per_s, slow_window_s=cfg.tail.slow_window_s,
+                            stall_s=cfg.tail.stall_s, hedge_max_extra_spend=cfg.tail.hedge_max_extra_spend),
         )
         engine = Engine(
             backend=backend, assembler=assembler,

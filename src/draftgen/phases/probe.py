@@ -17,6 +17,9 @@ the answer, a rebuilt count that differs from the billed one, an ambiguous quant
 a quantization known to change outputs (``fp4``, ``nvfp4``) that ``routing.quantizations`` does not list.
 A thinking model cut inside its reasoning is no warning: one neutral ``note`` line says so.
 
+While it waits for the answer, a line every ``PROGRESS_EVERY_S`` seconds says how long it has waited and
+what has arrived (``wait_with_progress``: no data yet, or the tokens streamed so far and their rate).
+
 The last line is the verdict: ``probe OK``, ``probe OK with N warnings`` or ``probe FAILED (N problems)``;
 the CLI exits non-zero only on failure.
 
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -40,6 +43,7 @@ from draftgen.backends import (
     Completion,
     CompletionRequest,
     EndpointInfo,
+    WireMeter,
     api_key_for,
     capabilities,
     endpoint_urls,
@@ -56,14 +60,43 @@ from draftgen.tokens import profile_fit
 if TYPE_CHECKING:
     from draftgen.tokens import Profile
 
-__all__ = ["EMULATOR_KEY", "OUTPUT_CHANGING_QUANTIZATIONS", "ProbeReport", "api_key_for", "embedded_endpoint",
-           "probe_max_tokens", "run_probe", "verdict"]
+__all__ = ["EMULATOR_KEY", "OUTPUT_CHANGING_QUANTIZATIONS", "PROGRESS_EVERY_S", "ProbeReport", "api_key_for",
+           "embedded_endpoint", "probe_max_tokens", "run_probe", "verdict", "wait_with_progress"]
 
 #: Quantizations known to change a model's outputs against its reference weights: a probe served by one
 #: warns unless ``routing.quantizations`` lists it (the user chose it).
 OUTPUT_CHANGING_QUANTIZATIONS = frozenset({"fp4", "nvfp4"})
 THINKING_MAX_TOKENS = 4096
 PLAIN_MAX_TOKENS = 512
+#: seconds between two "still waiting" lines while the probe's request is out
+PROGRESS_EVERY_S = 5.0
+
+
+def progress_line(started: float, now: float, meter: WireMeter) -> str:
+    """What the probe has received by ``now`` (``time.monotonic()``), its request out since ``started``."""
+    waited = now - started
+    if not meter.events or meter.first_at is None:
+        return f"  {'waiting':<12} {waited:.0f}s: no data yet (the provider is still reading the prompt, or queued)"
+    tokens = meter.tokens()
+    rate = tokens / max(now - meter.first_at, 1e-9)
+    via = f" from {meter.provider}" if meter.provider else ""
+    return f"  {'waiting':<12} {waited:.0f}s: ~{tokens:,.0f} tokens streamed so far{via} (~{rate:,.0f} tok/s)"
+
+
+async def wait_with_progress(aw: Awaitable[Completion], meter: WireMeter, echo: Echo, *,
+                             every_s: float = PROGRESS_EVERY_S) -> Completion:
+    """``await aw``, echoing ``progress_line`` every ``every_s`` seconds until it is done."""
+    task = asyncio.ensure_future(aw)
+    t0 = time.monotonic()
+    try:
+        while True:
+            done, _ = await asyncio.wait([task], timeout=every_s)
+            if done:
+                return task.result()
+            echo(progress_line(t0, time.monotonic(), meter))
+    finally:
+        if not task.done():
+            task.cancel()
 
 
 def probe_max_tokens(cfg: RunConfig) -> int:
@@ -361,11 +394,13 @@ class _Probe:
 
     async def _request(self, backend: Backend) -> tuple[Completion, float] | None:
         """Send the probe's prompt; None (and the problem recorded) when it fails."""
+        meter = WireMeter()
         req = CompletionRequest(sample_id="probe", messages=[Message(role="user", content=self.cfg.probe.prompt)],
-                                max_tokens=self.rep.max_tokens or PLAIN_MAX_TOKENS)
+                                max_tokens=self.rep.max_tokens or PLAIN_MAX_TOKENS, meter=meter)
         t0 = time.monotonic()
+        self.line("request", f"sent (max_tokens {req.max_tokens:,}); waiting for the answer")
         try:
-            comp = await backend.complete(req)
+            comp = await wait_with_progress(backend.complete(req), meter, self.echo)
         except AuthError as exc:
             self.rep.key_valid = False
             self.fail(str(exc))

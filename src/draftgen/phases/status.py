@@ -25,8 +25,10 @@ After the table: OpenRouter batches (``endpoint.mode: batch``, the batch journal
 submitted, are submitted, in progress and done, each open one's age and the dollars it reserves.
 
 The selected datasets are the config's (``status CONFIG``), else those of run.json's config snapshot,
-else every dataset folder found. ``--json`` prints one ``StatusSummary``; ``--watch`` redraws every N
-seconds until Ctrl-C (which ends it with exit 0).
+else every dataset folder found; their completion-token budgets (``token_budget``) are read the same way.
+``--json`` prints one ``StatusSummary``; ``--watch`` redraws every N seconds until Ctrl-C (which ends it
+with exit 0). At 80 columns nothing is cut: the table's headers take two lines, and long lines break
+between their `` · `` segments.
 """
 
 from __future__ import annotations
@@ -41,11 +43,12 @@ from pathlib import Path
 from typing import Literal
 
 import msgspec
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
 from draftgen.engine.batch_journal import batch_lines, load_batches
+from draftgen.engine.progress import pack
 from draftgen.errors import InputError, RunDirError
 from draftgen.fmt import fmt_duration, fmt_int, fmt_pct, fmt_time, fmt_usd
 from draftgen.phases import PHASES, Echo, Phase, PhaseTable
@@ -109,6 +112,8 @@ class DatasetStatus(msgspec.Struct, kw_only=True):
     percent: float | None
     completion_tokens: int
     cost_usd: float
+    token_budget: int | None = None
+    """Its completion-token budget (``token_budget``), of which ``completion_tokens`` are used; None: none."""
 
 
 class TokenTotals(msgspec.Struct, kw_only=True):
@@ -132,6 +137,13 @@ class StatusSummary(msgspec.Struct, kw_only=True):
     """The live holder of the writer lock, or None."""
     latest_activity: float | None
     verdict: str
+    hedges: int = 0
+    """Second requests sent for samples already on the wire (``tail``), and those whose response won."""
+    hedges_won: int = 0
+    hedge_extra_usd: float = 0.0
+    """What the losing requests of hedged samples cost (part of ``spend_usd``)."""
+    slow_streams: int = 0
+    """Streams cancelled under ``tail.min_tokens_per_s`` and retried on another provider."""
 
 
 class StatusReport(msgspec.Struct, kw_only=True):
@@ -182,6 +194,32 @@ def live_holder(run_dir: Path) -> LockHolder | None:
     except OSError:
         return None
     return h
+
+
+def token_budgets(run_dir: Path, target: str) -> dict[str, int]:
+    """Each dataset's completion-token budget: from the config ``target`` names, else run.json's config
+    snapshot (datasets without one are left out)."""
+    p = Path(target)
+    if p.is_file():
+        from draftgen.config import load_config
+
+        cfg = load_config(p)
+        out = {d.name: d.token_budget if d.token_budget is not None else cfg.budget.token_budget
+               for d in cfg.datasets}
+        return {k: v for k, v in out.items() if v is not None}
+    marker = RunDir(run_dir).marker
+    if not marker.is_file():
+        return {}
+    config = read_json(marker, RunManifest).config
+    budget = config.get("budget")
+    default = budget.get("token_budget") if isinstance(budget, dict) else None
+    found: dict[str, int] = {}
+    for d in config.get("datasets") or []:
+        if isinstance(d, dict) and isinstance(d.get("name"), str):
+            b = d.get("token_budget", default)
+            if isinstance(b, int):
+                found[d["name"]] = b
+    return found
 
 
 def _selected(run_dir: Path, configured: list[str] | None) -> list[str] | None:
@@ -274,22 +312,27 @@ def phase_states(m: RunMetrics, run_dir: Path, selected: list[str] | None,
     return phases
 
 
-def summarize(m: RunMetrics, run_dir: Path, selected: list[str] | None, holder: LockHolder | None) -> StatusSummary:
-    """The figures ``--json`` prints (and the phase line shows)."""
+def summarize(m: RunMetrics, run_dir: Path, selected: list[str] | None, holder: LockHolder | None,
+              budgets: dict[str, int] | None = None) -> StatusSummary:
+    """The figures ``--json`` prints (and the phase line shows); ``budgets``: the datasets' token budgets."""
     chosen = set(selected if selected is not None else [d.name for d in m.datasets])
     t = m.total
+    budgets = budgets or {}
     return StatusSummary(
         run_dir=str(run_dir), model=m.model, endpoint=m.endpoint,
         phases=phase_states(m, run_dir, selected, holder),
         datasets=[DatasetStatus(name=d.name, selected=d.name in chosen, done=d.done, planned=d.prepared,
                                 failed=d.failed, percent=_pct(d.done, d.prepared),
-                                completion_tokens=d.completion_tokens, cost_usd=round(d.cost_usd, 6))
+                                completion_tokens=d.completion_tokens, cost_usd=round(d.cost_usd, 6),
+                                token_budget=budgets.get(d.name))
                   for d in m.datasets],
         tokens=TokenTotals(prompt=t.prompt_tokens, completion=t.completion_tokens, reasoning=t.reasoning_tokens),
         spend_usd=round(t.cost_usd + t.orphan_cost_usd, 6),
         lock=holder,
         latest_activity=m.latest_activity,
         verdict=m.verdict.level,
+        hedges=m.tail.hedges, hedges_won=m.tail.hedges_won, hedge_extra_usd=m.tail.extra_usd,
+        slow_streams=m.tail.slow_streams,
     )
 
 
@@ -316,7 +359,7 @@ def _row(table: Table, d: DatasetMetrics, *, style: str | None = None) -> None:
     prepared = "?" if d.prepared is None else fmt_int(d.prepared)
     table.add_row(
         d.name,
-        f"{fmt_int(d.done)} / {prepared}",
+        f"{fmt_int(d.done)}/{prepared}",
         fmt_pct(d.progress),
         fmt_int(d.completion_tokens),
         fmt_pct(d.reasoning_share),
@@ -331,8 +374,22 @@ def _secs(x: float | None) -> str:
     return "–" if x is None else (f"{x * 1000:.0f}ms" if x < 1 else f"{x:.1f}s")
 
 
-def _provider_line(p: ProviderMetrics) -> str:
-    """One provider in one line: share, quantization, latency, TTFT, and what went wrong."""
+class Packed:
+    """`` · ``-separated segments packed into lines of the console's width (``engine.progress.pack``): a line
+    breaks between segments, never inside one that fits; the first line starts with ``indent``, the others
+    with two spaces more."""
+
+    def __init__(self, segments: list[str], *, indent: str = "", style: str = "") -> None:
+        self.segments, self.indent, self.style = segments, indent, style
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        more = self.indent + "  "
+        for i, line in enumerate(pack(self.segments, options.max_width - len(self.indent), indent=more)):
+            yield Text(self.indent + line if i == 0 else line, style=self.style)
+
+
+def _provider_segments(p: ProviderMetrics) -> list[str]:
+    """One provider: share, quantization, latency, TTFT, and what went wrong."""
     parts = [f"{p.provider} {fmt_int(p.responses)} ({fmt_pct(p.share, 0)})"]
     if p.quantization:
         parts.append(p.quantization)
@@ -348,7 +405,7 @@ def _provider_line(p: ProviderMetrics) -> str:
         parts.append(f"dropped reasoning {p.dropped_reasoning}")
     if p.cooldowns:
         parts.append(f"cool-downs {p.cooldowns}")
-    return "  " + " · ".join(parts)
+    return parts
 
 
 def render_status(m: RunMetrics, summary: StatusSummary, *, now: float) -> RenderableType:
@@ -378,25 +435,32 @@ def render_status(m: RunMetrics, summary: StatusSummary, *, now: float) -> Rende
     if len(findings) > MAX_FINDINGS:
         verdict.append(f"\n  · … {len(findings) - MAX_FINDINGS} more (report.html lists them)", style="dim")
 
-    table = Table(show_edge=False, header_style="bold", pad_edge=False)
-    for col, justify in (("dataset", "left"), ("done / prepared", "right"), ("progress", "right"),
-                         ("completion tok", "right"), ("reasoning share", "right"), ("cost", "right"),
-                         ("failed", "right"), ("truncated", "right")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    # No box and one space between columns, headers on two lines: at 80 columns nothing is cut (a long
+    # dataset name folds; the figures never do).
+    table = Table(show_edge=False, header_style="bold", pad_edge=False, box=None, padding=(0, 1, 0, 0))
+    table.add_column("dataset", overflow="fold")
+    for col in ("done /\nprepared", "progress", "completion\ntokens", "reasoning\nshare", "cost", "failed", "truncated"):
+        table.add_column(col, justify="right", no_wrap=True)
     for d in m.datasets:
         _row(table, d)
     if len(m.datasets) > 1 or not m.datasets:
-        table.add_section()
         _row(table, m.total, style="bold")
 
     t = m.total
     lines: list[RenderableType] = [head, meta, activity, verdict, Text(""), table]
-    speed = Text(
-        f"prompt tokens {fmt_int(t.prompt_tokens)} · completion tokens {fmt_int(t.completion_tokens)}"
-        f" · {fmt_usd(t.usd_per_m_output)}/M output · elapsed {fmt_duration(m.elapsed_s)}"
-        + (f" · {m.tokens_per_s:,.0f} tok/s" if m.tokens_per_s else "")
-    )
-    lines.append(speed)
+    lines.append(Packed([f"prompt tokens {fmt_int(t.prompt_tokens)}", f"completion tokens {fmt_int(t.completion_tokens)}",
+                         f"{fmt_usd(t.usd_per_m_output)}/M output", f"elapsed {fmt_duration(m.elapsed_s)}"]
+                        + ([f"{m.tokens_per_s:,.0f} tok/s"] if m.tokens_per_s else [])))
+    budgets = [d for d in summary.datasets if d.token_budget is not None]
+    if budgets:
+        lines.append(Packed([f"token budget {d.name}: {fmt_int(d.completion_tokens)} / {fmt_int(d.token_budget)} "
+                             f"({fmt_pct(d.completion_tokens / d.token_budget if d.token_budget else None, 0)})"
+                             for d in budgets]))
+    tl = m.tail
+    if tl.hedges or tl.slow_streams:
+        lines.append(Packed([f"tail: {fmt_int(tl.hedges)} hedged ({fmt_int(tl.hedges_won)} won)",
+                             f"{fmt_usd(tl.extra_usd)} extra ({fmt_pct(tl.extra_share)} of spend)"]
+                            + ([f"{fmt_int(tl.slow_streams)} slow streams retried elsewhere"] if tl.slow_streams else [])))
     if t.failures_by_kind:
         kinds = ", ".join(f"{k} {v}" for k, v in t.failures_by_kind.items())
         lines.append(Text(f"failures by kind (not done yet, retried next run): {kinds}", style="yellow"))
@@ -409,7 +473,8 @@ def render_status(m: RunMetrics, summary: StatusSummary, *, now: float) -> Rende
         more = len(m.providers_table) - len(shown)
         lines.append(Text("providers:" + (f" ({len(shown)} of {len(m.providers_table)})" if more else "")))
         for p in shown:
-            lines.append(Text(_provider_line(p), style="yellow" if p.cooldowns or p.dropped_reasoning else ""))
+            lines.append(Packed(_provider_segments(p), indent="  ", style="yellow" if p.cooldowns or p.dropped_reasoning
+                                else ""))
     if m.audit is not None:
         o = m.audit.overall
         billed = o.billed_completion_tokens
@@ -445,7 +510,7 @@ def _status(target: str, *, now: float | None) -> tuple[StatusReport, str, str]:
         raise RunDirError(f"{run_dir}: the run directory does not exist yet; run `draftgen run CONFIG` first")
     selected = _selected(run_dir, names)
     metrics = compute_metrics(run_dir, selected)
-    summary = summarize(metrics, run_dir, selected, live_holder(run_dir))
+    summary = summarize(metrics, run_dir, selected, live_holder(run_dir), token_budgets(run_dir, target))
     at = time.time() if now is None else now
     batches = batch_lines(load_batches(RunDir(run_dir).batch_journal).values(), at)  # endpoint.mode: batch
     text = redact("\n".join([render_text(render_status(metrics, summary, now=at)), *batches]))

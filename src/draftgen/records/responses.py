@@ -152,6 +152,9 @@ class AttemptRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
     completion_tokens: int = 0
     cost: float = 0.0
     schema_version: int = SCHEMA_VERSION
+    #: a hedge: a second request for a sample already on the wire (``tail``); its loser's outcome is
+    #: ``hedge_lost``, with what it cost (extra spend)
+    hedge: bool = False
 
 
 class HealthEvent(msgspec.Struct, omit_defaults=True, kw_only=True):

@@ -555,6 +555,11 @@ def render_html(m: RunMetrics, *, title: str, generated_at: float, settings: dic
         ("tokens / second", _compact(m.tokens_per_s), f"{fmt_int(t.completion_tokens)} tokens over {fmt_duration(m.elapsed_s)}"),
         ("failed", fmt_int(t.failed), f"{fmt_int(t.truncated)} truncated responses"),
     ]
+    tl = m.tail
+    if tl.hedges or tl.slow_streams:
+        kpis.append(("tail", f"{fmt_int(tl.hedges)} hedged",
+                     f"{fmt_int(tl.hedges_won)} won · {fmt_usd(tl.extra_usd)} extra ({fmt_pct(tl.extra_share)} of "
+                     f"spend) · {fmt_int(tl.slow_streams)} slow streams retried"))
     plotly_js = get_plotlyjs()
     page = env.from_string(PAGE).render(
         title=title,

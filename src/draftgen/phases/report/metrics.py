@@ -8,7 +8,7 @@ Reads (all optional; a partial run directory is fine, and an unterminated last l
     raw/<dataset>/raw_responses.jsonl     ResponseRecord   done samples, tokens, cost, providers, times
     raw/<dataset>/failures.jsonl          FailureRecord    failures by kind (latest per sample id)
     audit/audit.json                      AuditReport      the audit's figures
-    logs/attempts.jsonl                   AttemptRecord    attempts, retries by kind, TTFT, requests in flight
+    logs/attempts.jsonl                   AttemptRecord    attempts, retries by kind, TTFT, requests in flight, hedges
     logs/health.jsonl                     HealthEvent      provider cool-downs
     merged/stats.json                     MergeStats       the merged split, drops, hidden-state estimate
     merged/manifest.json                  MergeManifest    every file merge wrote, merged/ and exports/ (written last)
@@ -66,7 +66,29 @@ from draftgen.records import (
 from draftgen.rundir import RunDir
 from draftgen.store import iter_jsonl, raw_ids_len, read_json
 
-__all__ = ["RunMetrics", "compute_metrics"]
+__all__ = ["RunMetrics", "TailMetrics", "compute_metrics", "tail_metrics"]
+
+
+class TailMetrics(msgspec.Struct, kw_only=True):
+    """What generate did about its tail (``tail.*``; from logs/attempts.jsonl): hedges sent (a second request
+    for a sample already on the wire), those whose response became the record, what the losing requests cost
+    (booked as spent; ``extra_share`` of everything the attempts cost), and streams cancelled under the rate
+    floor."""
+
+    hedges: int = 0
+    hedges_won: int = 0
+    extra_usd: float = 0.0
+    extra_share: float | None = None
+    slow_streams: int = 0
+
+
+def tail_metrics(attempts: list[AttemptRecord]) -> TailMetrics:
+    spent = sum(a.cost for a in attempts)
+    extra = sum(a.cost for a in attempts if a.outcome == "hedge_lost")
+    return TailMetrics(hedges=sum(1 for a in attempts if a.hedge),
+                       hedges_won=sum(1 for a in attempts if a.hedge and a.outcome == "ok"),
+                       extra_usd=round(extra, 6), extra_share=round(extra / spent, 4) if spent > 0 else None,
+                       slow_streams=sum(1 for a in attempts if a.outcome == "slow_stream"))
 
 
 class RunMetrics(msgspec.Struct, kw_only=True):
@@ -89,6 +111,7 @@ class RunMetrics(msgspec.Struct, kw_only=True):
     activity: Activity = msgspec.field(default_factory=Activity)
     seq_lengths: SeqLengths = msgspec.field(default_factory=SeqLengths)
     verdict: Verdict = msgspec.field(default_factory=Verdict)
+    tail: TailMetrics = msgspec.field(default_factory=TailMetrics)
 
 
 def compute_metrics(run_dir: Path, configured: list[str] | None = None) -> RunMetrics:
@@ -191,6 +214,7 @@ def compute_metrics(run_dir: Path, configured: list[str] | None = None) -> RunMe
         activity=activity,
         seq_lengths=seq,
         verdict=grade_run(total_m, audit, merged, phases, providers_table),
+        tail=tail_metrics(attempts),
     )
 
 

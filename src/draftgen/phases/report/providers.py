@@ -153,7 +153,7 @@ class ProviderAcc:
         for a in attempts:
             p = self._get(a.provider)
             p.attempts += 1
-            if a.outcome != "ok":
+            if a.outcome not in ("ok", "hedge_lost"):  # a request cancelled because its hedge won is no failure
                 p.retries += 1
                 p.kinds[a.outcome] += 1
             if a.ttft_s is not None:
