@@ -1,6 +1,10 @@
 """The checks flag broken capture: (a) aux layer ids off by one, (b) aux not captured (zeros, or a copy of
-the embeddings), (c) positions shifted by one token. Each break is made by wrapping the hf backend's capture
-in the test (no production flag); a sound capture flags nothing. Also the deterministic teacher fraction."""
+the embeddings), (c) positions shifted by one token, (d) a final state taken after the norm or from the wrong
+layer. Each break is made by wrapping the hf backend's capture in the test (no production flag); a sound
+capture flags nothing. The log-prob check (``teacher_reference`` for the final state, ``teacher_aux`` for the
+aux slots run on through the target) flags every break; tests/test_extract_vllm.py makes the same breaks in
+the vllm backend's server and checks against the engine's own ``prompt_logprobs``. Also the deterministic
+teacher fraction and the log-prob tolerance."""
 
 from __future__ import annotations
 
@@ -12,11 +16,12 @@ import torch
 
 from _extract_helpers import build_tiny_model, make_merged_run, with_hidden
 from draftgen.config import load_config
+from draftgen.drafter.hf import rms_norm
 from draftgen.errors import ThresholdBroken
 from draftgen.hidden.format import Captured, HiddenStore
 from draftgen.phases.extract.capture import ExtractRow
 from draftgen.phases.extract.capture.hf import HFExtractBackend
-from draftgen.phases.extract.checks import relative_diff, teacher_selected
+from draftgen.phases.extract.checks import LOGPROB_FLOOR, logprob_tolerance, relative_diff, teacher_selected
 from draftgen.phases.extract.run import run_extract
 
 torch.set_num_threads(1)
@@ -76,7 +81,7 @@ def test_a_aux_layers_off_by_one_are_flagged(setup: tuple[Path, Path]) -> None:
         be._hooks.append(be.layers_mod[-1].register_forward_hook(be._post_hook(be.info.num_layers)))
 
     failed = extract_with(setup, "offbyone", off_by_one)
-    assert all("reference_aux" in f for f in failed.values()), failed
+    assert all({"reference_aux", "teacher_aux"} <= set(f) for f in failed.values()), failed
 
 
 def test_b_aux_zeros_or_embedding_copy_are_flagged(setup: tuple[Path, Path]) -> None:
@@ -84,14 +89,14 @@ def test_b_aux_zeros_or_embedding_copy_are_flagged(setup: tuple[Path, Path]) -> 
         wrap_capture(be, lambda c, r: c.aux.zero_())
 
     failed = extract_with(setup, "zeros", zeros)
-    assert all({"norm", "aux_distinct", "reference_aux"} <= set(f) for f in failed.values()), failed
+    assert all({"norm", "aux_distinct", "reference_aux", "teacher_aux"} <= set(f) for f in failed.values()), failed
 
     def embedding(be: HFExtractBackend) -> None:
         n = len(be.info.layers.aux)
         wrap_capture(be, lambda c, r: c.aux.copy_(be.embed(r.input_ids).repeat(1, n).to(c.aux.dtype)))
 
     failed = extract_with(setup, "embedding", embedding)
-    assert all({"aux_embedding", "aux_distinct"} <= set(f) for f in failed.values()), failed
+    assert all({"aux_embedding", "aux_distinct", "teacher_aux"} <= set(f) for f in failed.values()), failed
 
 
 def test_c_positions_shifted_by_one_are_flagged(setup: tuple[Path, Path]) -> None:
@@ -100,7 +105,44 @@ def test_c_positions_shifted_by_one_are_flagged(setup: tuple[Path, Path]) -> Non
         c.final[:-1] = c.final[1:].clone()
 
     failed = extract_with(setup, "shifted", lambda be: wrap_capture(be, shift))
-    assert all({"reference_aux", "reference_final", "teacher_reference"} <= set(f) for f in failed.values()), failed
+    assert all({"reference_aux", "reference_final", "teacher_reference", "teacher_aux"} <= set(f)
+               for f in failed.values()), failed
+
+
+def test_d_final_after_the_norm_or_from_the_wrong_layer_is_flagged(setup: tuple[Path, Path]) -> None:
+    def post_norm(be: HFExtractBackend) -> None:  # the post-norm state stored as the final one
+        wrap_capture(be, lambda c, r: c.final.copy_(rms_norm(c.final, be.info.norm_weight, be.info.norm_eps)))
+
+    failed = extract_with(setup, "postnorm", post_norm)
+    assert all({"teacher_reference", "reference_final"} <= set(f) for f in failed.values()), failed
+
+    def wrong_layer(be: HFExtractBackend) -> None:  # the input of the last layer claimed as its output
+        be.close()
+        L = be.info.num_layers
+        be._hooks = [be.layers_mod[k].register_forward_pre_hook(be._pre_hook(k), with_kwargs=True)
+                     for k in be.info.layers.aux]
+        be._hooks.append(be.layers_mod[L - 1].register_forward_pre_hook(be._pre_hook(L), with_kwargs=True))
+
+    failed = extract_with(setup, "wronglayer", wrong_layer)
+    assert all("teacher_reference" in f for f in failed.values()), failed
+
+
+def test_logprob_tolerance_scales_with_the_dtypes() -> None:
+    head = torch.nn.Linear(16, 50, bias=False)
+    torch.nn.init.normal_(head.weight, std=1.0)
+    state = torch.randn(8, 16)
+    targets = torch.arange(8)
+
+    def lp(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.log_softmax(head(x), -1).gather(-1, targets[:, None])[:, 0]
+
+    base = lp(state)
+    tol = {d: logprob_tolerance(lp, state, base, d, "fp32") for d in ("fp32", "bf16", "fp8")}
+    assert tol["fp32"] == LOGPROB_FLOOR < tol["bf16"] < tol["fp8"]
+    assert tol["fp8"] / tol["bf16"] == pytest.approx(16.0, rel=1e-3)  # linear in the unit roundoff
+    deeper = logprob_tolerance(lp, state, base, "bf16", "bf16", depth=9)
+    assert deeper == pytest.approx(tol["bf16"] * 4, rel=1e-3)  # compute rounding accumulated over sqrt(9) layers
 
 
 def test_teacher_fraction_is_deterministic_by_sample_id() -> None:

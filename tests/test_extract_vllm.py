@@ -5,7 +5,9 @@ model servers on free loopback ports writing connector files into one shared fol
 (``hidden_states.connector_dir``). ``draftgen extract`` with the vllm backend must
 store what the hf backend stores (fp32, within float tolerance) and what an independent HF forward gives;
 a server that returns altered ``prompt_token_ids`` is rejected with an error naming the sample, and nothing
-of that batch is published.
+of that batch is published. The log-prob check compares the stored states with the engine's own
+``prompt_logprobs``: a sound capture passes it; each miswired server (``--extract-fault``: layer ids off by one,
+the final state from the wrong layer or after the norm, aux not captured, positions shifted) is flagged.
 """
 
 from __future__ import annotations
@@ -83,6 +85,11 @@ def test_vllm_backend_over_two_servers_matches_hf_and_a_plain_forward(
         assert not list(Path(s.server.opts.extract_dir or "").iterdir())
     hv = open_hidden(str(cfg_path.parent / "hidden-vllm"))
     hh = open_hidden(str(cfg_path.parent / "hidden-hf"))
+    # the log-prob check ran against each engine's own prompt_logprobs, and passed
+    done = HiddenStore(str(cfg_path.parent / "hidden-vllm")).done()
+    assert all(r.failed == [] and r.teacher and r.teacher.reference_source == "engine" for r in done.values()), done
+    assert all(r.teacher and r.teacher.logprob_err is not None and r.teacher.aux_logprob_err is not None
+               and r.teacher.logprob_err < 1e-3 for r in done.values())
     assert hv.manifest.layer_ids.aux == hh.manifest.layer_ids.aux == [2, 4, 5]
     assert hv.manifest.norm_weight_sha256 == hh.manifest.norm_weight_sha256 and hv.manifest.backend == "vllm"
     hf = transformers.AutoModelForCausalLM.from_pretrained(model).eval()
@@ -121,6 +128,23 @@ def test_changed_prompt_ids_are_rejected_and_nothing_is_published(
         assert ei.value.kind == "ids_mismatch" and be.retries == 0  # permanent: never retried
     store = HiddenStore(str(tmp_path / "hidden-bad"))
     assert store.done() == {} and not (tmp_path / "hidden-bad" / "states").exists()
+
+
+BREAKS = {"layers_off_by_one": "teacher_reference", "final_wrong_layer": "teacher_reference",
+          "final_post_norm": "teacher_reference", "aux_zeros": "teacher_aux", "shift": "teacher_reference"}
+
+
+@pytest.mark.parametrize("fault", sorted(BREAKS))
+def test_the_logprob_check_flags_a_miswired_server(setup: tuple[Path, Path, list[RunningModelServer]],
+                                                  tmp_path: Path, fault: str) -> None:
+    cfg_path, model, _ = setup
+    with start_in_thread(ModelServerOptions(model=str(model), port=0, threads=1, extract_dir=str(tmp_path / "hs"),
+                                            extract_fault=fault)) as bad:
+        cfg = _config(cfg_path, model, f"cfg-{fault}.yaml", "vllm", str(tmp_path / "hidden"), kind="vllm",
+                      base_url=bad.root_url, base_urls=[], connector_dir=tmp_path / "hs")
+        run_extract(cfg, echo=lambda s: None, limit=3)
+    failed = {sid: r.failed for sid, r in HiddenStore(str(tmp_path / "hidden")).done().items()}
+    assert len(failed) == 3 and all(BREAKS[fault] in f for f in failed.values()), failed
 
 
 def test_wrong_layer_count_is_a_config_error(setup: tuple[Path, Path, list[RunningModelServer]]) -> None:

@@ -511,7 +511,8 @@ def report(config: str, run_dir: str | None, output: str | None, force: bool) ->
 @click.option("--extract-dir", type=click.Path(file_okay=False),
               help="With --model: extract mode; hidden-state files as vLLM's connector (its shared_storage_path).")
 @click.option("--extract-layers", help="With --extract-dir: vLLM-convention layer ids, e.g. 2,4,5,8 (default [2, L//2, L-3, L]).")
-@click.option("--extract-fault", type=click.Choice(["prompt_ids"]), help="With --extract-dir: misbehave on purpose (tests).")
+@click.option("--extract-fault", help="With --extract-dir: misbehave on purpose (tests): prompt_ids, layers_off_by_one, "
+              "final_wrong_layer, final_post_norm, aux_zeros or shift.")
 @click.option("--drafter", type=click.Path(file_okay=False), help="With --model: an EAGLE-3 drafter checkpoint for speculative decoding.")
 @click.option("--num-speculative-tokens", type=int, default=3, show_default=True, help="With --drafter: tokens per draft.")
 @click.option("--device", default="cpu", show_default=True, help="With --model: torch device.")

@@ -148,9 +148,25 @@ def test_extract_files_match_an_independent_forward(srv: RunningModelServer, hf:
 
     from draftgen.phases.extract.capture.vllm import wait_for_lock
 
-    bodies = [{"model": NAME, "prompt": p, "max_tokens": 1, "return_token_ids": True} for p in PROMPTS[:3]]
-    for p, raw in zip(PROMPTS, post_all(srv.base_url + "/completions", bodies), strict=False):
+    bodies = [{"model": NAME, "prompt": p, "max_tokens": 1, "return_token_ids": True, "prompt_logprobs": n}
+              for n, p in enumerate(PROMPTS[:3])]
+    for n, (p, raw) in enumerate(zip(PROMPTS, post_all(srv.base_url + "/completions", bodies), strict=False)):
         o = json.loads(raw)
+        # vLLM's prompt_logprobs: None, then per position {id: {logprob, rank, decoded_token}}, the prompt id
+        # first and the n best besides; the values are the model's own next-token log-probs
+        plp = o["choices"][0]["prompt_logprobs"]
+        assert len(plp) == len(p) and plp[0] is None
+        with torch.inference_mode():
+            want = torch.log_softmax(hf(torch.tensor([p])).logits[0].float(), -1)
+        for t in range(1, len(p)):
+            entry = plp[t]
+            assert next(iter(entry)) == str(p[t]) and n <= len(entry) <= n + 1
+            got = entry[str(p[t])]
+            assert abs(got["logprob"] - float(want[t - 1, p[t]])) < 1e-4
+            assert got["rank"] == 1 + int((want[t - 1] > want[t - 1, p[t]]).sum())
+            assert isinstance(got["decoded_token"], str)
+            best = [int(i) for i in want[t - 1].topk(n).indices]
+            assert set(best) <= {int(k) for k in entry}
         path = o["kv_transfer_params"]["hidden_states_path"]
         assert Path(path).is_absolute() and Path(path + ".lock").exists()
         asyncio.run(wait_for_lock(path, 30))

@@ -50,13 +50,15 @@ class HiddenStatesConfig(Section):
     storage_options: dict[str, Any] = msgspec.field(default_factory=dict)
     """fsspec options for ``output`` (S3: ``endpoint_url``, ``client_kwargs``, ``config_kwargs``); credentials (``key``, ``secret``, ``token``, a ``user:password@`` in a URL) are refused here: they come from the AWS_* variables, AWS_PROFILE or a credentials file."""
     teacher_fraction: float = 0.05
-    """Share of samples (chosen by a hash of sample_id) whose stored states are checked against a plain forward pass of the target."""
+    """Share of samples (chosen by a hash of sample_id) whose stored states are checked against the target's own log-probs: a plain forward pass (hf backend) or the serving engine's ``prompt_logprobs`` (vllm backend, asked for in the extraction request)."""
     teacher_positions: int = 64
     """Teacher check: completion positions scored per checked sample (evenly spaced; 0: all). The LM head over the whole vocabulary is the check's costly part."""
     teacher_min_margin: float | None = 1.0
     """Teacher check: the mean log-prob of the completion ids under the target's head on the stored final state must beat chance (log 1/V) by this many nats (null: not checked)."""
     teacher_tolerance: float | None = None
-    """Largest relative difference allowed between stored and reference states (and 10× it, in nats, as the mean per-position log-prob difference); unset: the larger of the storage and compute dtypes' (fp32 1e-3, bf16/fp16 3e-2, fp8 8e-2)."""
+    """Largest relative difference allowed between stored and plain-forward states (hf backend); unset: the larger of the storage and compute dtypes' (fp32 1e-3, bf16/fp16 3e-2, fp8 8e-2). The log-prob check's tolerance is calibrated per sample from the dtypes (docs/extract.md, Checks)."""
+    teacher_through_layers: bool | None = None
+    """Teacher check: also run each stored aux slot on through the target's remaining layers and compare the log-probs it gives (``teacher_aux``: an off-by-one layer, aux not captured). The hf backend has the model loaded; the vllm backend loads the target from ``model`` on this host's CPU for it. Unset: on, except a vllm backend whose target's safetensors exceed 4 GiB."""
     min_rel_diff: float = 0.01
     """Aux slots must differ from each other and from the embeddings of the ids by at least this mean relative difference."""
     min_token_norm: float = 1e-4

@@ -50,6 +50,13 @@ class TeacherResult(msgspec.Struct, omit_defaults=True):
     reference_logprob_mean: float | None = None
     aux_max_rel_err: float | None = None  # stored aux vs the reference hidden_states[id], worst layer
     final_max_rel_err: float | None = None  # stored final vs the reference pre-norm state
+    # the log-prob check: mean |log p| difference (nats) from the reference's (the engine's prompt_logprobs
+    # or a plain forward's), its dtype-calibrated tolerance, the worst aux slot run on through the target's
+    # remaining layers, and where the reference came from ("engine" | "forward")
+    logprob_err: float | None = None
+    logprob_tol: float | None = None
+    aux_logprob_err: float | None = None
+    reference_source: str | None = None
 
 
 class HiddenIndexRecord(msgspec.Struct, omit_defaults=True, kw_only=True):

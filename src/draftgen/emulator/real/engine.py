@@ -14,6 +14,10 @@ the vLLM convention, the input of decoder layer k (k < L; id 0 = the embeddings)
 layer before the final norm (k = L). ``GenResult.hidden`` is then ``[T, n_ids, H]`` in the model dtype, ids
 ascending, for the prompt tokens only (``model_extract`` writes it in vLLM's connector format).
 
+A job asking for ``prompt_logprobs`` gets, per prompt position, the log-prob and vocabulary rank of the
+prompt token under the prefill's own logits (the final norm and LM head over the same forward that captured
+its hidden states), plus the top alternatives, as vLLM computes them.
+
 With a drafter (``SpecDecoder``, ``model_spec``), greedy jobs are decoded one at a time by greedy speculative
 verification instead, and their draft/accept counts come back in ``GenResult.spec``.
 
@@ -47,6 +51,9 @@ class GenJob:
     top_k: int | None = None
     seed: int | None = None
     capture: bool = False
+    #: vLLM's ``prompt_logprobs``: None (not asked), the number of top alternatives per prompt position
+    #: (0: the prompt token only), or -1 (the whole vocabulary)
+    prompt_logprobs: int | None = None
     #: called in the worker thread right after the prefill with the captured states (extract mode takes
     #: its lock and starts the write there, before the response can name the file)
     on_prefill: Callable[[GenJob, torch.Tensor | None], None] | None = None
@@ -64,6 +71,9 @@ class GenResult:
     hidden: torch.Tensor | None = None
     spec: SpecResult | None = None  # what speculative decoding did (vLLM's counters, SGLang's meta_info)
     elapsed_s: float = 0.0
+    #: per prompt position p (None at p = 0): (token id, logprob, rank) of the prompt token, then the top
+    #: alternatives; log p(prompt[p] | prompt[:p]) from the prefill's own logits (``GenJob.prompt_logprobs``)
+    prompt_logprobs: list[list[tuple[int, float, int]] | None] | None = None
 
 
 @dataclass
@@ -214,13 +224,14 @@ class ModelEngine:
 
     def _serve(self, jobs: list[GenJob]) -> None:
         if self.spec is not None:
-            spec_jobs = [j for j in jobs if j.greedy and not j.capture]
+            spec_jobs = [j for j in jobs if j.greedy and not j.capture and j.prompt_logprobs is None]
             for j in spec_jobs:
                 t0 = time.monotonic()
                 res = self.spec.generate(j.prompt_ids, max_new=j.max_new, eos_ids=self.lm.eos_ids)
                 res.elapsed_s = time.monotonic() - t0
                 j.future.set_result(res)
-            jobs = [j for j in jobs if not (j.greedy and not j.capture)]
+            served = {id(j) for j in spec_jobs}
+            jobs = [j for j in jobs if id(j) not in served]
         if jobs:
             self.batches += 1
             self._generate_batch(jobs)
@@ -265,6 +276,8 @@ class ModelEngine:
         for i, j in enumerate(jobs):
             if j.on_prefill is not None:
                 j.on_prefill(j, hidden[i])
+        prompt_lp = [None if j.prompt_logprobs is None else
+                     self._prompt_logprobs(out.last_hidden_state[i, width - lens[i]:], j) for i, j in enumerate(jobs)]
         gens = [_sampler(j, dev) for j in jobs]
         outs: list[list[int]] = [[] for _ in jobs]
         finish = ["length"] * n
@@ -300,7 +313,30 @@ class ModelEngine:
             last = out.last_hidden_state[:, -1, :]
         elapsed = time.monotonic() - t0
         for i, j in enumerate(jobs):
-            j.future.set_result(GenResult(ids=outs[i], finish_reason=finish[i], hidden=hidden[i], elapsed_s=elapsed))
+            j.future.set_result(GenResult(ids=outs[i], finish_reason=finish[i], hidden=hidden[i], elapsed_s=elapsed,
+                                          prompt_logprobs=prompt_lp[i]))
+
+    def _prompt_logprobs(self, post_norm: torch.Tensor, job: GenJob) -> list[list[tuple[int, float, int]] | None]:
+        """vLLM's prompt logprobs of one prompt from its prefill's post-norm states [T, H]: position p gets
+        (prompt[p], log p, rank) then the ``job.prompt_logprobs`` best ids (all with -1), position 0 None."""
+        import torch
+
+        ids = job.prompt_ids
+        top = int(job.prompt_logprobs or 0)
+        out: list[list[tuple[int, float, int]] | None] = [None]
+        for s in range(0, len(ids) - 1, 256):  # the LM head over the whole vocabulary, a chunk of rows at a time
+            logp = torch.log_softmax(self._head.logits(post_norm[s:min(s + 256, len(ids) - 1)]).float(), dim=-1)
+            for r in range(logp.shape[0]):
+                row, tok = logp[r], ids[s + r + 1]
+                lp = float(row[tok])
+                entry = [(tok, lp, 1 + int((row > lp).sum()))]
+                k = row.numel() if top < 0 else top
+                if k:
+                    vals, idx = torch.topk(row, min(k, row.numel()))
+                    entry += [(int(t), float(v), n + 1) for n, (v, t) in enumerate(zip(vals, idx, strict=True))
+                              if int(t) != tok]
+                out.append(entry)
+        return out
 
 
 class _Head:

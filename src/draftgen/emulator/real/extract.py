@@ -14,8 +14,13 @@ remove both files when done (``cleanup_hidden_states``). The response carries to
 right after the prefill (before the HTTP response), and the write runs on a small thread pool, as vLLM's
 connector does (``num_writer_threads``).
 
-``Fault`` alters what the server does, to test a client's checks: ``prompt_ids`` returns altered
-``prompt_token_ids`` (``DRAFTGEN_EMULATE_FAULT=prompt_ids`` or ``--extract-fault prompt_ids``).
+A fault (``--extract-fault NAME`` or ``DRAFTGEN_EMULATE_FAULT=NAME``) alters what the server does, to test a
+client's checks (``FAULTS``): ``prompt_ids`` returns altered ``prompt_token_ids``; the others break the capture
+the way a miswired server does, while the response (its ``prompt_logprobs`` included) stays the model's own:
+``layers_off_by_one`` captures every id one layer early (the input of layer k-1 stored as id k: a layer-id
+convention mistake), ``final_wrong_layer`` takes the last slot from the input of the last layer instead of
+its output, ``final_post_norm`` stores the last slot after the final norm, ``aux_zeros`` stores zeros in the aux
+slots (layers not captured), ``shift`` stores the states of position t+1 at t (``capture_ids``, ``corrupt``).
 """
 
 from __future__ import annotations
@@ -25,15 +30,40 @@ import os
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["FAULTS", "ConnectorWriter"]
+__all__ = ["FAULTS", "ConnectorWriter", "capture_ids", "corrupt"]
 
 #: the fault scenarios the extract mode knows
-FAULTS = ("prompt_ids",)
+FAULTS = ("prompt_ids", "layers_off_by_one", "final_wrong_layer", "final_post_norm", "aux_zeros", "shift")
+
+
+def capture_ids(fault: str | None, layer_ids: list[int]) -> list[int]:
+    """The layer ids the engine really captures for the ids ``layer_ids`` the files claim (ascending)."""
+    if fault == "layers_off_by_one":
+        return [k - 1 for k in layer_ids]
+    if fault == "final_wrong_layer":
+        return [*layer_ids[:-1], layer_ids[-1] - 1]
+    return list(layer_ids)
+
+
+def corrupt(fault: str | None, hidden: torch.Tensor, final_norm: Any) -> torch.Tensor:
+    """The captured states [T, n_ids, H] as a server with ``fault`` would write them (see the module docstring);
+    ``final_norm``: the model's final norm module."""
+    import torch
+
+    out = hidden.clone()
+    if fault == "final_post_norm":
+        with torch.inference_mode():
+            out[:, -1] = final_norm(hidden[:, -1].to(next(final_norm.parameters()).dtype)).to(out.dtype)
+    elif fault == "aux_zeros":
+        out[:, :-1] = 0
+    elif fault == "shift":
+        out[:-1] = hidden[1:]
+    return out
 
 
 class ConnectorWriter:

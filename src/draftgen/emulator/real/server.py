@@ -7,8 +7,9 @@ Routes (server root ``http://HOST:PORT``), shapes as current vLLM (and SGLang fo
                                 gives ``choices[0].token_ids`` and top-level ``prompt_token_ids``;
                                 streamed (SSE, ``stream_options.include_usage``) or whole
     POST /v1/completions        ``prompt`` = ids or text; ``choices[0].text`` / ``token_ids`` /
-                                ``prompt_token_ids``; in extract mode also top-level
-                                ``kv_transfer_params.hidden_states_path`` (``model_extract``)
+                                ``prompt_token_ids``; ``prompt_logprobs: k`` gives ``choices[0].prompt_logprobs``
+                                (None, then {id: {logprob, rank, decoded_token}} per prompt position); in
+                                extract mode also top-level ``kv_transfer_params.hidden_states_path``
     POST /generate              SGLang native; ``meta_info`` gains ``spec_*`` fields with a drafter
 
 Generation is batched across concurrent requests by ``model_engine.ModelEngine`` (greedy when
@@ -45,6 +46,7 @@ from draftgen.emulator.local_wire import (
     vllm_stream_end,
 )
 from draftgen.emulator.real.engine import GenJob, GenResult, LoadedModel, ModelEngine, load_model
+from draftgen.emulator.real.extract import corrupt
 from draftgen.emulator.real.http import Counters, job_of, token_id
 from draftgen.emulator.threaded import Serving, ThreadedServer
 
@@ -54,8 +56,11 @@ if TYPE_CHECKING:
     from draftgen.emulator.real.extract import ConnectorWriter
     from draftgen.emulator.real.spec import SpecDecoder
 
-__all__ = ["ModelServer", "ModelServerOptions", "RunningModelServer", "model_server_options", "serve_forever",
-           "start_in_thread"]
+__all__ = ["MAX_LOGPROBS", "ModelServer", "ModelServerOptions", "RunningModelServer", "model_server_options",
+           "serve_forever", "start_in_thread"]
+
+#: vLLM's default ``--max-logprobs``: the most alternatives a request may ask for
+MAX_LOGPROBS = 20
 
 @dataclass
 class ModelServerOptions:
@@ -101,7 +106,7 @@ class ModelServer:
     """The loaded model, its engine, the extract writer and the counters; ``app()`` builds the routes."""
 
     def __init__(self, opts: ModelServerOptions) -> None:
-        from draftgen.emulator.real.extract import FAULTS, ConnectorWriter
+        from draftgen.emulator.real.extract import FAULTS, ConnectorWriter, capture_ids
         from draftgen.errors import ConfigError
 
         self.opts = opts
@@ -126,8 +131,8 @@ class ModelServer:
 
             self.spec = SpecDecoder.load(opts.drafter, self.lm, k=opts.num_speculative_tokens)
         self.counters = Counters(per_pos=[0] * opts.num_speculative_tokens)
-        self.engine = ModelEngine(self.lm, layer_ids=layer_ids, max_batch=opts.max_batch, gather_s=opts.gather_s,
-                                  spec=self.spec)
+        self.engine = ModelEngine(self.lm, layer_ids=capture_ids(self.fault, layer_ids), max_batch=opts.max_batch,
+                                  gather_s=opts.gather_s, spec=self.spec)
         self.layer_ids = layer_ids
         tok = self.lm.tokenizer
         self.think_start = token_id(tok, "<think>")
@@ -368,6 +373,10 @@ class ModelServer:
         job = job_of(body, prompt_ids, mt)
         if isinstance(job, str):
             return vllm_error(400, job)
+        plp = body.get("prompt_logprobs")
+        if plp is not None and (isinstance(plp, bool) or not isinstance(plp, int) or not -1 <= plp <= MAX_LOGPROBS):
+            return vllm_error(400, f"prompt_logprobs must be an integer in [-1, {MAX_LOGPROBS}]", "prompt_logprobs")
+        job.prompt_logprobs = plp
         rid = f"cmpl-{uuid.uuid4().hex}"
         path: str | None = None
         writer = self.writer
@@ -378,7 +387,8 @@ class ModelServer:
 
             def on_prefill(j: GenJob, hidden: torch.Tensor | None) -> None:
                 assert hidden is not None
-                writer.submit(target, hidden, j.prompt_ids, writer.lock(target))
+                states = corrupt(self.fault, hidden, self.lm.model.model.norm) if self.fault else hidden
+                writer.submit(target, states, j.prompt_ids, writer.lock(target))
 
             job.on_prefill = on_prefill
         res = await self._run(job)
@@ -387,13 +397,22 @@ class ModelServer:
         if self.fault == "prompt_ids" and shown:
             shown[-1] = (shown[-1] + 1) % vocab
         choice = {"index": 0, "text": self._decode(res.ids), "logprobs": None, "finish_reason": res.finish_reason,
-                  "stop_reason": None, "token_ids": res.ids if with_ids else None, "prompt_logprobs": None,
-                  "prompt_token_ids": shown if with_ids else None}
+                  "stop_reason": None, "token_ids": res.ids if with_ids else None,
+                  "prompt_logprobs": self._prompt_logprobs(res), "prompt_token_ids": shown if with_ids else None}
         usage = {"prompt_tokens": len(prompt_ids), "total_tokens": len(prompt_ids) + len(res.ids),
                  "completion_tokens": len(res.ids), "prompt_tokens_details": None}
         return json_response({"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.name,
                       "choices": [choice], "service_tier": None, "system_fingerprint": None, "usage": usage,
                       "kv_transfer_params": {"hidden_states_path": path} if path else None})
+
+    def _prompt_logprobs(self, res: GenResult) -> list[dict[str, dict[str, Any]] | None] | None:
+        """vLLM's ``choices[0].prompt_logprobs``: per prompt position None (the first) or {token id: {logprob,
+        rank, decoded_token}}, the prompt token first."""
+        if res.prompt_logprobs is None:
+            return None
+        return [None if pos is None else
+                {str(t): {"logprob": lp, "rank": rank, "decoded_token": self._decode([t])} for t, lp, rank in pos}
+                for pos in res.prompt_logprobs]
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         t0 = time.monotonic()

@@ -14,24 +14,38 @@ Cheap checks, every sample (names as they appear in ``HiddenIndexRecord.failed``
 Teacher check, on samples whose sha256(sample_id) falls under ``teacher_fraction``: the target's final norm
 and lm_head applied to the stored final state give log p(input_ids[t+1]) at each completion position t
 (loss_mask[t+1] == 1); their mean must beat chance log(1/V) by ``teacher_min_margin`` nats
-(``teacher_chance``). With a backend that has a reference forward, also:
+(``teacher_chance``). The backend's reference (``capture.Reference``) is the target's own log-probs at the
+same positions: its serving engine's ``prompt_logprobs`` (vllm) or a plain forward pass (hf). Then:
 
-- ``teacher_reference``: those log-probs equal the plain forward's, position by position, within a mean
-  absolute difference of 10 × tolerance nats;
-- ``reference_aux``: each stored aux slot equals the plain forward's ``output_hidden_states[id]``
-  (catches an off-by-one layer or shifted positions);
-- ``reference_final``: RMSNorm(stored final) equals the plain forward's post-norm ``hidden_states[L]``
-  (catches a post-norm or shifted final state).
+- ``teacher_reference`` (the log-prob check): the mean |difference| from the reference's log-probs must stay
+  within the tolerance of the stored dtype, calibrated on the sample itself (``logprob_tolerance``): a final
+  state after the norm, from another layer or shifted by a position is off by far more;
+- ``teacher_aux``: each stored aux slot, run on through the target's remaining layers (where the backend can:
+  ``Reference.through``), must give the reference's log-probs within its own calibrated tolerance (catches
+  an off-by-one layer, aux states not captured or shifted);
 
-Tolerance (relative, mean per token): ``teacher_tolerance`` or the larger of the storage and compute dtypes'
-(fp32 1e-3, bf16/fp16 3e-2, fp8 8e-2). Pure computation: no I/O.
+and with a plain forward (``Reference.hidden``), also:
+
+- ``reference_aux``: each stored aux slot equals the plain forward's ``output_hidden_states[id]``;
+- ``reference_final``: RMSNorm(stored final) equals the plain forward's post-norm ``hidden_states[L]``.
+
+Tolerance of the state comparisons (relative, mean per token): ``teacher_tolerance`` or the larger of the
+storage and compute dtypes' (fp32 1e-3, bf16/fp16 3e-2, fp8 8e-2). Tolerance of the log-prob comparisons:
+``LOGPROB_MARGIN`` × the mean log-prob change that a seeded uniform relative perturbation of the compared
+state causes, at the scale of the storage dtype's unit roundoff plus the compute dtype's accumulated over the
+target's layers (fp32 2^-24, fp16 2^-11, bf16 2^-8, fp8 2^-4; × sqrt(L) for compute), and at least
+``LOGPROB_FLOOR`` nats (``logprob_tolerance``). Storage rounding alone moves the log-probs by 0.7-0.9 of its
+own perturbation measure; a final state after the norm or one layer off moves them 8-100× further on the
+test targets (bf16), about 2× at fp8. Pure computation: no I/O.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from draftgen.hidden.format import require
@@ -42,14 +56,19 @@ if TYPE_CHECKING:
 
     from draftgen.config.hidden import HiddenStatesConfig
     from draftgen.hidden.format import LoadedSample
-    from draftgen.phases.extract.capture import ExtractBackend, ExtractRow
+    from draftgen.phases.extract.capture import ExtractBackend, ExtractRow, Reference, TargetInfo
 
-__all__ = ["CHECKS", "CheckResult", "check_sample", "default_tolerance", "relative_diff", "teacher_selected"]
+__all__ = ["CHECKS", "LOGPROB_FLOOR", "LOGPROB_MARGIN", "CheckResult", "check_sample", "default_tolerance",
+           "logprob_tolerance", "relative_diff", "teacher_selected"]
 
 CHECKS = ("shape", "ids", "finite", "norm", "aux_distinct", "aux_embedding", "teacher_chance", "teacher_reference",
-          "reference_aux", "reference_final")
+          "teacher_aux", "reference_aux", "reference_final")
 
 _TOLERANCE = {"fp32": 1e-3, "bf16": 3e-2, "fp16": 3e-2, "fp8": 8e-2}
+#: unit roundoff of each dtype (relative spacing of its values): the log-prob check's noise scale
+_ROUNDOFF = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8, "fp8": 2.0**-4}
+LOGPROB_MARGIN = 2.0
+LOGPROB_FLOOR = 1e-4
 
 
 @dataclass
@@ -126,14 +145,27 @@ def check_sample(s: LoadedSample, row: ExtractRow, backend: ExtractBackend, hs: 
     return res
 
 
+def logprob_tolerance(logprobs_of: Callable[[torch.Tensor], torch.Tensor], state: torch.Tensor,
+                      base: torch.Tensor, dtype: str, compute: str = "fp32", depth: int = 1) -> float:
+    """The log-prob check's tolerance for ``state`` (see the module docstring): the mean |log-prob change|
+    ``e`` a seeded uniform relative perturbation of 2^-8 per element causes, scaled (it is linear in the
+    perturbation) to the rounding of the storage dtype plus that of the compute dtype accumulated over
+    ``depth`` layers (× sqrt(depth)), times ``LOGPROB_MARGIN``; at least ``LOGPROB_FLOOR``."""
+    torch = require("torch")
+    u0 = 2.0**-8
+    u = _ROUNDOFF.get(dtype, u0) + _ROUNDOFF.get(compute, u0) * math.sqrt(max(depth, 1))
+    gen = torch.Generator().manual_seed(0)
+    noise = (torch.rand(state.shape, generator=gen) * 2 - 1) * u0
+    moved = float((logprobs_of(state.float() * (1 + noise)) - base).abs().mean())
+    return max(LOGPROB_MARGIN * moved * u / u0, LOGPROB_FLOOR)
+
+
 def _teacher(s: LoadedSample, row: ExtractRow, backend: ExtractBackend, hs: HiddenStatesConfig,
              fail: list[str]) -> TeacherResult:
     torch = require("torch")
-    from draftgen.drafter.hf import rms_norm
 
     info = backend.info
     chance = -math.log(info.vocab_size)
-    tol = default_tolerance(s.dtype, hs.compute_dtype, hs.teacher_tolerance)
     mask = torch.from_numpy(row.loss_mask[1:].astype("bool"))  # position t predicts t+1
     pos = torch.nonzero(mask)[:, 0]
     if 0 < hs.teacher_positions < pos.numel():  # evenly spaced, first and last included: deterministic
@@ -149,16 +181,50 @@ def _teacher(s: LoadedSample, row: ExtractRow, backend: ExtractBackend, hs: Hidd
     ref = backend.reference(row, pos)
     if ref is None:
         return out
-    ref_lp = ref.logprobs
+    ref_lp = ref.logprobs.float()
     out.reference_logprob_mean = float(ref_lp.mean())
-    if float((ref_lp - lp).abs().mean()) > 10 * tol:
+    out.reference_source = ref.source
+    out.logprob_err = float((ref_lp - lp).abs().mean())
+    out.logprob_tol = logprob_tolerance(lambda x: backend.head_logprobs(x, targets[pos]), s.final[pos], lp, s.dtype,
+                                        hs.compute_dtype, info.num_layers)
+    if out.logprob_err > out.logprob_tol:
         fail.append("teacher_reference")
     slots = _slots(s, len(info.layers.aux))
+    if ref.through is not None and slots:
+        out.aux_logprob_err = _aux_through(slots, info, ref, s.dtype, hs.compute_dtype, fail)
+    if ref.hidden:
+        _reference_states(s, slots, info, ref, default_tolerance(s.dtype, hs.compute_dtype, hs.teacher_tolerance),
+                          out, fail)
+    return out
+
+
+def _aux_through(slots: list[torch.Tensor], info: TargetInfo, ref: Reference, dtype: str, compute: str,
+                 fail: list[str]) -> float:
+    """``teacher_aux``: each aux slot run on through the target's remaining layers (see the module docstring);
+    returns the worst slot's mean |difference| (nats)."""
+    through = ref.through
+    assert through is not None
+    worst, bad = 0.0, False
+    for x, k in zip(slots, info.layers.aux, strict=True):
+        got = through(k, x)
+        err = float((got - ref.logprobs.float()).abs().mean())
+        worst = max(worst, err)
+        bad = bad or err > logprob_tolerance(partial(through, k), x, got, dtype, compute, info.num_layers)
+    if bad:
+        fail.append("teacher_aux")
+    return worst
+
+
+def _reference_states(s: LoadedSample, slots: list[torch.Tensor], info: TargetInfo, ref: Reference, tol: float,
+                      out: TeacherResult, fail: list[str]) -> None:
+    """``reference_aux`` and ``reference_final``: the stored states against a plain forward's."""
+    from draftgen.drafter.hf import rms_norm
+
     errs = [relative_diff(x, ref.hidden[k]) for x, k in zip(slots, info.layers.aux, strict=True)]
     out.aux_max_rel_err = max(errs) if errs else 0.0
     if out.aux_max_rel_err > tol:
         fail.append("reference_aux")
-    out.final_max_rel_err = relative_diff(rms_norm(s.final, info.norm_weight, info.norm_eps), ref.post_norm)
-    if out.final_max_rel_err > tol:
-        fail.append("reference_final")
-    return out
+    if ref.post_norm is not None:
+        out.final_max_rel_err = relative_diff(rms_norm(s.final, info.norm_weight, info.norm_eps), ref.post_norm)
+        if out.final_max_rel_err > tol:
+            fail.append("reference_final")

@@ -12,9 +12,11 @@ An ``ExtractBackend`` loads the target, resolves the layer ids (``extract.layers
 - ``embed(ids) -> Tensor [T, H]`` float32: the input embeddings (the aux-vs-embedding check);
 - ``head_logprobs(final_pre, targets) -> Tensor [N]`` float32: log p(target) from the target's own final
   norm + lm_head applied to pre-norm states (the teacher check);
-- ``reference(row) -> Reference | None``: a plain forward pass, independent of ``capture`` (capability
-  ``reference``): the hidden states at every stored aux id, the post-norm final state and the log-probs of
-  the next ids at every position;
+- ``reference(row, positions) -> Reference | None``: the target's own log-probs of the next ids at the
+  checked positions, independent of ``capture``: a plain forward pass (hf, capability ``reference``: also the
+  hidden states at every stored aux id and the post-norm final state) or the serving engine's
+  ``prompt_logprobs`` (vllm); and, where the backend can run the target's layers, ``through`` (a stored
+  state run on through the remaining layers);
 - ``close()``.
 
 With the ``overlap`` capability the checks' calls (``embed``, ``head_logprobs``, ``reference``) may come from
@@ -28,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from draftgen.errors import ConfigError
@@ -90,13 +92,19 @@ def config_digest(folder: str | os.PathLike[str]) -> str | None:
 
 @dataclass
 class Reference:
-    """A plain forward pass over one row: ``hidden[k]`` = HF ``output_hidden_states[k]`` for each aux id
-    (float32 [T, H]); ``post_norm`` = ``output_hidden_states[L]`` (after the final norm); ``logprobs[i]`` =
-    log p(input_ids[t+1]) at the i-th checked position t (float32 [len(positions)])."""
+    """What the teacher check compares one row's stored states with. ``logprobs[i]`` = log p(input_ids[t+1])
+    at the i-th checked position t as the target itself gives it (float32 [len(positions)]): its serving
+    engine's ``prompt_logprobs`` (``source`` "engine": the vllm backend) or a plain forward pass (``source``
+    "forward": hf). A plain forward also gives ``hidden[k]`` = HF ``output_hidden_states[k]`` for each aux id
+    (float32 [T, H]) and ``post_norm`` = ``output_hidden_states[L]`` (after the final norm). ``through(layer,
+    state)``: the same log-probs when the target runs on from ``state`` [T, H] fed in as the input of decoder
+    layer ``layer`` (``drafter.hf.logprobs_through``); None when the backend cannot run the target's layers."""
 
-    hidden: dict[int, torch.Tensor]
-    post_norm: torch.Tensor
     logprobs: torch.Tensor
+    source: str = "forward"
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    post_norm: torch.Tensor | None = None
+    through: Callable[[int, torch.Tensor], torch.Tensor] | None = None
 
 
 class ExtractBackend(Protocol):
@@ -109,8 +117,8 @@ class ExtractBackend(Protocol):
     def head_logprobs(self, final_pre: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
 
     def reference(self, row: ExtractRow, positions: torch.Tensor) -> Reference | None:
-        """A plain forward pass: hidden states by layer id, the post-norm final state, and the log-probs of
-        ``input_ids[t + 1]`` at each position t of ``positions`` (None: the backend cannot run one)."""
+        """The target's own log-probs of ``input_ids[t + 1]`` at each position t of ``positions`` (a plain
+        forward pass, or the serving engine's ``prompt_logprobs``), see ``Reference``; None: neither."""
         ...
 
     def close(self) -> None: ...
@@ -118,10 +126,11 @@ class ExtractBackend(Protocol):
 
 @dataclass(frozen=True)
 class ExtractCapabilities:
-    """``reference``: can run the plain-forward reference check; ``device_map``: spreads a model over devices;
-    ``needs_gpu``: refuses to run without one; ``overlap``: ``embed``, ``head_logprobs`` and ``reference`` may
-    run in another thread while ``capture`` runs (the worker then checks and writes batch k while batch k+1
-    is captured)."""
+    """``reference``: runs a plain forward pass for the teacher check (hidden states and post-norm state
+    besides the log-probs; the vllm backend compares with its engine's log-probs instead); ``device_map``:
+    spreads a model over devices; ``needs_gpu``: refuses to run without one; ``overlap``: ``embed``,
+    ``head_logprobs`` and ``reference`` may run in another thread while ``capture`` runs (the worker then
+    checks and writes batch k while batch k+1 is captured)."""
 
     reference: bool = True
     device_map: bool = False

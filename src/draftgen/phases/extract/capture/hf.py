@@ -11,8 +11,9 @@ would keep every layer):
 Only the base model runs (``model.model``), so no logits are computed while capturing. Rows are batched by
 the caller's order (``run`` sorts by length); each batch is right-padded with an attention mask and every
 sample is sliced back to its own length. ``reference`` is a separate plain forward per row (batch of one,
-no padding, ``output_hidden_states=True``); the hooks take only the capturing thread's forward, so a
-reference forward the checks run in another thread meanwhile (capability ``overlap``) is never taken.
+no padding, ``output_hidden_states=True``), and runs stored states on through the model's remaining layers
+for the teacher check (``drafter.hf.logprobs_through``); the hooks take only the capturing thread's forward,
+so a reference forward the checks run in another thread meanwhile (capability ``overlap``) is never taken.
 Nothing here writes a file.
 """
 
@@ -20,9 +21,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from draftgen.drafter.hf import decoder_layers, rms_norm
+from draftgen.drafter.hf import decoder_layers, logprobs_through, rms_norm
 from draftgen.errors import ConfigError
 from draftgen.hidden.format import Captured, require
 from draftgen.phases.extract.capture import (
@@ -108,6 +110,7 @@ class HFExtractBackend:
             norm_weight=norm.weight.detach().float().cpu(), layers=layers,
             config_sha256=config_digest(_config_folder(model_ref, hs.revision)),
         )
+        self.through_layers = hs.teacher_through_layers is not False
         self._grabbed: dict[int, Any] = {}
         self._hooks = [self.layers_mod[k].register_forward_pre_hook(self._pre_hook(k), with_kwargs=True)
                        for k in layers.aux]
@@ -190,8 +193,10 @@ class HFExtractBackend:
         post = hs[L][0].float().cpu()
         # log-probs only at the checked positions: the lm_head is the costly part
         logprobs = self._logprobs(post[positions], torch.from_numpy(row.input_ids[1:])[positions])
-        return Reference(hidden={k: hs[k][0].float().cpu() for k in self.info.layers.aux}, post_norm=post,
-                         logprobs=logprobs)
+        through = partial(logprobs_through, self.model, torch.from_numpy(row.input_ids), positions=positions)
+        return Reference(logprobs=logprobs, source="forward", post_norm=post,
+                         through=through if self.through_layers else None,
+                         hidden={k: hs[k][0].float().cpu() for k in self.info.layers.aux})
 
     def close(self) -> None:
         for h in self._hooks:

@@ -6,7 +6,10 @@ protocol on CPU. Per merged row this client:
 
 1. posts ``{base}/v1/completions`` ``{"model": <id from GET /v1/models>, "prompt": [ids], "max_tokens": 1,
    "return_token_ids": true}`` to the least-loaded server (ties round-robin), at most
-   ``hidden_states.concurrency`` requests in flight in all;
+   ``hidden_states.concurrency`` requests in flight in all; for a teacher-checked row (``checks.teacher_selected``)
+   also ``"prompt_logprobs": 0``, and the engine's log-prob of each next prompt id (``choices[0].prompt_logprobs``,
+   vLLM's list of None then {id: {logprob, rank, decoded_token}}) is kept for the check's ``reference``
+   (a ``PermanentAPIError`` ``no_prompt_logprobs`` when the server leaves it out);
 2. REJECTS a response whose ``prompt_token_ids`` (``choices[0]``, or top level) differ from the ids sent:
    a ``PermanentAPIError`` (kind ``ids_mismatch``) naming the sample id and the first differing position,
    never retried, and the run stops before anything of that batch is published;
@@ -30,9 +33,11 @@ classification and transport translation, body caps, a total deadline per reques
 one policy (``engine.retry``, ``retry.*``): connection errors, timeouts, 5xx/408/429 and a connector file
 that never appears are retried; other 4xx are permanent.
 
-For the checks the client needs the target's embedding, final norm and LM head only: they are read from
-``hidden_states.model`` (a local folder; single tensors through the safetensors index), never the whole
-model. ``reference`` (a plain forward pass) is not available here.
+For the checks the client needs the target's embedding, final norm and LM head: they are read from
+``hidden_states.model`` (a local folder; single tensors through the safetensors index). ``reference`` is the
+engine's own ``prompt_logprobs`` of the row (the log-prob check); its ``through`` (aux slots run on through the
+target's remaining layers) loads the whole target from that folder on this host's CPU, once, when
+``hidden_states.teacher_through_layers`` allows it (default: weights up to 4 GiB).
 
 Entry points: ``capture(rows)`` (sync, what ``extract.run`` calls; one asyncio loop in a thread),
 ``capture_stream(rows)`` (async iterator, completion order) and ``capture_all(rows)`` (sync iterator).
@@ -43,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterable, AsyncIterator, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -99,6 +104,13 @@ class VllmClientOptions:
     remove_server_files: bool = True
     #: the local hidden-state destination, kept apart from ``connector_dir``
     destination: str | None = None
+    #: rows whose sha256(sample_id) falls under it ask for the engine's prompt_logprobs (the teacher check)
+    teacher_fraction: float = 0.0
+    #: load the target here to run aux slots on through its layers (None: when its weights are <= 4 GiB)
+    through_layers: bool | None = None
+
+#: ``through_layers`` None loads the target on the client only up to this many bytes of safetensors
+THROUGH_LAYERS_MAX_BYTES = 4 << 30
 
 
 def _v1(url: str) -> str:
@@ -169,7 +181,8 @@ class VllmExtractBackend:
             connect_timeout_s=ep.connect_timeout_s, request_timeout_s=ep.request_timeout_s or ep.idle_timeout_s,
             file_timeout_s=ep.idle_timeout_s, max_attempts=cfg.retry.max_attempts,
             base_delay_s=cfg.retry.base_delay_s, multiplier=cfg.retry.multiplier, max_delay_s=cfg.retry.max_delay_s,
-            destination=_destination(cfg))
+            destination=_destination(cfg), teacher_fraction=hs.teacher_fraction,
+            through_layers=hs.teacher_through_layers)
         self._setup(cfg.path(hs.model), opts, hs.layer_ids, name=hs.model, revision=hs.revision)
 
     @classmethod
@@ -210,6 +223,8 @@ class VllmExtractBackend:
         self._sem: asyncio.Semaphore | None = None
         self._inflight = [0] * len(self.opts.base_urls)
         self._models: list[str | None] = [None] * len(self.opts.base_urls)
+        self._engine_lp: dict[str, torch.Tensor] = {}  # sample_id -> the engine's log p(ids[t+1]) [T-1]
+        self._target: Any = None  # the whole target, loaded on first use by ``through``
         self._rr = 0
         self.requests = 0
         self.retries = 0
@@ -267,10 +282,15 @@ class VllmExtractBackend:
     async def _post(self, row: ExtractRow, i: int, sent: list[int]) -> dict[str, Any]:
         """The completion for ``sent`` from server ``i``, its prompt ids checked (see the module docstring)."""
         from draftgen.backends.http import Bounds, post_json, within_deadline
+        from draftgen.phases.extract.checks import teacher_selected
 
         base = self.opts.base_urls[i]
-        body = orjson.dumps({"model": await self._model_id(i), "prompt": sent, "max_tokens": 1,
-                             "return_token_ids": True})
+        request: dict[str, Any] = {"model": await self._model_id(i), "prompt": sent, "max_tokens": 1,
+                                   "return_token_ids": True}
+        teacher = teacher_selected(row.sample_id, self.opts.teacher_fraction)
+        if teacher:
+            request["prompt_logprobs"] = 0
+        body = orjson.dumps(request)
         where = f"POST {base}/completions"
         # the body lists the prompt ids: its cap grows with them as a generated body's does with max_tokens
         raw = await within_deadline(post_json(self._sessions[i], base + "/completions", body,
@@ -293,6 +313,8 @@ class VllmExtractBackend:
                 f"sample {row.sample_id}: the server's prompt_token_ids differ from the ids sent (first at position "
                 f"{at} of {len(sent)}; {len(got)} ids came back) ({where}); its hidden states would belong to other "
                 "tokens, so nothing is stored for it", kind="ids_mismatch")
+        if teacher:
+            self._engine_lp[row.sample_id] = _engine_logprobs(row.sample_id, choice.get("prompt_logprobs"), sent, where)
         result: dict[str, Any] = out
         return result
 
@@ -445,7 +467,36 @@ class VllmExtractBackend:
         return res
 
     def reference(self, row: ExtractRow, positions: torch.Tensor) -> Reference | None:
-        return None
+        """The engine's own log-probs of the row (kept by its capture), and ``through`` where allowed."""
+        import torch
+
+        lp = self._engine_lp.pop(row.sample_id, None)
+        if lp is None:
+            return None
+        through: Callable[[int, torch.Tensor], torch.Tensor] | None = None
+        if self._through_allowed():
+            from functools import partial
+
+            from draftgen.drafter.hf import logprobs_through
+
+            through = partial(logprobs_through, self._load_target(), torch.from_numpy(row.input_ids),
+                              positions=positions)
+
+        return Reference(logprobs=lp[positions], source="engine", through=through)
+
+    def _through_allowed(self) -> bool:
+        allowed = self.opts.through_layers
+        if allowed is None:
+            size = sum(p.stat().st_size for p in self.weights.folder.glob("*.safetensors"))
+            allowed = 0 < size <= THROUGH_LAYERS_MAX_BYTES
+        return allowed
+
+    def _load_target(self) -> Any:
+        if self._target is None:
+            transformers = require("transformers")
+            self._target = transformers.AutoModelForCausalLM.from_pretrained(
+                str(self.weights.folder), dtype="auto", local_files_only=True).eval()
+        return self._target
 
     def close(self) -> None:
         loop = self._loop
@@ -460,6 +511,25 @@ class VllmExtractBackend:
             self._thread.join(timeout=10)
         loop.close()
         self._loop = None
+
+
+def _engine_logprobs(sample_id: str, plp: Any, sent: list[int], where: str) -> torch.Tensor:
+    """log p(sent[t+1]) for t = 0..T-2 (float32 [T-1]) from vLLM's ``prompt_logprobs`` (None, then one
+    {token id: {logprob, ...}} per position, JSON keys as strings); a PermanentAPIError when it is missing."""
+    import torch
+
+    if not isinstance(plp, list) or len(plp) != len(sent):
+        raise PermanentAPIError(
+            f"sample {sample_id}: the server returned no prompt_logprobs for the {len(sent)} prompt ids ({where}); "
+            "the log-prob check needs them (vLLM returns them when asked: prompt_logprobs 0)", kind="no_prompt_logprobs")
+    out = []
+    for t in range(1, len(sent)):
+        entry = plp[t].get(str(sent[t])) if isinstance(plp[t], dict) else None
+        if not isinstance(entry, dict) or not isinstance(entry.get("logprob"), int | float):
+            raise PermanentAPIError(f"sample {sample_id}: prompt_logprobs[{t}] has no log-prob for prompt id {sent[t]} "
+                                    f"({where})", kind="no_prompt_logprobs")
+        out.append(float(entry["logprob"]))
+    return torch.tensor(out, dtype=torch.float32)
 
 
 async def _next(agen: AsyncIterator[Captured]) -> Captured:
