@@ -259,8 +259,10 @@ def test_cli_merge_prints_the_stats_table(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["merge", str(tmp_path / "cfg.yaml")])
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
-    assert lines[0].split()[:4] == ["dataset", "samples", "prompt", "tok"]
-    assert any(line.split()[:2] == ["all", "7"] for line in lines)
+    # a rich table, as plan's and audit's: header, a rule of box characters, the rows, the total
+    assert lines[0].split()[:6] == ["dataset", "┃", "samples", "┃", "prompt", "tok"]
+    assert set(lines[1]) <= set("━╇ ") and "-" * 10 not in res.output
+    assert any(line.split()[:3] == ["all", "│", "7"] for line in lines)
     assert "merged: 7 train + 0 validation rows" in res.output
 
 

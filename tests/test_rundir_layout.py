@@ -136,7 +136,7 @@ def f(root, name, split):
 def test_the_guarded_names_come_from_rundir() -> None:
     rd = rundir.RunDir(Path("/r"))
     spelled = [rd.marker, rd.lock, rd.pipeline, rd.report_html, rd.attempts, rd.health, rd.prepared("d"),
-               rd.prepared_stats("d"), rd.raw("d"), rd.failures("d"), rd.audit_json, rd.dataset_card,
+               rd.prepared_stats("d"), rd.raw("d"), rd.failures("d"), rd.replaced("d"), rd.audit_json, rd.dataset_card,
                rd.merged_manifest, rd.merged_stats, rd.ground_truth, rd.pilot, rd.hidden, rd.train, rd.exports,
                rd.train_inputs, rd.train_vocab, rd.train_checkpoints, rd.train_drafter, rd.train_eagle,
                rd.train_log, rd.train_speculators_log, rd.train_report, rd.accept_json, rd.hidden_exports,

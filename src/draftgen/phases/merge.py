@@ -336,16 +336,19 @@ def _stats(cfg: RunConfig, scanner: _Scanner, train: list[MergedRow], val: list[
 
 
 def _table_lines(stats: MergeStats) -> list[str]:
-    rows = [*stats.datasets, stats.total]
-    w = max(len(r.dataset) for r in rows)
-    head = (f"{'dataset':<{w}}  {'samples':>8}  {'prompt tok':>13}  {'completion tok':>14}  {'reasoning':>9}"
-            f"  {'truncated':>9}  {'capped':>6}  dropped")
-    out = [head, "-" * len(head)]
-    for r in rows:
-        drops = ", ".join(f"{k} {v}" for k, v in sorted(r.dropped.items())) or "-"
-        trunc = f"{r.truncated / r.samples:.1%}" if r.samples else "-"
-        out.append(f"{r.dataset:<{w}}  {r.samples:>8,}  {r.prompt_tokens:>13,}  {r.completion_tokens:>14,}  "
-                   f"{r.reasoning_share:>9.1%}  {trunc:>9}  {r.capped:>6,}  {drops}")
+    """The merge's table, drawn as plan's and status's are (rich), then what was excluded as wrong data."""
+    from rich.table import Table
+
+    from draftgen.phases.status import render_text
+
+    table = Table(show_edge=False, header_style="bold", pad_edge=False)
+    for col in ("dataset", "samples", "prompt tok", "completion tok", "reasoning", "truncated", "capped", "dropped"):
+        table.add_column(col, justify="left" if col in ("dataset", "dropped") else "right")
+    for r in stats.datasets:
+        table.add_row(*_row_cells(r))
+    table.add_section()
+    table.add_row(*_row_cells(stats.total), style="bold")
+    out = render_text(table).splitlines()
     excluded = {k: v for k, v in stats.total.dropped.items()
                 if k.startswith("structural:") or k in ("reasoning_dropped", "semantic_mismatch", "billing_off",
                                                         "unusable", "audit_failed")}
@@ -353,6 +356,13 @@ def _table_lines(stats: MergeStats) -> list[str]:
         out.append("not merged (wrong data, excluded by default): "
                    + ", ".join(f"{k} {v}" for k, v in sorted(excluded.items(), key=lambda kv: -kv[1])))
     return out
+
+
+def _row_cells(r: MergedDatasetStats) -> tuple[str, ...]:
+    drops = ", ".join(f"{k} {v}" for k, v in sorted(r.dropped.items())) or "-"
+    trunc = f"{r.truncated / r.samples:.1%}" if r.samples else "-"
+    return (r.dataset, f"{r.samples:,}", f"{r.prompt_tokens:,}", f"{r.completion_tokens:,}", f"{r.reasoning_share:.1%}",
+            trunc, f"{r.capped:,}", drops)
 
 
 def _hidden(cfg: RunConfig, stats: MergeStats, train: list[MergedRow], val: list[MergedRow], echo: Echo) -> None:
