@@ -82,14 +82,18 @@ def build_tiny_model(folder: Path, layers: int = 8, hidden: int = 64, vocab: int
 
 
 def make_merged_run(tmp: Path, *, n_chat: int = 6, n_code: int = 4, max_tokens: int = 40,
-                    **hidden: Any) -> Path:
-    """prepare → generate → audit → merge over the emulator in ``tmp/run``; returns ``tmp/cfg.yaml``."""
+                    held_out: int = 0, **hidden: Any) -> Path:
+    """prepare → generate → audit → merge over the emulator in ``tmp/run``; returns ``tmp/cfg.yaml``.
+    ``held_out``: that many chat prompts are generated but left out of the merge (the datasets' ``cap``), for
+    ``accept``'s held-out prompts."""
     from draftgen.config import load_config
     from draftgen.phases.pipeline import run_pipeline
 
+    chat: dict[str, Any] = {"name": "chat", "path": "bundled:chat", "max_samples": n_chat + held_out}
+    if held_out:
+        chat["cap"] = n_chat
     data = config_dict(
-        tmp, [{"name": "chat", "path": "bundled:chat", "max_samples": n_chat},
-              {"name": "code", "path": "bundled:code", "max_samples": n_code}],
+        tmp, [chat, {"name": "code", "path": "bundled:code", "max_samples": n_code}],
         endpoint={"kind": "emulator", "emulator": {"scenario": "fast", "seed": 0}},
         partitions={"short": {"concurrency": 8, "max_tokens": max_tokens},
                     "long": {"concurrency": 2, "max_tokens": max_tokens}},

@@ -1,12 +1,13 @@
 """Helpers for the hidden-state export and train tests: a real hidden set from a tiny target, and a way to
 run a script in speculators' own environment.
 
-``make_hidden_set(model_dir, dest, n=10, seed=0, dtype="bf16", digests=False)``: ``n`` samples of random token ids
-(lengths 40..71, the first quarter loss-masked off), run through the tiny target of ``_extract_helpers``
-(aux = HF ``output_hidden_states[k]`` for the default ids ``[2, L//2, L-3]``, final = the forward hook on
-the last decoder layer = pre-norm), written with hidden.format's ``HiddenStore``/``encode_sample`` plus
-index part and manifest (with ``digests=True`` they record each file's sha256, as extract's do; else none,
-as an older draftgen's). Returns (dest, rows) with rows = [(sample_id, ids, mask, aux fp32, final fp32)].
+``make_hidden_set(model_dir, dest, n=10, seed=0, dtype="bf16", digests=False, aux_ids=None)``: ``n`` samples
+of random token ids (lengths 40..71, the first quarter loss-masked off), run through the tiny target of
+``_extract_helpers`` (aux = HF ``output_hidden_states[k]`` for ``aux_ids``, default ``[2, L//2, L-3]``, final =
+the forward hook on the last decoder layer = pre-norm), written with hidden.format's ``HiddenStore``/
+``encode_sample`` plus index part and manifest (with ``digests=True`` they record each file's sha256, as
+extract's do; else none, as an older draftgen's). Returns (dest, rows) with rows = [(sample_id, ids, mask, aux
+fp32, final fp32)].
 
 ``speculators_python()``: speculators' Python (``DRAFTGEN_SPECULATORS`` or ``.venv-speculators``), or skip.
 ``run_in_speculators(code, *args)``: runs ``code`` there, returns its stdout (asserts exit 0).
@@ -27,7 +28,8 @@ SPECULATORS_MISSING = "speculators environment not found"
 
 
 def make_hidden_set(model_dir: Path, dest: Path, *, n: int = 10, seed: int = 0, dtype: str = "bf16",
-                    vocab_hi: int = 400, digests: bool = False) -> tuple[Path, list[tuple[str, list[int], list[int], Any, Any]]]:
+                    vocab_hi: int = 400, digests: bool = False, aux_ids: list[int] | None = None,
+                    ) -> tuple[Path, list[tuple[str, list[int], list[int], Any, Any]]]:
     import numpy as np
     import torch
     from transformers import AutoModelForCausalLM
@@ -48,7 +50,7 @@ def make_hidden_set(model_dir: Path, dest: Path, *, n: int = 10, seed: int = 0, 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     cfg = model.config
     L = cfg.num_hidden_layers
-    aux_ids = default_aux_ids(L)
+    aux_ids = sorted(aux_ids) if aux_ids else default_aux_ids(L)
     gen = torch.Generator().manual_seed(seed)
     store = HiddenStore(str(dest))
     rows: list[tuple[str, list[int], list[int], Any, Any]] = []

@@ -312,22 +312,31 @@ def extract(config: str, run_dir: str | None, output: str | None, model: str | N
 @click.option("--epochs", type=int, help="Training epochs (overrides train.epochs); a rerun with more resumes.")
 @click.option("--max-steps", type=int, help="Stop after this many steps in all (overrides train.max_steps).")
 @click.option("--draft-vocab-size", type=int, help="Draft vocabulary size (overrides train.draft_vocab_size).")
+@click.option("--algorithm", help="The drafter to train (overrides train.algorithm): eagle3, eagle3.1, peagle, "
+              "dflash, dflash2, dspark, xpress.")
+@click.option("--online", is_flag=True, help="Hidden states generated on demand by the vLLM extract servers "
+              "(hidden_states.base_urls), checked on the way, never stored (train.online).")
+@click.option("--nproc-per-node", type=int, help="Trainer processes on this node, through torchrun "
+              "(overrides train.nproc_per_node).")
 @click.option("--restart", is_flag=True, help="Drop earlier checkpoints and train from scratch.")
 @click.option("--allow-partial", is_flag=True,
               help="Train on an incomplete hidden set (extract --limit/--pilot) instead of refusing it.")
 @force_option
 @friendly
 def train(config: str, run_dir: str | None, hidden: str | None, verifier: str | None, speculators_bin: str | None,
-          epochs: int | None, max_steps: int | None, draft_vocab_size: int | None, restart: bool,
-          allow_partial: bool, force: bool) -> None:
-    """Train an EAGLE-3 drafter with speculators on hidden/ (resumes; writes a vLLM and an SGLang checkpoint)."""
+          epochs: int | None, max_steps: int | None, draft_vocab_size: int | None, algorithm: str | None,
+          online: bool, nproc_per_node: int | None, restart: bool, allow_partial: bool, force: bool) -> None:
+    """Train a drafter with speculators on hidden/, or online from the vLLM extract servers (resumes; writes a
+    vLLM checkpoint, and an SGLang one for the EAGLE-3 family)."""
+    from draftgen.phases.online import run_train_online
     from draftgen.phases.train.run import run_train
 
     cfg = _load(config, {"run_dir": run_dir, "train.hidden": hidden, "train.verifier": verifier,
                          "train.speculators": speculators_bin, "train.epochs": epochs, "train.max_steps": max_steps,
-                         "train.draft_vocab_size": draft_vocab_size,
+                         "train.draft_vocab_size": draft_vocab_size, "train.algorithm": algorithm,
+                         "train.online": True if online else None, "train.nproc_per_node": nproc_per_node,
                          "train.allow_partial": True if allow_partial else None})
-    run_train(cfg, echo=click.echo, restart=restart, force=force)
+    (run_train_online if cfg.train.online else run_train)(cfg, echo=click.echo, restart=restart, force=force)
 
 
 @cli.command(name="export-hidden")
@@ -512,7 +521,7 @@ def report(config: str, run_dir: str | None, output: str | None, force: bool) ->
               help="With --model: extract mode; hidden-state files as vLLM's connector (its shared_storage_path).")
 @click.option("--extract-layers", help="With --extract-dir: vLLM-convention layer ids, e.g. 2,4,5,8 (default [2, L//2, L-3, L]).")
 @click.option("--extract-fault", help="With --extract-dir: misbehave on purpose (tests): prompt_ids, layers_off_by_one, "
-              "final_wrong_layer, final_post_norm, aux_zeros or shift.")
+              "final_wrong_layer, final_post_norm, aux_zeros, shift or nan_every_N.")
 @click.option("--drafter", type=click.Path(file_okay=False), help="With --model: an EAGLE-3 drafter checkpoint for speculative decoding.")
 @click.option("--num-speculative-tokens", type=int, default=3, show_default=True, help="With --drafter: tokens per draft.")
 @click.option("--device", default="cpu", show_default=True, help="With --model: torch device.")

@@ -22,7 +22,8 @@ Layout (paths relative to the run directory)::
     openrouter-batches/journal.jsonl   BatchEvent: every OpenRouter batch of ``endpoint.mode: batch`` (records.batches)
     report.html, logs/<command>.log, emulator/ground_truth.jsonl, plan/pilot/ (a run directory of its own)
     hidden/                            (coming) the extract phase's hidden states: per-sample files, index, manifest
-    train/                             (coming) the train phase's drafter checkpoints, vocab mapping, training log
+    train/                             the train phase: inputs/ (or online/), vocab/, checkpoints/, drafter/, eagle3/,
+                                       log.jsonl, speculators.log, train.json
 
 Every name above is spelled once, in the constants below; ``LAYOUT_NAMES`` holds them all and
 tests/test_rundir_layout.py fails on any of them written as a string anywhere else in the package.
@@ -99,6 +100,8 @@ _TRAIN = "train"
 _TRAIN_INPUTS, _TRAIN_VOCAB, _TRAIN_CKPTS = "inputs", "vocab", "checkpoints"
 _TRAIN_DRAFTER, _TRAIN_EAGLE = "drafter", "eagle3"
 _TRAIN_LOG, _TRAIN_SPEC_LOG, _TRAIN_REPORT = "log.jsonl", "speculators.log", "train.json"
+# online training (train --online): speculators' inputs made from the merged rows, and what they were made from
+_TRAIN_ONLINE, _TRAIN_ONLINE_JSON = "online", "online.json"
 _ACCEPT, _ACCEPT_JSON = "accept", "acceptance.json"
 _HIDDEN_EXPORTS = "hidden-exports"
 _BATCHES, _BATCH_JOURNAL = "openrouter-batches", "journal.jsonl"
@@ -107,13 +110,13 @@ _BATCHES, _BATCH_JOURNAL = "openrouter-batches", "journal.jsonl"
 LAYOUT_FILES: frozenset[str] = frozenset({
     MARKER, LOCK_NAME, _PIPELINE, _REPORT, _ATTEMPTS, _HEALTH, _PROMPTS, _STATS, _RESPONSES, _FAILURES, _REPLACED,
     _AUDIT_JSON, _CARD, _MANIFEST, _HIDDEN_MARKER, _GROUND_TRUTH, _TRAIN_LOG, _TRAIN_SPEC_LOG, _TRAIN_REPORT, _ACCEPT_JSON,
-    _BATCH_JOURNAL,
+    _BATCH_JOURNAL, _TRAIN_ONLINE_JSON,
 })
 #: every folder name of the layout (some are also ordinary words: ``train`` is a split, ``audit`` a command)
 LAYOUT_DIRS: frozenset[str] = frozenset({
     _LOGS, _PREPARED, _RAW, _AUDIT, _MERGED, _EXPORTS, _EMULATOR, _PLAN, _PILOT, _HIDDEN, _TRAIN,
     _HIDDEN_STATES, _HIDDEN_INDEX, _TRAIN_INPUTS, _TRAIN_VOCAB, _TRAIN_CKPTS, _TRAIN_DRAFTER, _TRAIN_EAGLE,
-    _ACCEPT, _HIDDEN_EXPORTS, _BATCHES,
+    _ACCEPT, _HIDDEN_EXPORTS, _BATCHES, _TRAIN_ONLINE,
 })
 LAYOUT_NAMES: frozenset[str] = LAYOUT_FILES | LAYOUT_DIRS
 # Files a failed first claim may leave behind; a folder holding only these still counts as empty.
@@ -264,6 +267,16 @@ class RunDir:
     def train_inputs(self) -> Path:
         """``train/inputs/``: what speculators reads (its Arrow dataset, hidden_states/, token_freq.pt)."""
         return self.train / _TRAIN_INPUTS
+
+    @property
+    def train_online(self) -> Path:
+        """``train/online/``: speculators' inputs for online training (its Arrow dataset of the merged rows,
+        token_freq.pt, sample_ids.jsonl) and ``online.json`` (the rows and servers they were made for)."""
+        return self.train / _TRAIN_ONLINE
+
+    @property
+    def train_online_report(self) -> Path:
+        return self.train_online / _TRAIN_ONLINE_JSON
 
     @property
     def train_vocab(self) -> Path:

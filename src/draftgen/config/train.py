@@ -4,9 +4,16 @@ speculators on the extracted hidden states (``draftgen.phases.train``). Imported
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import msgspec
 
-__all__ = ["DRAFT_ATTN_IMPLS", "HIDDEN_STATES_DTYPES", "LOSS_IMPLEMENTATIONS", "OPTIMIZERS", "TrainConfig"]
+__all__ = ["ALGORITHM_NAMES", "DRAFT_ATTN_IMPLS", "HIDDEN_STATES_DTYPES", "LOSS_IMPLEMENTATIONS", "OPTIMIZERS",
+           "TrainConfig"]
+
+#: ``train.algorithm``'s choices: the keys of ``draftgen.hidden.algorithms.ALGORITHMS`` (a test keeps them equal)
+AlgorithmName = Literal["eagle3", "eagle3.1", "peagle", "dflash", "dflash2", "dspark", "xpress"]
+ALGORITHM_NAMES: tuple[str, ...] = get_args(AlgorithmName)
 
 # speculators 0.9's own choices (speculators.train.config.schema): its --optimizer Literal, the dtypes its
 # hidden_states_dtype validator accepts (float16 is refused there: no gradient scaling), and its Literals.
@@ -30,6 +37,24 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     target name when it is a local folder."""
     hidden: str | None = None
     """The hidden-state set to train on (a path or fsspec URL); default: the run directory's ``hidden/``."""
+    algorithm: AlgorithmName = "eagle3"
+    """The drafter speculators trains (docs/algorithms.md): ``eagle3``, ``eagle3.1`` (per-layer fc norm), ``peagle`` (P-EAGLE), or the DFlash family ``dflash``, ``dflash2``, ``dspark``, ``xpress``. Each takes its own layers from the hidden set (EAGLE-3's three, DFlash's five)."""
+    layer_ids: list[int] | None = None
+    """Aux layer ids (vLLM convention) to train on, from those the hidden set stores; default: the algorithm's own (``[2, L//2, L-3]`` for the EAGLE-3 family, DFlash's five evenly spaced ones for the DFlash family)."""
+    online: bool = False
+    """Train on hidden states generated on demand by the vLLM extract servers (``hidden_states.base_urls``, ``connector_dir``) instead of a stored set: nothing is stored beyond the files in flight; every sample is checked on its way to the trainer (``draftgen train --online``)."""
+    online_check_rows: int = 8
+    """Online: merged rows run through the full capture check (per-sample checks and the log-prob check against the engine's ``prompt_logprobs``) on every server before training starts."""
+    nproc_per_node: int = 1
+    """Trainer processes per node; above 1 (or with ``nnodes`` above 1) speculators runs under ``torchrun`` (one process per GPU; gloo on a CPU)."""
+    nnodes: int = 1
+    """Nodes of a multi-node run: start ``draftgen train`` on each with the same config and its own ``node_rank``; every node must see the hidden set (or reach the servers) and the run directory's ``train/`` folder."""
+    node_rank: int = 0
+    """This node's rank (0 .. nnodes-1); node 0 publishes the drafter."""
+    master_addr: str = "127.0.0.1"
+    """torchrun's rendezvous host (node 0's address when ``nnodes`` is above 1)."""
+    master_port: int = 29500
+    """torchrun's rendezvous port."""
     draft_vocab_size: int = 32000
     """Draft vocabulary size: the most frequent target tokens under the loss mask (speculators' rule)."""
     ttt_steps: int = 3
@@ -93,6 +118,11 @@ def _problem(tc: TrainConfig) -> str | None:
         (not 0.0 < tc.train_data_ratio < 1.0, f"train.train_data_ratio {tc.train_data_ratio} must be in (0, 1)"),
         (tc.draft_vocab_size < 1, f"train.draft_vocab_size {tc.draft_vocab_size} must be >= 1"),
         (tc.num_workers < 0, f"train.num_workers {tc.num_workers} must be >= 0"),
+        (tc.online_check_rows < 1, f"train.online_check_rows {tc.online_check_rows} must be >= 1"),
+        (tc.nproc_per_node < 1, f"train.nproc_per_node {tc.nproc_per_node} must be >= 1"),
+        (tc.nnodes < 1, f"train.nnodes {tc.nnodes} must be >= 1"),
+        (not 0 <= tc.node_rank < tc.nnodes, f"train.node_rank {tc.node_rank} must be in 0..nnodes-1 ({tc.nnodes - 1})"),
+        (not 0 < tc.master_port < 65536, f"train.master_port {tc.master_port} must be a TCP port"),
     ]
     bad = next((msg for failed, msg in checks if failed), None)
     return bad or (_choice("optimizer", tc.optimizer, OPTIMIZERS)

@@ -1,4 +1,5 @@
-"""An EAGLE-3 drafter in plain torch, computing exactly speculators 0.9.0's Eagle3 draft forward.
+"""An EAGLE-3 drafter in plain torch, computing exactly speculators 0.9.0's Eagle3 draft forward (and its
+P-EAGLE variant, ``PEagleDrafter``).
 
 Reads a checkpoint folder in either format:
 
@@ -22,6 +23,12 @@ The forward (speculators ``models/eagle3/core.py`` and ``model_definitions.py``)
   the step-0 keys of positions <= t plus its own earlier steps' keys at t (speculators' extended mask).
 - a draft id i is target id ``i + d2t[i]``; the embedding is the target vocabulary's.
 
+P-EAGLE (``speculators_model_type: "peagle"``, speculators ``models/peagle/core.py``) drafts all k tokens in
+ONE forward pass: the context rows as step 0 (causal), then k-1 rows at the last position's "rollout", each
+the ``mask_token_id`` embedding with the learned ``mask_hidden`` in place of the aux states (through the same
+input norm and fc), at position ids anchor+1 .. anchor+k-1; a rollout row attends every context row and the
+rollout rows up to its own depth (``create_peagle_mask_mod``). Row anchor+d's argmax is draft d+1.
+
 Everything runs in float32 unless a dtype is given. Imports torch at module level: import this module only
 where torch is installed (``draftgen[extract]``).
 """
@@ -41,7 +48,7 @@ from torch import Tensor, nn
 from draftgen.errors import ConfigError, InputError
 from draftgen.store import read_json_object
 
-__all__ = ["DrafterConfig", "Eagle3Drafter", "KVCache", "load_drafter", "read_drafter_config"]
+__all__ = ["DrafterConfig", "Eagle3Drafter", "KVCache", "PEagleDrafter", "load_drafter", "read_drafter_config"]
 
 _ACTS: dict[str, Callable[[Tensor], Tensor]] = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 
@@ -72,6 +79,8 @@ class DrafterConfig:
     num_aux: int = 3
     aux_layer_ids: list[int] | None = None  # as the checkpoint states them (speculators: vLLM convention)
     format: str = "speculators"  # "speculators" | "eagle"
+    parallel: bool = False  # P-EAGLE: all draft tokens in one pass (mask_token_id + mask_hidden rows)
+    mask_token_id: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -114,18 +123,21 @@ def read_drafter_config(folder: Path) -> DrafterConfig:
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: unreadable ({exc})") from None
     try:
-        if d.get("speculators_model_type") is not None:
-            if d["speculators_model_type"] != "eagle3":
-                raise ConfigError(f"{path}: speculators_model_type {d['speculators_model_type']!r}; "
-                                  "only eagle3 drafters are supported")
+        kind = d.get("speculators_model_type")
+        if kind is not None:
+            if kind not in ("eagle3", "peagle"):
+                raise ConfigError(f"{path}: speculators_model_type {kind!r}; only eagle3 (EAGLE-3, EAGLE-3.1) and "
+                                  "peagle (P-EAGLE) drafters are served here")
             tl = d["transformer_layer_config"]
             ids = d.get("eagle_aux_hidden_state_layer_ids")
+            mask = d.get("mask_token_id")
             return _layer_config(
                 tl, draft_vocab_size=int(d.get("draft_vocab_size", tl["vocab_size"])),
                 norm_before_residual=bool(d.get("norm_before_residual", False)),
                 norm_before_fc=bool(d.get("norm_before_fc", False)), fc_norm=bool(d.get("fc_norm", False)),
                 norm_output=bool(d.get("norm_output", False)), num_aux=len(ids) if ids else 3,
-                aux_layer_ids=list(ids) if ids else None, format="speculators")
+                aux_layer_ids=list(ids) if ids else None, format="speculators", parallel=kind == "peagle",
+                mask_token_id=int(mask) if mask is not None else None)
         eagle = d.get("eagle_config") or {}
         ids = eagle.get("eagle_aux_hidden_state_layer_ids") or d.get("eagle_aux_hidden_state_layer_ids")
         return _layer_config(
@@ -371,6 +383,38 @@ class Eagle3Drafter(nn.Module):
         return out
 
 
+class PEagleDrafter(Eagle3Drafter):
+    """P-EAGLE: k draft tokens from one forward pass (see the module docstring)."""
+
+    def __init__(self, c: DrafterConfig, fc_in: int) -> None:
+        super().__init__(c, fc_in)
+        if c.mask_token_id is None:
+            raise ConfigError("P-EAGLE drafter config has no mask_token_id")
+        self.mask_hidden = nn.Parameter(torch.zeros(1, 1, fc_in))
+
+    @torch.no_grad()
+    def parallel(self, aux: Tensor, next_ids: Tensor, k: int) -> tuple[list[int], Tensor]:
+        """k target ids after the prefix (aux [T, n_aux*H], next_ids [T] = tokens 1..T) and their logits."""
+        n, extra = aux.shape[0], k - 1
+        rows = torch.cat([aux.to(self.mask_hidden.dtype), self.mask_hidden[0].expand(extra, -1)])
+        mask_id = int(self.c.mask_token_id or 0)
+        ids = torch.cat([next_ids, torch.full((extra,), mask_id, dtype=next_ids.dtype)])
+        positions = torch.cat([torch.arange(n), n - 1 + torch.arange(1, extra + 1)])
+        total = n + extra
+        att = torch.zeros(total, total, dtype=torch.bool)
+        att[:n, :n] = torch.ones(n, n, dtype=torch.bool).tril()
+        att[n:, :n] = True  # the rollout sees every context row (anchor = the last)
+        att[n:, n:] = torch.ones(extra, extra, dtype=torch.bool).tril()  # and its own rows up to its depth
+        _, logits = self._run(self.fuse(rows), ids, positions, att[None], None)
+        out = logits[n - 1:]
+        return [int(t) for t in self.to_target(out.argmax(-1))], out
+
+    def propose(self, context: Sequence[int], aux: Tensor, k: int) -> list[int]:
+        if aux.shape[0] != len(context) - 1:
+            raise ValueError(f"aux has {aux.shape[0]} rows for {len(context)} context ids; expected one fewer")
+        return self.parallel(aux, torch.tensor(list(context[1:])), k)[0]
+
+
 def _read_tensors(folder: Path) -> dict[str, Tensor]:
     from safetensors.torch import load_file
 
@@ -409,7 +453,8 @@ def load_drafter(path: str | Path, *, embed_weight: Tensor | None = None,
     sd.pop("t2d", None)
     if "d2t" not in sd:
         sd["d2t"] = torch.zeros(c.draft_vocab_size, dtype=torch.long)
-    model = Eagle3Drafter(c, fc_in=int(sd["fc.weight"].shape[1]))
+    fc_in = int(sd["fc.weight"].shape[1])
+    model = PEagleDrafter(c, fc_in) if c.parallel else Eagle3Drafter(c, fc_in)
     missing, unexpected = model.load_state_dict(sd, strict=False)
     if missing or unexpected:
         raise InputError(f"{folder}: weights do not match the config (missing {sorted(missing)[:6]}, "

@@ -236,7 +236,10 @@ def _audit_json(cfg: RunConfig, rd: RunDir) -> list[Path]:
 
 def _train_inputs(cfg: RunConfig, rd: RunDir) -> list[Path]:
     """The manifest of the hidden set train reads (``train.hidden``, else ``hidden_states.output``, else
-    ``hidden/``), when it is a local one (an object store's is not looked at: output and config decide)."""
+    ``hidden/``), when it is a local one (an object store's is not looked at: output and config decide);
+    online (``train.online``), the merged manifest (the rows it trains on)."""
+    if cfg.train.online:
+        return [rd.merged_manifest]
     where = cfg.train.hidden or cfg.hidden_states.output
     if where is not None and "://" in where:
         return []
@@ -270,10 +273,10 @@ PHASES = PhaseTable([
           doc="capture the target's hidden states into hidden/"),
     # skipped while the hidden set, the train section and train/train.json (written last) stand; a rerun
     # after more extraction resumes from the last checkpoint. Off unless train.enabled.
-    Phase("train", "draftgen.phases.train.run:phase_run", inputs=_train_inputs, config=("train",),
+    Phase("train", "draftgen.phases.online:phase_run", inputs=_train_inputs, config=("train",),
           output=lambda rd: rd.train_report, skippable=True, enabled=lambda cfg: cfg.train.enabled,
-          up_to_date="train: up to date (the hidden set and the train section are those of train/train.json)",
-          doc="train an EAGLE-3 drafter with speculators into train/"),
+          up_to_date="train: up to date (its inputs and the train section are those of train/train.json)",
+          doc="train a drafter (train.algorithm) with speculators into train/, from hidden/ or online"),
     # skipped while the drafter's files, the merged set and the accept/endpoint sections stand (a newly
     # trained drafter is measured again). Off unless accept.enabled.
     Phase("accept", "draftgen.phases.accept:phase_run", inputs=_accept_inputs, config=("accept", "endpoint"),

@@ -126,6 +126,8 @@ class PlanReport(msgspec.Struct, kw_only=True):
     extraction_s: float | None = None
     extraction_tokens_per_s: float | None = None
     extraction_rate_source: str | None = None  # the config key, or the manifest whose measured rate was used
+    # which drafters the configured capture feeds, and the disk of each layer choice (hidden.algorithms)
+    algorithms: list[str] = msgspec.field(default_factory=list)
     notes: list[str] = msgspec.field(default_factory=list)
     modes: list[ModeLine] = msgspec.field(default_factory=list)
     """Sync, flex and batch side by side (``plan_modes``)."""
@@ -356,6 +358,27 @@ def _hidden(cfg: RunConfig, lines: list[DatasetPlanLine], rep: PlanReport) -> No
     else:
         rep.notes.append("set hidden_states.extraction_tokens_per_s for the extraction time, or measure it: "
                          "draftgen extract --pilot N (after merge)")
+    rep.algorithms = _algorithms(cfg, rep.hidden.tokens)
+
+
+def _algorithms(cfg: RunConfig, tokens: int) -> list[str]:
+    """Which drafters the configured capture feeds and the disk each layer choice costs (``hidden.algorithms``);
+    needs the target's layer count, read from ``hidden_states.model``'s config.json when it is a local folder."""
+    from draftgen.errors import ConfigError
+    from draftgen.hidden.algorithms import default_aux, feeds_lines
+    from draftgen.store import read_json_object
+
+    hs = cfg.hidden_states
+    folder = cfg.path(hs.model) if hs.model else None
+    if folder is None or not (folder / "config.json").is_file() or hs.hidden_size is None:
+        return []
+    raw = read_json_object(folder / "config.json")
+    layers = int((raw.get("text_config") or raw).get("num_hidden_layers") or 0)
+    try:
+        stored = sorted(hs.layer_ids) if hs.layer_ids else default_aux("eagle3", layers)
+        return feeds_lines(stored, layers, hs.hidden_size, hs.dtype, tokens)
+    except ConfigError:
+        return []
 
 
 def _measured_extraction(cfg: RunConfig) -> tuple[float | None, str | None]:
@@ -422,6 +445,8 @@ def _print(rep: PlanReport, cfg: RunConfig, echo: Echo) -> None:
         if rep.extraction_s is not None:
             echo(f"  extraction: {fmt_duration(rep.extraction_s)} at {rep.extraction_tokens_per_s or 0:,.0f} tokens/s, "
                  f"{rep.extraction_rate_source} ({format_bytes(rep.hidden.bytes)} written)")
+        for text in rep.algorithms:
+            echo(f"  {text}")
     if rep.account_ok is False:
         echo(f"account: the key can spend {fmt_usd(rep.account_remaining_usd)} more, less than the expected "
              f"{fmt_usd(rep.expected_cost_usd)}; add credits or raise the key's limit")

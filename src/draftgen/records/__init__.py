@@ -14,7 +14,7 @@ Files and the record each line holds:
     exports/<format>/*.jsonl              SpeculatorsRow, SpecForge*   (records.exports)
     <hidden>/index, manifest.json         HiddenIndexRecord, HiddenManifest (records.hidden)
     <hidden>/.draftgen-hidden.json        HiddenOwnerMarker (also <export>/.draftgen-export.json)
-    train/, accept/                       TrainLogRecord, TrainReport, AcceptReport (records.drafter)
+    train/, accept/                       TrainLogRecord, TrainReport (+ TrainOnlineReport), AcceptReport (records.drafter)
 
 Every record carries ``SCHEMA_VERSION`` (``records.base``). Encoding and decoding happen only in
 ``store``. Records are msgspec Structs: unknown keys in input are ignored (forward compatibility), missing
@@ -38,6 +38,7 @@ from draftgen.records.drafter import (
     AcceptReport,
     ThroughputFigures,
     TrainLogRecord,
+    TrainOnlineReport,
     TrainReport,
 )
 from draftgen.records.exports import (
@@ -184,6 +185,7 @@ __all__ = [
     "ToolCall",
     "ToolFunction",
     "TrainLogRecord",
+    "TrainOnlineReport",
     "TrainReport",
     "Usage",
     "check_ids",

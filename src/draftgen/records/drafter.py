@@ -24,6 +24,30 @@ class TrainLogRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
     tokens_per_s: float | None = None
     step_ms: float | None = None
     time: float = 0.0
+    # every numeric metric speculators logged for the step or validation (``_epoch`` dropped): the DFlash
+    # family's ``eal`` (expected accepted length per block), DSpark's ``accept_len``, per-position accuracies
+    metrics: dict[str, float] = msgspec.field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+
+class TrainOnlineReport(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """``train.json``'s ``online`` part: online training (``draftgen train --online``) got its hidden states
+    from these servers through draftgen's checking proxy; what it checked and what it kept out."""
+
+    servers: list[str]  # base URLs of the vLLM extract servers
+    server_models: list[str]  # the model id each serves (GET /v1/models)
+    rows: int  # merged rows speculators' dataset holds
+    rows_sha256: str  # sha256 over the rows' ids+mask digests, in dataset order
+    preflight_rows: int  # rows run through the full capture check before training
+    preflight_checks: list[str]  # the checks that ran on them (per-sample, log-prob)
+    requests: int = 0  # samples the trainer asked for (each epoch asks again)
+    passed: int = 0
+    excluded: int = 0  # samples a check failed: answered as unavailable, never trained on
+    excluded_by_check: dict[str, int] = msgspec.field(default_factory=dict)
+    excluded_ids: list[str] = msgspec.field(default_factory=list)  # sample ids (first 100)
+    teacher_checked: int = 0  # consumed samples that also passed the log-prob check
+    peak_files: int = 0  # connector files waiting for the trainer at once (the bounded cache)
+    peak_bytes: int = 0
     schema_version: int = SCHEMA_VERSION
 
 
@@ -50,6 +74,14 @@ class TrainReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     offline_al: float | None = None  # 1 + sum_k prod_{j<=k} cond_acc_j (last validation, else last step)
     partial: bool = False  # trained on an incomplete hidden set (--allow-partial)
     missing_samples: int | None = None  # with partial: samples the set lacked (-1: unknown)
+    algorithm: str = "eagle3"  # train.algorithm
+    speculator_type: str = "eagle3"  # speculators' --speculator-type
+    speculative_tokens: int | None = None  # what the drafter proposes per step (its speculators config)
+    offline_eal: float | None = None  # speculators' validation estimate for block drafters (DFlash family: eal)
+    serve: str | None = None  # the vllm serve line that measures it on a GPU
+    verifier_norm_sha256: str | None = None  # the final norm the trainer turned the final state post-norm with
+    processes: int = 1  # trainer processes of the run (nproc_per_node × nnodes)
+    online: TrainOnlineReport | None = None
     schema_version: int = SCHEMA_VERSION
 
 

@@ -20,7 +20,8 @@ the way a miswired server does, while the response (its ``prompt_logprobs`` incl
 ``layers_off_by_one`` captures every id one layer early (the input of layer k-1 stored as id k: a layer-id
 convention mistake), ``final_wrong_layer`` takes the last slot from the input of the last layer instead of
 its output, ``final_post_norm`` stores the last slot after the final norm, ``aux_zeros`` stores zeros in the aux
-slots (layers not captured), ``shift`` stores the states of position t+1 at t (``capture_ids``, ``corrupt``).
+slots (layers not captured), ``shift`` stores the states of position t+1 at t, ``nan_every_N`` stores NaN
+states for every N-th captured request only (one bad sample now and then) (``capture_ids``, ``corrupt``).
 """
 
 from __future__ import annotations
@@ -35,10 +36,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["FAULTS", "ConnectorWriter", "capture_ids", "corrupt"]
+__all__ = ["FAULTS", "ConnectorWriter", "capture_ids", "corrupt", "known_fault"]
 
 #: the fault scenarios the extract mode knows
-FAULTS = ("prompt_ids", "layers_off_by_one", "final_wrong_layer", "final_post_norm", "aux_zeros", "shift")
+FAULTS = ("prompt_ids", "layers_off_by_one", "final_wrong_layer", "final_post_norm", "aux_zeros", "shift",
+          "nan_every_N")
+
+
+def known_fault(fault: str) -> bool:
+    """``fault`` is one of ``FAULTS`` (``nan_every_N`` with N a whole number above 0)."""
+    if fault.startswith("nan_every_"):
+        n = fault.removeprefix("nan_every_")
+        return n.isdigit() and int(n) > 0
+    return fault in FAULTS
 
 
 def capture_ids(fault: str | None, layer_ids: list[int]) -> list[int]:
@@ -50,12 +60,16 @@ def capture_ids(fault: str | None, layer_ids: list[int]) -> list[int]:
     return list(layer_ids)
 
 
-def corrupt(fault: str | None, hidden: torch.Tensor, final_norm: Any) -> torch.Tensor:
+def corrupt(fault: str | None, hidden: torch.Tensor, final_norm: Any, count: int = 1) -> torch.Tensor:
     """The captured states [T, n_ids, H] as a server with ``fault`` would write them (see the module docstring);
-    ``final_norm``: the model's final norm module."""
+    ``final_norm``: the model's final norm module; ``count``: this request's number among the captured ones."""
     import torch
 
     out = hidden.clone()
+    if fault is not None and fault.startswith("nan_every_"):
+        if count % int(fault.removeprefix("nan_every_")) == 0:
+            out[:] = float("nan")
+        return out
     if fault == "final_post_norm":
         with torch.inference_mode():
             out[:, -1] = final_norm(hidden[:, -1].to(next(final_norm.parameters()).dtype)).to(out.dtype)

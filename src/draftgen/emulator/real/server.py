@@ -106,7 +106,7 @@ class ModelServer:
     """The loaded model, its engine, the extract writer and the counters; ``app()`` builds the routes."""
 
     def __init__(self, opts: ModelServerOptions) -> None:
-        from draftgen.emulator.real.extract import FAULTS, ConnectorWriter, capture_ids
+        from draftgen.emulator.real.extract import FAULTS, ConnectorWriter, capture_ids, known_fault
         from draftgen.errors import ConfigError
 
         self.opts = opts
@@ -114,7 +114,8 @@ class ModelServer:
                                           name=opts.served_model_name)
         L = self.lm.num_layers
         self.fault = opts.extract_fault or os.environ.get("DRAFTGEN_EMULATE_FAULT") or None
-        if self.fault is not None and self.fault not in FAULTS:
+        self.captures = 0
+        if self.fault is not None and not known_fault(self.fault):
             raise ConfigError(f"emulate --extract-fault {self.fault!r}: known faults are {', '.join(FAULTS)}")
         self.writer: ConnectorWriter | None = None
         layer_ids: list[int] = []
@@ -387,7 +388,8 @@ class ModelServer:
 
             def on_prefill(j: GenJob, hidden: torch.Tensor | None) -> None:
                 assert hidden is not None
-                states = corrupt(self.fault, hidden, self.lm.model.model.norm) if self.fault else hidden
+                self.captures += 1
+                states = corrupt(self.fault, hidden, self.lm.model.model.norm, self.captures) if self.fault else hidden
                 writer.submit(target, states, j.prompt_ids, writer.lock(target))
 
             job.on_prefill = on_prefill

@@ -327,6 +327,10 @@ def _echo_summary(echo: Echo, rep: ExtractReport, man: HiddenManifest, pilot: in
          f"{rep.extracted:,} this run at {rate}; {rep.flagged:,} flagged"
          + (f" ({', '.join(f'{k} ×{v}' for k, v in rep.failed_by_check.items())})" if rep.flagged else "")
          + f"; teacher-checked {rep.teacher_checked:,}")
+    from draftgen.hidden.algorithms import feeds_lines
+
+    for line in feeds_lines(man.layer_ids.aux, man.num_layers, man.hidden_size, man.dtype, man.counts.tokens):
+        echo(f"extract: {line}")
     if pilot is not None and rep.throughput_tokens_per_s:
         left = sum(len(r.input_ids) for r in rows) - man.counts.tokens
         echo(f"extract pilot: the remaining {left:,} tokens would take about "

@@ -6,7 +6,8 @@
 - ``check_complete``: an incomplete hidden set (``manifest.complete`` false) is refused, naming how many
   samples it lacks, unless ``train.allow_partial``.
 - ``check_checkpoint``: a checkpoint folder loads (config.json parses as a speculators config,
-  model.safetensors' header and every tensor read) before it is published or resumed from.
+  model.safetensors' header and every tensor read, every float tensor finite) before it is published or
+  resumed from.
 - ``trim_log``: ``train/log.jsonl`` keeps each global step once across resumes (records a killed run left at
   or after the resumed step are dropped, by an atomic rewrite).
 - ``start_trainer`` / ``stop_trainer``: the speculators child runs in its own process group and gets SIGKILL
@@ -121,7 +122,9 @@ def check_checkpoint(epoch_dir: Path) -> None:
             raise ValueError("config.json has no speculators_model_type")
         with safe_open(str(epoch_dir / "model.safetensors"), framework="pt") as fh:
             for name in fh.keys():  # noqa: SIM118 (safe_open has no iterator)
-                fh.get_tensor(name)
+                t = fh.get_tensor(name)
+                if t.is_floating_point() and not bool(t.float().isfinite().all()):
+                    raise ValueError(f"{name} holds NaN or Inf: the training diverged")
     except Exception as exc:  # any failure to load is the same refusal
         why = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise DraftgenError(f"checkpoint {epoch_dir} does not load ({why}); {fix}") from None

@@ -48,7 +48,7 @@ from draftgen.hidden.stream import Source
 from draftgen.records import HiddenExportReport, HiddenExportSample
 from draftgen.store import atomic_write_json, encode_json, read_json
 
-__all__ = ["INDEX_FORMAT", "STATES_FLAG", "STATES_MAP", "StatesMap", "build_index", "speculators_dtype"]
+__all__ = ["INDEX_FORMAT", "STATES_FLAG", "STATES_MAP", "StatesMap", "build_index", "save_dataset", "speculators_dtype"]
 
 INDEX_FORMAT = "speculators-index"
 STATES_MAP = "draftgen_states.json"
@@ -85,7 +85,8 @@ def _up_to_date(out: Path, fingerprint: str, root: str) -> HiddenExportReport | 
     return rep if same else None
 
 
-def _save_dataset(out: Path, rows: dict[str, list[Any]]) -> None:
+def save_dataset(out: Path, rows: dict[str, list[Any]]) -> None:
+    """speculators' Arrow dataset (``input_ids``, ``loss_mask``, ``seq_len``) into ``out`` (earlier shards replaced)."""
     datasets = require("datasets", "hub")
     features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int64")),
                                   "loss_mask": datasets.Sequence(datasets.Value("int64")),
@@ -133,7 +134,7 @@ def build_index(hset: HiddenSet, out: Path, echo: Any = None) -> HiddenExportRep
         for tid in ids[mask.bool()].tolist():
             freq[tid] = freq.get(tid, 0) + 1
     with storage_faults(str(out), "write"):
-        _save_dataset(out, rows)
+        save_dataset(out, rows)
         buf = io.BytesIO()
         torch.save(freq, buf)
         atomic_write_bytes(out / TOKEN_FREQ, buf.getvalue())

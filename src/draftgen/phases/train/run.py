@@ -1,4 +1,5 @@
-"""``draftgen train``: an EAGLE-3 drafter trained by speculators 0.9 on the extracted hidden states.
+"""``draftgen train``: a drafter (``train.algorithm``: EAGLE-3 and the rest of ``hidden.algorithms``) trained by
+speculators 0.9 on the extracted hidden states.
 
 Reads the hidden set (``train.hidden``, default ``hidden_states.output`` / ``<run>/hidden``) and the target
 model folder (``train.verifier``, default ``hidden_states.model``, else the manifest's target name). Writes,
@@ -16,160 +17,113 @@ under ``<run>/train/`` (``RunDir.train_*``):
     train.json     TrainReport, written last
 
 speculators runs as a subprocess in its own environment (``train.speculators`` / ``DRAFTGEN_SPECULATORS``:
-its ``speculators`` executable or its Python): ``speculators_runner.py`` (a file of this package that
-imports only speculators) calls speculators' trainer with the flags built here, fixes what it lacks on a
-machine without a GPU, and prints each metric record as a tagged JSON line. Layer ids go as
-``--target-layer-ids`` = the manifest's aux ids (vLLM convention, which speculators uses unshifted).
-A rerun resumes from the last checkpoint (step count continues; log.jsonl keeps each step once); a changed
-hidden set is refused unless ``restart``. Before anything is trained (``guards``): the verifier must be the
-extraction target, the set complete (or ``train.allow_partial``), the checkpoint resumed from loadable; the
-new checkpoint is loaded before drafter/ and eagle3/ are swapped in, train.json last.
+its ``speculators`` executable or its Python), one process or ``torchrun``'s (``launch``):
+``speculators_runner.py`` (a file of this package that imports only speculators) calls speculators' trainer
+with the flags built here, fixes what it lacks on a machine without a GPU, and prints each metric record as a
+tagged JSON line. Layer ids go as ``--target-layer-ids`` = the algorithm's own aux ids picked from the set's
+(``hidden.algorithms.select``; vLLM convention, which speculators uses unshifted); the runner keeps only those
+slots of each sample (``--draftgen-select``). A rerun resumes from the last complete checkpoint (step count
+continues; log.jsonl keeps each step once); a changed hidden set is refused unless ``restart``. Before
+anything is trained (``guards``): the verifier must be the extraction target, the set complete (or
+``train.allow_partial``), the checkpoint resumed from loadable; while training, the verifier norm speculators
+built must be the target's; the new checkpoint is loaded before drafter/ (and, for the EAGLE-3 family, eagle3/)
+are swapped in, train.json last.
+
+Two ways in: ``run_train`` (a stored hidden set: ``prepare_offline``) and ``phases.online`` (hidden states
+generated on demand: it prepares its own ``Prepared`` and runs ``train_prepared`` with its checking proxy as
+the ``session``).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
-import time
-from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Protocol
 
 from draftgen.config import RunConfig
 from draftgen.errors import ConfigError, DraftgenError, InputError
+from draftgen.hidden.algorithms import algorithm, select
 from draftgen.phases import Echo
 from draftgen.phases.train.convert import to_eagle3
-from draftgen.phases.train.guards import (
-    check_checkpoint,
-    check_complete,
-    check_verifier,
-    start_trainer,
-    stop_trainer,
-    trim_log,
+from draftgen.phases.train.guards import check_checkpoint, check_complete, check_verifier, trim_log
+from draftgen.phases.train.launch import (
+    ONLINE_FLAG,
+    PREFIX,
+    RUNNER,
+    SELECT_FLAG,
+    find_speculators_python,
+    global_step,
+    has_gpu,
+    last_complete,
+    launch_command,
+    offline_al,
+    parse_metrics,
+    run_trainer,
+    speculators_args,
 )
 from draftgen.phases.train.vocab import build_vocab_mapping, save_vocab_mapping
-from draftgen.records import HiddenExportReport, TrainLogRecord, TrainReport
+from draftgen.records import HiddenExportReport, TrainOnlineReport, TrainReport
 from draftgen.rundir import RunDir, writer
-from draftgen.store import (
-    JsonlWriter,
-    atomic_write_json,
-    decode_json,
-    decode_json_object,
-    read_json,
-    read_json_object,
-)
+from draftgen.store import atomic_write_json, decode_json, read_json, read_json_object
 
 if TYPE_CHECKING:
+    from draftgen.hidden.algorithms import Algorithm
     from draftgen.phases import PhaseContext, PhaseOutcome
+    from draftgen.phases.train.launch import TrainerRun
     from draftgen.tokens import Profile
 
-__all__ = [
-    "find_speculators_python", "has_gpu", "offline_al", "parse_metrics", "read_report", "run_train", "speculators_args",
-]
+__all__ = ["ONLINE_FLAG", "PREFIX", "RUNNER", "Prepared", "Session", "has_gpu", "norm_digest", "offline_al", "parse_metrics",
+           "prepare_offline", "read_report", "run_train", "train_prepared", "verifier_path"]
 
 
-ENV = "DRAFTGEN_SPECULATORS"
-RUNNER = Path(__file__).with_name("speculators_runner.py")
-PREFIX = "@@draftgen-metrics "
+class Session(Protocol):
+    """What runs beside the trainer (online: draftgen's checking proxy, started and stopped by its caller);
+    ``report()`` says what it saw, for train.json."""
+
+    def report(self) -> TrainOnlineReport: ...
 
 
-def find_speculators_python(given: str | None) -> str:
-    """The Python of speculators' environment, from a ``speculators`` executable or a Python path."""
-    name = given or os.environ.get(ENV) or shutil.which("speculators")
-    hint = (f"install speculators 0.9 in an environment of its own (scripts/test shows how) and set {ENV} or "
-            "train.speculators to its `speculators` executable or its python")
-    if not name:
-        raise ConfigError(f"speculators not found; {hint}")
-    path = Path(name)
-    if not path.is_file():
-        raise ConfigError(f"speculators {name!r} (train.speculators or {ENV}) does not exist; {hint}")
-    if path.name.startswith("python"):
-        return str(path)
-    sibling = path.with_name("python")
-    if sibling.is_file():
-        return str(sibling)
-    first = path.read_bytes()[:300].split(b"\n", 1)[0]
-    if first.startswith(b"#!"):
-        return first[2:].decode().strip().split()[0]
-    raise ConfigError(f"{name}: cannot tell which python runs it; set {ENV} to that python instead")
+@dataclass
+class Prepared:
+    """What a training run trains on, however it was prepared: speculators' data folder (``--data-path``),
+    the samples in it, where they come from (``source``: the hidden set, or the servers), a fingerprint of
+    them (checkpoints of other data are refused), the aux ids trained on and the runner's and speculators'
+    extra flags, the target's final-norm sha256 (the verifier norm the trainer must build)."""
+
+    python: str
+    verifier: Path
+    data: Path
+    samples: int
+    source: str
+    fingerprint: str
+    layer_ids: list[int]
+    norm_sha256: str
+    runner_flags: list[str] = field(default_factory=list)
+    speculators_flags: list[str] = field(default_factory=list)
+    missing: int | None = None
 
 
-def has_gpu(python: str) -> bool:
-    """Whether speculators' Python sees a usable accelerator. A CPU-only host is a CPU whatever torch was
-    built for: ``check_available=True`` (without it torch names its compiled-in backend, e.g. CUDA)."""
-    probe = "import torch; print(torch.accelerator.current_accelerator(check_available=True) is not None)"
-    out = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=False)
-    return out.stdout.strip() == "True"
-
-
-def speculators_args(*, verifier: Path, data: Path, save: Path, d2t: Path, t2d: Path, aux_ids: list[int],
-                     tc: Any, gpu: bool) -> list[str]:
-    """The ``speculators train`` flags for this run (``tc``: the ``train`` config section)."""
-    args = ["--verifier-name-or-path", str(verifier), "--data-path", str(data), "--save-path", str(save),
-            "--speculator-type", "eagle3", "--d2t-path", str(d2t), "--t2d-path", str(t2d),
-            "--target-layer-ids", *[str(i) for i in aux_ids], "--ttt-steps", str(tc.ttt_steps),
-            "--epochs", str(tc.epochs), "--lr", str(tc.lr), "--optimizer", tc.optimizer,
-            "--total-seq-len", str(tc.total_seq_len), "--train-data-ratio", str(tc.train_data_ratio),
-            "--checkpoint-freq", str(tc.checkpoint_freq), "--hidden-states-dtype", tc.hidden_states_dtype,
-            "--draft-attn-impl", tc.draft_attn_impl or ("simple_flex_attention" if gpu else "eager"),
-            "--loss-implementation", tc.loss_implementation or ("fused" if gpu else "eager"),
-            "--seed", str(tc.seed), "--num-workers", str(tc.num_workers), "--on-missing", "raise",
-            "--log-dir", str(save / "metrics")]
-    if tc.max_steps is not None:
-        args += ["--max-steps", str(tc.max_steps)]
-    return args + list(tc.extra_args)
-
-
-def _per_step(d: dict[str, Any], name: str, suffix: str = "") -> list[float]:
-    out: list[float] = []
-    while f"{name}_{len(out)}{suffix}" in d:
-        out.append(float(d[f"{name}_{len(out)}{suffix}"]))
-    return out
-
-
-def parse_metrics(line: str) -> TrainLogRecord | None:
-    """A ``log.jsonl`` record from one tagged runner line (None for any other line)."""
-    if not line.startswith(PREFIX):
-        return None
-    d = decode_json_object(line[len(PREFIX):])
-    epoch = int(d.get("epoch") or 0)
-    if "train" in d:
-        m, lr = d["train"], d.get("lr")
-        lr_v = float(next(iter(lr.values()))) if isinstance(lr, dict) and lr else (float(lr) if lr else None)
-        prof = d.get("profile") or {}
-        return TrainLogRecord(kind="train", global_step=int(d.get("global_step", d.get("step") or 0)), epoch=epoch,
-                              loss=float(m.get("loss", 0.0)), loss_k=_per_step(m, "loss"),
-                              full_acc_k=_per_step(m, "full_acc"), cond_acc_k=_per_step(m, "cond_acc"), lr=lr_v,
-                              tokens_per_s=prof.get("tokens_per_s"), step_ms=prof.get("step_ms"), time=time.time())
-    if "val" in d:
-        m = d["val"]
-        return TrainLogRecord(kind="val", global_step=int(d.get("step") or 0), epoch=epoch,
-                              loss=float(m.get("loss_epoch", 0.0)), loss_k=_per_step(m, "loss", "_epoch"),
-                              full_acc_k=_per_step(m, "full_acc", "_epoch"),
-                              cond_acc_k=_per_step(m, "cond_acc", "_epoch"), time=time.time())
-    return None
-
-
-def offline_al(cond_acc: list[float]) -> float:
-    """Acceptance length estimate from per-step conditional accuracy: 1 + Σ_k Π_{j≤k} acc_j."""
-    total, prod = 1.0, 1.0
-    for a in cond_acc:
-        prod *= a
-        total += prod
-    return total
-
-
-def _resolve_verifier(cfg: RunConfig, manifest_target: str) -> Path:
-    tc = cfg.train
-    name = tc.verifier or cfg.hidden_states.model
-    path = cfg.path(name) if name else Path(manifest_target)
-    if not (path / "config.json").is_file():
+def verifier_path(cfg: RunConfig, fallback: str | None = None) -> Path:
+    """The target model's local folder speculators reads (``train.verifier``, ``hidden_states.model``, else
+    ``fallback``: the hidden set's target)."""
+    name = cfg.train.verifier or cfg.hidden_states.model or fallback
+    path = cfg.path(name) if name else Path()
+    if not name or not (path / "config.json").is_file():
         raise ConfigError(f"train.verifier {str(path)!r}: not a model folder (no config.json); speculators needs "
                           "the target model's local folder: set train.verifier (or hidden_states.model)")
     return path
+
+
+def norm_digest(verifier: Path) -> str:
+    """sha256 of the target's final norm weight as its folder stores it: what speculators loads into its
+    ``verifier_norm`` (``guards.check_verifier`` ties it to the hidden set's own)."""
+    from draftgen.hidden.norm import load_final_norm, norm_weight_digest
+
+    return norm_weight_digest(load_final_norm(verifier).weight)
 
 
 def _target_vocab(verifier: Path) -> int:
@@ -177,42 +131,23 @@ def _target_vocab(verifier: Path) -> int:
     return int((cfg.get("text_config") or cfg)["vocab_size"])
 
 
-def _last_epoch_dir(ckpts: Path) -> Path | None:
-    epochs = [p for p in ckpts.iterdir() if p.is_dir() and p.name.isdigit()] if ckpts.is_dir() else []
-    done = [p for p in epochs if (p / "model.safetensors").is_file() and (p / "config.json").is_file()]
-    return max(done, key=lambda p: int(p.name)) if done else None
-
-
-def _global_step(epoch_dir: Path | None) -> int:
-    if epoch_dir is None or not (epoch_dir / "training_state.json").is_file():
-        return 0
-    return int(read_json_object(epoch_dir / "training_state.json").get("global_step", 0))
-
-
-def _lines(proc: subprocess.Popen[str]) -> Iterator[str]:
-    assert proc.stdout is not None
-    for raw in proc.stdout:
-        yield raw.rstrip("\n")
-
-
-def _fmt(rec: TrainLogRecord) -> str:
-    acc = "/".join(f"{a:.3f}" for a in rec.cond_acc_k)
-    if rec.kind == "val":
-        return f"train: epoch {rec.epoch} validation loss {rec.loss:.4f} cond_acc {acc} (AL≈{offline_al(rec.cond_acc_k):.2f})"
-    return f"train: step {rec.global_step} epoch {rec.epoch} loss {rec.loss:.4f} cond_acc {acc}"
-
-
 def run_train(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
               restart: bool = False, argv: list[str] | None = None) -> TrainReport:
-    """Train the drafter (see the module docstring). ``profile``: not needed (the vocabulary comes from the
-    hidden set's token counts and the verifier's config). ``force``: hold a run directory made with another
-    target (``rundir.writer``). ``restart``: drop earlier checkpoints first. ``argv``: recorded in run.json."""
+    """Train the drafter on the stored hidden set (see the module docstring). ``profile``: not needed (the
+    vocabulary comes from the hidden set's token counts and the verifier's config). ``force``: hold a run
+    directory made with another target (``rundir.writer``). ``restart``: drop earlier checkpoints first.
+    ``argv``: recorded in run.json."""
     with writer(cfg, "train", force=force, argv=argv) as rd:
         return _train(cfg, rd, echo, restart)
 
 
 def _train(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> TrainReport:
-    from draftgen.hidden.exports import export_hidden
+    return train_prepared(cfg, rd, echo, prepare_offline(cfg, rd, echo, restart), restart=restart)
+
+
+def prepare_offline(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> Prepared:
+    """A stored hidden set as speculators' inputs (``train/inputs/``, the states read in place)."""
+    from draftgen.hidden.exports import EXPORT_REPORT, export_hidden
     from draftgen.hidden.format import open_hidden
     from draftgen.hidden.stream import hidden_url
     from draftgen.phases.train.inputs import INDEX_FORMAT, STATES_FLAG, STATES_MAP, build_index
@@ -222,116 +157,137 @@ def _train(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> TrainReport
     url = hidden_url(cfg, tc.hidden)
     hset = open_hidden(url, dict(cfg.hidden_states.storage_options))
     manifest = hset.manifest
-    verifier = _resolve_verifier(cfg, manifest.target.name)
+    verifier = verifier_path(cfg, manifest.target.name)
     check_verifier(verifier, manifest, url)
+    ids, slots = select(tc.algorithm, manifest.layer_ids.aux, manifest.num_layers, tc.layer_ids)
     missing = check_complete(manifest, url, run_root=rd.root, allow_partial=tc.allow_partial, echo=echo)
-    data, ckpts = rd.train_inputs, rd.train_checkpoints
-    if restart:
-        shutil.rmtree(ckpts, ignore_errors=True)
-    resume_from = _last_epoch_dir(ckpts)
-    if resume_from is not None:
-        check_checkpoint(resume_from)  # speculators would resume from it, and it would be published
-    before = data / "export.json"
-    old = read_json(before, HiddenExportReport) if before.is_file() else None
+    data = rd.train_inputs
+    old = read_json(data / EXPORT_REPORT, HiddenExportReport) if (data / EXPORT_REPORT).is_file() else None
 
     def say(line: str) -> None:  # the export's echo returns None; ours may return anything
         echo(line)
 
     # a local set is read in place (inputs/ holds only the index); an object-store set is copied once
     rep = build_index(hset, data, echo=say) or export_hidden(cfg, ["speculators"], data, hidden=url, echo=say)[0]
-    states = [STATES_FLAG, str(data / STATES_MAP)] if rep.format == INDEX_FORMAT else []
-    if old is not None and old.manifest_fingerprint != rep.manifest_fingerprint and _last_epoch_dir(ckpts):
-        raise InputError(f"{ckpts}: these checkpoints were trained on another hidden set; rerun with --restart "
-                         "to train from scratch on the new one")
-    if rep.samples < 2:
-        raise InputError(f"{url}: {rep.samples} sample(s); speculators needs at least 2 (train and validation)")
+    if old is not None and old.manifest_fingerprint != rep.manifest_fingerprint and not restart \
+            and last_complete(rd.train_checkpoints):
+        raise InputError(f"{rd.train_checkpoints}: these checkpoints were trained on another hidden set; rerun "
+                         "with --restart to train from scratch on the new one")
+    flags = [STATES_FLAG, str(data / STATES_MAP)] if rep.format == INDEX_FORMAT else []
+    if slots != list(range(len(manifest.layer_ids.aux))):
+        flags += [SELECT_FLAG, ",".join(str(i) for i in slots)]
+    return Prepared(python=python, verifier=verifier, data=data, samples=rep.samples, source=url,
+                    fingerprint=rep.manifest_fingerprint, layer_ids=ids, norm_sha256=norm_digest(verifier),
+                    runner_flags=flags, speculators_flags=["--on-missing", "raise"], missing=missing)
 
-    import torch
 
-    freq = torch.load(data / "token_freq.pt", weights_only=True)
-    d2t, t2d = build_vocab_mapping({int(k): int(v) for k, v in freq.items()}, tc.draft_vocab_size,
-                                   _target_vocab(verifier))
-    d2t_path, t2d_path = save_vocab_mapping(rd.train_vocab, d2t, t2d)
+def _norm_check(prep: Prepared) -> Callable[[str], str | None]:
+    def check(sha256: str) -> str | None:
+        if sha256 == prep.norm_sha256:
+            return None
+        return (f"speculators built its verifier norm from {prep.verifier} with sha256 {sha256[:12]}…, not the "
+                f"target's final norm ({prep.norm_sha256[:12]}…): it would train against another distribution than "
+                "the target's post-norm one (TorchSpec#169); check that the folder's weights hold model.norm.weight")
+    return check
 
-    first = 0 if restart else _global_step(_last_epoch_dir(ckpts))
-    gpu = has_gpu(python)
-    args = speculators_args(verifier=verifier, data=data, save=ckpts, d2t=d2t_path, t2d=t2d_path,
-                            aux_ids=list(manifest.layer_ids.aux), tc=tc, gpu=gpu)
-    echo(f"train: speculators on {'GPU' if gpu else 'CPU'}, {rep.samples} samples, layers {manifest.layer_ids.aux} "
-         f"(vLLM ids), draft vocab {tc.draft_vocab_size}, ttt {tc.ttt_steps}"
+
+def train_prepared(cfg: RunConfig, rd: RunDir, echo: Echo, prep: Prepared, *, restart: bool,
+                   session: Session | None = None) -> TrainReport:
+    """Train on ``prep`` (resuming from the last complete checkpoint unless ``restart``), with ``session``
+    running beside the trainer; publish the drafter and write train.json."""
+    tc = cfg.train
+    alg = algorithm(tc.algorithm)
+    ckpts = rd.train_checkpoints
+    if restart:
+        shutil.rmtree(ckpts, ignore_errors=True)
+    resume_from = last_complete(ckpts, echo)
+    if resume_from is not None:
+        check_checkpoint(resume_from)  # speculators would resume from it, and it would be published
+    if prep.samples < 2:
+        raise InputError(f"{prep.source}: {prep.samples} sample(s); speculators needs at least 2 (train and "
+                         "validation)")
+    first = global_step(resume_from)
+    gpu = has_gpu(prep.python)
+    args = speculators_args(verifier=prep.verifier, data=prep.data, save=ckpts, vocab=_vocab(cfg, rd, prep, alg),
+                            aux_ids=prep.layer_ids, alg=alg, tc=tc, gpu=gpu) + prep.speculators_flags
+    procs = tc.nproc_per_node * tc.nnodes
+    echo(f"train: {alg.name} with speculators on {'GPU' if gpu else 'CPU'}"
+         + (f" ({procs} processes, torchrun)" if procs > 1 else "")
+         + f", {prep.samples} samples, layers {prep.layer_ids} (vLLM ids), draft vocab {tc.draft_vocab_size}"
          + (f", resuming at step {first}" if first else ""))
     trim_log(rd.train_log, first)  # a killed run's records at or after the resumed step are logged again
-    run = _run_trainer([python, str(RUNNER), *args, *states], rd, echo)
-    last = _last_epoch_dir(ckpts)
+    cmd = launch_command(prep.python, tc, [*args, *prep.runner_flags])
+    run = run_trainer(cmd, rd, echo, check_norm=_norm_check(prep))
+    if tc.node_rank != 0:  # another node publishes
+        return _report(cfg, prep, run, first, None, None, None if session is None else session.report())
+    last = last_complete(ckpts)
     if last is None:
         raise DraftgenError(f"speculators train saved no checkpoint in {ckpts}; see {rd.train_speculators_log}")
     check_checkpoint(last)
-    drafter, eagle = _publish(last, rd)
-    steps, seconds, last_train, last_val = run.steps, run.seconds, run.last_train, run.last_val
-    latest = last_val or last_train
-    acc = latest.cond_acc_k if latest is not None else []
-    report = TrainReport(
-        exit_code=0, message=f"drafter: {drafter} (vllm serve), {eagle} (SGLang)", verifier=str(verifier),
-        hidden=url, samples=rep.samples, layer_ids=list(manifest.layer_ids.aux),
-        draft_vocab_size=tc.draft_vocab_size, ttt_steps=tc.ttt_steps, first_step=first,
-        last_step=_global_step(last), steps_this_run=steps, seconds=round(seconds, 2),
-        steps_per_s=round(steps / seconds, 3) if steps and seconds > 0 else None, checkpoint=str(drafter),
-        eagle_checkpoint=str(eagle), final_train=last_train, final_val=last_val,
-        offline_al=round(offline_al(acc), 4) if acc else None, partial=missing is not None,
-        missing_samples=missing)
-    atomic_write_json(rd.train_report, report)  # last: its presence says drafter/ and eagle3/ are this run's
-    echo(f"train: {steps} steps this run (global step {report.last_step}) in {seconds:.1f} s; {report.message}")
+    drafter, eagle = _publish(last, rd, eagle=alg.rule == "eagle3" and alg.speculator_type == "eagle3")
+    report = _report(cfg, prep, run, first, last, (drafter, eagle), None if session is None else session.report())
+    atomic_write_json(rd.train_report, report)  # last: its presence says drafter/ (and eagle3/) are this run's
+    echo(f"train: {run.steps} steps this run (global step {report.last_step}) in {run.seconds:.1f} s; "
+         f"{report.message}")
     return report
 
 
-class _Run(NamedTuple):
-    steps: int
-    seconds: float
-    last_train: TrainLogRecord | None
-    last_val: TrainLogRecord | None
+def _vocab(cfg: RunConfig, rd: RunDir, prep: Prepared, alg: Algorithm) -> tuple[Path, Path] | None:
+    """The draft vocabulary's d2t/t2d files (``vocab``), None for an algorithm over the whole vocabulary."""
+    if alg.full_vocab:
+        return None
+    import torch
+
+    freq = torch.load(prep.data / "token_freq.pt", weights_only=True)
+    d2t, t2d = build_vocab_mapping({int(k): int(v) for k, v in freq.items()}, cfg.train.draft_vocab_size,
+                                   _target_vocab(prep.verifier))
+    return save_vocab_mapping(rd.train_vocab, d2t, t2d)
 
 
-def _run_trainer(cmd: list[str], rd: RunDir, echo: Echo) -> _Run:
-    """Run speculators (``cmd``), streaming its metrics into log.jsonl and its console into speculators.log;
-    a failed run is a DraftgenError quoting its last line. The child dies with draftgen (guards)."""
-    env = {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
-    tail: deque[str] = deque(maxlen=30)
-    last_train: TrainLogRecord | None = None
-    last_val: TrainLogRecord | None = None
-    t0 = time.perf_counter()
-    steps = 0
-    with JsonlWriter(rd.train_log) as log, open(rd.train_speculators_log, "a", encoding="utf-8") as raw:
-        proc = start_trainer(cmd, env)
-        try:
-            for line in _lines(proc):
-                rec = parse_metrics(line)
-                if rec is None:
-                    raw.write(line + "\n")
-                    tail.append(line)
-                    continue
-                log.write(rec)
-                if rec.kind == "train":
-                    last_train, steps = rec, steps + 1
-                else:
-                    last_val = rec
-                if rec.kind == "val" or rec.global_step % 10 == 0:
-                    echo(_fmt(rec))
-        except BaseException:
-            stop_trainer(proc)
-            raise
-        rc = proc.wait()
-    if rc != 0:
-        why = next((t for t in reversed(tail) if t.strip()), "")
-        raise DraftgenError(f"speculators train failed (exit {rc}): {why.strip()[:300]}; its output is in "
-                            f"{rd.train_speculators_log}")
-    return _Run(steps, time.perf_counter() - t0, last_train, last_val)
+def _report(cfg: RunConfig, prep: Prepared, run: TrainerRun, first: int, last: Path | None,
+            published: tuple[Path, Path | None] | None, online: TrainOnlineReport | None) -> TrainReport:
+    tc = cfg.train
+    alg = algorithm(tc.algorithm)
+    latest = run.last_val or run.last_train
+    acc = latest.cond_acc_k if latest is not None else []
+    eal = latest.metrics.get("eal") if latest is not None and alg.block else None
+    k = _speculative_tokens(last)
+    drafter, eagle = published if published is not None else (None, None)
+    serve = alg.serve_line(str(prep.verifier), str(drafter), k or tc.ttt_steps) if drafter is not None else None
+    if drafter is None:
+        message = f"node {tc.node_rank} of {tc.nnodes}: trained; node 0 publishes the drafter"
+    else:
+        message = f"drafter: {drafter} (vllm serve)" + (f", {eagle} (SGLang)" if eagle is not None else "")
+    return TrainReport(
+        exit_code=0, message=message, verifier=str(prep.verifier), hidden=prep.source, samples=prep.samples,
+        layer_ids=prep.layer_ids, draft_vocab_size=_target_vocab(prep.verifier) if alg.full_vocab else tc.draft_vocab_size,
+        ttt_steps=tc.ttt_steps, first_step=first,
+        last_step=global_step(last) if last is not None else first + run.steps, steps_this_run=run.steps,
+        seconds=round(run.seconds, 2), steps_per_s=round(run.steps / run.seconds, 3) if run.steps and run.seconds > 0
+        else None, checkpoint=str(drafter) if drafter else None, eagle_checkpoint=str(eagle) if eagle else None,
+        final_train=run.last_train, final_val=run.last_val,
+        offline_al=round(offline_al(acc), 4) if acc else None, partial=prep.missing is not None,
+        missing_samples=prep.missing, algorithm=alg.name, speculator_type=alg.speculator_type,
+        speculative_tokens=k, offline_eal=round(eal, 4) if eal is not None else None, serve=serve,
+        verifier_norm_sha256=run.norm_sha256, processes=tc.nproc_per_node * tc.nnodes, online=online)
 
 
-def _publish(epoch_dir: Path, rd: RunDir) -> tuple[Path, Path]:
-    """The (checked) checkpoint as ``train/drafter/`` and ``train/eagle3/``. Both are built in temp folders
-    inside train/ first, so a failure leaves the previous pair as it was; train.json is removed before the
-    two renames and rewritten after them, so a published pair without train.json is never mistaken for one
-    run's (a crash between the renames is the only window, and it leaves no report)."""
+def _speculative_tokens(epoch_dir: Path | None) -> int | None:
+    """What the drafter proposes per step (its speculators config's first proposal method)."""
+    if epoch_dir is None:
+        return None
+    spec = read_json_object(epoch_dir / "config.json").get("speculators_config") or {}
+    methods = spec.get("proposal_methods") or [{}]
+    k = methods[0].get("speculative_tokens")
+    return int(k) if isinstance(k, int) else None
+
+
+def _publish(epoch_dir: Path, rd: RunDir, *, eagle: bool) -> tuple[Path, Path | None]:
+    """The (checked) checkpoint as ``train/drafter/`` and, for the EAGLE-3 family, ``train/eagle3/``. Both are
+    built in temp folders inside train/ first, so a failure leaves the previous pair as it was; train.json is
+    removed before the renames and rewritten after them, so a published pair without train.json is never
+    mistaken for one run's (a crash between the renames is the only window, and it leaves no report). An
+    eagle3/ of an earlier EAGLE-3 run goes when another algorithm's drafter is published."""
     out_d, out_e = rd.train_drafter, rd.train_eagle
     parent = out_d.parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -341,16 +297,20 @@ def _publish(epoch_dir: Path, rd: RunDir) -> tuple[Path, Path]:
         new_d.mkdir()
         for name in ("config.json", "model.safetensors"):
             shutil.copyfile(epoch_dir / name, new_d / name)
-        new_e = to_eagle3(new_d, tmp / out_e.name)
+        pairs = [(new_d, out_d)]
+        if eagle:
+            pairs.append((to_eagle3(new_d, tmp / out_e.name), out_e))
         rd.train_report.unlink(missing_ok=True)
-        for new, out in ((new_d, out_d), (new_e, out_e)):
+        for new, out in pairs:
             old = tmp / f"old-{out.name}"
             if out.exists():
                 os.replace(out, old)
             os.replace(new, out)
+        if not eagle and out_e.exists():
+            os.replace(out_e, tmp / f"old-{out_e.name}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out_d, out_e
+    return out_d, (out_e if eagle else None)
 
 
 def read_report(rd: RunDir) -> TrainReport:
@@ -360,8 +320,9 @@ def read_report(rd: RunDir) -> TrainReport:
 
 
 def phase_run(ctx: PhaseContext) -> PhaseOutcome:
-    """The ``train`` row of ``phases.PHASES`` (``train.enabled``): train in the run directory the pipeline
-    already holds (``run_train`` would take the writer lock again), resuming from the last checkpoint."""
+    """The offline half of the ``train`` row of ``phases.PHASES`` (``train.enabled``; ``phases.online`` runs
+    the row and hands a stored-set run here): train in the run directory the pipeline already holds
+    (``run_train`` would take the writer lock again), resuming from the last checkpoint."""
     from draftgen.phases import PhaseOutcome
 
     _train(ctx.cfg, ctx.rd, ctx.echo, False)

@@ -1,4 +1,4 @@
-"""Runs speculators' EAGLE-3 trainer for ``draftgen train``, inside speculators' own environment.
+"""Runs speculators' trainer for ``draftgen train``, inside speculators' own environment.
 
 This file is executed as a script by the Python of the environment speculators is installed in
 (``python speculators_runner.py <speculators train flags>``); it imports only the standard library, torch,
@@ -24,6 +24,22 @@ things:
   draftgen's speculators export writes to ``hs_{i}.safetensors`` (``to_speculators``: aux dequantized with
   ``aux_scale`` for fp8, split into n_aux slots in ascending layer order, the PRE-norm final last, cast to
   dtype; ``token_ids`` int64). Nothing else of the trainer is changed.
+- ``--draftgen-select I,J,K`` (a runner flag): the stored set holds more aux layers than the algorithm takes;
+  every sample speculators loads (from ``--draftgen-states``, a file export, or generated online) keeps aux
+  slots I, J, K (ascending) and the final state, in that order.
+- ``--draftgen-online``: every sample is generated through ``--vllm-endpoint`` (draftgen's checking proxy in
+  front of the vLLM extract servers): no cached file is looked up, the server's file is read once (the ``.lock``
+  protocol of hs_connectors' file transfer), trimmed by ``--draftgen-select`` and deleted.
+- The verifier norm: once the draft model is built, its frozen ``verifier_norm`` weight (what turns the
+  pre-norm final state into the target's post-norm distribution) is hashed (sha256 of float32 bytes) and
+  printed as ``@@draftgen-verifier-norm {"sha256": ..., "kind": ...}``; draftgen compares it with the target's
+  own final norm and stops a trainer that trains against another (speculators falls back to ones when it
+  cannot find the norm: TorchSpec#169's class of bug).
+- Checkpoints: after speculators saved an epoch's checkpoint (every rank done), rank 0 writes
+  ``<epoch>/draftgen-complete.json`` last; draftgen resumes only from a checkpoint that has it.
+- Several processes on a CPU (``torchrun``, ``LOCAL_RANK`` set, no accelerator): speculators 0.9 initialises
+  its process group with the accelerator's backend and refuses without one; here it uses gloo and the
+  trainer's DistributedDataParallel runs on the CPU.
 """
 
 from __future__ import annotations
@@ -31,11 +47,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import sys
 from typing import Any
 
 PREFIX = "@@draftgen-metrics "
+NORM_PREFIX = "@@draftgen-verifier-norm "
 STATES_FLAG = "--draftgen-states"
+SELECT_FLAG = "--draftgen-select"
+ONLINE_FLAG = "--draftgen-online"
+COMPLETE = "draftgen-complete.json"
 
 
 def _plain(obj: Any) -> Any:
@@ -44,7 +65,9 @@ def _plain(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [_plain(v) for v in obj]
     if hasattr(obj, "item") and callable(obj.item):
-        return obj.item()
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None  # JSON has no NaN or Infinity (a metric over no tokens is NaN)
     if isinstance(obj, str | int | float | bool) or obj is None:
         return obj
     return str(obj)
@@ -96,17 +119,26 @@ def verify(data: bytes, sha256: str, path: str) -> None:
                                f"{sha256[:12]}…); rerun draftgen extract (it redoes that sample)")
 
 
+def keep_slots(sample: dict[str, Any] | None, select: list[int] | None) -> dict[str, Any] | None:
+    """``sample`` with only aux slots ``select`` (then the final state) of its ``hidden_states``."""
+    if sample is None or select is None:
+        return sample
+    hs = sample["hidden_states"]
+    return {**sample, "hidden_states": hs[:, [*select, hs.shape[1] - 1]].contiguous()}
+
+
 class StatesTransfer:
     """speculators' hidden-states transfer (``get_cached(i)``, the only call with ``--on-missing raise``) over
     draftgen's state files: row i is ``root/files[i]``. A plain module-level class holding strings, so that
     speculators' spawned DataLoader workers can unpickle it (spawn re-imports this file as ``__mp_main__``)."""
 
-    def __init__(self, map_path: str) -> None:
+    def __init__(self, map_path: str, select: list[int] | None = None) -> None:
         with open(map_path, encoding="utf-8") as fh:
             smap = json.load(fh)
         self.root, self.files = str(smap["root"]), [str(f) for f in smap["files"]]
         self.sha256 = [str(h) for h in smap.get("sha256") or [""] * len(self.files)]
         self.n_aux, self.dtype = int(smap["n_aux"]), str(smap["dtype"])
+        self.select = select
 
     def setup(self) -> None:
         return None
@@ -121,7 +153,7 @@ class StatesTransfer:
         with open(path, "rb") as fh:
             data = fh.read()
         verify(data, self.sha256[file_idx], path)
-        return to_speculators(load(data), self.n_aux, getattr(torch, self.dtype))
+        return keep_slots(to_speculators(load(data), self.n_aux, getattr(torch, self.dtype)), self.select)
 
     def get_generated(self, hs_transfer_params: dict[str, Any]) -> None:
         raise RuntimeError("draftgen's hidden states are read from files, never generated")
@@ -130,11 +162,69 @@ class StatesTransfer:
         raise RuntimeError("draftgen's hidden-state files are never deleted by the trainer")
 
 
-def _patch_states(map_path: str) -> None:
+class SelectingTransfer:
+    """Another transfer (speculators' file transfer) whose samples keep only the ``select`` aux slots; with
+    ``online`` nothing cached is looked up (every sample is generated through the endpoint). Module-level
+    and holding only picklable state, for the spawned DataLoader workers."""
+
+    def __init__(self, inner: Any, select: list[int] | None, online: bool) -> None:
+        self.inner, self.select, self.online = inner, select, online
+
+    def setup(self) -> None:
+        self.inner.setup()
+
+    def get_cached(self, file_idx: int) -> dict[str, Any] | None:
+        return None if self.online else keep_slots(self.inner.get_cached(file_idx), self.select)
+
+    def get_generated(self, hs_transfer_params: dict[str, Any]) -> dict[str, Any] | None:
+        return keep_slots(self.inner.get_generated(hs_transfer_params), self.select)
+
+    def delete(self, handle: str) -> None:
+        self.inner.delete(handle)
+
+
+def _patch_transfer(map_path: str | None, select: list[int] | None, online: bool) -> None:
     from hs_connectors.transfer import FileBackend  # type: ignore[import-not-found]
 
-    transfer = StatesTransfer(map_path)
-    FileBackend.from_train_args = staticmethod(lambda args, data_path: transfer)
+    if map_path is not None:
+        transfer: Any = StatesTransfer(map_path, select)
+        FileBackend.from_train_args = staticmethod(lambda args, data_path: transfer)
+        return
+    make = FileBackend.from_train_args
+    FileBackend.from_train_args = staticmethod(
+        lambda args, data_path: SelectingTransfer(make(args, data_path), select, online))
+
+
+def _verifier_norm_line(model: Any) -> None:
+    import hashlib
+
+    norm = getattr(model, "verifier_norm", None)
+    if norm is None:
+        return
+    weight = norm.weight.detach().float().cpu().contiguous().numpy().tobytes()
+    payload = {"sha256": hashlib.sha256(weight).hexdigest(), "kind": type(norm).__name__}
+    sys.stdout.write(NORM_PREFIX + json.dumps(payload) + "\n")
+    sys.stdout.flush()
+
+
+def _cpu_distributed(cli: Any) -> None:
+    """speculators' ``maybe_setup_distributed`` for processes on a CPU: gloo, no device index."""
+    import os
+
+    import torch.distributed as dist
+    from speculators.train import distributed  # type: ignore[import-not-found]
+
+    def setup(sp_size: int = 1) -> None:
+        if "LOCAL_RANK" not in os.environ:
+            return
+        dist.init_process_group("gloo")
+        distributed._local_rank = int(os.environ["LOCAL_RANK"])
+        distributed._is_distributed = True
+        distributed._rank, distributed._world_size = dist.get_rank(), dist.get_world_size()
+        distributed._init_sp_process_groups(distributed._rank, distributed._world_size, sp_size)
+
+    distributed.maybe_setup_distributed = setup
+    cli.maybe_setup_distributed = setup
 
 
 def _patch(cli: Any) -> None:
@@ -154,19 +244,55 @@ def _patch(cli: Any) -> None:
             if cpu:
                 self.device_type = "cpu"
 
+        def maybe_save_checkpoint(self, epoch: Any, local_step: int = 0) -> None:
+            folder = self.checkpointer.path / str(epoch)
+            before = (folder / "model.safetensors").stat().st_mtime_ns if (folder / "model.safetensors").exists() else None
+            super().maybe_save_checkpoint(epoch, local_step=local_step)
+            saved = (folder / "model.safetensors").exists() and (
+                before is None or (folder / "model.safetensors").stat().st_mtime_ns != before)
+            if saved and self.rank == 0:  # invariant: written after every file of the checkpoint
+                state = {"epoch": epoch, "local_step": local_step, "global_step": self.global_step}
+                (folder / COMPLETE).write_text(json.dumps(state), encoding="utf-8")
+
         def train_epoch(self, epoch: int, **kwargs: Any) -> None:
             if self.config.max_steps is not None and self.global_step >= self.config.max_steps:
                 return
             super().train_epoch(epoch, **kwargs)
 
     cli.Trainer = Trainer
+    if cpu:
+        _cpu_distributed(cli)
+    build = cli.build_draft_model
+
+    def build_draft_model(*args: Any, **kwargs: Any) -> Any:
+        model = build(*args, **kwargs)
+        from speculators.train.distributed import get_rank  # type: ignore[import-not-found]
+
+        if get_rank() == 0:
+            _verifier_norm_line(model)
+        return model
+
+    cli.build_draft_model = build_draft_model
     setup = cli.setup_metric_logger
 
     def setup_metric_logger(*args: Any, **kwargs: Any) -> None:
+        import os
+
         setup(*args, **kwargs)
-        logging.getLogger("speculators.metrics").addHandler(_MetricsHandler())
+        if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank logs the same (all-reduced) metrics
+            logging.getLogger("speculators.metrics").addHandler(_MetricsHandler())
 
     cli.setup_metric_logger = setup_metric_logger
+
+
+def _take(argv: list[str], flag: str, value: bool = True) -> str | None:
+    """Remove ``flag`` (and its value) from ``argv``; its value, "" for a bare flag, None when absent."""
+    if flag not in argv:
+        return None
+    at = argv.index(flag)
+    got = argv[at + 1] if value else ""
+    del argv[at:at + (2 if value else 1)]
+    return got
 
 
 def main(argv: list[str]) -> None:
@@ -174,10 +300,12 @@ def main(argv: list[str]) -> None:
     from speculators.train.config import TrainConfig  # type: ignore[import-not-found]
 
     argv = list(argv)
-    if STATES_FLAG in argv:
-        at = argv.index(STATES_FLAG)
-        _patch_states(argv[at + 1])
-        del argv[at:at + 2]
+    states = _take(argv, STATES_FLAG)
+    picked = _take(argv, SELECT_FLAG)
+    online = _take(argv, ONLINE_FLAG, value=False) is not None
+    select = [int(i) for i in picked.split(",")] if picked else None
+    if states is not None or select is not None or online:
+        _patch_transfer(states, select, online)
     _patch(cli)
     cli.main(TrainConfig.resolve(argv))
 

@@ -162,10 +162,13 @@ class VllmExtractBackend:
     """See the module docstring. ``VllmExtractBackend(cfg)`` (the registry's factory) or
     ``VllmExtractBackend.from_parts(target_folder, options, layer_ids)``."""
 
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RunConfig, *, base_urls: Sequence[str] | None = None,
+                 teacher_fraction: float | None = None) -> None:
+        """The configured servers (``base_urls`` overrides them: one server of the set, say) and teacher
+        fraction (``teacher_fraction`` overrides ``hidden_states.teacher_fraction``)."""
         hs = cfg.hidden_states
         ep = cfg.endpoint
-        urls = [str(u) for u in (hs.base_urls)]
+        urls = [str(u) for u in (base_urls or hs.base_urls)]
         if not urls and capabilities(ep.kind).hidden_states:
             urls = [u for u in [ep.base_url, *ep.base_urls] if u]
         if not urls:
@@ -181,7 +184,8 @@ class VllmExtractBackend:
             connect_timeout_s=ep.connect_timeout_s, request_timeout_s=ep.request_timeout_s or ep.idle_timeout_s,
             file_timeout_s=ep.idle_timeout_s, max_attempts=cfg.retry.max_attempts,
             base_delay_s=cfg.retry.base_delay_s, multiplier=cfg.retry.multiplier, max_delay_s=cfg.retry.max_delay_s,
-            destination=_destination(cfg), teacher_fraction=hs.teacher_fraction,
+            destination=_destination(cfg),
+            teacher_fraction=hs.teacher_fraction if teacher_fraction is None else teacher_fraction,
             through_layers=hs.teacher_through_layers)
         self._setup(cfg.path(hs.model), opts, hs.layer_ids, name=hs.model, revision=hs.revision)
 
@@ -318,7 +322,7 @@ class VllmExtractBackend:
         result: dict[str, Any] = out
         return result
 
-    async def _attempt(self, row: ExtractRow, i: int) -> Captured:
+    async def _attempt(self, row: ExtractRow, i: int, keep: bool) -> tuple[Captured, str]:
         await self._ensure_session()
         sent = [int(t) for t in row.input_ids.tolist()]
         out = await self._post(row, i, sent)
@@ -334,10 +338,13 @@ class VllmExtractBackend:
         await wait_for_lock(path, self.opts.file_timeout_s)
         self.folder.check_file(path, sample_id=row.sample_id, where=where)
         f = await asyncio.to_thread(read_connector_file, path)
+        kept = False
         try:
-            return self._to_captured(row, sent, f, path)
-        finally:  # read: accepted or rejected, the server's copy goes
-            if self.opts.remove_server_files:
+            captured = self._to_captured(row, sent, f, path)
+            kept = keep
+            return captured, path
+        finally:  # read: accepted or rejected, the server's copy goes (unless the caller takes it over)
+            if self.opts.remove_server_files and not kept:
                 self.folder.remove(path)
 
     def _to_captured(self, row: ExtractRow, sent: list[int], f: ServerFile, path: str) -> Captured:
@@ -363,19 +370,19 @@ class VllmExtractBackend:
         return Captured(sample_id=row.sample_id, input_ids=row.input_ids, loss_mask=row.loss_mask,
                         aux=hs[:, :n_aux].reshape(T, n_aux * info.hidden_size).clone(), final=hs[:, n_aux].clone())
 
-    async def _one(self, row: ExtractRow) -> Captured:
+    async def _one(self, row: ExtractRow, keep: bool = False) -> tuple[Captured, str]:
         """One row through the one retry policy (``engine.retry.retrying``), within ``concurrency``."""
         from draftgen.engine.retry import retrying
 
         await self._ensure_session()
         assert self._sem is not None
 
-        async def routed() -> Captured:
+        async def routed() -> tuple[Captured, str]:
             i = self._pick()
             self._inflight[i] += 1
             self.requests += 1
             try:
-                return await self._attempt(row, i)
+                return await self._attempt(row, i, keep)
             finally:
                 self._inflight[i] -= 1
 
@@ -391,12 +398,33 @@ class VllmExtractBackend:
 
     # -- the ExtractBackend protocol and the streaming forms ---------------------------------------------------
 
+    async def capture_one(self, row: ExtractRow, *, keep_file: bool = False) -> tuple[Captured, str]:
+        """One row, run on the caller's loop (as ``capture_stream``): its states and the connector file they
+        came from. With ``keep_file`` an accepted file stays for the caller (the online proxy hands it to the
+        trainer, which removes it); a rejected one is removed all the same."""
+        return await self._one(row, keep_file)
+
+    async def aclose(self) -> None:
+        """Close the HTTP sessions from the loop that made them (a caller that ran ``capture_one`` on its
+        own loop: ``close`` reaches only the backend's own)."""
+        sessions, self._sessions = self._sessions, []
+        for session in sessions:
+            await session.close()
+
+    def served_models(self) -> list[str]:
+        """The model id each server lists (``GET /v1/models``), in ``base_urls`` order."""
+        async def ids() -> list[str]:
+            await self._ensure_session()
+            return [await self._model_id(i) for i in range(len(self.opts.base_urls))]
+
+        return self._run(ids())
+
     def capture(self, rows: Sequence[ExtractRow]) -> list[Captured]:
         """All rows concurrently; the results in row order. The first permanent error stops the batch."""
         async def all_rows() -> list[Captured]:
             tasks = [asyncio.ensure_future(self._one(r)) for r in rows]
             try:
-                return list(await asyncio.gather(*tasks))
+                return [c for c, _ in await asyncio.gather(*tasks)]
             finally:  # the first error ends the batch: nothing of it goes on being sent or retried
                 for t in tasks:
                     t.cancel()
@@ -407,7 +435,7 @@ class VllmExtractBackend:
     async def capture_stream(self, rows: Iterable[ExtractRow] | AsyncIterable[ExtractRow]) -> AsyncIterator[Captured]:
         """Captured samples in completion order, at most ``concurrency`` requests in flight. Run on any loop."""
         await self._ensure_session()
-        pending: set[asyncio.Task[Captured]] = set()
+        pending: set[asyncio.Task[tuple[Captured, str]]] = set()
         limit = max(1, self.opts.concurrency) * 2
 
         async def rows_iter() -> AsyncIterator[ExtractRow]:
@@ -424,11 +452,11 @@ class VllmExtractBackend:
                 if len(pending) >= limit:
                     done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                     for d in done:
-                        yield d.result()
+                        yield d.result()[0]
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for d in done:
-                    yield d.result()
+                    yield d.result()[0]
         finally:
             for p in pending:
                 p.cancel()

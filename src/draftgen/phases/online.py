@@ -1,0 +1,242 @@
+"""``draftgen train --online`` (``train.online``): a drafter trained on hidden states generated on demand by vLLM
+extract servers, checked on their way to the trainer, and never stored by draftgen.
+
+Reads the merged train rows (``merged/``), the target's folder (``train.verifier`` / ``hidden_states.model``) and
+the servers (``hidden_states.base_urls``, their shared ``hidden_states.connector_dir``, as the vllm extract
+backend: docs/extract.md). Writes ``train/online/`` (speculators' Arrow dataset of the rows, ``token_freq.pt``,
+``sample_ids.jsonl``, then ``online.json``: what they were made from) and what offline ``train`` writes
+(``vocab/``, ``checkpoints/``, ``drafter/``, ``log.jsonl``, ``train.json`` with its ``online`` part).
+
+1. Preflight, before any training step: every server runs ``train.online_check_rows`` rows (evenly spaced over
+   the merged order) through the full capture check: exact ids (the vllm backend's own), every per-sample
+   check and the log-prob check against its ``prompt_logprobs`` (``checks``). A server that fails it stops the
+   run, named with the check, before speculators starts.
+2. The checking proxy (``phases.extract.proxy``) starts on a loopback port in front of all the servers;
+   speculators gets it as ``--vllm-endpoint`` with ``--on-missing generate``: each sample it consumes is
+   generated through a server, checked like an offline sample, and handed over (the server's file, read in
+   place, deleted by the trainer once loaded) or excluded (never trained on, counted by check). Files waiting
+   for the trainer are bounded (``max_files``); the proxy removes any left when it stops.
+3. Training, resume (from the last complete checkpoint), publishing and the report are offline ``train``'s
+   (``phases.train.run.train_prepared``); train.json's ``online`` names the servers and their models, the
+   rows' digest, the preflight, and the requests, passes and exclusions. Over
+   ``hidden_states.max_flagged_fraction`` of the requests excluded, the run exits 3 after train.json.
+
+Checkpoints trained on other rows are refused unless ``--restart`` (online.json's digest).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from draftgen.errors import APIError, ConfigError, DraftgenError, InputError, ThresholdBroken
+from draftgen.phases import Echo
+
+if TYPE_CHECKING:
+    from draftgen.config import RunConfig
+    from draftgen.phases import PhaseContext, PhaseOutcome
+    from draftgen.phases.extract.capture import ExtractRow, TargetInfo
+    from draftgen.phases.extract.proxy import CheckingProxy
+    from draftgen.records import TrainOnlineReport, TrainReport
+    from draftgen.rundir import RunDir
+    from draftgen.tokens import Profile
+
+__all__ = ["phase_run", "run_train_online"]
+
+#: files handed to the trainer and not yet taken by it, at most (a request waits for room)
+MAX_FILES = 16
+
+
+def run_train_online(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
+                     restart: bool = False, argv: list[str] | None = None) -> TrainReport:
+    """Train the drafter online (see the module docstring); the arguments are ``run_train``'s."""
+    from draftgen.rundir import writer
+
+    with writer(cfg, "train", force=force, argv=argv) as rd:
+        return _online(cfg, rd, echo, restart)
+
+
+def phase_run(ctx: PhaseContext) -> PhaseOutcome:
+    """The ``train`` row of ``phases.PHASES``: online with ``train.online``, else the stored set's train."""
+    from draftgen.phases import PhaseOutcome
+    from draftgen.phases.train.run import phase_run as offline
+
+    if not ctx.cfg.train.online:
+        return offline(ctx)
+    _online(ctx.cfg, ctx.rd, ctx.echo, False)
+    return PhaseOutcome()
+
+
+def _servers(cfg: RunConfig) -> list[str]:
+    from draftgen.backends import capabilities
+
+    hs, ep = cfg.hidden_states, cfg.endpoint
+    urls = [str(u) for u in hs.base_urls]
+    if not urls and capabilities(ep.kind).hidden_states:
+        urls = [u for u in [ep.base_url, *ep.base_urls] if u]
+    if not urls:
+        raise ConfigError("hidden_states.base_urls: empty; train --online needs the vLLM servers running "
+                          "extract_hidden_states (docs/extract.md, the vllm backend)")
+    return urls
+
+
+def _online(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> TrainReport:
+    from draftgen.hidden.algorithms import select
+    from draftgen.phases.extract.batches import identity_of, read_merged_rows
+    from draftgen.phases.extract.capture.vllm import VllmExtractBackend
+    from draftgen.phases.extract.proxy import CheckingProxy
+    from draftgen.phases.train.launch import ONLINE_FLAG, SELECT_FLAG, find_speculators_python
+    from draftgen.phases.train.run import Prepared, norm_digest, train_prepared, verifier_path
+
+    tc = cfg.train
+    python = find_speculators_python(tc.speculators)
+    verifier = verifier_path(cfg)
+    rows = read_merged_rows(rd)
+    urls = _servers(cfg)
+    info, models, checks = _preflight(cfg, rows, urls, echo)
+    if identity_of(info).norm_weight_sha256 != norm_digest(verifier):
+        raise ConfigError(f"train.verifier {str(verifier)!r} is not the target the servers serve "
+                          f"(hidden_states.model {cfg.hidden_states.model!r}): their final norms differ; point both "
+                          "at the folder of the model the servers run")
+    ids, slots = select(tc.algorithm, info.layers.aux, info.num_layers, tc.layer_ids)
+    data, digest = _write_inputs(rd, rows, restart, urls, echo)
+    runner = [ONLINE_FLAG] + ([SELECT_FLAG, ",".join(map(str, slots))]
+                              if slots != list(range(len(info.layers.aux))) else [])
+    with CheckingProxy(VllmExtractBackend(cfg), cfg.hidden_states, rows, model_name=str(verifier),
+                       max_files=MAX_FILES) as proxy:
+        spec = ["--on-missing", "generate", "--vllm-endpoint", proxy.url, "--generation-validation-retries", "0",
+                "--request-timeout", str(cfg.endpoint.request_timeout_s or cfg.endpoint.idle_timeout_s)]
+        prep = Prepared(python=python, verifier=verifier, data=data, samples=len(rows),
+                        source="online: " + ", ".join(urls), fingerprint=digest, layer_ids=ids,
+                        norm_sha256=norm_digest(verifier), runner_flags=runner, speculators_flags=spec)
+        session = _Session(proxy, urls, models, rows, digest, checks, tc.online_check_rows)
+        echo(f"train: online through {proxy.url} (checking proxy) in front of {len(urls)} server(s): "
+             + ", ".join(f"{u} ({m})" for u, m in zip(urls, models, strict=True)))
+        report = train_prepared(cfg, rd, echo, prep, restart=restart, session=session)
+    on = report.online
+    if on is not None:
+        echo(f"train: online: {on.requests} samples asked for, {on.passed} passed the checks, {on.excluded} "
+             f"excluded ({dict(on.excluded_by_check) or 'none'}); at most {on.peak_files} files waited for the "
+             "trainer")
+        if on.requests and on.excluded / on.requests > cfg.hidden_states.max_flagged_fraction:
+            raise ThresholdBroken(f"train --online: {on.excluded} of {on.requests} samples failed a check "
+                                  f"({dict(on.excluded_by_check)}), over hidden_states.max_flagged_fraction "
+                                  f"{cfg.hidden_states.max_flagged_fraction}; they were not trained on. See "
+                                  f"{rd.train_report}")
+    return report
+
+
+def _picked(rows: Sequence[ExtractRow], n: int) -> list[ExtractRow]:
+    if n >= len(rows):
+        return list(rows)
+    return [rows[round(i * (len(rows) - 1) / max(n - 1, 1))] for i in range(n)]
+
+
+def _preflight(cfg: RunConfig, rows: Sequence[ExtractRow], urls: list[str],
+               echo: Echo) -> tuple[TargetInfo, list[str], list[str]]:
+    """Every server through the full capture check on the picked rows (see the module docstring): the
+    target's info, the servers' model ids and the checks that ran; a DraftgenError naming a failing server."""
+    from draftgen.phases.extract.capture.vllm import VllmExtractBackend
+    from draftgen.phases.extract.checks import CHECKS
+    from draftgen.phases.extract.proxy import check_captured
+
+    picked = _picked(rows, cfg.train.online_check_rows)
+    models: list[str] = []
+    info: TargetInfo | None = None
+    for url in urls:
+        be = VllmExtractBackend(cfg, base_urls=[url], teacher_fraction=1.0)
+        try:
+            models.append(be.served_models()[0])
+            failed: Counter[str] = Counter()
+            first: dict[str, str] = {}
+            for row, cap in zip(picked, be.capture(picked), strict=True):
+                for name in check_captured(be, cfg.hidden_states, row, cap, teacher=True).failed:
+                    failed[name] += 1
+                    first.setdefault(name, row.sample_id)
+            info = be.info
+        except APIError as exc:
+            raise DraftgenError(f"train --online: server {url} fails the capture check: {exc}") from None
+        finally:
+            be.close()
+        if failed:
+            what = ", ".join(f"{n} on {k} of {len(picked)} rows (e.g. {first[n]})" for n, k in failed.most_common())
+            raise DraftgenError(f"train --online: server {url} fails the capture check: {what}; nothing was "
+                                "trained. Serve the target with the layer ids draftgen expects (docs/extract.md) "
+                                "or take it out of hidden_states.base_urls")
+    assert info is not None
+    echo(f"train: online preflight: {len(urls)} server(s) passed the capture check on {len(picked)} rows each "
+         "(exact ids, per-sample checks, log-prob check against prompt_logprobs)")
+    ran = [c for c in CHECKS if c not in ("reference_aux", "reference_final")]  # no plain forward online
+    return info, models, ran
+
+
+def _rows_digest(rows: Sequence[ExtractRow]) -> str:
+    from draftgen.hidden.format import row_digest
+
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(row_digest(r.input_ids, r.loss_mask).encode())
+    return h.hexdigest()
+
+
+def _write_inputs(rd: RunDir, rows: Sequence[ExtractRow], restart: bool, urls: list[str],
+                  echo: Echo) -> tuple[Path, str]:
+    """``train/online/`` for these rows (left as it is when it already is of them); refuses checkpoints of
+    other rows unless ``restart``. Returns the folder and the rows' digest."""
+    import io
+
+    import torch
+
+    from draftgen.hidden.exports import SAMPLE_IDS, TOKEN_FREQ
+    from draftgen.hidden.format import atomic_write_bytes
+    from draftgen.phases.train.inputs import save_dataset
+    from draftgen.phases.train.launch import last_complete
+    from draftgen.records import HiddenExportSample, TrainOnlineReport
+    from draftgen.store import atomic_write_json, encode_json, read_json
+
+    out, path = rd.train_online, rd.train_online_report
+    digest = _rows_digest(rows)
+    old = read_json(path, TrainOnlineReport) if path.is_file() else None
+    if old is not None and old.rows_sha256 != digest and not restart and last_complete(rd.train_checkpoints):
+        raise InputError(f"{rd.train_checkpoints}: these checkpoints were trained on other rows; rerun with "
+                         "--restart to train from scratch on the merged rows as they are now")
+    if old is not None and old.rows_sha256 == digest:
+        return out, digest
+    out.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    ids = [[int(t) for t in r.input_ids.tolist()] for r in rows]
+    masks = [[int(m) for m in r.loss_mask.tolist()] for r in rows]
+    save_dataset(out, {"input_ids": ids, "loss_mask": masks, "seq_len": [len(x) for x in ids]})
+    freq: Counter[int] = Counter(t for x, m in zip(ids, masks, strict=True) for t, k in zip(x, m, strict=True) if k)
+    buf = io.BytesIO()
+    torch.save(dict(freq), buf)
+    atomic_write_bytes(out / TOKEN_FREQ, buf.getvalue())
+    atomic_write_bytes(out / SAMPLE_IDS, b"".join(
+        encode_json(HiddenExportSample(index=i, sample_id=r.sample_id, file="")) + b"\n" for i, r in enumerate(rows)))
+    atomic_write_json(path, TrainOnlineReport(servers=urls, server_models=[], rows=len(rows), rows_sha256=digest,
+                                              preflight_rows=0, preflight_checks=[]))
+    echo(f"train: online inputs for {len(rows)} merged rows in {out} (no hidden states stored)")
+    return out, digest
+
+
+class _Session:
+    """train_prepared's session: the proxy's figures as train.json's ``online`` part."""
+
+    def __init__(self, proxy: CheckingProxy, urls: list[str], models: list[str], rows: Sequence[ExtractRow],
+                 digest: str, checks: list[str], preflight_rows: int) -> None:
+        self.proxy, self.urls, self.models, self.checks = proxy, urls, models, checks
+        self.rows, self.digest, self.preflight_rows = len(rows), digest, min(preflight_rows, len(rows))
+
+    def report(self) -> TrainOnlineReport:
+        from draftgen.records import TrainOnlineReport
+
+        s = self.proxy.stats
+        return TrainOnlineReport(servers=self.urls, server_models=self.models, rows=self.rows,
+                                 rows_sha256=self.digest, preflight_rows=self.preflight_rows,
+                                 preflight_checks=self.checks, requests=s.requests, passed=s.passed,
+                                 excluded=s.excluded, excluded_by_check=dict(s.excluded_by_check),
+                                 excluded_ids=list(s.excluded_ids), teacher_checked=s.teacher_checked,
+                                 peak_files=s.peak_files, peak_bytes=s.peak_bytes)
