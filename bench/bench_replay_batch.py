@@ -33,7 +33,15 @@ from pathlib import Path
 from typing import Any
 
 try:
-    from bench._common import REPO_ROOT, emit_result, free_port, pin_cpu, quick_mode, stop_process, wait_for_emulator
+    from bench._common import (
+        REPO_ROOT,
+        emit_result,
+        free_port,
+        pin_cpu,
+        quick_mode,
+        stop_process,
+        wait_for_emulator,
+    )
     from bench.bench_replay import DATASETS, LONG, ROUTING, SHORT, USD_BUDGET
 except ModuleNotFoundError:  # run as `python bench/bench_replay_batch.py`
     from _common import (  # type: ignore[no-redef,import-not-found]

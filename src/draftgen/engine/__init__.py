@@ -8,7 +8,9 @@ reservation, attempts and record), ``sinks`` (the writers of its files), ``limit
 (one group-committing writer task per file), ``prompts`` (streamed prompt cursors), ``assemble``
 (Completion → ResponseRecord with ids, and what makes a response usable), ``health`` (provider
 cool-downs and the routing applied to responses), ``stats`` (counters) and ``progress`` (rich/plain
-display and the run log).
+display and the run log). ``endpoint.mode: batch`` runs on ``batch.BatchRunner`` (OpenRouter batches:
+cut, journalled, submitted, polled), ``batch_ingest`` (results → the same records) and
+``batch_journal`` (the crash-safe journal and the batch lines of the display and ``status``).
 """
 
 from __future__ import annotations
