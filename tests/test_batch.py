@@ -28,6 +28,7 @@ from draftgen.engine.batch_journal import batch_lines, load_batches
 from draftgen.errors import ConfigError
 from draftgen.phases.generate import run_generate
 from draftgen.phases.plan import run_plan
+from draftgen.phases.report.run import run_report
 from draftgen.phases.status import run_status
 from draftgen.records import AttemptRecord
 from draftgen.rundir import RunDir
@@ -228,6 +229,8 @@ def test_status_and_the_provider_table_show_batches_and_tiers(tmp_path: Path) ->
     run_status(str(run), echo=shown.append)
     assert "batches: 0 waiting to be submitted, 0 submitted, 0 in progress, 1 done" in shown[0]
     assert "tier batch" in shown[0]
+    page = run_report(_cfg(tmp_path, "http://unused"), **quiet).path.read_text(encoding="utf-8")
+    assert "<th>service tier</th>" in page and '<td class="mono">batch</td>' in page
 
 
 def test_service_tier_is_sent_recorded_priced_and_shown(tmp_path: Path) -> None:

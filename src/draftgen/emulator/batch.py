@@ -97,6 +97,7 @@ class EmuBatch:
     provider: Provider  # the batch's provider at batch prices
     requests: list[tuple[str, dict[str, Any]]]
     created_at: int
+    seq: int = 0  # its number on this server: the fault draws depend on (seed, seq), so a seed reproduces them
     invalid: str | None = None  # why validation fails it
     status: str = "validating"
     error: dict[str, Any] | None = None
@@ -262,8 +263,9 @@ async def submit(request: web.Request) -> web.Response:
     b = _parse_submission(core, await request.read())
     if isinstance(b, ApiError):
         return _fail(core, b)
-    store.batches[b.id] = b
     store.submitted += 1
+    b.seq = store.submitted
+    store.batches[b.id] = b
     task = asyncio.get_running_loop().create_task(_lifecycle(core, b), name=f"emulator-batch:{b.id}")
     store.tasks.add(task)
     task.add_done_callback(store.tasks.discard)
@@ -278,7 +280,7 @@ async def _lifecycle(core: EmulatorCore, b: EmuBatch) -> None:
     sc, bb = core.scenario, core.scenario.batch
     started = time.monotonic()
     await asyncio.sleep(sc.scaled(bb.validating_s))
-    u = core.uniform("batch-outcome", b.id)
+    u = core.uniform("batch-outcome", b.seq)
     if b.invalid is not None or u < bb.fail_rate:
         b.status, b.finalized_at = "failed", int(time.time())
         b.error = {"message": b.invalid or "Validation failed: the provider rejected the batch input"}
@@ -305,7 +307,7 @@ async def _lifecycle(core: EmulatorCore, b: EmuBatch) -> None:
 
 
 async def _make(core: EmulatorCore, b: EmuBatch, cid: str, body: dict[str, Any]) -> _Made:
-    if core.uniform("batch-item", b.id, cid) < core.scenario.batch.item_fail_rate:
+    if core.uniform("batch-item", b.seq, cid) < core.scenario.batch.item_fail_rate:
         return _Made(cid, error={"message": "Provider returned error", "type": "server_error", "param": None})
     req = parse_chat({**body, "model": b.model}, core.opts.thinking)
     assert isinstance(req, ChatRequest)  # validated by _invalid

@@ -10,7 +10,9 @@ reservation, attempts and record), ``sinks`` (the writers of its files), ``limit
 cool-downs and the routing applied to responses), ``usable`` (the model, the providers and the
 completeness a response must have), ``keywatch`` (the API key's limit reread during a run), ``flight``
 (one request on the wire) and ``tail`` (stalls, slow streams, hedges), ``stats`` (counters) and
-``progress`` (rich/plain display and the run log).
+``progress`` (rich/plain display and the run log). ``endpoint.mode: batch`` runs on ``batch.BatchRunner``
+(OpenRouter batches: cut, journalled, submitted, polled), ``batch_ingest`` (results → the same records) and
+``batch_journal`` (the crash-safe journal and the batch lines of the display and ``status``).
 """
 
 from __future__ import annotations
