@@ -8,7 +8,7 @@ registers; this module only reads them (docs/extending.md walks through adding t
     backends.BACKENDS                            endpoint.kind            its module + one register line
     exporters.EXPORTERS                          merge.exports            its builder + one decorator line
     phases.extract.capture.EXTRACT_BACKENDS      hidden_states.backend    its module + one register line
-    hidden.exports.HIDDEN_EXPORTERS              export-hidden --format   its writer + one decorator line
+    hidden.exports.HIDDEN_EXPORTERS              export-hidden --format   its sink + one decorator line
     phases.PHASES (the phase table)              (draftgen run)           its module + one register_phase line
 
 ``check_config(cfg, where)`` is one loop over the registry-backed config keys (``CONFIG_KEYS``): a config

@@ -359,16 +359,15 @@ def test_item14_s3_endpoint_stops_mid_extract(world: dict[str, Path], moto: tupl
     proc, url = moto
     cfg = with_hidden(world["run_cfg"], "cfg-stop.yaml", output="s3://hidden/stop", batch_tokens=1,
                       storage_options={"endpoint_url": url})
-    real_publish = HiddenStore.publish
+    real_write = HiddenStore.write
 
-    def publish(self: HiddenStore, sample_id: str, data: bytes) -> str:
-        rel = real_publish(self, sample_id, data)
+    def write(self: HiddenStore, batch: Any) -> None:  # the store as extract's sink: one batch, one sample
+        real_write(self, batch)
         if proc.poll() is None:  # the first sample is stored, then the endpoint goes away
             proc.terminate()
             proc.wait(timeout=30)
-        return rel
 
-    monkeypatch.setattr(HiddenStore, "publish", publish)
+    monkeypatch.setattr(HiddenStore, "write", write)
     res = _invoke(["extract", str(cfg)])
     _one_error_line(res, 1, "s3://hidden/stop/", "the storage endpoint cannot be reached",
                     "storage_options.endpoint_url", "rerun")

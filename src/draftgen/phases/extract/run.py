@@ -267,7 +267,7 @@ class Tally:
 
 
 def drive(executor: Executor, batches: Sequence[Sequence[ExtractRow]], pending: Sequence[ExtractRow],
-           done: dict[str, HiddenIndexRecord], echo: Echo, *, total: int, done_before: int) -> Tally:
+          done: dict[str, HiddenIndexRecord], echo: Echo, *, total: int, done_before: int) -> Tally:
     """THE driver loop, whatever the executor: each result into the tally (adds to ``done``), a progress
     line every ~5% of the pending samples, then one line per worker of a pool."""
     tally = Tally(pending, done)
@@ -277,8 +277,9 @@ def drive(executor: Executor, batches: Sequence[Sequence[ExtractRow]], pending: 
     first: float | None = None
     for res in executor.results(batches):
         first = time.monotonic() - t0 if first is None else first
+        before = tally.extracted
         tally.add(res)
-        if tally.extracted >= next_echo or (pending and tally.extracted == len(pending)):
+        if tally.extracted > before and (tally.extracted >= next_echo or tally.extracted == len(pending)):
             next_echo = tally.extracted + every
             flagged = sum(1 for r in res.records if r.failed)
             echo(f"extract{executor.label}: {done_before + tally.extracted:,}/{total:,} samples, {tally.tokens:,} "

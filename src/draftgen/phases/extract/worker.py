@@ -143,7 +143,7 @@ class _Captured:
     """A batch's rows and their captured states, when and how long the capture took."""
 
     rows: Sequence[ExtractRow]
-    caps: list[Captured]
+    caps: list[Captured | None]  # ``finish`` lets each go once encoded
     began: float
     seconds: float
 
@@ -185,7 +185,7 @@ class Worker:
 
     def capture(self, rows: Sequence[ExtractRow]) -> _Captured:
         began, t = time.time(), time.monotonic()
-        caps = self.backend.capture(rows)
+        caps: list[Captured | None] = list(self.backend.capture(rows))
         return _Captured(rows=rows, caps=caps, began=began, seconds=time.monotonic() - t)
 
     def finish(self, c: _Captured) -> BatchResult:
@@ -196,9 +196,14 @@ class Worker:
         timings = dict.fromkeys(TIMING_KEYS, 0.0)
         timings["capture"] = c.seconds
         samples: list[StreamSample] = []
-        for row, cap in zip(c.rows, c.caps, strict=True):
+        if len(c.caps) != len(c.rows):
+            raise RuntimeError(f"capture returned {len(c.caps)} samples for {len(c.rows)} rows")
+        for i, row in enumerate(c.rows):
+            cap, c.caps[i] = c.caps[i], None  # held: this batch's encoded bytes, not also its float states
+            assert cap is not None
             t = time.monotonic()
             data = encode_sample(cap, hs.dtype)
+            del cap
             t2 = time.monotonic()
             res = check_sample(decode_sample(data), row, be, hs, teacher=teacher_selected(row.sample_id,
                                                                                       hs.teacher_fraction))
