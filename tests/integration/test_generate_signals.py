@@ -106,7 +106,6 @@ def test_sigint_finishes_in_flight_and_second_sigint_exits_now(tmp_path: Path) -
         cfg = _config(tmp_path, emu.base_url, endpoint={"kind": "emulator", "base_url": emu.base_url,
                                                          "idle_timeout_s": 60, "stream": False})
         proc = _start(cfg)
-        log = tmp_path / "run" / "logs" / "generate.log"
         deadline = time.monotonic() + 30
         while emu.state.requests < 6 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -120,7 +119,7 @@ def test_sigint_finishes_in_flight_and_second_sigint_exits_now(tmp_path: Path) -
         t0 = time.monotonic()
         out, err = proc.communicate(timeout=20)
         assert proc.returncode == 130 and time.monotonic() - t0 < 5
-        said = err.decode()  # the display's one-off lines (also in the log)
+        said = err.decode()  # the display's one-off lines (also in logs/generate.log)
         assert said.count("SIGINT: stopping; grace period") == 1 and said.count("again: aborting") == 1
         assert said.count("exiting now") == 1
     assert len(responses(tmp_path / "run", "a")) == after_first
