@@ -516,17 +516,11 @@ def _lock(root: Path, command: str) -> Iterator[None]:
 @contextlib.contextmanager
 def writer(cfg: RunConfig, command: str, *, argv: list[str] | None = None, force: bool = False,
            same_config: bool = False) -> Iterator[RunDir]:
-    """Hold the run directory for a writing command (see the module docstring).
-
-    Claims a new or empty folder by writing ``run.json``; refuses a non-empty folder without it. Refuses a
-    run made with another target (``model.*`` fields, named) unless ``force``. ``same_config`` (generate)
-    also refuses other datasets (a dataset's source under the same name) and refreshes ``run.json`` with
-    this command's argv and config; other generation settings are the records' own (``phases.rerun``).
-
-    A command that fails before its first real write leaves the folder as it found it: when this call
-    claimed it and nothing but the stamp (``run.json``, the lock, empty files, logs) is in it, they are
-    removed again, and so is the folder (and its parents) when the claim made it.
-    """
+    """Hold the run directory for a writing command (see the module docstring): claim a new or empty folder
+    (``run.json``), refuse one made for another target (``model.*``, named) unless ``force``. ``same_config``
+    (generate) also refuses another source under a dataset's name and refreshes ``run.json``; the other
+    generation settings are the records' own (``phases.rerun``). A command that fails before its first real
+    write undoes its claim (``_only_stamp``, ``_undo_claim``): the folder is left as it was found."""
     root = cfg.run_path
     _check_owner(root)
     made = _missing_top(root)
@@ -552,15 +546,13 @@ def writer(cfg: RunConfig, command: str, *, argv: list[str] | None = None, force
 
 def _refuse_other(cfg: RunConfig, man: RunManifest, root: Path, command: str, *, force: bool,
                   same_config: bool) -> None:
-    """Refuse a run made with another target (unless ``force``) or, with ``same_config``, other datasets.
-    When the folder holds nothing but the stamp of a start that failed, the message says how to reset it."""
+    """Refuse a run made with another target (unless ``force``) or, with ``same_config``, other datasets; a
+    folder holding only the stamp of a failed start is told how to reset it."""
     reset = (f"; {root} holds nothing but the stamp of a start that failed ({MARKER}): delete {root / MARKER} "
              "to start afresh" if _only_stamp(root) else "")
-    if same_config:
-        ds = _dataset_mismatches(cfg, man)
-        if ds:
-            raise RunDirError(f"{root}: {ds[0]}; use another --run-dir for other data, or restore the "
-                              f"dataset{reset}")
+    ds = _dataset_mismatches(cfg, man) if same_config else []
+    if ds:
+        raise RunDirError(f"{root}: {ds[0]}; use another --run-dir for other data, or restore the dataset{reset}")
     diffs = _config_mismatches(cfg, man)
     if diffs and not force:
         raise RunDirError(f"{root}: {diffs[0]}; run `draftgen {command.split()[0]}` with the run's config, "
@@ -570,62 +562,39 @@ def _refuse_other(cfg: RunConfig, man: RunManifest, root: Path, command: str, *,
 def _dataset_mismatches(cfg: RunConfig, man: RunManifest) -> list[str]:
     """Datasets of the run whose source (path, hf, format) differs under the same name."""
     old = man.config.get("datasets") if isinstance(man.config, dict) else None
-    if not isinstance(old, list):
-        return []
-    had = {d.get("name"): d for d in old if isinstance(d, dict)}
-    out = []
-    for i, d in enumerate(cfg.datasets):
-        was = had.get(d.name)
-        if was is None:
-            continue
-        for key in ("path", "hf", "format"):
-            now = _with_defaults(getattr(d, key))
-            if key in was and was[key] != now:
-                out.append(f"datasets[{i}].{key} ({d.name}): the run has {redact(repr(was[key]))}, "
-                           f"this config {redact(repr(now))}")
-    return out
+    had = {d.get("name"): d for d in old if isinstance(d, dict)} if isinstance(old, list) else {}
+    return [f"datasets[{i}].{k} ({d.name}): the run has {redact(repr(had[d.name][k]))}, this config "
+            f"{redact(repr(getattr(d, k)))}" for i, d in enumerate(cfg.datasets) for k in ("path", "hf", "format")
+            if k in had.get(d.name, {}) and had[d.name][k] != getattr(d, k)]
 
 
 def _missing_top(root: Path) -> Path | None:
     """The outermost folder of ``root``'s path that does not exist yet (None: ``root`` exists)."""
-    top = None
-    for p in (root, *root.parents):
-        if p.exists():
-            break
-        top = p
-    return top
-
-
-def _stamp_file(root: Path, p: Path) -> bool:
-    """A file a claim or a failed start leaves: the marker, the lock, an empty file, a log."""
-    rel = p.relative_to(root).parts
-    return rel in ((MARKER,), (LOCK_NAME,)) or rel[0] == _LOGS or p.stat().st_size == 0
+    missing = [p for p in (root, *root.parents) if not p.exists()]
+    return missing[-1] if missing else None
 
 
 def _only_stamp(root: Path) -> bool:
-    """Whether ``root`` holds nothing but the stamp of a start (``_stamp_file``) and empty folders. Stops
-    at the first real file."""
+    """Whether ``root`` holds nothing but empty folders and what a claim or a failed start leaves: the marker,
+    the lock, empty files, logs. Stops at the first other file."""
+    def stamp(p: Path) -> bool:
+        rel = p.relative_to(root).parts
+        return rel in ((MARKER,), (LOCK_NAME,)) or rel[0] == _LOGS or p.stat().st_size == 0
     try:
-        return all(not p.is_symlink() and (p.is_dir() or (p.is_file() and _stamp_file(root, p)))
-                   for p in root.rglob("*"))
+        return all(not p.is_symlink() and (p.is_dir() or (p.is_file() and stamp(p))) for p in root.rglob("*"))
     except OSError:
         return False
 
 
 def _undo_claim(root: Path, made: Path | None) -> None:
-    """Remove what a claim of ``root`` wrote (only stamp files: ``_only_stamp`` holds), and the folders the
-    claim made, up to ``made``."""
+    """Remove what a claim of ``root`` wrote (``_only_stamp`` holds), and the folders it made, up to ``made``."""
     with contextlib.suppress(OSError):
         for p in sorted(root.rglob("*"), key=lambda q: len(q.parts), reverse=True):
-            if p.is_dir():
-                p.rmdir()
-            else:
-                p.unlink()
-        if made is not None:
-            for p in (root, *root.parents):
-                p.rmdir()
-                if p == made:
-                    break
+            p.rmdir() if p.is_dir() else p.unlink()
+        for p in (root, *root.parents) if made is not None else ():
+            p.rmdir()
+            if p == made:
+                break
 
 
 # -- record provenance -----------------------------------------------------------------------------------

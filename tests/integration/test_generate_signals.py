@@ -119,7 +119,7 @@ def test_sigint_finishes_in_flight_and_second_sigint_exits_now(tmp_path: Path) -
         t0 = time.monotonic()
         out, err = proc.communicate(timeout=20)
         assert proc.returncode == 130 and time.monotonic() - t0 < 5
-        said = err.decode()  # the display's one-off lines (also in the log)
+        said = err.decode()  # the display's one-off lines (also in logs/generate.log)
         assert said.count("SIGINT: stopping; grace period") == 1 and said.count("again: aborting") == 1
         assert said.count("exiting now") == 1
     assert len(responses(tmp_path / "run", "a")) == after_first

@@ -135,8 +135,7 @@ def rerun_lines(report: Sequence[DatasetRerun], redoing: Sequence[str] = ()) -> 
         if not (d.changed or d.truncated or d.routing):
             continue
         redo = [k for k in REDO_KINDS if k in redoing]
-        kept = d.records - (len(d.changed) if "changed" in redo else 0) - \
-            (len(d.truncated - d.changed) if "truncated" in redo else 0)
+        kept = d.records - len(_chosen(d, redo))
         parts = [f"{d.dataset}: {d.records:,} records from earlier runs, {kept:,} kept"]
         if d.changed:
             top = ", ".join(f"{what}: {n:,}" for what, n in d.differences.most_common(_SHOWN))
@@ -144,7 +143,8 @@ def rerun_lines(report: Sequence[DatasetRerun], redoing: Sequence[str] = ()) -> 
             how = "redone now" if "changed" in redo else "`generate --redo changed` regenerates them"
             parts.append(f"{len(d.changed):,} made with other settings ({top}{more}): {how}")
         if d.truncated:
-            how = "redone now" if redo else "`generate --redo truncated` regenerates them"
+            how = "redone now" if "truncated" in redo or "changed" in redo else \
+                "`generate --redo truncated` regenerates them"
             parts.append(f"{len(d.truncated):,} cut at a max_tokens below today's: {how}")
         if d.routing:
             parts.append("routing differs (" + ", ".join(d.routing) + "; said only: routing decides who serves)")
@@ -154,13 +154,17 @@ def rerun_lines(report: Sequence[DatasetRerun], redoing: Sequence[str] = ()) -> 
     return lines
 
 
+def _chosen(d: DatasetRerun, kinds: Sequence[str]) -> set[str]:
+    """The samples of ``d`` the ``--redo`` kinds select."""
+    return (d.changed if "changed" in kinds else set()) | (d.truncated if "truncated" in kinds else set())
+
+
 def redo(rd: RunDir, report: Sequence[DatasetRerun], kinds: Sequence[str]) -> dict[str, int]:
     """Move the records of the ``kinds`` asked for out of each raw log into ``replaced.jsonl`` (see the module
     docstring); returns the records moved per dataset (those with none left out)."""
     moved: dict[str, int] = {}
     for d in report:
-        ids = (d.changed if "changed" in kinds else set()) | (d.truncated if "truncated" in kinds else set())
-        n = move_records(rd.raw(d.dataset), rd.replaced(d.dataset), ids)
+        n = move_records(rd.raw(d.dataset), rd.replaced(d.dataset), _chosen(d, kinds))
         if n:
             moved[d.dataset] = n
     return moved
