@@ -48,7 +48,7 @@ TIMEOUTS: dict[str, tuple[int, int]] = {
     "bench_scale": (450, 120),
     "bench_peers": (420, 180),
     "bench_replay": (600, 600),
-    "bench_tail": (480, 240),
+    "bench_tail": (720, 240),
     "bench_extract": (300, 150),
     "bench_chain": (1200, 900),
     "bench_train_disk": (240, 90),
