@@ -48,13 +48,9 @@ TIMEOUTS: dict[str, tuple[int, int]] = {
     "bench_scale": (450, 120),
     "bench_peers": (420, 180),
     "bench_replay": (600, 600),
-<<<<<<< HEAD
     "bench_plan": (420, 240),
     "bench_replay_batch": (600, 300),
-    "bench_tail": (480, 240),
-=======
     "bench_tail": (720, 240),
->>>>>>> h/23b
     "bench_extract": (300, 150),
     "bench_chain": (1200, 900),
     "bench_train_disk": (240, 90),
