@@ -6,7 +6,9 @@ the superset of layers ``[2, 3, 4, 5, 6]`` + 8: EAGLE-3's three and DFlash's fiv
 step each; eagle3 is tests/test_train.py's, eagle3.1 tests/test_train_online.py's), each taking its own layers;
 speculators' own loader loads every result; draftgen's P-EAGLE drafter reproduces speculators' own P-EAGLE
 forward; and ``draftgen emulate --drafter`` serves the P-EAGLE drafter (exactly plain greedy output) while
-``draftgen accept`` measures it. The sizes given to speculators (``extra_args``: one draft layer, blocks of 4,
+``draftgen accept`` measures it; and speculators' own online client (``generate_hidden_states``, its file
+transfer, ``check_hidden_states``) reads ``draftgen emulate --model``'s extract mode as it reads ``vllm serve``.
+The sizes given to speculators (``extra_args``: one draft layer, blocks of 4,
 few anchors, small heads) only make the CPU steps short; the algorithms are speculators' own.
 """
 
@@ -92,10 +94,11 @@ def test_each_algorithm_trains_on_its_own_layers_of_the_one_set(trained: dict[st
         assert rep.draft_vocab_size == 151669  # over the whole target vocabulary
 
 
-def test_speculators_loads_every_drafter_and_peagle_matches_its_forward(trained: dict[str, TrainReport],
-                                                                        tmp_path: Path) -> None:
-    """speculators' own loader (``SpeculatorModel.from_pretrained``) loads each checkpoint; draftgen's P-EAGLE
-    drafter gives the logits speculators' PEagleDraftModel gives for the same parallel group."""
+def test_speculators_reads_what_draftgen_makes(capture: dict[str, Any], trained: dict[str, TrainReport],
+                                              tmp_path: Path) -> None:
+    """In speculators' own Python: its loader (``SpeculatorModel.from_pretrained``) loads each checkpoint;
+    draftgen's P-EAGLE drafter gives the logits speculators' PEagleDraftModel gives for the same parallel
+    group; its online client reads the emulator's extract mode (a file it loads, checks and deletes)."""
     from draftgen.drafter.eagle3 import load_drafter
 
     torch.manual_seed(0)
@@ -131,13 +134,34 @@ with torch.no_grad():
     m(hidden_states=aux[None], input_ids=ids[None], document_ids=torch.zeros(1, t, dtype=torch.long),
       loss_mask=torch.ones(1, t), verifier_last_hidden_states=torch.zeros(1, t, m.hidden_size), num_depths=k)
 torch.save(got["logits"][0, n - 1:], out)
+import openai
+from pathlib import Path
+from hs_connectors import FileTransfer
+from speculators.data_generation.vllm_client import generate_hidden_states
+from speculators.data_generation.offline import check_hidden_states
+client = openai.OpenAI(base_url=sys.argv[4], api_key="EMPTY", max_retries=0)
+ids = json.loads(sys.argv[5])
+handle, params = generate_hidden_states(client, client.models.list().data[0].id, {"input_ids": ids}, timeout=60,
+                                        max_retries=0)
+transfer = FileTransfer(Path("unused"))
+hs = transfer.get_generated(params)
+check_hidden_states(hs, ids)
+transfer.delete(handle)
+loaded["online"] = [list(hs["hidden_states"].shape), Path(handle).exists()]
 print(json.dumps(loaded))
 """
+    from draftgen.emulator.real.server import ModelServerOptions, start_in_thread
+
     paths = {name: rep.checkpoint for name, rep in trained.items()}
-    out = run_in_speculators(code, json.dumps(paths), str(tmp_path / "in.pt"), str(tmp_path / "out.pt"))
+    prompt = list(range(3, 40))
+    with start_in_thread(ModelServerOptions(model=str(capture["target"]), port=0, threads=1,
+                                            extract_dir=str(tmp_path / "hs"))) as srv:
+        out = run_in_speculators(code, json.dumps(paths), str(tmp_path / "in.pt"), str(tmp_path / "out.pt"),
+                                 srv.base_url, json.dumps(prompt))
     loaded = json.loads(out.strip().splitlines()[-1])
     assert loaded == {"peagle": "PEagleDraftModel", "dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel",
-                      "dspark": "DSparkDraftModel", "xpress": "XPressDraftModel"}
+                      "dspark": "DSparkDraftModel", "xpress": "XPressDraftModel",
+                      "online": [[len(prompt), 4, 32], False]}  # the emulator captures [2, 4, 5] + 8 by default
     want = torch.load(tmp_path / "out.pt").float()
     drafter = load_drafter(trained["peagle"].checkpoint or "")
     _, logits = drafter.parallel(aux, ids, k)  # type: ignore[attr-defined]
