@@ -360,7 +360,7 @@ def test_incomplete_answers_are_retried_elsewhere(tmp_path: Path) -> None:
 
 
 def test_a_429_storm_shorter_than_its_budget_ends_with_every_sample_done(tmp_path: Path) -> None:
-    sc = _scenario(storm_s=(0.0, 1.5), storm_retry_after_s=0.3)
+    sc = _scenario(storm_s=(0.0, 3.0), storm_retry_after_s=0.3)
     _, rep, fake, _ = _run(tmp_path, None, 24, sc=sc, retry={"max_attempts": 2, "max_delay_s": 1.0},
                            partitions={"short": {"concurrency": 24, "max_tokens": MAX_TOKENS}})
     assert rep.exit_code == 0 and rep.done == 24 and rep.failed == 0
