@@ -22,8 +22,8 @@ Figures: ``extract_overhead_vs_forward`` = extract loop wall time / bare base-mo
 against the forward with logits, the summed step times (capture, check, encode, publish: they overlap),
 tokens/s, and ``write_throughput_vs_sequential`` = the store's MB/s / the plain sequential write's MB/s.
 
-    python bench/bench_extract.py            # 64 rows, best of 3
-    python bench/bench_extract.py --quick    # 16 rows, best of 2
+    python bench/bench_extract.py            # 64 rows in batches of 4096 tokens, best of 3
+    python bench/bench_extract.py --quick    # 16 rows in batches of 2048 tokens, best of 2
 """
 
 from __future__ import annotations
@@ -235,7 +235,7 @@ def main() -> None:
     quick = args.quick or quick_mode()
     n = args.rows or (16 if quick else 64)
     repeats = args.repeats or (2 if quick else 3)
-    batch_tokens = 4096
+    batch_tokens = 2048 if quick else 4096  # quick: still several batches, so a worker has one to overlap
     with tempfile.TemporaryDirectory(prefix="dg-bench-extract-") as tmp:
         root = Path(tmp)
         model_dir = build_model(root / "target", layers=8, hidden=256)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from pathlib import Path
 
 import msgspec
 
@@ -383,13 +384,15 @@ def _algorithms(cfg: RunConfig, tokens: int) -> list[str]:
 
 def _measured_extraction(cfg: RunConfig) -> tuple[float | None, str | None]:
     """The throughput the last ``draftgen extract`` (or ``--pilot``) recorded in a local hidden-state
-    manifest (the configured destination when it is a folder, else ``<run>/hidden``)."""
+    manifest (the configured destination, ``hidden.stream.hidden_url``, when it is a folder, else
+    ``<run>/hidden``)."""
+    from draftgen.hidden.stream import hidden_url
     from draftgen.records import HiddenManifest
     from draftgen.rundir import HiddenLayout, RunDir
     from draftgen.store import read_json
 
-    out = cfg.hidden_states.output
-    root = cfg.path(out) if out and "://" not in out else RunDir(cfg.run_path).hidden
+    url = hidden_url(cfg)
+    root = Path(url) if "://" not in url else RunDir(cfg.run_path).hidden
     path = root / HiddenLayout.manifest
     if not path.is_file():
         return None, None
