@@ -235,25 +235,15 @@ def _audit_json(cfg: RunConfig, rd: RunDir) -> list[Path]:
 
 
 def _train_inputs(cfg: RunConfig, rd: RunDir) -> list[Path]:
-<<<<<<< HEAD
-    """The manifest of the hidden set train reads (``train.hidden``, else ``hidden_states.output``, else
-    ``hidden/``), when it is a local one (an object store's is not looked at: output and config decide);
-    online (``train.online``), the merged manifest (the rows it trains on)."""
-    if cfg.train.online:
-        return [rd.merged_manifest]
-    where = cfg.train.hidden or cfg.hidden_states.output
-    if where is not None and "://" in where:
-        return []
-    return [(cfg.path(where) if where else rd.hidden) / HiddenLayout.manifest]
-=======
     """The manifest of the hidden set train reads (``hidden.stream.hidden_url``: ``train.hidden``, else
     ``hidden_states.output``, else ``hidden/``), when it is a local one (an object store's is not looked at:
-    output and config decide)."""
+    output and config decide); online (``train.online``), the merged manifest (the rows it trains on)."""
     from draftgen.hidden.stream import hidden_url
 
+    if cfg.train.online:
+        return [rd.merged_manifest]
     url = hidden_url(cfg, cfg.train.hidden)
     return [] if "://" in url else [Path(url) / HiddenLayout.manifest]
->>>>>>> h/21
 
 
 def _accept_inputs(cfg: RunConfig, rd: RunDir) -> list[Path]:
