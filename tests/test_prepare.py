@@ -207,7 +207,7 @@ def test_prompts_over_the_context_length_stop_or_are_skipped(tmp_path: Path) -> 
     msg = str(err.value)
     assert msg.startswith(f"{p}:2: the prompt has ") and "over the context length of 300 (model.context_length)" in msg
     assert msg.endswith("; raise model.context_length or pass --skip-bad to skip such prompts")
-    assert not list((cfg.run_path / "prepared" / "d").iterdir())  # neither a temp file nor a half file is left
+    assert not cfg.run_path.exists()  # neither a temp file nor a half file, nor the claim of a run that wrote nothing
     cfg = make_config(tmp_path, [{"name": "d", "path": "p.jsonl"}], model=model, prepare={"skip_bad": True})
     rep = run_prepare(cfg, echo=_quiet)
     assert [r.source for r in _prompts(cfg, "d")] == [f"{p}:1", f"{p}:3"]
@@ -247,7 +247,7 @@ def test_an_empty_dataset_is_an_input_error_at_once(tmp_path: Path) -> None:
 
 
 def test_the_temp_file_is_unique_and_gone_after_the_rename(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import draftgen.phases.prepare as prepare_mod
+    import draftgen.store as store_mod  # prepare's temp file is renamed by store.publish
 
     write_jsonl(tmp_path / "p.jsonl", chat_rows("t", 3))
     cfg = make_config(tmp_path, [{"name": "d", "path": "p.jsonl"}])
@@ -262,7 +262,7 @@ def test_the_temp_file_is_unique_and_gone_after_the_rename(tmp_path: Path, monke
         seen.append(Path(src).name)
         real_replace(src, dst)
 
-    monkeypatch.setattr(prepare_mod.os, "replace", spy)
+    monkeypatch.setattr(store_mod.os, "replace", spy)
     run_prepare(cfg, echo=_quiet)
     assert seen and seen[0] != ".prompts.jsonl.tmp" and seen[0].startswith(".prompts.jsonl.")
     # The other writer's file is untouched; this writer's is renamed, with the usual permissions.

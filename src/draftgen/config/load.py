@@ -351,9 +351,8 @@ def resolve_api_key(cfg: RunConfig, *, required: bool = True) -> str | None:
             raise ConfigError(f"{shown}: the API key file is empty")
         assignment = _SHELL_ASSIGNMENT.match(key)
         if assignment:
-            raise ConfigError(f"{shown}: holds a shell assignment ({assignment.group(1)}=…), not the key alone; "
-                              f"remove '{assignment.group(1)}=' (and any 'export' or quotes) so the file holds only "
-                              "the key")
+            raise ConfigError(f"{shown}: holds a shell assignment ({assignment.group(1)}=…); the API key file must "
+                              f"hold only the key: remove '{assignment.group(1)}=' (and any 'export' or quotes)")
         if len(key.split()) > 1:
             raise ConfigError(f"{shown}: the API key file must hold only the key (one line, nothing else)")
         return key
