@@ -34,20 +34,32 @@ from typing import TYPE_CHECKING
 
 from draftgen.errors import APIError, ConfigError, DraftgenError, InputError, ThresholdBroken
 from draftgen.phases import Echo
+from draftgen.records import TrainReport
 
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
     from draftgen.phases import PhaseContext, PhaseOutcome
     from draftgen.phases.extract.capture import ExtractRow, TargetInfo
     from draftgen.phases.extract.proxy import CheckingProxy
-    from draftgen.records import TrainOnlineReport, TrainReport
+    from draftgen.records import TrainOnlineReport
     from draftgen.rundir import RunDir
     from draftgen.tokens import Profile
 
-__all__ = ["phase_run", "run_train_online"]
+__all__ = ["TrainReport", "phase_run", "run_train", "run_train_online"]
 
 #: files handed to the trainer and not yet taken by it, at most (a request waits for room)
 MAX_FILES = 16
+
+
+def run_train(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
+              restart: bool = False, argv: list[str] | None = None) -> TrainReport:
+    """The ``train`` phase: online with ``train.online`` (``run_train_online``), else on the stored hidden
+    set (``phases.train.run.run_train``); the arguments are ``run_train``'s."""
+    if cfg.train.online:
+        return run_train_online(cfg, echo=echo, profile=profile, force=force, restart=restart, argv=argv)
+    from draftgen.phases.train.run import run_train as offline
+
+    return offline(cfg, echo=echo, profile=profile, force=force, restart=restart, argv=argv)
 
 
 def run_train_online(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
