@@ -551,6 +551,9 @@ def _refuse_other(cfg: RunConfig, man: RunManifest, root: Path, command: str, *,
     reset = (f"; {root} holds nothing but the stamp of a start that failed ({MARKER}): delete {root / MARKER} "
              "to start afresh" if _only_stamp(root) else "")
     ds = _dataset_mismatches(cfg, man) if same_config else []
+    known = isinstance(man.config, dict) and {"model", "datasets"} <= set(man.config)
+    if same_config and not known and man.config_hash != config_hash(cfg):  # nothing to compare field by field
+        ds = [f"written by another config (config_hash {man.config_hash}, this config {config_hash(cfg)})"]
     if ds:
         raise RunDirError(f"{root}: {ds[0]}; use another --run-dir for other data, or restore the dataset{reset}")
     diffs = _config_mismatches(cfg, man)
