@@ -139,7 +139,8 @@ def test_the_guarded_names_come_from_rundir() -> None:
                rd.prepared_stats("d"), rd.raw("d"), rd.failures("d"), rd.audit_json, rd.dataset_card,
                rd.merged_manifest, rd.merged_stats, rd.ground_truth, rd.pilot, rd.hidden, rd.train, rd.exports,
                rd.train_inputs, rd.train_vocab, rd.train_checkpoints, rd.train_drafter, rd.train_eagle,
-               rd.train_log, rd.train_speculators_log, rd.train_report, rd.accept_json, rd.hidden_exports]
+               rd.train_log, rd.train_speculators_log, rd.train_report, rd.accept_json, rd.hidden_exports,
+               rd.train_online, rd.train_online_report]
     spelled += [Path('/r/hidden') / rundir.HiddenLayout.states, Path('/r/hidden') / rundir.HiddenLayout.index,
                 Path('/r/hidden') / rundir.HiddenLayout.marker]
     names = {part for p in spelled for part in p.relative_to("/r").parts} - {"d"}
