@@ -34,7 +34,7 @@ COMMANDS = {
     "probe": "draftgen.phases.probe:run_probe",
     "import": "draftgen.phases.importer:run_import",
     "accept": "draftgen.phases.accept:run_accept",
-    "train": "draftgen.phases.train.run:run_train",
+    "train": "draftgen.phases.online:run_train",
     "report": "draftgen.phases.report.run:run_report",
 }
 

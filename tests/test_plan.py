@@ -53,8 +53,11 @@ def _records(run: Path, name: str) -> list[ResponseRecord]:
 
 
 def test_pilot_is_kept_and_reused_by_the_run(tmp_path: Path) -> None:
+    (tmp_path / "target").mkdir()  # the target's config: its layer count, for which drafters the capture feeds
+    (tmp_path / "target" / "config.json").write_text('{"num_hidden_layers": 36, "hidden_size": 4096}')
     cfg = load_config(write_config(tmp_path, extra="plan: {pilot: 2}\nhidden_states: {hidden_size: 4096, "
-                                                  "extraction_tokens_per_s: 20000}\n"))
+                                                  "extraction_tokens_per_s: 20000, model: target, "
+                                                  "layer_ids: [2, 10, 18, 26, 33, 34]}\n"))
     lines: list[str] = []
     rep = run_plan(cfg, echo=lines.append)
     run = tmp_path / "run"
@@ -75,6 +78,8 @@ def test_pilot_is_kept_and_reused_by_the_run(tmp_path: Path) -> None:
     assert rep.hidden.bytes == rep.hidden.tokens * 4096 * 4 * 2
     assert rep.extraction_s == pytest.approx(rep.hidden.tokens / 20000)
     assert any(line.startswith("hidden states") for line in lines)
+    assert "feeds eagle3, eagle3.1, peagle, dflash, dflash2, dspark, xpress" in rep.algorithms[0]
+    assert any("eagle3/eagle3.1/peagle: layers [2, 18, 33] + final" in line for line in lines)
     # Planning again sends nothing new; the run sends only the rest.
     again = run_plan(cfg, echo=lambda s: None)
     assert again.pilot_responses == 0 and [len(_records(run, n)) for n in ("a", "b")] == [2, 2]

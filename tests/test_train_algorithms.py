@@ -87,7 +87,9 @@ def test_each_algorithm_trains_on_its_own_layers_of_the_one_set(trained: dict[st
     ids = cfg.get("eagle_aux_hidden_state_layer_ids") or cfg.get("aux_hidden_state_layer_ids")
     assert ids == rep.layer_ids  # vLLM convention, unshifted
     assert rep.verifier_norm_sha256 is not None  # the trainer turned the final state post-norm with the target's norm
-    assert rep.serve is not None and f'"method": "{json.loads(alg.vllm.replace("K", "1"))["method"]}"' in rep.serve
+    assert rep.serve is not None and rep.serve.startswith("vllm serve ")
+    if alg.vllm is not None:
+        assert f'"method": "{json.loads(alg.vllm.replace("K", "1"))["method"]}"' in rep.serve
     if name in ("dflash", "dflash2", "dspark"):
         assert rep.offline_eal is not None and rep.offline_eal >= 1.0  # speculators' offline validation estimate
     if name == "dflash2":

@@ -328,15 +328,14 @@ def train(config: str, run_dir: str | None, hidden: str | None, verifier: str | 
           online: bool, nproc_per_node: int | None, restart: bool, allow_partial: bool, force: bool) -> None:
     """Train a drafter with speculators on hidden/, or online from the vLLM extract servers (resumes; writes a
     vLLM checkpoint, and an SGLang one for the EAGLE-3 family)."""
-    from draftgen.phases.online import run_train_online
-    from draftgen.phases.train.run import run_train
+    from draftgen.phases.online import run_train
 
     cfg = _load(config, {"run_dir": run_dir, "train.hidden": hidden, "train.verifier": verifier,
                          "train.speculators": speculators_bin, "train.epochs": epochs, "train.max_steps": max_steps,
                          "train.draft_vocab_size": draft_vocab_size, "train.algorithm": algorithm,
                          "train.online": True if online else None, "train.nproc_per_node": nproc_per_node,
                          "train.allow_partial": True if allow_partial else None})
-    (run_train_online if cfg.train.online else run_train)(cfg, echo=click.echo, restart=restart, force=force)
+    run_train(cfg, echo=click.echo, restart=restart, force=force)
 
 
 @cli.command(name="export-hidden")

@@ -42,8 +42,9 @@ class Algorithm:
     """One ``train.algorithm``. ``speculator_type`` and ``flags``: what ``speculators train`` gets;
     ``rule``: its default layers ("eagle3" three, "dflash" five); ``emulated``: ``draftgen emulate --drafter``
     serves it (greedy verification on CPU), so ``accept`` measures it there; ``vllm``: its vLLM
-    ``--speculative-config`` (DRAFT and K filled in by ``serve_line``); ``sglang``: its SGLang algorithm, or
-    None where SGLang does not serve a speculators checkpoint of it; ``full_vocab``: speculators trains it
+    ``--speculative-config`` (DRAFT and K filled in by ``serve_line``; None: no method was verified, the
+    checkpoint is served as it is); ``sglang``: its SGLang ``--speculative-algorithm``, or None where no SGLang
+    flag serving it was verified (docs/algorithms.md); ``full_vocab``: speculators trains it
     over the target's whole vocabulary (``train.draft_vocab_size`` does not apply); ``cpu_attn``: the draft
     attention without a GPU (P-EAGLE's masks leave padding rows with nothing to attend: speculators' eager
     attention turns them into NaN losses, SDPA into zeros as FlexAttention does on a GPU)."""
@@ -53,7 +54,7 @@ class Algorithm:
     flags: tuple[str, ...]
     rule: str
     emulated: bool
-    vllm: str
+    vllm: str | None
     sglang: str | None
     doc: str
     full_vocab: bool = False  # drafts over the target's whole vocabulary (no d2t/t2d draft vocabulary)
@@ -69,7 +70,10 @@ class Algorithm:
         return self.rule == "dflash"
 
     def serve_line(self, target: str, drafter: str, k: int) -> str:
-        """``vllm serve`` with this drafter (k speculative tokens)."""
+        """``vllm serve`` with this drafter (k speculative tokens); without a known ``--speculative-config``
+        method, the speculators checkpoint itself (its config names the target and the algorithm)."""
+        if self.vllm is None:
+            return f"vllm serve {drafter}"
         spec = self.vllm.replace("DRAFT", drafter).replace("K", str(k))
         return f"vllm serve {target} --speculative-config '{spec}'"
 
@@ -86,15 +90,13 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("dflash", "dflash", (), "dflash", False,
               '{"method": "dflash", "model": "DRAFT", "num_speculative_tokens": K}', "DFLASH",
               "DFlash: block diffusion drafter"),
-    Algorithm("dflash2", "dflash2", (), "dflash", False,
-              '{"method": "dflash", "model": "DRAFT", "num_speculative_tokens": K}', None,
+    Algorithm("dflash2", "dflash2", (), "dflash", False, None, None,
               "DFlash-2: DFlash with non-causal sliding-window blocks, over the whole target vocabulary",
               full_vocab=True),
     Algorithm("dspark", "dspark", (), "dflash", False,
-              '{"method": "dspark", "model": "DRAFT", "num_speculative_tokens": K}', "DSPARK",
+              '{"method": "dspark", "model": "DRAFT", "num_speculative_tokens": K}', None,
               "DSpark: DFlash backbone + Markov head + confidence head"),
-    Algorithm("xpress", "xpress", (), "dflash", False,
-              '{"method": "dflash", "model": "DRAFT", "num_speculative_tokens": K}', None,
+    Algorithm("xpress", "xpress", (), "dflash", False, None, None,
               "XPress: DFlash-family drafter with a low-rank expressive head"),
 )}
 

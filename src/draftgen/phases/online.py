@@ -34,32 +34,20 @@ from typing import TYPE_CHECKING
 
 from draftgen.errors import APIError, ConfigError, DraftgenError, InputError, ThresholdBroken
 from draftgen.phases import Echo
-from draftgen.records import TrainReport
+from draftgen.records import TrainOnlineReport, TrainReport
 
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
     from draftgen.phases import PhaseContext, PhaseOutcome
     from draftgen.phases.extract.capture import ExtractRow, TargetInfo
     from draftgen.phases.extract.proxy import CheckingProxy
-    from draftgen.records import TrainOnlineReport
     from draftgen.rundir import RunDir
     from draftgen.tokens import Profile
 
-__all__ = ["TrainReport", "phase_run", "run_train", "run_train_online"]
+__all__ = ["phase_run", "run_train", "run_train_online"]
 
 #: files handed to the trainer and not yet taken by it, at most (a request waits for room)
 MAX_FILES = 16
-
-
-def run_train(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
-              restart: bool = False, argv: list[str] | None = None) -> TrainReport:
-    """The ``train`` phase: online with ``train.online`` (``run_train_online``), else on the stored hidden
-    set (``phases.train.run.run_train``); the arguments are ``run_train``'s."""
-    if cfg.train.online:
-        return run_train_online(cfg, echo=echo, profile=profile, force=force, restart=restart, argv=argv)
-    from draftgen.phases.train.run import run_train as offline
-
-    return offline(cfg, echo=echo, profile=profile, force=force, restart=restart, argv=argv)
 
 
 def run_train_online(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
@@ -69,6 +57,16 @@ def run_train_online(cfg: RunConfig, *, echo: Echo = print, profile: Profile | N
 
     with writer(cfg, "train", force=force, argv=argv) as rd:
         return _online(cfg, rd, echo, restart)
+
+
+def run_train(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
+              restart: bool = False, argv: list[str] | None = None) -> TrainReport:
+    """The train phase's entry (the phase table's and ``draftgen train``'s): online with ``train.online``,
+    else ``phases.train.run.run_train`` on the stored hidden set."""
+    from draftgen.phases.train.run import run_train as offline
+
+    run = run_train_online if cfg.train.online else offline
+    return run(cfg, echo=echo, profile=profile, force=force, restart=restart, argv=argv)
 
 
 def phase_run(ctx: PhaseContext) -> PhaseOutcome:
@@ -206,7 +204,7 @@ def _write_inputs(rd: RunDir, rows: Sequence[ExtractRow], restart: bool, urls: l
     from draftgen.hidden.format import atomic_write_bytes
     from draftgen.phases.train.inputs import save_dataset
     from draftgen.phases.train.launch import last_complete
-    from draftgen.records import HiddenExportSample, TrainOnlineReport
+    from draftgen.records import HiddenExportSample
     from draftgen.store import atomic_write_json, encode_json, read_json
 
     out, path = rd.train_online, rd.train_online_report
@@ -243,8 +241,6 @@ class _Session:
         self.rows, self.digest, self.preflight_rows = len(rows), digest, min(preflight_rows, len(rows))
 
     def report(self) -> TrainOnlineReport:
-        from draftgen.records import TrainOnlineReport
-
         s = self.proxy.stats
         return TrainOnlineReport(servers=self.urls, server_models=self.models, rows=self.rows,
                                  rows_sha256=self.digest, preflight_rows=self.preflight_rows,
