@@ -202,16 +202,30 @@ def test_partial_run_then_ray_completes_the_rest(setup: Setup, reference: Path) 
     assert set(HiddenStore(str(out)).done()) == {r[0] for r in rows}
 
 
+def _parent(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
 def ray_actor_pids() -> set[int]:
-    """The processes of the extract actors now (Ray titles them ``ray::MapWorker(MapBatches(PoolWorker))…``)."""
-    out = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    """This test process's extract actors now: processes below it (its Ray's raylet starts them) that Ray
+    titles ``ray::MapWorker(MapBatches(PoolWorker))…``; another process's Ray is never looked at."""
+    me, out = os.getpid(), set()
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"MapBatches(PoolWorker)" in cmd:
-            out.add(int(pid))
+        if b"MapBatches(PoolWorker)" not in cmd:
+            continue
+        up = pid
+        while up > 1 and up != me:
+            up = _parent(up)
+        if up == me:
+            out.add(pid)
     return out
 
 
