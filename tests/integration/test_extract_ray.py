@@ -78,6 +78,16 @@ def wait_no_ray_children(timeout: float = 15.0) -> None:
     assert not ray_children(), "Ray processes left behind"
 
 
+@pytest.fixture(autouse=True)
+def print_stays_the_builtin() -> Iterator[None]:
+    """Ray Data's progress bars must not replace this process's print (later tests compare defaults to it)."""
+    import builtins
+
+    before = builtins.print
+    yield
+    assert builtins.print is before, "extract on Ray replaced builtins.print"
+
+
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
     t = time.monotonic()

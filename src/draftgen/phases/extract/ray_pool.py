@@ -19,6 +19,8 @@ captures identical batches and writes identical files. ``results``:
 Ray: ``ray_address`` unset starts a local instance (``ray.init(num_cpus=…, include_dashboard=False,
 log_to_driver=False)``) in ``start`` that ``close`` shuts down; ``auto`` or ``ray://…`` joins a cluster (left
 running). An already initialised Ray (a test, a notebook) is used as is. ``timings``: ``ray_init``.
+Ray Data's progress bars would replace ``builtins.print`` in this process (``ray.experimental.tqdm_ray``);
+``start`` sets ``RAY_TQDM_PATCH_PRINT=0`` unless the caller set it, so the caller's ``print`` stays its own.
 Ctrl-C: every published file and index part stays; a rerun resumes. A DraftgenError raised in an actor (no
 model, a destination written with other settings, a failed write) comes back as a result and is raised here
 with its own class and message. ``target`` with no batch run asks one Ray task to load the target.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -100,6 +103,7 @@ class RayPool:
         hs = self.cfg.hidden_states
         ray = require("ray", "ray")
         require("ray.data", "ray")
+        os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
         t0 = time.monotonic()
         if not ray.is_initialized():
             if hs.ray_address:
