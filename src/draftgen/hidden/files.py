@@ -1,8 +1,7 @@
 """Local file primitives of the hidden-state set and its exports, and the storage-fault table.
 
 draftgen's one temp-file pattern (``TEMP_PATTERN``: ``.<name>.<16 hex>.tmp``, made by ``temp_name`` /
-``open_temp``, recognised by ``is_temp``), the one local atomic writer (``atomic_write_bytes``: ``write_temp``,
-then a rename; the store publishes an index part in those two steps around its batch's files), the readers of
+``open_temp``, recognised by ``is_temp``), the one local atomic writer (``atomic_write_bytes``), the readers of
 other safetensors and torch files (``read_safetensors``, ``read_torch``: connector files, checkpoints), and
 ``_FAULTS``: the ONE table that turns foreign storage exceptions (fsspec/s3fs/botocore/aiohttp, safetensors,
 torch, OSError) into one-line draftgen errors naming the path or URL and the fix (``storage_faults`` applies
@@ -35,7 +34,6 @@ __all__ = [
     "storage_faults",
     "temp_name",
     "translate_storage_error",
-    "write_temp",
 ]
 
 
@@ -210,10 +208,9 @@ def read_torch(path: str | os.PathLike[str]) -> Any:
     with storage_faults(str(path)):
         return torch.load(str(path), weights_only=True, map_location="cpu")
 
-def write_temp(path: str | os.PathLike[str], data: bytes) -> str:
-    """The first half of ``atomic_write_bytes``: ``data`` written and fsynced to a temp file beside local
-    ``path`` (``temp_name``, never read), whose name it returns; the caller publishes it with
-    ``os.replace(tmp, path)`` or removes it. On failure the temp file is removed and the error translated
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Publish ``data`` at local ``path`` atomically: a temp file in the same folder (``temp_name``, never
+    read), fsync, ``os.replace``; on failure the temp file is removed and the error translated
     (a full disk: StorageError naming ``path``)."""
     target = os.fspath(path)
     with storage_faults(target, "write"):
@@ -225,21 +222,6 @@ def write_temp(path: str | os.PathLike[str], data: bytes) -> str:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-    return tmp
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Publish ``data`` at local ``path`` atomically: a temp file in the same folder, fsync
-    (``write_temp``), ``os.replace``; on failure the temp file is removed and the error translated (a full
-    disk: StorageError naming ``path``)."""
-    target = os.fspath(path)
-    tmp = write_temp(target, data)
-    with storage_faults(target, "write"):
-        try:
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):

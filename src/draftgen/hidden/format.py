@@ -29,8 +29,7 @@ carries ``row_sha256`` (``row_digest``: the row's ids and mask) and ``file_sha25
 extract compares with the current merged row and (``corrupted``) the file, and ``HiddenSet.read_bytes``, the
 one verifying read of a finished set (``hidden.stream.Source`` reads through it), checks against the manifest.
 ``HiddenStore`` is a ``hidden.stream.Sink``: ``write(batch)`` publishes the batch's files at once
-(``PUBLISH_THREADS``), then one index part (locally written beside them and renamed into place once they are
-all published); ``close(manifest)`` writes the manifest, last. ``D/identity.json`` (HiddenIdentity) names the target
+(``PUBLISH_THREADS``), then one index part; ``close(manifest)`` writes the manifest, last. ``D/identity.json`` (HiddenIdentity) names the target
 before the first sample; ``hidden.lock`` keeps one writer per destination.
 
 torch, safetensors, numpy and fsspec are optional dependencies (``draftgen[extract]``), imported on use.
@@ -52,7 +51,7 @@ import os
 import struct
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -75,7 +74,6 @@ from draftgen.hidden.files import (
     storage_faults,
     temp_name,
     translate_storage_error,
-    write_temp,
 )
 from draftgen.records import HiddenIdentity, HiddenIndexRecord, HiddenManifest, HiddenOwnerMarker
 from draftgen.records.hidden import OWNER_HIDDEN_SET, OWNER_SCHEMA
@@ -344,17 +342,12 @@ class HiddenStore:
         self._put(rel, data)
         return rel
 
-    @staticmethod
-    def _index_part(records: list[HiddenIndexRecord]) -> tuple[str, bytes]:
-        rel = f"{HiddenLayout.index}/part-{_utc_stamp()}-{uuid.uuid4().hex[:8]}.jsonl"
-        return rel, b"".join(encode_json(r) + b"\n" for r in records)
-
     def write_index_part(self, records: list[HiddenIndexRecord]) -> str:
         """A new index part listing ``records`` (their files already published); returns its relative path."""
         if not records:
             return ""
-        rel, body = self._index_part(records)
-        self._put(rel, body)
+        rel = f"{HiddenLayout.index}/part-{_utc_stamp()}-{uuid.uuid4().hex[:8]}.jsonl"
+        self._put(rel, b"".join(encode_json(r) + b"\n" for r in records))
         return rel
 
     def write_manifest(self, m: HiddenManifest) -> None:
@@ -369,35 +362,12 @@ class HiddenStore:
             if s.record is None:
                 raise ValueError(f"{s.sample_id}: a sample without its index record cannot be stored")
             records.append(s.record)
-        if not records:
-            return
-        if not self.local:
-            self._put_all([(s.file, s.data) for s in batch])
-            self.write_index_part(records)
-            return
-        # locally the index part is written and fsynced with the files, and renamed into place only once
-        # they are all published: the same order as one after the other, without waiting for its fsync
-        rel, body = self._index_part(records)
-        tmp: list[str] = []
-        try:
-            self._put_all([(s.file, s.data) for s in batch], lambda: tmp.append(write_temp(self.path(rel), body)))
-            with storage_faults(self.where(rel), "write"):
-                os.replace(tmp.pop(), self.path(rel))
-        finally:
-            for t in tmp:
-                with contextlib.suppress(OSError):
-                    os.unlink(t)
-
-    def _put_all(self, files: list[tuple[str, bytes]], *more: Callable[[], object]) -> None:
-        """Each ``(rel, data)`` published, and each of ``more`` run, ``PUBLISH_THREADS`` at a time (their
-        fsyncs or puts overlap: near the disk's sequential rate); the first error is raised once all ended."""
-        jobs: list[Callable[[], object]] = [*(lambda r=rel, d=data: self._put(r, d) for rel, data in files), *more]
-        if len(jobs) == 1:
-            jobs[0]()
-            return
-        with ThreadPoolExecutor(min(PUBLISH_THREADS, len(jobs)), thread_name_prefix="draftgen-publish") as ex:
-            for f in [ex.submit(job) for job in jobs]:
-                f.result()
+        if len(batch) > 1:  # the files at once: their fsyncs (or puts) overlap, near the disk's sequential rate
+            with ThreadPoolExecutor(min(PUBLISH_THREADS, len(batch)), thread_name_prefix="draftgen-publish") as ex:
+                list(ex.map(lambda s: self._put(s.file, s.data), batch))
+        elif batch:
+            self._put(batch[0].file, batch[0].data)
+        self.write_index_part(records)
 
     def close(self, manifest: HiddenManifest) -> None:
         """End of the stream: ``manifest.json``, written last."""
