@@ -104,12 +104,13 @@ TARGETS = [
     Target("hidden-state extract vs the bare base-model forward, teacher_fraction 0.05 (ratio)", ("bench_extract",),
            ("extract_overhead_vs_forward",), "<=", 1.10, "issue 21",
            detail=("teacher5_extract_s", "bare_base_forward_s", "extract_cpu_overhead_vs_forward")),
-    # 0.8: publishing one file per sample atomically (temp, fsync, rename; the batch's files at once) plus
-    # one index part per batch may cost a fifth of the disk's sequential rate, so that at the reference
-    # scale (5 TB of states) extract's writes stay bound by the disk, not by per-file work
+    # 0.8, for samples of a real target's size (32 MiB): publishing one file per sample atomically (temp,
+    # fsync, rename; a batch's files at once) plus one index part per batch may cost at most a fifth of the
+    # disk's sequential rate, so that at the reference scale (5 TB of states) extract's writes stay bound by
+    # the disk, not by per-file work (this tiny target's sub-MB samples, run_write_*, are shown beside it)
     Target("hidden-state store writes vs a plain sequential write of the same bytes (ratio)", ("bench_extract",),
            ("write_throughput_vs_sequential",), ">=", 0.8, "issue 21",
-           detail=("store_write_mb_per_s", "sequential_write_mb_per_s")),
+           detail=("store_write_mb_per_s", "sequential_write_mb_per_s", "run_write_throughput_vs_sequential")),
     Target("drafter chain: AL trained - untrained (k=3, vLLM /metrics)", ("bench_chain",),
            ("al_trained_minus_untrained",), ">=", 0.3, "issue 15", detail=("al_trained", "al_untrained")),
     Target("drafter chain: AL trained - broken (aux states not captured)", ("bench_chain",),

@@ -13,14 +13,17 @@ work on a shared machine only ever slows a run down):
    default) and 0: its loop's wall seconds (tokens / the manifest's throughput) and this process's CPU
    seconds over the loop (``timings.process_cpu``, every thread).
 
-Once: the forward with the lm_head logits (``model(ids, mask)``), and the write throughput: the samples the
-first teacher-0.05 extract published, in its batches, written again through ``HiddenStore.write`` beside a
-plain sequential write of the same bytes to one file with one fsync (best of 3).
+Once: the forward with the lm_head logits (``model(ids, mask)``), and the write throughput: samples the size
+of a real target's (1,024 tokens × hidden 4,096 × 4 slots, bf16: 32 MiB; 8, or 4 quick, four to a batch),
+and the samples the first teacher-0.05 extract published (this tiny target's: under 1 MB each), written
+through ``HiddenStore.write`` beside a plain sequential write of the same bytes to one file with one fsync
+(best of 3, alternating).
 
 Figures: ``extract_overhead_vs_forward`` = extract loop wall time / bare base-model forward wall time
 (teacher 0.05), ``extract_cpu_overhead_vs_forward`` the same in CPU seconds, the same at teacher 0 and
 against the forward with logits, the summed step times (capture, check, encode, publish: they overlap),
-tokens/s, and ``write_throughput_vs_sequential`` = the store's MB/s / the plain sequential write's MB/s.
+tokens/s, ``write_throughput_vs_sequential`` = the store's MB/s / the plain sequential write's MB/s for
+target-sized samples, and ``run_write_throughput_vs_sequential`` the same for this run's small samples.
 
     python bench/bench_extract.py            # 64 rows in batches of 4096 tokens, best of 3
     python bench/bench_extract.py --quick    # 16 rows in batches of 2048 tokens, best of 2
@@ -131,45 +134,77 @@ def extract(cfg_path: Path, model_dir: Path, out: Path, frac: float, batch_token
     return run_extract(cfg, echo=lambda s: None)
 
 
-def write_throughput(src: Path, work: Path, repeats: int) -> dict[str, float]:
-    """The store's write rate beside a plain sequential write of the same bytes, in this run: the samples an
-    extract published in ``src``, in its batches (one per index part), written again through
-    ``HiddenStore.write`` (each file atomically, then the batch's index part) into a fresh set, and as one
-    file written in one go with one fsync. Best of ``repeats``, alternating."""
-    import json
+def write_throughput(batches: list[list[Any]], work: Path, repeats: int, tag: str) -> dict[str, float]:
+    """The store's write rate beside a plain sequential write of the same bytes, in this run: ``batches`` of
+    StreamSamples written through ``HiddenStore.write`` (each file atomically, then the batch's index part)
+    into a fresh set, and as one file written in one go with one fsync. Best of ``repeats``, alternating."""
     import os
 
     from draftgen.hidden.format import HiddenStore
-    from draftgen.hidden.stream import StreamSample
-    from draftgen.records import HiddenIndexRecord
 
-    store = HiddenStore(str(src))
-    batches: list[list[StreamSample]] = []
-    for part in store.index_parts():
-        recs = [HiddenIndexRecord(**json.loads(ln)) for ln in Path(part).read_text().splitlines() if ln.strip()]
-        batches.append([StreamSample(sample_id=r.sample_id, file=r.file, data=store.read_bytes(r.file),
-                                     length=r.length, record=r) for r in recs])
     nbytes = sum(len(s.data) for b in batches for s in b)
     best_store = best_plain = float("inf")
     for k in range(repeats):
-        dest = HiddenStore(str(work / f"store-{k}"))
+        dest = HiddenStore(str(work / f"{tag}-store-{k}"))
         dest.claim()
         t = time.perf_counter()
         for b in batches:
             dest.write(b)
         best_store = min(best_store, time.perf_counter() - t)
         t = time.perf_counter()
-        with open(work / f"plain-{k}", "wb") as fh:
+        with open(work / f"{tag}-plain-{k}", "wb") as fh:
             for b in batches:
                 for smp in b:
                     fh.write(smp.data)
             fh.flush()
             os.fsync(fh.fileno())
         best_plain = min(best_plain, time.perf_counter() - t)
-    return {"write_bytes": nbytes, "write_files": sum(len(b) for b in batches), "write_batches": len(batches),
-            "store_write_mb_per_s": round(nbytes / 1e6 / best_store, 1),
-            "sequential_write_mb_per_s": round(nbytes / 1e6 / best_plain, 1),
-            "write_throughput_vs_sequential": round(best_plain / best_store, 3)}
+    return {f"{tag}write_bytes": nbytes, f"{tag}write_files": sum(len(b) for b in batches),
+            f"{tag}store_write_mb_per_s": round(nbytes / 1e6 / best_store, 1),
+            f"{tag}sequential_write_mb_per_s": round(nbytes / 1e6 / best_plain, 1),
+            f"{tag}write_throughput_vs_sequential": round(best_plain / best_store, 3)}
+
+
+def run_batches(src: Path) -> list[list[Any]]:
+    """The samples an extract published in ``src``, in its batches (one per index part)."""
+    import json
+
+    from draftgen.hidden.format import HiddenStore
+    from draftgen.hidden.stream import StreamSample
+    from draftgen.records import HiddenIndexRecord
+
+    store = HiddenStore(str(src))
+    out: list[list[Any]] = []
+    for part in store.index_parts():
+        recs = [HiddenIndexRecord(**json.loads(ln)) for ln in Path(part).read_text().splitlines() if ln.strip()]
+        out.append([StreamSample(sample_id=r.sample_id, file=r.file, data=store.read_bytes(r.file), length=r.length,
+                                 record=r) for r in recs])
+    return out
+
+
+def target_sized_batches(n: int, per_batch: int) -> list[list[Any]]:
+    """``n`` samples the size of a real target's (1,024 tokens, hidden 4,096, 3 aux layers + the final, bf16:
+    32 MiB each; random values), encoded as extract encodes them, ``per_batch`` to a batch."""
+    import numpy as np
+    import torch
+
+    from draftgen.hidden.format import Captured, bytes_digest, encode_sample, sample_path
+    from draftgen.hidden.stream import StreamSample
+    from draftgen.records import HiddenIndexRecord
+
+    t, h = 1024, 4096
+    gen = torch.Generator().manual_seed(0)
+    out: list[list[Any]] = []
+    for i in range(n):
+        sid = f"big-{i:03d}"
+        cap = Captured(sample_id=sid, input_ids=np.arange(t, dtype=np.int64), loss_mask=np.ones(t, dtype=np.uint8),
+                       aux=torch.randn(t, 3 * h, generator=gen), final=torch.randn(t, h, generator=gen))
+        data = encode_sample(cap, "bf16")
+        rec = HiddenIndexRecord(sample_id=sid, file=sample_path(sid), length=t, n_loss=t, file_sha256=bytes_digest(data))
+        if i % per_batch == 0:
+            out.append([])
+        out[-1].append(StreamSample(sample_id=sid, file=rec.file, data=data, length=t, record=rec))
+    return out
 
 
 def measure(model: Any, batches: list[list[Any]], cfg_path: Path, model_dir: Path, root: Path, tokens: int,
@@ -213,9 +248,10 @@ def show(f: dict[str, Any]) -> None:
               f"{f[f'{tag}_extract_cpu_s']:.2f} s = {f[f'{tag}_cpu_overhead_vs_base_forward']:.2f}×; "
               f"summed steps capture {f[f'{tag}_capture_s']:.2f} / check {f[f'{tag}_check_s']:.2f} / "
               f"encode {f[f'{tag}_encode_s']:.2f} / publish {f[f'{tag}_publish_s']:.2f} s (they overlap)")
-    print(f"write: the store {f['store_write_mb_per_s']:.0f} MB/s, a plain sequential write of the same "
-          f"{f['write_bytes'] / 1e6:.1f} MB {f['sequential_write_mb_per_s']:.0f} MB/s: "
-          f"{f['write_throughput_vs_sequential']:.2f}× ({f['write_files']} files in {f['write_batches']} batches)")
+    for tag, what in (("", "target-sized samples (32 MiB)"), ("run_", "this run's samples")):
+        print(f"write, {what}: the store {f[f'{tag}store_write_mb_per_s']:.0f} MB/s, a plain sequential write of "
+              f"the same {f[f'{tag}write_bytes'] / 1e6:.1f} MB {f[f'{tag}sequential_write_mb_per_s']:.0f} MB/s: "
+              f"{f[f'{tag}write_throughput_vs_sequential']:.2f}× ({f[f'{tag}write_files']} files)")
 
 
 def main() -> None:
@@ -255,7 +291,10 @@ def main() -> None:
             figures[f"{tag}_overhead_vs_full_forward"] = round(figures[f"{tag}_extract_s"] / t_full, 3)
         work = root / "write"
         work.mkdir()
-        figures.update(write_throughput(root / "hidden-teacher5-0", work, max(3, repeats)))
+        big = target_sized_batches(4 if quick else 8, per_batch=4)  # batch_tokens 4096 / 1,024 tokens
+        figures.update(write_throughput(big, work, max(3, repeats), ""))
+        del big
+        figures.update(write_throughput(run_batches(root / "hidden-teacher5-0"), work, max(3, repeats), "run_"))
     show(figures)
     emit_result("extract", figures)
 

@@ -65,7 +65,7 @@ from draftgen.hidden.format import (
     temp_name,
 )
 from draftgen.hidden.norm import FinalNorm, load_final_norm
-from draftgen.hidden.stream import Source, StreamSample, hidden_url, open_source
+from draftgen.hidden.stream import Sink, Source, StreamSample, hidden_url, open_source
 from draftgen.records import HiddenExportReport, HiddenExportSample, HiddenManifest
 from draftgen.records.hidden import OWNER_HIDDEN_EXPORT
 from draftgen.registry import Registry
@@ -535,7 +535,7 @@ def _write_export(ctx: ExportContext, spec: HiddenExporter, kind: str, url: str,
     last, ``export.json`` listing every file written (the journal goes once the listing is published)."""
     t0 = time.perf_counter()
     src = ctx.source
-    sink = spec.sink(ctx)
+    sink: Sink = spec.sink(ctx)
     for batch in src.batches(EXPORT_BATCH):
         sink.write(batch)
         ctx.tokens += sum(s.length for s in batch)

@@ -41,7 +41,7 @@ from draftgen import __version__
 from draftgen.errors import ConfigError, ThresholdBroken
 from draftgen.hidden.format import SCHEMA, HiddenStore
 from draftgen.hidden.lock import destination_lock
-from draftgen.hidden.stream import hidden_url
+from draftgen.hidden.stream import Sink, hidden_url
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
 from draftgen.phases.extract.batches import (
     Resume,
@@ -214,7 +214,8 @@ def _extract_held(cfg: RunConfig, store: HiddenStore, rows: Sequence[ExtractRow]
     if throughput is None and store.has_manifest():
         throughput = store.read_manifest().throughput_tokens_per_s
     man = _manifest(cfg, info, rows, res, throughput)
-    store.close(man)  # the sink's end: manifest.json, last
+    sink: Sink = store
+    sink.close(man)  # the stream's end: manifest.json, last
     tally.timings.update(executor.timings)
     rep = _report(store, rows, done_before, tally, man, time.monotonic() - t_start, res.replaced)
     _echo_summary(echo, rep, man, pilot, rows, store)

@@ -45,7 +45,7 @@ from draftgen.hidden.format import (
     row_digest,
     sample_path,
 )
-from draftgen.hidden.stream import StreamSample
+from draftgen.hidden.stream import Sink, StreamSample
 from draftgen.records import HiddenIndexRecord
 
 if TYPE_CHECKING:
@@ -217,7 +217,8 @@ class Worker:
             samples.append(StreamSample(sample_id=row.sample_id, file=file, data=data, length=len(row.input_ids),
                                         record=rec))
         t = time.monotonic()
-        self.store.write(samples)
+        sink: Sink = self.store
+        sink.write(samples)
         timings["publish"] = time.monotonic() - t
         return BatchResult(records=[s.record for s in samples if s.record is not None],
                            written=sum(len(s.data) for s in samples), timings=timings, began=c.began,
