@@ -1,10 +1,14 @@
 """``draftgen plan CONFIG``: tokens, dollars, time and hidden-state disk per dataset, before spending.
 
 Per dataset it reports the prompts (``prepared/<dataset>/stats.json``; ``prepare`` runs first when a
-dataset is not prepared), the expected output tokens, the cost, the time at the configured concurrency,
-and whether ``budget.max_spend_usd`` suffices (and, if not, how far to cap each dataset); then the same
-work bought synchronously, at ``service_tier: flex`` and through the Batch API, side by side
-(``plan_modes``: cost, expected time, whether the model has a flex endpoint and a batch variant). With
+dataset is not prepared), the expected output tokens (within the dataset's token budget, shown in the basis
+column), the cost, its share of the run's time (waves of work per partition, ``plan_time``), and whether
+``budget.max_spend_usd`` suffices (and, if not, how far to cap each dataset), with how far spend may pass it
+(what can be in flight: per partition the smaller of its concurrency and its requests left) and, when that
+is a large share of the budget, what would shrink it; then the same work bought synchronously, at
+``service_tier: flex`` and through the Batch API, side by side (``plan_modes``: cost, expected time, whether
+the model has a flex endpoint and a batch variant). A model id that does not look like the profile's family
+is a note (``tokens.profile_fit``). With
 ``hidden_states.hidden_size`` set it also gives the hidden-state disk size for ``merge.max_seq_len`` and
 the extraction time, at ``hidden_states.extraction_tokens_per_s`` or, when unset, at the throughput the last
 ``draftgen extract`` (or ``extract --pilot N``) measured and recorded in its local manifest.json (the line
