@@ -55,6 +55,7 @@ TIMEOUTS: dict[str, tuple[int, int]] = {
     "bench_chain": (1200, 900),
     "bench_train_disk": (240, 90),
     "bench_storm": (240, 120),
+    "bench_online": (1500, 600),
 }
 DEFAULT_TIMEOUT = (180, 90)
 # Smoke-size flags for scripts that neither read DRAFTGEN_BENCH_QUICK nor accept --quick.
@@ -65,7 +66,7 @@ QUICK_ARGS: dict[str, list[str]] = {
 # Run order: cheap and independent first, the long engine runs after.
 ORDER = ["bench_resume", "bench_reconstruct", "bench_emulator", "bench_report", "bench_merge", "bench_generate",
          "bench_scale", "bench_storm", "bench_peers", "bench_replay", "bench_replay_batch", "bench_plan",
-         "bench_tail", "bench_extract", "bench_train_disk", "bench_chain"]
+         "bench_tail", "bench_extract", "bench_train_disk", "bench_online", "bench_chain"]
 
 
 TARGETS = [
@@ -125,6 +126,12 @@ TARGETS = [
     Target("train: disk under train/ besides the drafter, as a fraction of the hidden set", ("bench_train_disk",),
            ("train_extra_disk_fraction",), "<=", 0.01, "issue 21",
            detail=("inputs_bytes_per_token", "set_bytes_per_token")),
+    Target("train --online: bytes written besides the drafter (+ peak connector files) / the offline set",
+           ("bench_online",), ("online_disk_fraction",), "<=", 0.01, "issue 25",
+           detail=("online_written_bytes", "offline_set_bytes")),
+    Target("train --online time / (offline extract + train) on the same rows", ("bench_online",),
+           ("online_time_vs_offline",), "<=", 1.5, "issue 25",
+           detail=("online_train_s", "offline_extract_s", "offline_train_s")),
 ]
 
 

@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import orjson
 
 from draftgen.errors import APIError, ConfigError, PermanentAPIError
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
 __all__ = ["CheckingProxy", "ProxyStats", "check_captured"]
 
 _DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
+_COARSER = ("bf16", "fp16", "fp32")  # coarsest first
 
 
 @dataclass
@@ -214,15 +216,19 @@ class CheckingProxy:
 def check_captured(backend: VllmExtractBackend, hs: HiddenStatesConfig, row: ExtractRow, cap: Captured, *,
                    teacher: bool) -> CheckResult:
     """The per-sample checks of offline extraction (and with ``teacher`` the log-prob check) on the states as
-    the server wrote them (its dtype), which is what the trainer reads."""
+    the server wrote them (its dtype), which is what the trainer reads; the log-prob tolerance takes the
+    server's compute dtype to be at most as fine as its file's (vLLM writes states in the model dtype)."""
     import torch
 
     from draftgen.hidden.format import LoadedSample
     from draftgen.phases.extract.checks import check_sample
 
+    dtype = _DTYPES.get(str(cap.aux.dtype), "bf16")
+    if _COARSER.index(dtype) < _COARSER.index(hs.compute_dtype):  # the server computed at its file's precision
+        hs = msgspec.structs.replace(hs, compute_dtype=dtype)  # type: ignore[arg-type]
     sample = LoadedSample(sample_id=row.sample_id, input_ids=torch.from_numpy(row.input_ids).to(torch.int64),
                           loss_mask=torch.from_numpy(row.loss_mask).to(torch.uint8), aux=cap.aux.float(),
-                          final=cap.final.float(), dtype=_DTYPES.get(str(cap.aux.dtype), "bf16"))
+                          final=cap.final.float(), dtype=dtype)
     return check_sample(sample, row, backend, hs, teacher=teacher)
 
 
