@@ -1,5 +1,6 @@
 """The emulator's Batch API (``emulator.batch``) and service tiers (``emulator.tiers``) on the wire: the
-documented shapes and checks, the lifecycle scenarios, and the openai SDK's types parsing its bodies."""
+documented shapes and checks, the lifecycle scenarios, and the openai and openrouter SDKs' types parsing its
+bodies."""
 
 from __future__ import annotations
 
@@ -136,6 +137,42 @@ def test_openai_sdk_types_parse_the_batch_bodies() -> None:
     for r in raw["results"]:
         comp = ChatCompletion.model_validate(r["response"]["body"])
         assert comp.choices[0].finish_reason in ("stop", "length") and comp.usage is not None
+
+
+def test_openrouter_sdk_batch_types_parse_the_batch_bodies() -> None:
+    """The official ``openrouter`` SDK (Speakeasy-generated from OpenRouter's OpenAPI spec) submits, gets and
+    lists batches against the emulator, and its models validate the raw bodies strictly, draftgen's own
+    submission included."""
+    from openrouter import OpenRouter, components
+
+    from draftgen.backends.openrouter_batch import encode_submission, request_item
+
+    with emulator(with_batch(fast(), "fast")) as emu:
+        sdk = OpenRouter(api_key=KEY, server_url=emu.base_url)
+        reqs = [components.Request(custom_id=r["custom_id"], body=r["body"]) for r in _submission(3)["requests"]]
+        made = sdk.batch.create_batches(endpoint="/v1/chat/completions", model=MODEL, requests=reqs,
+                                        provider={"only": ["deepinfra"]})
+        assert made.status == "validating" and made.results is None and made.request_counts.total == 3
+        _wait(emu.root_url, made.id)
+        got = sdk.batch.get_batches(id=made.id)
+        assert got.status == "completed" and got.provider == "DeepInfra" and got.usage is not None
+        assert got.results is not None and {r.custom_id for r in got.results} == {"c0", "c1", "c2"}
+        page = sdk.batch.list(limit=10)
+        assert page is not None and [x.id for x in page.result.data] == [made.id]
+        _, raw = _call(emu.root_url, "GET", f"/api/v1/batches/{made.id}")
+        _, raw_list = _call(emu.root_url, "GET", "/api/v1/batches?limit=10")
+    done = components.BatchObject.model_validate(raw)
+    assert done.usage is not None and done.usage.cost == pytest.approx(raw["usage"]["cost"])
+    for r in done.results or []:
+        assert r.error is None and r.response is not None and r.response.status_code == 200
+        body = r.response.body
+        assert isinstance(body, components.BodyChatCompletion) and body.choices and body.usage is not None
+    listed = components.BatchListResponse.model_validate(raw_list)
+    assert listed.data[0].results is None and listed.data[0].request_counts.completed == 3
+    sub, _ = encode_submission(MODEL, {"only": ["deepinfra"]},
+                               [request_item("ds:s1", json.dumps({"messages": [], "max_tokens": 8}).encode())])
+    parsed = components.BatchSubmitBody.model_validate_json(sub)
+    assert parsed.model == MODEL and parsed.requests[0].custom_id == "ds:s1" and parsed.completion_window == "24h"
 
 
 def _tiered() -> Scenario:
