@@ -1,15 +1,17 @@
 """kill -9 during ``endpoint.mode: batch``, then rerun: every sample paid for once and recorded once.
 
 The emulator runs in its own process; ``draftgen generate`` runs as a subprocess and dies by SIGKILL at an
-exact step of a batch's life (``DRAFTGEN_BATCH_KILL_AT``: the process kills itself there, a real kill -9)
-or at a random moment while its batches run (killed from here). Steps:
+exact step of a batch's life (started through ``_batch_kill.py``, which wraps the journal's, the client's or
+the sinks' function in that process and kills it there: a real kill -9; draftgen itself has no hook) or at
+a random moment while its batches run (killed from here). Steps:
 
 - ``prepared``: the batch is journalled, its submission not sent (the rerun finds nothing at OpenRouter
   and submits it);
 - ``submit``: OpenRouter accepted it, its id is not journalled (the rerun finds it by listing the account's
   batches and adopts it: never submitted twice);
 - ``status``: while polling (the rerun polls it again);
-- ``ingest:5``: five records of a finished batch are durable, the rest not (the rerun writes the rest).
+- ``ingest:5``: records are written five at a time; the first five of a finished batch are durable, the
+  rest not (the rerun writes the rest).
 
 After the rerun: each prompt has exactly one record; the emulator holds exactly the batches the journal
 knows (none submitted twice); what it billed equals the records' costs (none paid twice).
@@ -22,13 +24,14 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from draftgen.engine.batch_journal import KILL_ENV, load_batches
+from draftgen.engine.batch_journal import load_batches
 from draftgen.rundir import RunDir
 
 from ._helpers import (
@@ -81,6 +84,14 @@ def _setup(emu: EmulatorProcess, tmp: Path, size: int) -> tuple[Path, Path]:
     return write_config(tmp, cfg), run
 
 
+def _start_killed_at(point: str, cfg: Path, log: Path) -> subprocess.Popen[bytes]:
+    """``draftgen generate CFG`` through the launcher that SIGKILLs it at ``point``."""
+    launcher = Path(__file__).with_name("_batch_kill.py")
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, str(launcher), point, "generate", str(cfg)], env=cli_env(),
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -113,7 +124,7 @@ def test_kill9_at_each_step_then_rerun(emulator: EmulatorProcess, tmp_path: Path
     before = {str(b["id"]) for b in _batches(emulator)}
     usage0 = emulator.get("/key")["data"]["usage"]
     log = tmp_path / "killed.log"
-    proc = start_cli(["generate", str(cfg)], env=cli_env(**{KILL_ENV: point}), log=log)
+    proc = _start_killed_at(point, cfg, log)
     assert proc.wait(timeout=120) == -signal.SIGKILL, log.read_text()[-3000:]
     views = load_batches(RunDir(run).batch_journal)
     assert views and any(v.open for v in views.values()), "killed with a batch open"

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from draftgen.backends.errors import provider_of
 from draftgen.backends.openrouter_batch import WireBatch, encode_submission, request_item, results_cap
 from draftgen.engine.batch_ingest import BatchContext, ingest, release_item
-from draftgen.engine.batch_journal import BatchJournal, batch_lines, kill_point, load_prompts
+from draftgen.engine.batch_journal import BatchJournal, batch_lines, load_prompts
 from draftgen.engine.budget import Admission
 from draftgen.engine.plans import EngineResult, PartitionPlan
 from draftgen.engine.prompts import PromptCursor, estimate_prompt_tokens
@@ -318,7 +318,6 @@ class BatchRunner:
             ctx.governor.reserve(it.dataset, it.max_tokens, it.usd, worst_usd=it.usd)
         ctx.stats.reserved, ctx.stats.remaining = ctx.governor.reserved, ctx.governor.remaining
         o = self._open[key] = _Open(self._views[key], cut.prompts, body, interval=ctx.options.poll_interval_s)
-        kill_point("prepared")
         await self._submit(o)
 
     async def _submit(self, o: _Open) -> None:
@@ -336,7 +335,6 @@ class BatchRunner:
             o.next_poll = time.monotonic() + ctx.policy.delay(o.failures, exc.retry_after)
             ctx.log.write(f"batch {v.key}: submission failed ({exc}); looked up, then retried")
             return
-        kill_point("submit")
         self._append(BatchEvent(key=v.key, event="submitted", at=time.time(), batch_id=wb.id))
         o.body, o.failures = None, 0
         o.next_poll = time.monotonic() + o.interval
@@ -448,7 +446,6 @@ class BatchRunner:
             if (wb.status, c.completed, c.failed) != (v.status, v.completed, v.failed):
                 self._append(BatchEvent(key=v.key, event="status", at=time.time(), status=wb.status, total=c.total,
                                         completed=c.completed, failed=c.failed, provider=wb.provider))
-                kill_point("status")
             o.next_poll = time.monotonic() + o.interval
             o.interval = min(ctx.options.poll_max_interval_s, o.interval * 1.5)
             return

@@ -45,7 +45,6 @@ from draftgen.engine.assemble import (
     check_record_tokens,
     check_tokens,
 )
-from draftgen.engine.batch_journal import kill_point
 from draftgen.engine.budget import BudgetGovernor, usage_cost
 from draftgen.engine.health import RoutingGuard
 from draftgen.engine.plans import DatasetPlan
@@ -215,7 +214,6 @@ async def ingest(ctx: BatchContext, wb: WireBatch, items: list[BatchItem], promp
         chunk = todo[n:n + CHUNK]
         written += await _chunk(ctx, wb, chunk, shares, started, ended)
         await ctx.sinks.flush()
-        kill_point("ingest", written)
     return written
 
 

@@ -7,15 +7,10 @@ per batch (a partial last line, left by a kill, is skipped and repaired by the n
 
 ``batch_lines`` renders batches for the live display and ``draftgen status``: how many are waiting to be
 submitted, submitted, in progress and done, their ages, and the dollars each still reserves.
-
-``kill_point``: fault injection for the crash tests (``DRAFTGEN_BATCH_KILL_AT``): the process SIGKILLs
-itself at a named step of a batch's life, a real kill -9 at an exact moment.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,21 +19,7 @@ from draftgen.fmt import fmt_duration, fmt_usd
 from draftgen.records import BatchEvent, BatchView, PromptIdView, PromptRecord, fold_batches
 from draftgen.store import JsonlReader, JsonlWriter, iter_jsonl, iter_jsonl_offsets
 
-__all__ = ["KILL_ENV", "BatchJournal", "batch_lines", "kill_point", "load_batches", "load_prompts"]
-
-#: ``<step>`` or ``<step>:<n>``: SIGKILL this process at that step (``prepared``, ``submit``, ``status``,
-#: ``ingest:<n>``: once ``n`` records of a batch are durable). For crash tests only.
-KILL_ENV = "DRAFTGEN_BATCH_KILL_AT"
-
-
-def kill_point(step: str, count: int | None = None) -> None:
-    """SIGKILL this process when ``DRAFTGEN_BATCH_KILL_AT`` names ``step`` (and ``count`` reached ``n``)."""
-    want = os.environ.get(KILL_ENV)
-    if not want:
-        return
-    name, _, n = want.partition(":")
-    if name == step and (not n or (count is not None and count >= int(n))):
-        os.kill(os.getpid(), signal.SIGKILL)
+__all__ = ["BatchJournal", "batch_lines", "load_batches", "load_prompts"]
 
 
 def load_batches(path: Path) -> dict[str, BatchView]:
