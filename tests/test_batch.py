@@ -30,7 +30,7 @@ from draftgen.phases.generate import run_generate
 from draftgen.phases.plan import run_plan
 from draftgen.phases.report.run import run_report
 from draftgen.phases.status import run_status
-from draftgen.records import AttemptRecord
+from draftgen.records import AttemptRecord, BatchEvent, BatchItem, fold_batches
 from draftgen.rundir import RunDir
 from draftgen.store import iter_jsonl
 
@@ -78,9 +78,17 @@ def test_batch_records_are_the_sync_records_at_half_the_price(tmp_path: Path) ->
         assert b.usage is not None and s.usage is not None and b.usage.completion_tokens == s.usage.completion_tokens
     views = load_batches(RunDir(runs["batch"]).batch_journal)
     assert [len(v.items) for v in views.values()] == [6, 6, 4] and all(v.finished and not v.open for v in views.values())
+    assert all(v.keyed for v in views.values())
     assert sum(r.usage.cost for r in batch.values() if r.usage) == pytest.approx(spend["batch"])
     # every sample served by the cheapest provider (Chutes: $0.44/$2.00 per M) at half its price
     assert spend["batch"] / spend["sync"] < 0.5
+
+
+def test_custom_ids_carry_the_batch_key_and_old_journals_keep_theirs() -> None:
+    it = BatchItem("chat", "s:1", "short", 256, 0.01)
+    new, old = fold_batches([BatchEvent(key="b1-aa-1", event="prepared", at=1.0, items=[it], keyed=True),
+                             BatchEvent(key="b0", event="prepared", at=0.5, items=[it])]).values()
+    assert new.custom_id(it) == "b1-aa-1:chat:s:1" and old.custom_id(it) == "chat:s:1"
 
 
 def test_submission_body_limits_and_routing() -> None:

@@ -18,12 +18,15 @@ A batch's steps, each journalled (fsynced) before the next starts:
 
 Crash safety (kill -9 at any point, then rerun): every batch the journal holds open is resumed, never cut
 again and never generated synchronously. One that is ``prepared`` without an id may or may not have
-reached OpenRouter: the account's batches are listed and one with the same model and request count,
-created since it was prepared (less a few seconds of clock skew) and not known to the journal, is adopted
-(``submitted``, ``adopted``); only when none is found is it submitted, the same body again (its
-fingerprint checked; a batch whose prompts changed is ``abandoned``). An adopted batch whose results carry
-none of its custom_ids was another's: its items are retried like failed ones. One with an id is polled again. Ingestion skips samples already in a
-raw log. So each sample is paid for once and recorded once.
+reached OpenRouter. Its key is in every custom_id it was submitted with, and the Batch API echoes nothing
+else of a submission (no metadata; custom_ids only in the results, which come with a terminal status). So
+the account's batches with its model and request count, created since it was prepared (less a few
+seconds of clock skew) and not known to the journal, are candidates: one whose results carry its
+custom_ids is it, adopted (``submitted``, ``adopted``) and ingested; one whose results do not, or that
+ended without results (nothing to record, nothing billed), is not; while a candidate still runs it is
+waited for. Only when no candidate is left is the batch submitted, the same body again (its fingerprint
+checked; a batch whose prompts changed is ``abandoned``). One with an id is polled again. Ingestion skips
+samples already in a raw log. So each sample is paid for once and recorded once.
 
 Budgets: a batch reserves the worst case of every item at batch prices (prompt estimate × prompt price +
 max_tokens × completion price) against the dollar budget and max_tokens against its dataset's token
@@ -38,8 +41,10 @@ at OpenRouter and in the journal; the next run collects them.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -73,10 +78,13 @@ class _Open:
     next_poll: float = 0.0
     interval: float = 0.0
     failures: int = 0  # submissions or polls failed in a row
+    foreign: set[str] = field(default_factory=set)  # account batches seen ended and found not to be this one
+    undecided: int = 0  # account batches that may be this one, still running
 
 
 @dataclass
 class _Cut:
+    key: str
     items: list[BatchItem] = field(default_factory=list)
     bodies: list[bytes] = field(default_factory=list)
     prompts: dict[tuple[str, str], PromptRecord] = field(default_factory=dict)
@@ -248,7 +256,7 @@ class BatchRunner:
         if gov.check_dollars(cut.usd + usd) is not Admission.OK:
             cut.refused_usd = usd
             return "stop"
-        item_bytes = request_item(custom_id(dataset, prompt.sample_id), ctx.setup.body(prompt, mt))
+        item_bytes = request_item(custom_id(dataset, prompt.sample_id, cut.key), ctx.setup.body(prompt, mt))
         if cut.size + len(item_bytes) + 1 > ctx.options.max_bytes:
             return "bytes"
         cut.items.append(BatchItem(dataset, prompt.sample_id, part, mt, usd))
@@ -263,7 +271,8 @@ class BatchRunner:
         """The next batch's items (retries first, then the prompts in file order), as many as the limits
         and budgets allow; None when the run stops."""
         ctx, limit = self.ctx, self.ctx.options.max_requests
-        cut = _Cut()
+        self._seq += 1
+        cut = _Cut(key=f"b{time.time_ns():x}-{secrets.token_hex(3)}-{self._seq}")
         provider, _ = ctx.setup.provider_for(ctx.avoid)
         cut.size = len(encode_submission(ctx.setup.model, provider, [])[0])
         retries, ctx.retry = ctx.retry, []
@@ -309,9 +318,9 @@ class BatchRunner:
         ctx = self.ctx
         provider, _ = ctx.setup.provider_for(ctx.avoid)
         body, fingerprint = encode_submission(ctx.setup.model, provider, cut.bodies)
-        self._seq += 1
-        key = f"b{time.time_ns():x}-{self._seq}"
-        self._append(BatchEvent(key=key, event="prepared", at=time.time(), items=cut.items, fingerprint=fingerprint,
+        key = cut.key
+        self._append(BatchEvent(key=key, event="prepared", at=time.time(), items=cut.items, keyed=True,
+                                fingerprint=fingerprint,
                                 model=ctx.setup.model, provider_only=(provider or {}).get("only"),
                                 size_bytes=len(body)))
         for it in cut.items:
@@ -351,20 +360,26 @@ class BatchRunner:
         self.ctx.log.write(f"batch {o.view.key}: abandoned ({reason})")
 
     async def _reconcile(self, o: _Open) -> None:
-        """A batch prepared without a known id: adopt it from the account's list, else submit it again."""
-        v = o.view
+        """A batch prepared without a known id: adopted if OpenRouter has it, else submitted (again)."""
+        ctx, v = self.ctx, o.view
         try:
-            found = await self._find(v)
+            found = await self._find(o)
         except APIError as exc:
             o.failures += 1
-            o.next_poll = time.monotonic() + self.ctx.policy.delay(o.failures, exc.retry_after)
-            self.ctx.log.write(f"batch {v.key}: listing the account's batches failed ({exc}); tried again later")
+            o.next_poll = time.monotonic() + ctx.policy.delay(o.failures, exc.retry_after)
+            ctx.log.write(f"batch {v.key}: looking for it among the account's batches failed ({exc}); tried again "
+                          "later")
             return
         if found is not None:
             self._append(BatchEvent(key=v.key, event="submitted", at=time.time(), batch_id=found.id, adopted=True))
-            o.body, o.next_poll = None, time.monotonic()
-            self.ctx.display.print(f"batch {found.id}: found at OpenRouter for {v.key} (submitted before the last "
-                                   "stop); polled, not submitted again")
+            o.body = None
+            ctx.display.print(f"batch {found.id}: found at OpenRouter for {v.key} (submitted before the last stop, "
+                              "its results carry its custom_ids); not submitted again")
+            await self._finish(o, found)
+            return
+        if o.undecided:  # one of them may be it: known only once its results are in
+            o.next_poll = time.monotonic() + o.interval
+            o.interval = min(ctx.options.poll_max_interval_s, o.interval * 1.5)
             return
         if o.body is None:
             o.body = self._rebuild(o)
@@ -372,23 +387,44 @@ class BatchRunner:
                 return
         await self._submit(o)
 
-    async def _find(self, v: BatchView) -> WireBatch | None:
-        """The account's batch that is ``v``: same model and request count, not known to the journal,
-        created no earlier than ``ADOPT_SKEW_S`` (and the second ``created_at`` is rounded to) before ``v``
-        was prepared; the earliest such. The account's batches are listed newest first."""
-        known = {x.batch_id for x in self._views.values() if x.batch_id}
+    async def _find(self, o: _Open) -> WireBatch | None:
+        """The account's batch that is ``o``'s, ended, with its results; None when it is not there or not
+        yet known to be (``o.undecided``: candidates still running). An ended candidate is read with its
+        results and is ``o``'s exactly when they carry its custom_ids (which hold its key)."""
+        v = o.view
+        known = {x.batch_id for x in self._views.values() if x.batch_id} | o.foreign
+        mine = {v.custom_id(it) for it in v.items}
+        running: list[str] = []
+        async for b in self._candidates(v, known):
+            if not b.terminal:
+                running.append(b.id)
+                continue
+            full = await self.ctx.setup.client.retrieve(b.id, cap=results_cap([it.max_tokens for it in v.items]))
+            if any(r.custom_id in mine for r in full.results or []):
+                return full
+            o.foreign.add(b.id)  # another's, or ended without results (then nothing to record, nothing billed)
+        if running and len(running) != o.undecided:
+            self.ctx.log.write(f"batch {v.key}: {len(running)} batches at OpenRouter may be it ({', '.join(running)}: "
+                               "its model and size, created since it was prepared); waiting for their results "
+                               "before submitting it")
+        o.undecided = len(running)
+        return None
+
+    async def _candidates(self, v: BatchView, known: set[str]) -> AsyncIterator[WireBatch]:
+        """The account's batches (listed newest first, without results) that may be ``v``: its model and
+        request count, not in ``known``, created no earlier than ``ADOPT_SKEW_S`` (and the second
+        ``created_at`` is rounded to) before ``v`` was prepared."""
         since = v.prepared_at - 1.0 - ADOPT_SKEW_S
-        found: list[WireBatch] = []
         after: str | None = None
         while True:
             page = await self.ctx.setup.client.list_page(after=after)
             for b in page.data:
                 if b.created_at is not None and b.created_at < since:
-                    return found[-1] if found else None
+                    return
                 if b.id not in known and b.model == v.model and b.counts.total == len(v.items):
-                    found.append(b)
+                    yield b
             if not page.has_more or not page.data:
-                return found[-1] if found else None
+                return
             after = page.last_id or page.data[-1].id
 
     def _rebuild(self, o: _Open) -> bytes | None:
@@ -399,9 +435,9 @@ class BatchRunner:
         for it in v.items:
             p = prompts.get((it.dataset, it.sample_id))
             if p is None:
-                self._abandon(o, f"the prompt of {it.custom_id} is no longer prepared")
+                self._abandon(o, f"the prompt of {v.custom_id(it)} is no longer prepared")
                 return None
-            bodies.append(request_item(it.custom_id, ctx.setup.body(p, it.max_tokens)))
+            bodies.append(request_item(v.custom_id(it), ctx.setup.body(p, it.max_tokens)))
         provider = {"only": v.provider_only} if v.provider_only else None
         body, fingerprint = encode_submission(v.model or ctx.setup.model, provider, bodies)
         if fingerprint != v.fingerprint:
@@ -453,7 +489,7 @@ class BatchRunner:
 
     async def _finish(self, o: _Open, wb: WireBatch) -> None:
         ctx, v = self.ctx, o.view
-        written = await ingest(ctx, wb, v.items, self._prompts_of(o), started=_wall(v))
+        written = await ingest(ctx, wb, v, self._prompts_of(o), started=_wall(v))
         c = wb.counts
         cost = wb.usage.cost if wb.usage is not None else None
         why = str(wb.error.message) if wb.error is not None and wb.error.message else None

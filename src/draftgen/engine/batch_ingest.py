@@ -53,7 +53,15 @@ from draftgen.engine.retry import GiveUp, RetryPolicy
 from draftgen.engine.sinks import Sinks
 from draftgen.engine.stats import RunStats
 from draftgen.errors import APIError, PermanentAPIError, RetryableAPIError
-from draftgen.records import AttemptRecord, BatchItem, FailureRecord, PromptRecord, ResponseRecord, Usage
+from draftgen.records import (
+    AttemptRecord,
+    BatchItem,
+    BatchView,
+    FailureRecord,
+    PromptRecord,
+    ResponseRecord,
+    Usage,
+)
 
 __all__ = ["BatchAPI", "BatchContext", "BatchOptions", "BatchSetup", "ingest", "release_item"]
 
@@ -177,36 +185,38 @@ def _priced(comp: Completion, share: float | None) -> Completion:
 @dataclass
 class _Item:
     item: BatchItem
+    cid: str  # its custom_id
     prompt: PromptRecord | None
     outcome: Completion | APIError
 
 
-async def ingest(ctx: BatchContext, wb: WireBatch, items: list[BatchItem], prompts: dict[tuple[str, str], PromptRecord],
+async def ingest(ctx: BatchContext, wb: WireBatch, view: BatchView, prompts: dict[tuple[str, str], PromptRecord],
                  *, started: float) -> int:
-    """Records for the usable results of terminal batch ``wb`` (its journal items ``items``), everything
+    """Records for the usable results of terminal batch ``wb`` (the journal's ``view`` of it), everything
     else retried or given up. Returns the records written."""
     results = {r.custom_id: r for r in wb.results or []}
-    mine = {it.custom_id for it in items}
+    mine = {view.custom_id(it) for it in view.items}
     stray = [cid for cid in results if cid not in mine]
     if stray:
         ctx.log.write(f"batch {wb.id}: {len(stray)} results with custom_ids it was not submitted with are ignored "
                       f"(first: {stray[0]})")
     where = f"batch {wb.id}"
     todo: list[_Item] = []
-    for it in items:
+    for it in view.items:
         if ctx.done(it.dataset, it.sample_id):
             release_item(ctx, it)  # recorded before (a run killed while ingesting): never twice
             continue
-        res = results.get(it.custom_id)
+        cid = view.custom_id(it)
+        res = results.get(cid)
         out: Completion | APIError
         if res is not None:
-            out = result_completion(res, backend=ctx.setup.backend, where=f"{where}, {it.custom_id}")
+            out = result_completion(res, backend=ctx.setup.backend, where=f"{where}, {cid}")
         else:
             kind = "batch_missing_result" if wb.status == "completed" else f"batch_{wb.status}"
             why = wb.error.message if wb.error is not None and wb.error.message else f"the batch ended {wb.status}"
             out = RetryableAPIError(f"{kind} ({why}; {where})", kind=kind)
-        todo.append(_Item(it, prompts.get((it.dataset, it.sample_id)), out))
-    shares = _shares(wb, {t.item.custom_id: t.outcome for t in todo if isinstance(t.outcome, Completion)},
+        todo.append(_Item(it, cid, prompts.get((it.dataset, it.sample_id)), out))
+    shares = _shares(wb, {t.cid: t.outcome for t in todo if isinstance(t.outcome, Completion)},
                       ctx.setup.prices)
     ended = time.time()
     written = 0
@@ -227,7 +237,7 @@ async def _chunk(ctx: BatchContext, wb: WireBatch, chunk: list[_Item], shares: d
         if not isinstance(out, Completion):
             _failed(ctx, t, out, started, ended, provider=provider_of(out) or wb.provider)
             continue
-        comp = _priced(out, shares.get(it.custom_id))
+        comp = _priced(out, shares.get(t.cid))
         bad = _check(ctx, comp, it.max_tokens)
         if bad is None and t.prompt is None:
             bad = PermanentAPIError(f"prompt_missing ({it.sample_id} is no longer in the prepared prompts)",

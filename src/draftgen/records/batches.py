@@ -4,10 +4,12 @@ did with each OpenRouter batch, and ``fold_batches``, the state of every batch i
 One batch's life, each step a line appended (and fsynced) before the next step starts, so a kill -9 at any
 point leaves a journal that says what may have happened (``engine.batch``):
 
-    prepared    its items (``custom_id`` = ``<dataset>:<sample_id>``, partition, max_tokens, the dollars each
-                reserves), the fingerprint of the submission body, the batch-level model and provider filter
-    submitted   the id OpenRouter gave it (``adopted``: found by listing the account's batches after a
-                restart that did not know whether its submission went through)
+    prepared    its items (partition, max_tokens, the dollars each reserves; ``keyed``: each request's
+                ``custom_id`` is ``<key>:<dataset>:<sample_id>``, else, in journals written before keys,
+                ``<dataset>:<sample_id>``), the fingerprint of the submission body, the batch-level model and
+                provider filter
+    submitted   the id OpenRouter gave it (``adopted``: a restart that did not know whether its submission
+                went through found it in the account's batches, its results carrying its custom_ids)
     status      a status read while polling (``validating``, ``in_progress``, ``finalizing``), with its counts
     finished    a terminal status, once every result it carried is durable in the raw logs (or it carried
                 none: ``failed``, ``expired``, ``cancelled``); its ``usage.cost`` and counts
@@ -34,21 +36,17 @@ __all__ = [
     "apply_event",
     "custom_id",
     "fold_batches",
-    "split_custom_id",
 ]
 
 BatchEventKind = Literal["prepared", "submitted", "status", "finished", "abandoned"]
 
 
-def custom_id(dataset: str, sample_id: str) -> str:
-    """The ``custom_id`` of a sample's request in a batch (dataset names hold no ``:``)."""
-    return f"{dataset}:{sample_id}"
-
-
-def split_custom_id(cid: str) -> tuple[str, str] | None:
-    """(dataset, sample_id) of a ``custom_id``; None when it is not one of draftgen's."""
-    dataset, sep, sid = cid.partition(":")
-    return (dataset, sid) if sep and dataset and sid else None
+def custom_id(dataset: str, sample_id: str, key: str | None = None) -> str:
+    """The ``custom_id`` of a sample's request in batch ``key``: ``<key>:<dataset>:<sample_id>`` (keys and
+    dataset names hold no ``:``). The key makes it unique to one batch, so results that carry it are that
+    batch's and no other's (the Batch API echoes nothing else of a submission); without ``key``, the form of
+    journals written before keys."""
+    return f"{key}:{dataset}:{sample_id}" if key else f"{dataset}:{sample_id}"
 
 
 class BatchItem(msgspec.Struct, frozen=True, array_like=True):
@@ -60,18 +58,16 @@ class BatchItem(msgspec.Struct, frozen=True, array_like=True):
     max_tokens: int
     usd: float
 
-    @property
-    def custom_id(self) -> str:
-        return custom_id(self.dataset, self.sample_id)
 
 
 class BatchEvent(msgspec.Struct, omit_defaults=True, kw_only=True):
     """One line of the journal (see the module docstring for which fields each event carries)."""
 
-    key: str  # draftgen's own name of the batch, known before OpenRouter's id is
+    key: str  # draftgen's own name of the batch, known before OpenRouter's id is; unique, no ``:``
     event: BatchEventKind
     at: float
     items: list[BatchItem] | None = None
+    keyed: bool = False  # its custom_ids carry ``key``
     fingerprint: str | None = None  # sha256 of the submission body
     model: str | None = None
     provider_only: list[str] | None = None
@@ -93,6 +89,7 @@ class BatchView(msgspec.Struct, kw_only=True):
 
     key: str
     items: list[BatchItem] = msgspec.field(default_factory=list)
+    keyed: bool = False
     fingerprint: str | None = None
     model: str | None = None
     provider_only: list[str] | None = None
@@ -118,6 +115,10 @@ class BatchView(msgspec.Struct, kw_only=True):
         """Prepared and not yet finished or abandoned: its items belong to it, its worst case is reserved."""
         return not self.finished and not self.abandoned
 
+    def custom_id(self, it: BatchItem) -> str:
+        """The ``custom_id`` item ``it`` was (or will be) submitted with."""
+        return custom_id(it.dataset, it.sample_id, self.key if self.keyed else None)
+
     @property
     def reserved_usd(self) -> float:
         return sum(it.usd for it in self.items)
@@ -137,7 +138,7 @@ class BatchView(msgspec.Struct, kw_only=True):
 def apply_event(v: BatchView, ev: BatchEvent) -> None:
     """Apply one journal event to its batch's view."""
     if ev.event == "prepared":
-        v.items = list(ev.items or [])
+        v.items, v.keyed = list(ev.items or []), ev.keyed
         v.fingerprint, v.model, v.provider_only = ev.fingerprint, ev.model, ev.provider_only
         v.size_bytes, v.prepared_at = ev.size_bytes, ev.at
     elif ev.event == "submitted":
