@@ -354,8 +354,9 @@ class SampleRunner:
             return Rejected(exc)
         if fl.reason == "slow_stream":
             t = self.options.tail
+            got = f"{m.tokens(cpt):,.0f} tokens" if m.first_at is not None else "no data since the request went out"
             exc = attribute(RetryableAPIError(
-                f"slow_stream ({m.tokens(cpt):,.0f} tokens in {time.monotonic() - fl.started:.0f}s: under "
+                f"slow_stream ({got} in {time.monotonic() - fl.started:.0f}s: under "
                 f"tail.min_tokens_per_s {t.min_tokens_per_s:g} over tail.slow_window_s {t.slow_window_s:g}s; "
                 "retried on another provider)", kind="slow_stream"), m.provider)
             self._record(s, started, exc.kind, m.provider, hedge=fl.hedge)

@@ -600,7 +600,8 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
             keep_unusable=q.keep_unusable, require_reasoning=not cfg.reasoning.exclude, model=cfg.model.id,
             model_aliases=tuple(q.model_aliases), min_length_fraction=q.min_length_fraction, avoid=avoid,
             tail=TailPolicy(min_tokens_per_s=cfg.tail.min_tokens_per_s, slow_window_s=cfg.tail.slow_window_s,
-                            stall_s=cfg.tail.stall_s, hedge_max_extra_spend=cfg.tail.hedge_max_extra_spend),
+                            stall_s=cfg.tail.stall_s, hedge_max_extra_spend=cfg.tail.hedge_max_extra_spend,
+                            streamed=cfg.endpoint.stream),
         )
         engine = Engine(
             backend=backend, assembler=assembler,
