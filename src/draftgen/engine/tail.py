@@ -17,15 +17,15 @@ knobs are ``tail.*``, ``TailPolicy``):
   comments). A request that does not stream (``streamed`` false) has no data until its body is in, so the
   floor never judges it before.
 - **Hedges**: once a partition has no prompt left to start (its producer is done) and it has idle slots,
-  its stalled requests, oldest first, may be sent again on another provider (``hedge`` is the engine's
-  ``SampleRunner.hedge``, which takes the slot and the reservation, and says no when the budget or
+  its stalled requests, oldest first, may be sent again on another provider (``hedge`` is
+  ``hedge.HedgeRace.hedge``, which takes the slot and the reservation, and says no when the budget or
   ``hedge_max_extra_spend`` does). At most one hedge of a request is on the wire at a time, at most
   ``MAX_HEDGES`` per attempt, and a hedge that failed is followed by the next only after a retry delay
   (``Flight.next_hedge``). A hedge that stalls itself is cancelled (``stalled``, retryable): when the request
   it hedged is still on the wire, the next hedge follows; when that request has ended, the sample retries.
 
-The race between a request and its hedge is the sample's (``sample.SampleRunner``): the first usable
-response becomes the record, the other request is cancelled and its cost booked as extra spend.
+The race between a request and its hedge is ``hedge.HedgeRace``'s: the first usable response becomes the
+record, the other request is cancelled and its cost booked as extra spend.
 """
 
 from __future__ import annotations
