@@ -27,7 +27,7 @@ from draftgen.errors import EXIT_FAILURES, AuthError, RunDirError
 from draftgen.phases.generate import run_generate
 from draftgen.phases.importer import run_import
 from draftgen.records import GroundTruthRecord, ResponseRecord, RunManifest, Usage
-from draftgen.rundir import scrub_argv
+from draftgen.secrets import scrub_argv
 from draftgen.store import JsonlWriter, iter_jsonl, read_json
 
 quiet = {"echo": lambda s: None}
@@ -355,11 +355,11 @@ def test_permanent_failures_print_their_reason_and_only_retryable_ones_are_told_
 
 def test_after_a_run_spent_and_left_add_up_to_the_budget_or_say_what_caps_it() -> None:
     from draftgen.engine import BudgetGovernor
-    from draftgen.phases.generate import _budget_lines
+    from draftgen.phases.generate_summary import budget_lines
 
     gov = BudgetGovernor(max_spend=5.0, prior=0.04, session=0.06)
     gov.reserved = 0.49  # an aborted run's requests in flight: cancelled, their reservations do not count as spent
-    assert _budget_lines(gov) == ["budget: $0.1000 spent + $4.9000 left = $5"]
+    assert budget_lines(gov) == ["budget: $0.1000 spent + $4.9000 left = $5"]
     gov.session_cap = 3.0  # the key's account has less than the budget left
-    assert "the key's account allows $2.9400 more, which caps the next run first" in _budget_lines(gov)[0]
-    assert _budget_lines(BudgetGovernor()) == [] and _budget_lines(BudgetGovernor(max_spend=0.05, prior=0.1)) == []
+    assert "the key's account allows $2.9400 more, which caps the next run first" in budget_lines(gov)[0]
+    assert budget_lines(BudgetGovernor()) == [] and budget_lines(BudgetGovernor(max_spend=0.05, prior=0.1)) == []
