@@ -91,6 +91,21 @@ def test_status_shows_the_providers_briefly(tmp_path: Path) -> None:
     assert "verdict: NOT USABLE" in out and "· provider cool-downs: DeepInfra 1" in out
 
 
+def test_status_at_80_columns_cuts_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 80 columns every header, figure and reason is whole (issue 23: ``complet…``, ``reason…``)."""
+    run = tmp_path / "run"
+    written = write_run_dir(run, failures=True)
+    write_attempts_and_health(run_config(run), written)
+    monkeypatch.setenv("COLUMNS", "80")
+    lines: list[str] = []
+    run_status(str(run), echo=lines.append, now=T0 + 3600)
+    out = "\n".join(lines)
+    assert "…" not in out, out
+    assert all(len(line) <= 80 for line in out.splitlines()), max(out.splitlines(), key=len)
+    for word in ("completion", "tokens", "reasoning", "share", "cost", "failed", "truncated", "failures by kind"):
+        assert word in out, word
+
+
 def test_status_cli_and_missing_target(tmp_path: Path) -> None:
     run = tmp_path / "run"
     write_run_dir(run, datasets={"chat": 5})
