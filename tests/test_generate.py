@@ -363,3 +363,17 @@ def test_after_a_run_spent_and_left_add_up_to_the_budget_or_say_what_caps_it() -
     gov.session_cap = 3.0  # the key's account has less than the budget left
     assert "the key's account allows $2.9400 more, which caps the next run first" in budget_lines(gov)[0]
     assert budget_lines(BudgetGovernor()) == [] and budget_lines(BudgetGovernor(max_spend=0.05, prior=0.1)) == []
+
+
+def test_a_resumed_runs_progress_counts_the_whole_prepared_set(tmp_path: Path, qwen3_profile: Any) -> None:
+    """Issue 23: a resumed run's bar said ``done 3/47`` (this run's work) while status said ``13/60``."""
+    run_dir = claim(make_config(tmp_path, ["a"]))
+    write_prompts(run_dir, "a", 3)
+    with emulator(profile_obj=qwen3_profile) as emu:
+        cfg = make_config(tmp_path, ["a"], base_url=emu.base_url)
+        assert run_generate(cfg, echo=lambda s: None, profile=qwen3_profile).done == 3
+        write_prompts(run_dir, "a", 5)  # two prompts more; the first three are done
+        assert run_generate(cfg, echo=lambda s: None, profile=qwen3_profile).done == 2
+    log = (run_dir / "logs" / "generate.log").read_text(encoding="utf-8").splitlines()
+    last = [ln for ln in log if "total: done " in ln][-1]  # the display's last line (logged at its stop)
+    assert "total: done 5/5 (100%)" in last and "0 remaining" in last, last
