@@ -33,7 +33,8 @@ from pathlib import Path
 import msgspec
 
 from draftgen.config import load_config
-from draftgen.rundir import expected_provenance, writer
+from draftgen.provenance import expected_provenance
+from draftgen.rundir import writer
 from draftgen.tokens import profile_from_config
 
 REF_SAMPLES = 40_114

@@ -11,6 +11,7 @@ from _common_helpers import FAKE_KEY, config_dict
 from draftgen import rundir
 from draftgen.config import RunConfig, config_from_mapping
 from draftgen.emulator import EmulatorOptions, RunningEmulator, Scenario, builtin_scenario, start_in_thread
+from draftgen.provenance import expected_provenance
 from draftgen.records import (
     FailureRecord,
     Message,
@@ -49,7 +50,7 @@ def claim(cfg: RunConfig) -> Path:
 
 def provenance(cfg: RunConfig) -> Provenance:
     """The provenance generate stamps on (and expects of) the records of ``cfg``."""
-    return rundir.expected_provenance(cfg, profile_from_config(cfg).tokenizer_sha256)
+    return expected_provenance(cfg, profile_from_config(cfg).tokenizer_sha256)
 
 
 def write_prompts(run_dir: Path, dataset: str, n: int, *, long_every: int = 0, tools_every: int = 0) -> list[str]:

@@ -14,6 +14,7 @@ from draftgen import rundir
 from draftgen.config import RunConfig
 from draftgen.phases.importer import run_import
 from draftgen.phases.prepare import run_prepare
+from draftgen.provenance import expected_provenance
 from draftgen.records import PromptRecord, ResponseRecord, Usage
 from draftgen.store import JsonlWriter, iter_jsonl
 from draftgen.tokens import profile_from_config
@@ -54,7 +55,7 @@ def fake_generate(cfg: RunConfig, *, seed: int = 0, truncate_every: int = 0, wit
 def _fake_generate(cfg: RunConfig, *, seed: int, truncate_every: int, with_prompt_ids: bool, legacy: bool,
                    long_every: int) -> dict[str, list[ResponseRecord]]:
     prof = profile_from_config(cfg)
-    provenance = rundir.expected_provenance(cfg, prof.tokenizer_sha256)
+    provenance = expected_provenance(cfg, prof.tokenizer_sha256)
     rng = random.Random(seed)
     written: dict[str, list[ResponseRecord]] = {}
     for ds in cfg.datasets:

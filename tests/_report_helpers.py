@@ -11,6 +11,7 @@ import yaml
 from _common_helpers import config_dict, write_config
 from draftgen import rundir
 from draftgen.config import RunConfig, config_from_mapping
+from draftgen.provenance import expected_provenance
 from draftgen.records import (
     AttemptRecord,
     AuditReport,
@@ -72,7 +73,7 @@ def write_run_dir(
 def _write_run_dir(cfg: RunConfig, datasets: dict[str, int], *, done_fraction: float, seed: int, audit: bool,
                    failures: bool) -> dict[str, list[ResponseRecord]]:
     run_dir = cfg.run_path
-    provenance = rundir.expected_provenance(cfg, profile_from_config(cfg).tokenizer_sha256)
+    provenance = expected_provenance(cfg, profile_from_config(cfg).tokenizer_sha256)
     rng = random.Random(seed)
     providers = ["SiliconFlow", "DeepInfra", "Chutes"]
     written: dict[str, list[ResponseRecord]] = {}
@@ -148,7 +149,7 @@ def _write_run_dir(cfg: RunConfig, datasets: dict[str, int], *, done_fraction: f
 
 def response(cfg: RunConfig, sample_id: str, dataset: str, **fields: object) -> ResponseRecord:
     """A response record with the provenance of ``cfg`` (``fields`` override the defaults)."""
-    provenance = rundir.expected_provenance(cfg, profile_from_config(cfg).tokenizer_sha256)
+    provenance = expected_provenance(cfg, profile_from_config(cfg).tokenizer_sha256)
     base: dict[str, object] = {"reasoning": "r", "content": "c", "finish_reason": "stop", "ids_source": "reconstructed",
                                "output_ids": [1, 2, 3], "created_at": T0}
     base.update(fields)

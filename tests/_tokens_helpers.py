@@ -15,6 +15,7 @@ import yaml
 from _common_helpers import ASSETS, need_assets
 from draftgen import rundir
 from draftgen.config import RunConfig, load_config
+from draftgen.provenance import expected_provenance
 from draftgen.records import GroundTruthRecord, Message, PromptRecord, ResponseRecord, Usage
 from draftgen.store import JsonlWriter
 from draftgen.tokens import LoadedTokenizer, Profile, load_tokenizer, profile_class
@@ -202,7 +203,7 @@ def _write_synthetic_run(cfg: RunConfig, prof: Profile, rng: random.Random, n: i
                          corrupt_rate: float) -> SyntheticRun:
     run = cfg.run_path
     out = SyntheticRun(cfg=cfg)
-    provenance = rundir.expected_provenance(cfg, prof.tokenizer_sha256)
+    provenance = expected_provenance(cfg, prof.tokenizer_sha256)
     reasoning_field = next((p for p in prof.thinking_suffix if getattr(p, "name", "") == "reasoning"), None)
     content_field = next((p for p in prof.suffix if getattr(p, "name", "") == "content"), None)
     lead = getattr(content_field, "lead", "") or getattr(reasoning_field, "trail", "") or ""

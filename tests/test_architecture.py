@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "fmt"),  # leaves: the standard library only
     ("secrets", "registry", "records"),  # records: typed rows, no I/O
     ("store", "config"),  # store: the only JSON codec; config: typed sections
-    ("rundir",),  # every path of a run directory, the lock, provenance
+    ("rundir", "provenance"),  # every path of a run directory, the lock, run.json; a record's provenance check
     ("tokens", "datasets", "hidden", "drafter"),
     ("backends", "exporters"),
     ("engine", "emulator"),  # the emulator never imports the engine (one layer)

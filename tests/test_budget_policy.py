@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 from tests._generate_helpers import claim, emulator, fast, make_config, responses, write_prompts
 
-from draftgen.engine.budget import MIN_SAMPLES, Admission, BudgetGovernor, LengthEstimate, Prices, TokenBudget
+from draftgen.engine.budget import (
+    MIN_SAMPLES,
+    RAISE_BUDGET,
+    Admission,
+    BudgetGovernor,
+    LengthEstimate,
+    Prices,
+    TokenBudget,
+)
 from draftgen.phases.generate import run_generate
 
 quiet: dict[str, Any] = {"echo": lambda s: None}
@@ -168,6 +176,7 @@ def test_strict_never_passes_a_budget(tmp_path: Path) -> None:
 def test_expected_dollar_overshoot_is_bounded(tmp_path: Path) -> None:
     rep, run_dir, billed = _run(tmp_path, {"max_spend_usd": 0.15, "token_policy": "expected"}, n=400)
     assert rep.exit_code != 0 and rep.message is not None and "dollar budget" in rep.message
+    assert RAISE_BUDGET in rep.message  # the fix: a key and a flag that exist (test_the_stop_names_a_real_key_and_flag)
     # Routed prices: the worst over the fast roster's endpoints ($3/M completion); prompts are ~30 tokens.
     worst_in_flight = 16 * (2048 * 3.0e-6 + 64 * 0.6e-6)
     cost = sum(r.usage.cost for r in responses(run_dir, "a") + responses(run_dir, "b") if r.usage)
@@ -176,6 +185,21 @@ def test_expected_dollar_overshoot_is_bounded(tmp_path: Path) -> None:
     assert billed <= 0.15 + worst_in_flight + 1e-9
     assert rep.spend_over_budget == pytest.approx(max(0.0, billed - 0.15), abs=1e-6)
 
+
+def test_the_stop_names_a_real_key_and_flag() -> None:
+    """The dollar-budget stop names the config key and the flag of the commands that spend; both exist."""
+    import click
+
+    from draftgen.cli import cli
+    from draftgen.config.generate import BudgetConfig
+
+    gov = BudgetGovernor(prices=Prices(completion=1e-5), max_spend=1.0)
+    msg = gov.stop_message(0.5, 0.5)
+    assert RAISE_BUDGET in msg and "budget.max_spend_usd" in msg and "--max-spend" in msg
+    assert "max_spend_usd" in BudgetConfig.__struct_fields__
+    for name in ("generate", "run"):
+        cmd = cli.commands[name]
+        assert isinstance(cmd, click.Command) and any("--max-spend" in p.opts for p in cmd.params), name
 
 
 def test_plan_states_the_dollar_bound(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from draftgen.errors import EXIT_FAILURES, AuthError, RunDirError
 from draftgen.phases.generate import run_generate
 from draftgen.phases.importer import run_import
 from draftgen.records import GroundTruthRecord, ResponseRecord, RunManifest, Usage
-from draftgen.rundir import scrub_argv
+from draftgen.secrets import scrub_argv
 from draftgen.store import JsonlWriter, iter_jsonl, read_json
 
 quiet = {"echo": lambda s: None}
@@ -355,11 +355,25 @@ def test_permanent_failures_print_their_reason_and_only_retryable_ones_are_told_
 
 def test_after_a_run_spent_and_left_add_up_to_the_budget_or_say_what_caps_it() -> None:
     from draftgen.engine import BudgetGovernor
-    from draftgen.phases.generate import _budget_lines
+    from draftgen.phases.generate_summary import budget_lines
 
     gov = BudgetGovernor(max_spend=5.0, prior=0.04, session=0.06)
     gov.reserved = 0.49  # an aborted run's requests in flight: cancelled, their reservations do not count as spent
-    assert _budget_lines(gov) == ["budget: $0.1000 spent + $4.9000 left = $5"]
+    assert budget_lines(gov) == ["budget: $0.1000 spent + $4.9000 left = $5"]
     gov.session_cap = 3.0  # the key's account has less than the budget left
-    assert "the key's account allows $2.9400 more, which caps the next run first" in _budget_lines(gov)[0]
-    assert _budget_lines(BudgetGovernor()) == [] and _budget_lines(BudgetGovernor(max_spend=0.05, prior=0.1)) == []
+    assert "the key's account allows $2.9400 more, which caps the next run first" in budget_lines(gov)[0]
+    assert budget_lines(BudgetGovernor()) == [] and budget_lines(BudgetGovernor(max_spend=0.05, prior=0.1)) == []
+
+
+def test_a_resumed_runs_progress_counts_the_whole_prepared_set(tmp_path: Path, qwen3_profile: Any) -> None:
+    """Issue 23: a resumed run's bar said ``done 3/47`` (this run's work) while status said ``13/60``."""
+    run_dir = claim(make_config(tmp_path, ["a"]))
+    write_prompts(run_dir, "a", 3)
+    with emulator(profile_obj=qwen3_profile) as emu:
+        cfg = make_config(tmp_path, ["a"], base_url=emu.base_url)
+        assert run_generate(cfg, echo=lambda s: None, profile=qwen3_profile).done == 3
+        write_prompts(run_dir, "a", 5)  # two prompts more; the first three are done
+        assert run_generate(cfg, echo=lambda s: None, profile=qwen3_profile).done == 2
+    log = (run_dir / "logs" / "generate.log").read_text(encoding="utf-8").splitlines()
+    last = [ln for ln in log if "total: done " in ln][-1]  # the display's last line (logged at its stop)
+    assert "total: done 5/5 (100%)" in last and "0 remaining" in last, last

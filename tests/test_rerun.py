@@ -9,6 +9,7 @@ from _generate_helpers import claim, emulator, make_config, responses, write_pro
 from draftgen.config import RunConfig
 from draftgen.phases.generate import run_generate
 from draftgen.phases.report.metrics import compute_metrics
+from draftgen.phases.status import render_status, render_text, run_status
 from draftgen.records import ResponseRecord
 from draftgen.store import iter_jsonl
 from draftgen.tokens import Profile
@@ -55,6 +56,9 @@ def test_a_rerun_says_what_differs_and_redo_regenerates_without_duplicates(tmp_p
         assert m.total.done == 6 and m.total.duplicates == 0 and m.total.replaced == len(cut)
         spent_old = sum(r.usage.cost for r in replaced if r.usage)
         assert m.total.spent_usd == m.total.cost_usd + spent_old > m.total.cost_usd
+        status = run_status(str(run_dir), echo=lambda s: None)  # status's spend is the metrics', replaced included
+        assert status.summary.spend_usd == round(m.total.spent_usd, 6) > round(m.total.cost_usd, 6)
+        assert f"{len(cut)} records set aside by --redo" in render_text(render_status(status.metrics, status.summary, now=0.0))
 
         # --redo changed: the rest, made with the old settings, again; nothing is duplicated.
         redone = run_generate(_cfg(tmp_path, emu.base_url, 2048, 0.3), echo=lambda s: None,

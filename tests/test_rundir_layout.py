@@ -58,7 +58,8 @@ def _path_parts(tree: ast.AST) -> set[int]:
                 for a in node.args:
                     add(a)
     # A literal tuple a loop walks, whose loop variable is then joined as a path part.
-    joined = {id(n) for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) in _div_operands(tree)}
+    divs = _div_operands(tree)  # once per file: per name it made the scan quadratic (minutes on 2 cores)
+    joined = {id(n) for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) in divs}
     for node in ast.walk(tree):
         loops: list[tuple[ast.expr, ast.expr, list[ast.AST]]] = []
         if isinstance(node, ast.For | ast.AsyncFor):

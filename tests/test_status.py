@@ -91,6 +91,30 @@ def test_status_shows_the_providers_briefly(tmp_path: Path) -> None:
     assert "verdict: NOT USABLE" in out and "· provider cool-downs: DeepInfra 1" in out
 
 
+def test_status_at_80_columns_cuts_nothing_and_shows_token_budgets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 80 columns every header, figure and reason is whole (issue 23: ``complet…``, ``reason…``)."""
+    run = tmp_path / "run"
+    written = write_run_dir(run, failures=True)
+    write_attempts_and_health(run_config(run), written)
+    cfg = make_config(tmp_path, run, extra="budget: {token_budget: 10000000}")
+    monkeypatch.setenv("COLUMNS", "80")
+    lines: list[str] = []
+    rep = run_status(str(cfg), echo=lines.append, now=T0 + 3600)
+    out = "\n".join(lines)
+    assert "…" not in out, out
+    assert all(len(line) <= 80 for line in out.splitlines()), max(out.splitlines(), key=len)
+    for word in ("completion", "tokens", "reasoning", "share", "cost", "failed", "truncated", "failures by kind"):
+        assert word in out, word
+    # the per-dataset token budget, used / budget, in the text and in --json (issue 23: shown nowhere)
+    chat = next(d for d in rep.summary.datasets if d.name == "chat")
+    assert chat.token_budget == 10_000_000 and chat.completion_tokens > 0
+    assert f"token budget chat: {chat.completion_tokens:,} / 10,000,000" in " ".join(out.split())
+    js: list[str] = []
+    run_status(str(cfg), echo=js.append, as_json=True)
+    got = msgspec.json.decode(js[0], type=StatusSummary)
+    assert {d.name: d.token_budget for d in got.datasets} == {"chat": 10_000_000, "code": 10_000_000}
+
+
 def test_status_cli_and_missing_target(tmp_path: Path) -> None:
     run = tmp_path / "run"
     write_run_dir(run, datasets={"chat": 5})

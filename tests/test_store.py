@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from draftgen.errors import InputError, RunDirError, StorageError
+from draftgen.provenance import check_provenance
 from draftgen.records import FailureRecord, Provenance, ResponseRecord, Usage
-from draftgen.rundir import check_provenance
 from draftgen.store import (
     JsonlWriter,
     atomic_write_json,

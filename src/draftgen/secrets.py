@@ -2,8 +2,9 @@
 
 A key reaches draftgen only through the environment variable named by ``endpoint.api_key_env`` or a key
 file (``endpoint.api_key_file`` / ``--api-key-file``). Everything else (messages, logs, run.json, the
-report, ``status``) passes through ``redact`` / ``redact_obj``, and config values and argv that look like
-a key are refused with ``looks_like_key`` before anything is written.
+report, ``status``) passes through ``redact`` / ``redact_obj`` (a command line: ``scrub_argv``, which also
+hides the value after a key flag), and config values and argv that look like a key are refused with
+``looks_like_key`` before anything is written.
 
 What counts as a key:
 
@@ -37,6 +38,7 @@ __all__ = [
     "looks_like_key",
     "redact",
     "redact_obj",
+    "scrub_argv",
     "storage_credentials",
     "url_credentials",
 ]
@@ -209,3 +211,29 @@ def storage_credentials(url: str | None, options: Any, *, url_key: str, options_
     path, how = found
     fix = "give the URL without it (e.g. http://host:9000)" if how.startswith("holds") else "remove it"
     return f"{path} {how}; credentials never go in the config: {fix}; {STORAGE_CREDENTIALS_FIX}"
+
+
+_SECRET_FLAGS = ("--api-key", "--management-key", "--key", "--token", "--password")
+
+
+def scrub_argv(argv: list[str]) -> list[str]:
+    """argv without secrets: the value after ``--api-key*``/``--*key``/``--token`` flags is replaced, and
+    anything else that looks like a key is redacted."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+            continue
+        low = arg.lower()
+        flag, eq, _ = low.partition("=")
+        secret = flag.startswith("--") and (flag.startswith(_SECRET_FLAGS) or flag.endswith(("-key", "_key", "token")))
+        if secret and eq:
+            out.append(arg.split("=", 1)[0] + "=***")
+        elif secret:
+            out.append(arg)
+            hide_next = True
+        else:
+            out.append(redact(arg))
+    return out

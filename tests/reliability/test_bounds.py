@@ -182,6 +182,19 @@ def test_keepalive_only_stream_times_out_on_data_not_bytes(emu: EmulatorProcess,
     assert len(_records(tmp_path)) == 4
 
 
+def test_a_stream_with_no_first_byte_is_retried_by_the_rate_floor(emu: EmulatorProcess, tmp_path: Path) -> None:
+    # 200 and keep-alive comments only, never a data event, under an idle timeout of 10 minutes: the tail
+    # guard's rate floor (tail.slow_window_s 1 s, counted from when the request went out) cancels it.
+    endpoint = {"idle_timeout_s": 600.0, "connect_timeout_s": 2.0}
+    cfg = _config(tmp_path, emu, "keepalive", 4, seed=107, concurrency=4, max_tokens=128, endpoint=endpoint,
+                  retry=FAST_RETRY, tail={"slow_window_s": 1.0, "min_tokens_per_s": 1.0})
+    run = _generate(write_config(tmp_path, cfg), timeout=45)
+    assert run.returncode == 0, run.output[-2000:]
+    assert run.elapsed < 15, run.output[-2000:]
+    assert len(_records(tmp_path)) == 4  # each on its second attempt
+    assert len(_retry_delays(_log(tmp_path), "slow_stream (no data since the request went out")) == 4
+
+
 def test_trickling_stream_hits_the_total_deadline_derived_from_max_tokens(emu: EmulatorProcess,
                                                                           tmp_path: Path) -> None:
     # An empty data chunk every 50 ms, for ever: the idle timeout keeps being reset and only the total

@@ -10,10 +10,10 @@ class TailConfig(Section):
     """How generate treats requests that stop making progress on the wire.
 
     A request is **stalled** while no text has arrived for ``stall_s`` or 4 × the run's p95 time to first
-    token, whichever is longer (the display marks it, with its age). A stream that has started and then
-    receives fewer than ``min_tokens_per_s`` × ``slow_window_s`` tokens in the last ``slow_window_s`` is
-    **cancelled and retried on another provider** (``slow_stream``), long before its idle timeout or its total
-    deadline. Once a partition has no prompt left to start and slots are idle, its oldest stalled requests are
+    token, whichever is longer (the display marks it, with its age). A stream that receives fewer than
+    ``min_tokens_per_s`` × ``slow_window_s`` tokens in the last ``slow_window_s`` (a streamed request with no
+    first byte included: its window counts from when it went out) is **cancelled and retried on another
+    provider** (``slow_stream``), long before its idle timeout or its total deadline. Once a partition has no prompt left to start and slots are idle, its oldest stalled requests are
     **hedged**: the same request is sent again on another provider, the first good response is the record
     and the other is cancelled. What hedges cost beyond one request per sample is booked in the dollar budget
     and capped by ``hedge_max_extra_spend``."""
@@ -21,7 +21,7 @@ class TailConfig(Section):
     min_tokens_per_s: float = 2.0
     """A stream slower than this over ``slow_window_s`` is cancelled and retried on another provider."""
     slow_window_s: float = 60.0
-    """The window of the rate floor, counted from the stream's first data (0: no rate floor)."""
+    """The window of the rate floor, counted from the stream's first data, or from when the request went out while it has sent none (a streamed request with no first byte for this long is retried elsewhere; 0: no rate floor)."""
     stall_s: float = 2.0
     """The shortest silence that marks a request stalled; the run's own p95 time to first token × 4 when that is longer (30 s until 20 responses are in)."""
     hedge_max_extra_spend: float = 0.03

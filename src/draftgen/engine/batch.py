@@ -52,7 +52,7 @@ from draftgen.backends.errors import provider_of
 from draftgen.backends.openrouter_batch import WireBatch, encode_submission, request_item, results_cap
 from draftgen.engine.batch_ingest import BatchContext, ingest, release_item
 from draftgen.engine.batch_journal import BatchJournal, batch_lines, load_prompts
-from draftgen.engine.budget import Admission
+from draftgen.engine.budget import RAISE_BUDGET, Admission
 from draftgen.engine.plans import EngineResult, PartitionPlan
 from draftgen.engine.prompts import PromptCursor, estimate_prompt_tokens
 from draftgen.errors import APIError, AuthError, PaymentRequired, PermanentAPIError
@@ -299,7 +299,7 @@ class BatchRunner:
         if not cut.items and cut.refused_usd and not self._open:
             rem = ctx.governor.remaining or 0.0
             self.request_stop(f"dollar budget: ${max(rem, 0.0):.4f} left cannot cover one more request in a batch "
-                              f"(${cut.refused_usd:.4f} at its worst); raise --max-spend to continue")
+                              f"(${cut.refused_usd:.4f} at its worst); {RAISE_BUDGET}")
         return None if self._stopping else cut
 
     def _budget_reached(self, cur: PromptCursor) -> None:

@@ -52,8 +52,8 @@ reserves again (``rebook``) before its next attempt, so retries of billed reject
 ``spent + reserved <= max_spend`` too: the overshoot stays within what is in flight.
 
 Caps are named: ``session_cap_source`` says where the account cap came from (the API key's limit, the
-account's credits), and ``stop_message`` names the cap a stopped run hit (``--max-spend``, or the key's
-limit), never ``$None``.
+account's credits), and ``stop_message`` names the cap a stopped run hit and its fix (``RAISE_BUDGET``:
+``budget.max_spend_usd``, or ``--max-spend``; or the key's limit), never ``$None``.
 
 Hedges (``engine.tail``) are requests like any other: each holds a reservation while it is on the wire, so
 the bound above holds with them; the losing request of a hedged sample is charged as spent (``charge_loser``:
@@ -82,6 +82,7 @@ from draftgen.records import Usage, spend_usd
 __all__ = [
     "MIN_SAMPLES",
     "QUANTILE",
+    "RAISE_BUDGET",
     "TEXT_BYTES_PER_TOKEN",
     "Admission",
     "BudgetGovernor",
@@ -99,6 +100,9 @@ TokenPolicy = Literal["strict", "expected"]
 MIN_SAMPLES = 20
 #: the quantile of the observed completion lengths each request reserves under ``expected``
 QUANTILE = 0.9
+#: the fix a stop at the dollar budget names: the config key, and the flag of the commands that spend
+RAISE_BUDGET = ("raise budget.max_spend_usd in the config (or pass --max-spend USD to generate or run), "
+                "then rerun to resume")
 #: text bytes per completion token when a billed response's tokens are known only from its text: fewer
 #: than any tokenizer's average (English ≈ 4, CJK ≈ 2-3), so the estimate leans high
 TEXT_BYTES_PER_TOKEN = 2
@@ -252,7 +256,7 @@ class BudgetGovernor:
         return "session" if session_room < spend_room else "max_spend"
 
     def stop_message(self, usd: float = 0.0, worst_usd: float = 0.0) -> str:
-        """Why no (further) request fits, naming the cap: the dollar budget (``--max-spend``), or the
+        """Why no (further) request fits, naming the cap: the dollar budget (``budget.max_spend_usd``), or the
         account's cap (the API key's limit, the credits) with the figure read from the server."""
         if self.binding_cap(worst_usd) == "session":
             left = (self.session_cap or 0.0) - self.session - self.reserved_worst
@@ -263,7 +267,7 @@ class BudgetGovernor:
         left = max((self.max_spend or 0.0) - self.spent - self.reserved, 0.0)
         need = f" cannot cover the next request (${usd:.4f})" if usd else ""
         return (f"dollar budget: ${left:.4f} left of ${self.max_spend or 0.0:g} (budget.max_spend_usd; "
-                f"${self.spent:.4f} spent){need}; raise --max-spend to continue")
+                f"${self.spent:.4f} spent){need}; {RAISE_BUDGET}")
 
     def near_cap(self) -> bool:
         """The money left under ``max_spend`` after reservations is below ``(1 - QUANTILE) × slots_worst``:

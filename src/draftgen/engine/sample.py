@@ -10,16 +10,15 @@ through ``Sinks``. Three layers, each owning one thing:
 - ``_until_done`` loops over outcomes until the sample is written or given up. Every failed outcome goes
   through ``_decide`` once: the run's stop rules, then the one retry decision (``RetryPolicy.decide``):
   wait out the backoff and attempt again, keep the last unusable response, or record the failure.
-- ``_attempt`` is one request and the checks on its response (``_call``), returning a typed outcome:
+- ``_attempt`` is one request and the checks on its response (``call``), returning a typed outcome
+  (``outcomes``):
   ``Usable`` (build it), ``Unusable`` (retry elsewhere: its provider is avoided, the response may be kept)
   or ``Rejected`` (an API error, more tokens than asked for, or a stream cancelled under the rate floor,
   ``slow_stream``, whose provider is avoided too). ``_finish`` frees the slot, builds the record in the CPU
   pool and writes it: ``Finished``, or ``Rejected`` when the text rebuilt too long.
-- Hedges (``tail``): ``hedge`` sends the same request again for a stalled attempt, on an idle slot with a
-  reservation of its own; ``_race`` settles the attempt: the first usable response is its outcome, the
-  other request is cancelled (``Lost``: recorded ``hedge_lost``, its cost booked as extra spend by
-  ``governor.charge_loser``), and a usable response that came second is discarded the same way. A hedge's
-  slot and reservation are released when it leaves the wire; the sample's own stay with the sample.
+- Hedges (``hedge.HedgeRace``, the runner's ``race``): a second request for a stalled attempt, and the race
+  that settles which response is the attempt's outcome; the runner is its ``Wire`` (``call``, ``record``,
+  ``judge``, ``avoid``, ``ignore_for``).
 
 Invariants: the slot is freed as soon as a response is in, before its record is built, and taken again
 before a further attempt; a response that is not written as a record still has its billed cost booked
@@ -36,13 +35,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal, Protocol
-
-import msgspec
+from typing import Any, Literal
 
 from draftgen.backends.base import Backend, Billing, Completion, CompletionRequest
 from draftgen.backends.errors import attribute, billing_of, provider_of
@@ -56,7 +51,21 @@ from draftgen.engine.assemble import (
 from draftgen.engine.budget import BudgetGovernor, Reservation, usage_cost
 from draftgen.engine.flight import Flight
 from draftgen.engine.health import ProviderHealth
+from draftgen.engine.hedge import HedgeRace
 from draftgen.engine.limiter import AdaptiveLimiter
+from draftgen.engine.outcomes import (
+    Attempt,
+    Built,
+    Finished,
+    Host,
+    Lease,
+    Lost,
+    Rejected,
+    Response,
+    Sample,
+    Unusable,
+    Usable,
+)
 from draftgen.engine.plans import EngineOptions, PartitionPlan
 from draftgen.engine.progress import RunLog
 from draftgen.engine.prompts import estimate_prompt_tokens
@@ -74,136 +83,12 @@ from draftgen.errors import (
 )
 from draftgen.records import AttemptRecord, FailureRecord, PromptRecord, ResponseRecord
 
-__all__ = ["Finished", "Host", "Lease", "Lost", "Rejected", "Response", "SampleRunner", "Unusable", "Usable"]
+__all__ = ["SampleRunner"]
 
 _CONNECT_KINDS = {"connect_error", "connect_timeout"}
 
 
-class Host(Protocol):
-    """What a sample needs from the engine that runs it: whether the run is stopping, and a way to stop it."""
-
-    @property
-    def stopping(self) -> bool: ...
-
-    def request_stop(self, reason: str, *, exit_code: int = 1, hard: bool = False, grace: bool = False) -> None: ...
-
-
-# -- outcomes ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Response:
-    """A response that is in: when its attempt started and ended (wall clock), what was booked for it
-    already (a rejected response's billed cost), and for a kept unusable one, its kind."""
-
-    comp: Completion
-    latency: float
-    started: float
-    ended: float
-    charged: float = 0.0
-    unusable: str | None = None
-    hedge: bool = False  # the response of a hedge (a second request for the sample)
-
-
-@dataclass(frozen=True)
-class Usable:
-    """A response that passed the checks on the wire's answer: build its record."""
-
-    response: Response
-
-
-@dataclass(frozen=True)
-class Unusable:
-    """A response that is no record (reasoning dropped, an excluded provider): retried elsewhere, or kept."""
-
-    exc: UnusableResponse
-    response: Response
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """A failed attempt: an API error, or a response with more tokens than it was allowed."""
-
-    exc: APIError
-
-
-@dataclass(frozen=True)
-class Lost:
-    """A request cancelled because another request of the same sample answered first (recorded, booked)."""
-
-
-@dataclass(frozen=True)
-class Finished:
-    """Nothing more to do: the record is on its sink, or the sample's failure is."""
-
-
-Attempt = Usable | Unusable | Rejected
-Built = Finished | Rejected
 _Next = Literal["attempt", "keep", "stop"]
-
-
-# -- the slot and the reservation --------------------------------------------------------------------------
-
-
-class Lease:
-    """The partition slot and the budget reservation one sample holds (both taken by the producer)."""
-
-    def __init__(self, part: PartitionPlan, limiter: AdaptiveLimiter, res: Reservation, governor: BudgetGovernor,
-                 stats: RunStats) -> None:
-        self.part, self.limiter, self.res, self.governor, self.stats = part, limiter, res, governor, stats
-        self.slot = True
-        self.settled = False
-
-    def response_in(self, *, success: bool) -> None:
-        """Free the slot now that a response is in (``success``: it counts for the adaptive limit)."""
-        lim = self.limiter
-        self.slot = False
-        if success:
-            lim.on_success()
-        lim.release()
-        self.stats.in_flight[self.part.name] = lim.in_use
-        self.stats.limit[self.part.name] = lim.current
-
-    async def retake(self) -> None:
-        """A slot again, for an attempt after the slot was freed."""
-        await self.limiter.acquire()
-        self.slot = True
-        self.stats.in_flight[self.part.name] = self.limiter.in_use
-
-    def close(self) -> None:
-        """Release what is still held: the reservation unless it was settled, the slot if held."""
-        if not self.settled:
-            self.governor.release_res(self.res)
-            self.stats.reserved = self.governor.reserved
-        if self.slot:
-            self.limiter.release()
-            self.stats.in_flight[self.part.name] = self.limiter.in_use
-
-
-@dataclass
-class Sample:
-    """One sample's state across its attempts."""
-
-    dataset: str
-    prompt: PromptRecord
-    lease: Lease
-    req: CompletionRequest
-    flight: dict[tuple[str, str], Flight]
-    attempts: int = 0
-    avoid: list[str] = field(default_factory=list)  # providers it must not go back to (they returned it unusable)
-    kept: Response | None = None  # its last unusable response
-    rate_limits: int = 0  # rate limits waited out (no attempts)
-    rate_waited: float = 0.0  # seconds they took
-    billed: bool = False  # its last attempt was billed: reserve again before the next
-    current: Flight | None = None  # its attempt on the wire
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.dataset, self.prompt.sample_id
-
-    @property
-    def part(self) -> PartitionPlan:
-        return self.lease.part
 
 
 # -- the runner --------------------------------------------------------------------------------------------
@@ -221,8 +106,9 @@ class SampleRunner:
         self.connect_failures = 0
         self.successes = 0
         self.last_success = time.monotonic()
-        self.live: dict[tuple[str, str], Sample] = {}  # the samples running, by key (the tail guard's hedges)
-        self.hedging: set[asyncio.Task[Attempt | Lost]] = set()  # hedges on the wire: the host cancels them at the end
+        #: hedges of stalled attempts and their races; its ``live`` holds the samples running, by key
+        self.race = HedgeRace(self, host=host, governor=governor, policy=policy, stats=stats, log=log,
+                              tail=options.tail)
 
     async def run(self, part: PartitionPlan, limiter: AdaptiveLimiter, alive: asyncio.Semaphore, dataset: str,
                   prompt: PromptRecord, res: Reservation) -> None:
@@ -235,12 +121,12 @@ class SampleRunner:
             req = await self._request(prompt, part.max_tokens)
             avoid: list[str] = []
             for prov in self.options.avoid.get((dataset, prompt.sample_id), ()):
-                self._avoid(avoid, prov)
-            s = self.live[key] = Sample(dataset, prompt, lease, req, flight, avoid=avoid)
+                self.avoid(avoid, prov)
+            s = self.race.live[key] = Sample(dataset, prompt, lease, req, flight, avoid=avoid)
             await self._until_done(s)
         finally:
             flight.pop(key, None)  # cancelled or failed on the wire: no longer in flight
-            self.live.pop(key, None)
+            self.race.live.pop(key, None)
             if s is not None and s.current is not None:  # cancelled with hedges on the wire: they go too
                 for _, task in s.current.running_hedges():
                     task.cancel()
@@ -269,9 +155,9 @@ class SampleRunner:
                     s.kept = out.response
                     comp = out.response.comp
                     for prov in comp.providers or ([comp.provider] if comp.provider else []):
-                        self._avoid(s.avoid, prov)
+                        self.avoid(s.avoid, prov)
                 elif out.exc.kind in ("slow_stream", "stalled"):  # retried on another provider
-                    self._avoid(s.avoid, provider_of(out.exc))
+                    self.avoid(s.avoid, provider_of(out.exc))
             kept = None
             if isinstance(out, Finished):
                 return
@@ -282,25 +168,25 @@ class SampleRunner:
                 kept = s.kept
 
     async def _attempt(self, s: Sample) -> Attempt:
-        """One attempt: its request (``_call``), raced against the hedges the tail guard sends (``_race``)."""
+        """One attempt: its request (``call``), raced against the hedges the tail guard sends (``HedgeRace.outcome``)."""
         if not s.lease.slot:
             await s.lease.retake()
         s.attempts += 1
         self.stats.requests += 1
         req = s.req
-        req.provider_ignore = self._ignore_for(s.avoid)
+        req.provider_ignore = self.ignore_for(s.avoid)
         fl = s.current = Flight(s.key, s.part.name, time.monotonic())
         req.meter = fl.meter
         s.flight[s.key] = fl  # on the wire: one insert now, one pop when the attempt ends
         try:
-            out = await self._call(s, req, fl)
+            out = await self.call(s, req, fl)
         finally:
             s.flight.pop(s.key, None)
         if fl.hedges or isinstance(out, Lost):
-            return await self._race(s, fl, out)
+            return await self.race.outcome(s, fl, out)
         return out
 
-    async def _call(self, s: Sample, req: CompletionRequest, fl: Flight) -> Attempt | Lost:
+    async def call(self, s: Sample, req: CompletionRequest, fl: Flight) -> Attempt | Lost:
         """One request on the wire, inside ``fl``'s scope (the tail guard cancels it there), and the checks
         on its response; a failed one's ``AttemptRecord`` is written here, a usable one's with its record."""
         started = time.time()
@@ -311,13 +197,13 @@ class SampleRunner:
         except TimeoutError:
             if fl.reason is None:
                 raise
-            return self._cancelled(s, fl, started)
+            return self.race.cancelled(s, fl, started)
         except APIError as exc:
             prov = provider_of(exc)
             billing = billing_of(exc)
             charged = self._charge(s, billing) if billing is not None else 0.0
-            self._record(s, started, exc.kind, prov, cost=charged, hedge=fl.hedge)
-            self._judge(prov, exc)
+            self.record(s, started, exc.kind, prov, cost=charged, hedge=fl.hedge)
+            self.judge(prov, exc)
             return Rejected(exc)
         except asyncio.CancelledError:  # abandoned on the wire (an interrupt): it may be billed in full
             self._abandon(s, started)
@@ -334,146 +220,13 @@ class SampleRunner:
             attribute(exc, comp.provider)
             charged = self._charge(s, Billing(usage=comp.usage, cost_known=not comp.cost_missing,
                                               text_bytes=comp.text_bytes))
-            self._record(s, started, exc.kind, comp.provider, comp, charged, ended=ended, hedge=fl.hedge)
-            self._judge(comp.provider, exc)
+            self.record(s, started, exc.kind, comp.provider, comp, charged, ended=ended, hedge=fl.hedge)
+            self.judge(comp.provider, exc)
             if isinstance(exc, UnusableResponse):
                 return Unusable(exc, Response(comp, latency, started, ended, charged, exc.kind, fl.hedge))
             return Rejected(exc)
         return Usable(Response(comp, latency, started, ended, hedge=fl.hedge))
 
-    def _cancelled(self, s: Sample, fl: Flight, started: float) -> Rejected | Lost:
-        """A request the engine cancelled: under the rate floor (retried elsewhere), or beaten by another
-        request of its sample (its cost so far booked as extra spend)."""
-        m, cpt = fl.meter, self.stats.chars_per_token
-        if fl.reason == "stalled":  # a hedge that stalled in its turn
-            exc = attribute(RetryableAPIError(
-                f"stalled (a hedge with no text for {fl.silent_s(time.monotonic()):.0f}s; cancelled)", kind="stalled"),
-                m.provider)
-            self._record(s, started, exc.kind, m.provider, hedge=fl.hedge)
-            self._judge(m.provider, exc)
-            return Rejected(exc)
-        if fl.reason == "slow_stream":
-            t = self.options.tail
-            exc = attribute(RetryableAPIError(
-                f"slow_stream ({m.tokens(cpt):,.0f} tokens in {time.monotonic() - fl.started:.0f}s: under "
-                f"tail.min_tokens_per_s {t.min_tokens_per_s:g} over tail.slow_window_s {t.slow_window_s:g}s; "
-                "retried on another provider)", kind="slow_stream"), m.provider)
-            self._record(s, started, exc.kind, m.provider, hedge=fl.hedge)
-            self._judge(m.provider, exc)
-            return Rejected(exc)
-        gov = self.governor
-        cost = gov.prices.cost(estimate_prompt_tokens(s.prompt), round(m.tokens(cpt))) if gov.priced else 0.0
-        self._lose(cost)
-        self._record(s, started, "hedge_lost", m.provider, cost=cost, hedge=fl.hedge)
-        return Lost()
-
-    def _lose(self, cost: float) -> None:
-        """Book what the losing request of a hedged sample cost."""
-        self.governor.charge_loser(cost)
-        self.stats.hedge_extra_usd += max(cost, 0.0)
-        self.stats.spend_session = self.governor.session
-        self.stats.remaining = self.governor.remaining
-
-    # -- hedges ------------------------------------------------------------------------------------------------
-
-    def hedge(self, fl: Flight) -> bool:
-        """Send the request of the stalled attempt ``fl`` again, avoiding its provider, on an idle slot with a
-        reservation of its own (``tail.TailGuard`` calls this). False when it cannot go out now: no idle slot,
-        the budget, or the cap on hedges' extra spend."""
-        s = self.live.get(fl.key)
-        if s is None or s.current is not fl or self.host.stopping:
-            return False
-        lim = s.lease.limiter
-        if not lim.try_acquire():
-            return False
-        gov = self.governor
-        res = gov.reservation(s.dataset, s.part.name, s.part.max_tokens, estimate_prompt_tokens(s.prompt))
-        if not gov.hedge_room(res, self.options.tail.hedge_max_extra_spend):
-            lim.release()
-            return False
-        gov.hold_hedge(res)
-        avoid = list(s.avoid)
-        self._avoid(avoid, fl.meter.provider)
-        hf = Flight(fl.key, fl.partition, time.monotonic(), hedge=True)
-        req = msgspec.structs.replace(s.req, provider_ignore=self._ignore_for(avoid), meter=hf.meter)
-        task = asyncio.get_running_loop().create_task(self._hedge(s, fl, hf, req, res))
-        fl.hedges.append((hf, task))
-        self.hedging.add(task)
-        task.add_done_callback(self.hedging.discard)
-        st = self.stats
-        st.hedges += 1
-        st.in_flight[s.part.name], st.reserved = lim.in_use, gov.reserved
-        self.log.write(f"hedge {s.dataset}/{s.prompt.sample_id} attempt {s.attempts}: no text for "
-                       f"{fl.silent_s(time.monotonic()):.1f}s{' from ' + fl.meter.provider if fl.meter.provider else ''}; "
-                       "the same request goes out again on another provider")
-        return True
-
-    async def _hedge(self, s: Sample, fl: Flight, hf: Flight, req: CompletionRequest, res: Reservation) -> Attempt | Lost:
-        """One hedge on the wire; a usable response first cancels the request it hedges."""
-        lim = s.lease.limiter
-        try:
-            out = await self._call(s, req, hf)
-            if isinstance(out, Usable) and fl.winner is None:
-                fl.winner = out
-                fl.cancel("hedge_lost")
-            elif not isinstance(out, Usable | Lost):  # failed: the next hedge of ``fl`` after a retry delay
-                fl.next_hedge = time.monotonic() + self.policy.delay(len(fl.hedges), out.exc.retry_after)
-            return out
-        finally:
-            lim.release()
-            self.governor.release_hedge(res)
-            self.stats.in_flight[s.part.name], self.stats.reserved = lim.in_use, self.governor.reserved
-
-    async def _race(self, s: Sample, fl: Flight, out: Attempt | Lost) -> Attempt:
-        """The outcome of an attempt that was hedged: the first usable response (the request's own, or a
-        hedge's); else, while a hedge is still on the wire, that hedge's; else the request's own failure.
-        Every other usable response is discarded (``_discard``), and no hedge is left running."""
-        if isinstance(out, Usable) and fl.winner is None:
-            for hf, _ in fl.running_hedges():
-                hf.cancel("hedge_lost")
-            await self._settle(s, fl, keep=out)
-            return out
-        if isinstance(out, Unusable):
-            s.kept = out.response
-            self._avoid(s.avoid, out.response.comp.provider)
-        running = fl.running_hedges()
-        if fl.winner is None and running:
-            hf, task = running[-1]
-            s.flight[s.key] = hf  # the hedge carries the attempt on: in the table for the display and the guard
-            try:
-                await asyncio.wait([task])
-            finally:
-                s.flight.pop(s.key, None)
-        if isinstance(fl.winner, Usable):
-            await self._settle(s, fl, keep=fl.winner, own=out)
-            self.stats.hedges_won += 1
-            return fl.winner
-        await self._settle(s, fl, keep=None)
-        last = [t.result() for _, t in fl.hedges if not t.cancelled()]
-        if not isinstance(out, Lost | Usable):
-            return out if not running else self._last_failure([out, *last])
-        return self._last_failure(last)
-
-    @staticmethod
-    def _last_failure(outs: Sequence[Attempt | Lost]) -> Attempt:
-        """The latest outcome that is a failure (a race with no usable response has one)."""
-        fails = [o for o in outs if isinstance(o, Unusable | Rejected)]
-        return fails[-1] if fails else Rejected(RetryableAPIError("hedged request cancelled", kind="hedge_lost"))
-
-    async def _settle(self, s: Sample, fl: Flight, *, keep: Usable | None, own: Attempt | Lost | None = None) -> None:
-        """Wait for the hedges of ``fl`` to leave the wire; discard every usable response but ``keep``."""
-        tasks = [t for _, t in fl.hedges]
-        if tasks:
-            await asyncio.wait(tasks)
-        for out in [own, *(t.result() for t in tasks if not t.cancelled())]:
-            if isinstance(out, Usable) and out is not keep:
-                self._discard(s, out.response)
-
-    def _discard(self, s: Sample, r: Response) -> None:
-        """A usable response that lost its race: no record; its cost is booked as extra spend."""
-        cost = usage_cost(r.comp.usage)
-        self._lose(cost)
-        self._record(s, r.started, "hedge_lost", r.comp.provider, r.comp, cost, ended=r.ended, hedge=r.hedge)
 
     async def _finish(self, s: Sample, r: Response) -> Built:
         """Free the slot (so reconstruction never keeps a slot from the wire), build the record, write it."""
@@ -491,8 +244,8 @@ class SampleRunner:
             if r.unusable is None:
                 charged = self._charge(s, Billing(usage=r.comp.usage, cost_known=not r.comp.cost_missing,
                                                   text_bytes=r.comp.text_bytes))
-                self._record(s, r.started, exc.kind, r.comp.provider, r.comp, charged, ended=r.ended)
-                self._judge(r.comp.provider, exc)
+                self.record(s, r.started, exc.kind, r.comp.provider, r.comp, charged, ended=r.ended)
+                self.judge(r.comp.provider, exc)
             s.kept = None  # a kept response that rebuilds too long is no record either
             return Rejected(exc)
         self._write(s, r, rec)
@@ -510,7 +263,7 @@ class SampleRunner:
             ))
         except DraftgenError as exc:  # a tokenizer/profile problem with this one output
             if r.unusable is None:
-                self._record(s, r.started, "reconstruction", comp.provider, comp, ended=r.ended)
+                self.record(s, r.started, "reconstruction", comp.provider, comp, ended=r.ended)
             self._fail(s, "reconstruction", str(exc), permanent=True, provider=comp.provider)
             return None
 
@@ -520,7 +273,7 @@ class SampleRunner:
         comp = r.comp
         if not self.sinks.claim(s.dataset, rec.sample_id):
             self.log.write(f"discarded a second response of {s.dataset}/{rec.sample_id}: its record is written")
-            self._discard(s, r)
+            self.race.discard(s, r)
             return
         if comp.usage is None or comp.cost_missing:
             rec.usage = self.governor.priced_usage(rec.usage, prompt_tokens=len(rec.prompt_ids or ()),
@@ -531,8 +284,8 @@ class SampleRunner:
             if self.health is not None and u is not None and rec.output_ids is not None \
                     and self.health.policy.billing_off(len(rec.output_ids), u.completion_tokens):
                 billing = "billing_off"
-            self._record(s, r.started, "ok", comp.provider, comp, usage_cost(u), ended=r.ended, hedge=r.hedge)
-            self._judge(comp.provider, billing)
+            self.record(s, r.started, "ok", comp.provider, comp, usage_cost(u), ended=r.ended, hedge=r.hedge)
+            self.judge(comp.provider, billing)
         else:
             self.stats.kept_unusable[r.unusable] += 1
         s.lease.settled = True
@@ -619,7 +372,7 @@ class SampleRunner:
         if o.require_reasoning:
             check_reasoning(comp)
 
-    def _ignore_for(self, avoid: list[str]) -> list[str] | None:
+    def ignore_for(self, avoid: list[str]) -> list[str] | None:
         """What this attempt adds to ``provider.ignore``: the providers in the run's cool-down and the ones
         this sample must avoid, never all the routing allows (the sample's oldest are dropped first)."""
         run = self.health.ignore() if self.health is not None else []
@@ -635,13 +388,13 @@ class SampleRunner:
                 out.append(slug)
         return out or None
 
-    def _avoid(self, avoid: list[str], provider: str | None) -> None:
+    def avoid(self, avoid: list[str], provider: str | None) -> None:
         if provider and self.health is not None:
             slug = self.health.guard.slug(provider)
             if slug not in avoid:
                 avoid.append(slug)
 
-    def _judge(self, provider: str | None, outcome: APIError | str | None) -> None:
+    def judge(self, provider: str | None, outcome: APIError | str | None) -> None:
         """One outcome for the provider's health: a retryable error or a quality kind is bad; a permanent
         error (about the request, not the provider) is not counted."""
         if self.health is None or not provider:
@@ -654,7 +407,7 @@ class SampleRunner:
 
     # -- records and books ---------------------------------------------------------------------------------
 
-    def _record(self, s: Sample, started: float, outcome: str, provider: str | None, comp: Completion | None = None,
+    def record(self, s: Sample, started: float, outcome: str, provider: str | None, comp: Completion | None = None,
                 cost: float = 0.0, ended: float | None = None, *, hedge: bool = False) -> None:
         """One ``AttemptRecord`` (wall-clock times; ``ended``: when the response was in, default now; ``hedge``:
         the request was a hedge)."""
@@ -687,7 +440,7 @@ class SampleRunner:
         cost = s.lease.res.worst_usd
         self.governor.charge(cost)
         self.stats.spend_session = self.governor.session
-        self._record(s, started, "abandoned", None, cost=cost)
+        self.record(s, started, "abandoned", None, cost=cost)
 
     async def _rebook(self, s: Sample) -> bool:
         """Reserve again before an attempt that follows a billed one; False (the run stops, the sample is

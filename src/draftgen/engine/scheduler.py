@@ -164,7 +164,7 @@ class Engine:
             stats=self.stats, log=self.log, health=self.health, options=self.options, sinks=self.sinks,
             cpu=self._cpu, backoff=self._backoff,
         )
-        self._guard = TailGuard(self.options.tail, self.stats, hedge=self._samples.hedge,
+        self._guard = TailGuard(self.options.tail, self.stats, hedge=self._samples.race.hedge,
                                 drained=self._drained.__contains__, stalled=self._stalled)
         next_look = 0.0
         try:
@@ -215,7 +215,7 @@ class Engine:
             p.cancel()
         tasks: list[asyncio.Task[Any]] = list(self._tasks)
         if self._samples is not None:
-            tasks += list(self._samples.hedging)
+            tasks += list(self._samples.race.hedging)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*self._producers, *tasks, return_exceptions=True)

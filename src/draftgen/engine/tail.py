@@ -9,21 +9,23 @@ knobs are ``tail.*``, ``TailPolicy``):
   data when that is longer; 30 s until 20 responses are in) is stalled. The display counts them, with the
   longest silence, and the partition's limiter does not count their slots against its adaptive limit (only
   against the configured concurrency), so requests that hang do not starve the rest.
-- **Slow streams**: a stream that has started, and received fewer than ``min_tokens_per_s`` × the elapsed
-  time over the last ``slow_window_s`` or more, is cancelled (``slow_stream``, a retryable error attributed
-  to its provider), and the sample's next attempt avoids that provider. Before its first data a request is
-  bounded by the stall marking, hedging and its idle timeout, never by the rate floor (a long prompt may
-  take a while to start).
+- **Slow streams**: a stream that has received fewer than ``min_tokens_per_s`` × the elapsed time over the
+  last ``slow_window_s`` or more is cancelled (``slow_stream``, a retryable error attributed to its
+  provider), and the sample's next attempt avoids that provider. A streamed request that has sent no data
+  at all is judged by the same floor, its window counted from when it went out: no first byte in
+  ``slow_window_s`` is cancelled the same way (whatever the connection still sends: headers, keep-alive
+  comments). A request that does not stream (``streamed`` false) has no data until its body is in, so the
+  floor never judges it before.
 - **Hedges**: once a partition has no prompt left to start (its producer is done) and it has idle slots,
-  its stalled requests, oldest first, may be sent again on another provider (``hedge`` is the engine's
-  ``SampleRunner.hedge``, which takes the slot and the reservation, and says no when the budget or
+  its stalled requests, oldest first, may be sent again on another provider (``hedge`` is
+  ``hedge.HedgeRace.hedge``, which takes the slot and the reservation, and says no when the budget or
   ``hedge_max_extra_spend`` does). At most one hedge of a request is on the wire at a time, at most
   ``MAX_HEDGES`` per attempt, and a hedge that failed is followed by the next only after a retry delay
   (``Flight.next_hedge``). A hedge that stalls itself is cancelled (``stalled``, retryable): when the request
   it hedged is still on the wire, the next hedge follows; when that request has ended, the sample retries.
 
-The race between a request and its hedge is the sample's (``sample.SampleRunner``): the first usable
-response becomes the record, the other request is cancelled and its cost booked as extra spend.
+The race between a request and its hedge is ``hedge.HedgeRace``'s: the first usable response becomes the
+record, the other request is cancelled and its cost booked as extra spend.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class TailPolicy:
     stall_s: float = 2.0
     hedge_max_extra_spend: float = 0.03
     warmup_stall_s: float = DEFAULT_STALL_S  # the stall time until ``MIN_SAMPLES`` responses are in
+    streamed: bool = True  # requests stream (``endpoint.stream``): one with no data for a window is slow too
 
 
 def _p95(xs: list[float]) -> float:
@@ -114,11 +117,14 @@ class TailGuard:
 
     def slow(self, fl: Flight, now: float, chars_per_token: float) -> bool:
         """Whether ``fl``'s stream has stayed under the rate floor for the window. Keeps checkpoints of what
-        it had received every half window, the rate being taken from the newest one a window old or more."""
+        it had received every half window, the rate being taken from the newest one a window old or more.
+        With no data yet, zero tokens since the request went out: slow once that is a whole window ago."""
         floor, window = self.policy.min_tokens_per_s, self.policy.slow_window_s
         m = fl.meter
-        if floor <= 0 or window <= 0 or m.first_at is None or not fl.open:
+        if floor <= 0 or window <= 0 or not fl.open:
             return False
+        if m.first_at is None:
+            return self.policy.streamed and now - fl.started >= window
         got = m.tokens(chars_per_token)
         marks = fl.marks
         if not marks:

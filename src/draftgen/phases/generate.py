@@ -39,7 +39,6 @@ import resource
 import signal
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +91,7 @@ from draftgen.errors import (
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
 from draftgen.phases.excluded import excluded_samples, plan_regeneration
 from draftgen.phases.generate_batch import check_mode, leftover_plans, run_batch_phase, wants_batches
+from draftgen.phases.generate_summary import budget_lines, failure_lines, overshoot_lines, provider_table
 from draftgen.phases.rerun import (
     REDO_KINDS,
     generation_settings,
@@ -100,8 +100,10 @@ from draftgen.phases.rerun import (
     rerun_lines,
     settings_report,
 )
+from draftgen.provenance import check_provenance, expected_provenance
 from draftgen.records import Provenance
-from draftgen.store import scan_attempt_spend, scan_failures, scan_responses
+from draftgen.secrets import scrub_argv
+from draftgen.store import scan_attempt_spend, scan_responses
 from draftgen.tokens import Profile, profile_from_config
 
 __all__ = [
@@ -222,16 +224,17 @@ def run_generate(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None 
 
 def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, names: list[str],
                   out: Echo, loaded: Profile | None) -> GenerateReport:
-    run_dir = rd.root
+    """Inside the writer lock: the profile and provenance, what is left to do (``_resume``), the run (on the
+    embedded emulator when configured), and the lines it prints and logs at the end (``generate_summary``)."""
     check_mode(cfg)  # endpoint.mode / service_tier the backend cannot honour: refused before anything is sent
     loaded = _prepared(cfg, rd, names, out, loaded, opts.force)
     api_key, mgmt = _api_keys(cfg)
     profile = loaded if loaded is not None else profile_from_config(cfg)
-    provenance = rundir.expected_provenance(cfg, profile.tokenizer_sha256)
+    provenance = expected_provenance(cfg, profile.tokenizer_sha256)
     forced: set[str] = set()
 
     def check(got: Provenance | None, where: str) -> None:
-        rundir.check_provenance(got, provenance, where, force=opts.force, forced=forced)
+        check_provenance(got, provenance, where, force=opts.force, forced=forced)
     parts = [p for p in ("short", "long") if opts.partition in (p, "all")]
     partitions = [PartitionPlan(p, getattr(cfg.partitions, p).concurrency, getattr(cfg.partitions, p).max_tokens)
                   for p in parts]
@@ -244,47 +247,10 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
     table: list[str] = []
     failed_lines: list[str] = []
     since = time.time()  # this session's failures are those recorded from now on
-    avoid: dict[tuple[str, str], list[str]] = {}
     try:
-        log.write(f"generate: {' '.join(rundir.scrub_argv(list(opts.argv)))}")
+        log.write(f"generate: {' '.join(scrub_argv(list(opts.argv)))}")
         _rerun(cfg, rd, names, opts.redo, check, out, log)
-        if rd.attempts.is_file():
-            governor.prior += scan_attempt_spend(rd.attempts)
-        excluded = excluded_samples(rd)
-        for d in cfg.datasets:
-            excl = excluded.get(d.name, {}) if d.name in names else {}
-            idx = scan_responses(rd.raw(d.name), check=check, track=excl.keys())
-            governor.prior += idx.spend_usd + replaced_spend(rd, d.name)
-            if d.name not in names:
-                continue
-            regen = plan_regeneration(rd, d.name, excl, idx.tracked, now=time.time())
-            if regen.samples:
-                idx.done -= regen.samples.keys()
-                avoid.update(((d.name, sid), provs) for sid, provs in regen.avoid.items())
-                line = (f"{d.name}: {len(regen.samples):,} samples whose record the audit excluded are generated "
-                        "again (" + ", ".join(f"{k} {v}" for k, v in regen.reasons.most_common()) + ")")
-                out(line)
-                log.write(line)
-            counts = stats.dataset(d.name)
-            counts.done_before = len(idx.done)
-            counts.tokens_before = idx.completion_tokens
-            budget = d.token_budget if d.token_budget is not None else cfg.budget.token_budget
-            counts.token_budget = budget
-            governor.tokens[d.name] = TokenBudget(budget=budget, done=idx.completion_tokens)
-            done_by_part: dict[str, int] = {}
-            pending = count_pending(rd.prepared(d.name), idx.done, done_by_part)
-            pending = {p: n for p, n in pending.items() if p in parts}
-            for p in parts:  # the display's progress is over the whole prepared set, not only this run's work
-                stats.partition(p).done_before += done_by_part.get(p, 0)
-            if budget is not None and idx.completion_tokens >= budget:
-                counts.skipped = f"over its token budget ({idx.completion_tokens} of {budget} completion tokens done)"
-                out(f"{d.name}: skipped, {counts.skipped}")
-                log.write(f"{d.name}: skipped, {counts.skipped}")
-                continue
-            counts.to_do = sum(pending.values())
-            plans.append(DatasetPlan(d.name, rd.prepared(d.name), rd.raw(d.name), rd.failures(d.name),
-                                     done=idx.done, pending=pending))
-        stats.spend_prior = governor.prior
+        plans, avoid = _resume(cfg, rd, names, parts, check, stats, governor, out, log)
         for f in sorted(forced):
             log.write(f"--force: accepted records whose {f}")
         from draftgen.emulator.embedded import (
@@ -296,13 +262,13 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
             result_code, message = asyncio.run(_main(cfg, api_key, mgmt, base_urls, profile, provenance, plans,
                                                      partitions, governor, stats, log, rd, avoid))
         if stats.failed:
-            failed_lines, failed_message = _failure_lines(rd, [c.name for c in stats.datasets.values() if c.failed],
-                                                          since)
+            failed_lines, failed_message = failure_lines(rd, [c.name for c in stats.datasets.values() if c.failed],
+                                                         since)
             if result_code == 0:
                 result_code, message = EXIT_FAILURES, failed_message
-        table = _provider_table(run_dir, names) if plans else []
+        table = provider_table(rd.root, names) if plans else []
     finally:
-        summary = summary_lines(stats) + failed_lines + table + _overshoot_lines(governor) + _budget_lines(governor)
+        summary = summary_lines(stats) + failed_lines + table + overshoot_lines(governor) + budget_lines(governor)
         for line in summary:
             log.write(line)
         log.close()
@@ -310,8 +276,63 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
         out(line)
     if message:
         out(f"stopped: {message}")
+    return _report(cfg, rd.root, stats, governor, result_code, message)
+
+
+def _resume(cfg: RunConfig, rd: rundir.RunDir, names: list[str], parts: list[str],
+            check: Callable[[Provenance | None, str], None], stats: RunStats, governor: BudgetGovernor, out: Echo,
+            log: RunLog) -> tuple[list[DatasetPlan], dict[tuple[str, str], list[str]]]:
+    """What this run has to do, from the run directory: the spend before it (``governor.prior``: every
+    dataset's records, the replaced ones and the attempts that left none), and per selected dataset its
+    done samples, its token budget, and the samples the audit excluded (generated again, avoiding the
+    providers at fault). Returns the datasets' plans and those providers, by (dataset, sample id)."""
+    plans: list[DatasetPlan] = []
+    avoid: dict[tuple[str, str], list[str]] = {}
+    if rd.attempts.is_file():
+        governor.prior += scan_attempt_spend(rd.attempts)
+    excluded = excluded_samples(rd)
+    for d in cfg.datasets:
+        excl = excluded.get(d.name, {}) if d.name in names else {}
+        idx = scan_responses(rd.raw(d.name), check=check, track=excl.keys())
+        governor.prior += idx.spend_usd + replaced_spend(rd, d.name)
+        if d.name not in names:
+            continue
+        regen = plan_regeneration(rd, d.name, excl, idx.tracked, now=time.time())
+        if regen.samples:
+            idx.done -= regen.samples.keys()
+            avoid.update(((d.name, sid), provs) for sid, provs in regen.avoid.items())
+            line = (f"{d.name}: {len(regen.samples):,} samples whose record the audit excluded are generated "
+                    "again (" + ", ".join(f"{k} {v}" for k, v in regen.reasons.most_common()) + ")")
+            out(line)
+            log.write(line)
+        counts = stats.dataset(d.name)
+        counts.done_before = len(idx.done)
+        counts.tokens_before = idx.completion_tokens
+        budget = d.token_budget if d.token_budget is not None else cfg.budget.token_budget
+        counts.token_budget = budget
+        governor.tokens[d.name] = TokenBudget(budget=budget, done=idx.completion_tokens)
+        done_by_part: dict[str, int] = {}
+        pending = count_pending(rd.prepared(d.name), idx.done, done_by_part)
+        pending = {p: n for p, n in pending.items() if p in parts}
+        for p in parts:  # the display's progress is over the whole prepared set, not only this run's work
+            stats.partition(p).done_before += done_by_part.get(p, 0)
+        if budget is not None and idx.completion_tokens >= budget:
+            counts.skipped = f"over its token budget ({idx.completion_tokens} of {budget} completion tokens done)"
+            out(f"{d.name}: skipped, {counts.skipped}")
+            log.write(f"{d.name}: skipped, {counts.skipped}")
+            continue
+        counts.to_do = sum(pending.values())
+        plans.append(DatasetPlan(d.name, rd.prepared(d.name), rd.raw(d.name), rd.failures(d.name),
+                                 done=idx.done, pending=pending))
+    stats.spend_prior = governor.prior
+    return plans, avoid
+
+
+def _report(cfg: RunConfig, run_dir: Path, stats: RunStats, governor: BudgetGovernor, exit_code: int,
+            message: str | None) -> GenerateReport:
+    """The run's ``GenerateReport``, from its stats and its governor."""
     return GenerateReport(
-        run_dir=str(run_dir), exit_code=result_code, message=message,
+        run_dir=str(run_dir), exit_code=exit_code, message=message,
         datasets=[DatasetSummary(name=c.name, done_before=c.done_before, done=c.done, failed=c.failed,
                                  completion_tokens=c.completion_tokens, cost=c.cost, skipped=c.skipped,
                                  token_budget=c.token_budget, tokens_over_budget=governor.token_budget(c.name).overshoot)
@@ -342,89 +363,6 @@ def _rerun(cfg: RunConfig, rd: rundir.RunDir, names: list[str], kinds: list[str]
     for line in lines:
         out(line)
         log.write(line)
-
-
-def _failure_lines(rd: rundir.RunDir, names: list[str], since: float) -> tuple[list[str], str]:
-    """This session's failures (recorded at or after ``since``, the latest per sample), as console lines and the
-    run's message: each permanent reason with its count (a rerun fails them again until the request, the
-    config or the prompt changes), and the retryable ones (a rerun retries them)."""
-    permanent: Counter[str] = Counter()
-    retryable = 0
-    for name in names:
-        for rec in scan_failures(rd.failures(name)).values():
-            if rec.created_at < since:
-                continue
-            if rec.permanent:
-                permanent[rec.reason if rec.kind in rec.reason else f"{rec.kind}: {rec.reason}"] += 1
-            else:
-                retryable += 1
-    where = ", ".join(str(rd.failures(n).relative_to(rd.root)) for n in names)
-    lines = [f"failed for good: {n:,} × {why}" for why, n in permanent.most_common(5)]
-    if len(permanent) > 5:
-        lines.append(f"failed for good: {sum(permanent.values()) - sum(n for _, n in permanent.most_common(5)):,} "
-                     f"more, for {len(permanent) - 5} other reasons ({where})")
-    parts = []
-    if permanent:
-        parts.append(f"{sum(permanent.values()):,} for good (a rerun sends them again only to fail the same way: "
-                     "fix what the reason says first)")
-    if retryable:
-        parts.append(f"{retryable:,} for now (rerun to retry {'it' if retryable == 1 else 'them'})")
-    total = sum(permanent.values()) + retryable
-    return lines, f"{total:,} samples failed: {'; '.join(parts) or 'see the failures'} ({where} says why)"
-
-
-def _budget_lines(governor: BudgetGovernor) -> list[str]:
-    """The dollar budget at the end, spent + left adding up to it (requests in flight have settled or been
-    cancelled by now: nothing is reserved), and what else caps the spend when the key's account does."""
-    cap = governor.max_spend
-    if cap is None:
-        return []
-    spent = governor.spent
-    if spent > cap:
-        return []  # _overshoot_lines says by how much
-    line = f"budget: ${spent:.4f} spent + ${cap - spent:.4f} left = ${cap:g}"
-    if governor.session_cap is not None and governor.session_cap - governor.session < cap - spent:
-        line += (f"; the key's account allows ${max(0.0, governor.session_cap - governor.session):.4f} more, "
-                 "which caps the next run first")
-    return [line]
-
-
-def _overshoot_lines(governor: BudgetGovernor) -> list[str]:
-    """What passed a budget (``budget.token_policy: expected`` lets in-flight requests finish past it)."""
-    lines = [f"{name}: {tb.overshoot:,} completion tokens over its budget of {tb.budget:,} (what was in flight)"
-             for name, tb in governor.tokens.items() if tb.overshoot > 0 and tb.budget is not None]
-    if governor.max_spend is not None and governor.spent > governor.max_spend:
-        lines.append(f"spend: ${governor.spent - governor.max_spend:.4f} over the budget of ${governor.max_spend:g} "
-                     "(what was in flight)")
-    return lines
-
-
-def _provider_table(run_dir: Path, datasets: list[str]) -> list[str]:
-    """Per-provider figures of the run directory, from its files (``report.providers.provider_metrics``)."""
-    from draftgen.phases.report.providers import provider_metrics
-
-    try:
-        rows = provider_metrics(run_dir, datasets)
-    except DraftgenError as exc:  # a file it cannot read: the records are written all the same
-        return [f"per-provider table not available: {exc}"]
-    if not rows:
-        return []
-
-    def num(v: float | None, fmt: str) -> str:
-        return "-" if v is None else format(v, fmt)
-
-    head = ("provider", "responses", "$/M out", "p50 lat", "p95 lat", "p50 TTFT", "p95 TTFT", "retries",
-            "dropped", "quant", "cool-downs", "tier")
-    body = [(m.provider, str(m.responses), num(m.usd_per_m_output, ".3f"), num(m.latency_p50_s, ".2f"),
-             num(m.latency_p95_s, ".2f"), num(m.ttft_p50_s, ".2f"), num(m.ttft_p95_s, ".2f"), str(m.retries),
-             str(m.dropped_reasoning), m.quantization or "-", str(m.cooldowns), m.service_tiers or "-") for m in rows]
-    widths = [max(len(r[i]) for r in (head, *body)) for i in range(len(head))]
-
-    def line(r: tuple[str, ...]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-
-    return ["per provider (from raw/, logs/attempts.jsonl and logs/health.jsonl; latency and TTFT in s):",
-            line(head), *(line(r) for r in body)]
 
 
 async def _account(backend: Backend, cfg: RunConfig, governor: BudgetGovernor,
@@ -600,7 +538,8 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
             keep_unusable=q.keep_unusable, require_reasoning=not cfg.reasoning.exclude, model=cfg.model.id,
             model_aliases=tuple(q.model_aliases), min_length_fraction=q.min_length_fraction, avoid=avoid,
             tail=TailPolicy(min_tokens_per_s=cfg.tail.min_tokens_per_s, slow_window_s=cfg.tail.slow_window_s,
-                            stall_s=cfg.tail.stall_s, hedge_max_extra_spend=cfg.tail.hedge_max_extra_spend),
+                            stall_s=cfg.tail.stall_s, hedge_max_extra_spend=cfg.tail.hedge_max_extra_spend,
+                            streamed=cfg.endpoint.stream),
         )
         engine = Engine(
             backend=backend, assembler=assembler,

@@ -29,6 +29,7 @@ from draftgen import rundir
 from draftgen.config import RunConfig
 from draftgen.errors import InputError
 from draftgen.phases import Echo
+from draftgen.provenance import check_provenance, expected_provenance
 from draftgen.records import PromptIdView, ResponseRecord, check_ids
 from draftgen.store import JsonlWriter, iter_jsonl, scan_responses
 from draftgen.tokens import Profile, profile_from_config
@@ -62,9 +63,9 @@ def run_import(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
 
             run_prepare(cfg, echo=echo, profile=profile, force=force)
         prepared = {r.sample_id for _, r in iter_jsonl(rd.prepared(dataset), PromptIdView)}
-        want = rundir.expected_provenance(cfg, profile.tokenizer_sha256)
+        want = expected_provenance(cfg, profile.tokenizer_sha256)
         forced: set[str] = set()
-        done = scan_responses(rd.raw(dataset), check=lambda p, where: rundir.check_provenance(
+        done = scan_responses(rd.raw(dataset), check=lambda p, where: check_provenance(
             p, want, where, force=force, forced=forced)).done
         rep = ImportReport(dataset=dataset, source=str(source))
         vocab = profile.tokenizer.vocab_size
@@ -79,7 +80,7 @@ def run_import(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
                 raise InputError(f"{where}: the record is of dataset {rec.dataset!r}, not {dataset!r}; "
                                  "import it with --dataset " + rec.dataset)
             if rec.provenance is not None:
-                rundir.check_provenance(rec.provenance, want, where, force=force, forced=forced)
+                check_provenance(rec.provenance, want, where, force=force, forced=forced)
             if rec.sample_id in done:
                 rep.duplicates += 1
             elif rec.sample_id not in prepared:

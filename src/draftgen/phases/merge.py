@@ -66,6 +66,7 @@ from draftgen.hidden.estimate import (
     tokens_under_cap,
 )
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
+from draftgen.provenance import check_provenance, expected_provenance
 from draftgen.records import (
     MANIFEST_LAYOUT,
     AuditReport,
@@ -78,7 +79,7 @@ from draftgen.records import (
     ResponseMergeView,
     check_ids,
 )
-from draftgen.rundir import RunDir, check_provenance, expected_provenance, writer
+from draftgen.rundir import RunDir, writer
 from draftgen.store import JsonlReader, atomic_write_json, iter_jsonl_offsets, read_json, superseded_lines
 from draftgen.tokens import Profile, profile_from_config
 

@@ -132,7 +132,8 @@ class StatusSummary(msgspec.Struct, kw_only=True):
     datasets: list[DatasetStatus]
     tokens: TokenTotals
     spend_usd: float
-    """Everything spent, orphans included (``cost_usd`` of the done samples + ``orphan_cost_usd``)."""
+    """Everything spent (``DatasetMetrics.spent_usd``): the done samples, the orphans, and the records a
+    ``--redo`` set aside in ``replaced.jsonl``."""
     lock: LockHolder | None
     """The live holder of the writer lock, or None."""
     latest_activity: float | None
@@ -327,7 +328,7 @@ def summarize(m: RunMetrics, run_dir: Path, selected: list[str] | None, holder: 
                                 token_budget=budgets.get(d.name))
                   for d in m.datasets],
         tokens=TokenTotals(prompt=t.prompt_tokens, completion=t.completion_tokens, reasoning=t.reasoning_tokens),
-        spend_usd=round(t.cost_usd + t.orphan_cost_usd, 6),
+        spend_usd=round(t.spent_usd, 6),
         lock=holder,
         latest_activity=m.latest_activity,
         verdict=m.verdict.level,
@@ -467,6 +468,9 @@ def render_status(m: RunMetrics, summary: StatusSummary, *, now: float) -> Rende
     if t.orphans:
         lines.append(Text(f"orphans: {fmt_int(t.orphans)} records are no longer in the prepared set "
                           f"({fmt_usd(t.orphan_cost_usd)} spent on them); they are not merged", style="yellow"))
+    if t.replaced:
+        lines.append(Text(f"replaced: {fmt_int(t.replaced)} records set aside by --redo ({fmt_usd(t.replaced_cost_usd)} "
+                          f"spent on them; {fmt_usd(t.spent_usd)} spent in all)"))
     if m.providers_table:
         # the largest providers, and every provider that cooled down or dropped reasoning
         shown = [p for i, p in enumerate(m.providers_table) if i < MAX_PROVIDERS or p.cooldowns or p.dropped_reasoning]

@@ -49,6 +49,7 @@ from draftgen.phases.audit.verdict import (
     underbilled,
     verdict_line,
 )
+from draftgen.provenance import check_provenance, expected_provenance
 from draftgen.records import (
     AuditReport,
     BillingExample,
@@ -61,7 +62,7 @@ from draftgen.records import (
     StructuralExample,
     check_ids,
 )
-from draftgen.rundir import RunDir, check_provenance, expected_provenance, writer
+from draftgen.rundir import RunDir, writer
 from draftgen.store import (
     JsonlReader,
     atomic_write_json,
@@ -121,7 +122,7 @@ def audit_dataset(
     keep_unusable: bool = False, billing_tolerance: float = 0.05,
 ) -> DatasetAudit:
     """Audit one dataset's raw log (see the module docstring). With ``provenance``, each record's is
-    checked against it (``rundir.check_provenance``)."""
+    checked against it (``provenance.check_provenance``)."""
     da = DatasetAudit(dataset=name)
     prompts = _PromptIndex(prompts_path)
     superseded = superseded_lines(raw_path)
