@@ -93,12 +93,14 @@ def teacher_selected(sample_id: str, fraction: float) -> bool:
     return int(hashlib.sha256(sample_id.encode()).hexdigest()[:8], 16) / 0x1_0000_0000 < fraction
 
 
-def relative_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Mean over tokens of ||a_t - b_t|| / max(||a_t||, ||b_t||) (0 where both are zero)."""
+def relative_diff(a: torch.Tensor, b: torch.Tensor, norms: tuple[torch.Tensor, torch.Tensor] | None = None) -> float:
+    """Mean over tokens of ||a_t - b_t|| / max(||a_t||, ||b_t||) (0 where both are zero); ``norms``: the
+    per-token norms of ``a`` and ``b`` (float32) when the caller has them already."""
     torch = require("torch")
     a, b = a.float(), b.float()
     num = (a - b).norm(dim=-1)
-    den = torch.maximum(a.norm(dim=-1), b.norm(dim=-1))
+    na, nb = norms if norms is not None else (a.norm(dim=-1), b.norm(dim=-1))
+    den = torch.maximum(na, nb)
     rel = torch.where(den > 0, num / den.clamp_min(1e-30), torch.zeros_like(num))
     return float(rel.mean()) if rel.numel() else 0.0
 
@@ -132,13 +134,16 @@ def check_sample(s: LoadedSample, row: ExtractRow, backend: ExtractBackend, hs: 
         fail.append("finite")
         return res
     slots = _slots(s, n_aux)
-    norms = torch.cat([x.norm(dim=-1) for x in [*slots, s.final]])
+    slot_norms = [x.norm(dim=-1) for x in slots]  # per token, each computed once for the checks below
+    norms = torch.cat([*slot_norms, s.final.norm(dim=-1)])
     if norms.numel() and (float(norms.min()) < hs.min_token_norm or float(norms.max()) > hs.max_token_norm):
         fail.append("norm")
-    if any(relative_diff(slots[i], slots[j]) < hs.min_rel_diff for i in range(n_aux) for j in range(i + 1, n_aux)):
+    if any(relative_diff(slots[i], slots[j], (slot_norms[i], slot_norms[j])) < hs.min_rel_diff
+           for i in range(n_aux) for j in range(i + 1, n_aux)):
         fail.append("aux_distinct")
-    emb = backend.embed(row.input_ids)
-    if any(relative_diff(x, emb) < hs.min_rel_diff for x in slots):
+    emb = backend.embed(row.input_ids).float()
+    emb_norm = emb.norm(dim=-1)
+    if any(relative_diff(x, emb, (n, emb_norm)) < hs.min_rel_diff for x, n in zip(slots, slot_norms, strict=True)):
         fail.append("aux_embedding")
     if teacher:
         check_teacher(s, row, backend, hs, res)
