@@ -42,15 +42,18 @@ def _docstrings(tree: ast.AST) -> set[int]:
 def _path_parts(tree: ast.AST) -> set[int]:
     """ids of the string constants that stand as a path part (see the module docstring)."""
     out: set[int] = set()
+    nodes = list(ast.walk(tree))  # one walk, reused below (a walk per node made the scan quadratic)
 
     def add(node: ast.AST) -> None:
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             out.add(id(node))
 
-    for node in ast.walk(tree):
+    div: set[int] = set()  # ids of the operands of every ``/``
+    for node in nodes:
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
             add(node.left)
             add(node.right)
+            div.update((id(node.left), id(node.right)))
         elif isinstance(node, ast.Call):
             f = node.func
             name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
@@ -58,9 +61,8 @@ def _path_parts(tree: ast.AST) -> set[int]:
                 for a in node.args:
                     add(a)
     # A literal tuple a loop walks, whose loop variable is then joined as a path part.
-    divs = _div_operands(tree)  # once per file: per name it made the scan quadratic (minutes on 2 cores)
-    joined = {id(n) for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) in divs}
-    for node in ast.walk(tree):
+    joined = {id(n) for n in nodes if isinstance(n, ast.Name) and id(n) in div}
+    for node in nodes:
         loops: list[tuple[ast.expr, ast.expr, list[ast.AST]]] = []
         if isinstance(node, ast.For | ast.AsyncFor):
             loops.append((node.target, node.iter, list(node.body)))
@@ -73,14 +75,6 @@ def _path_parts(tree: ast.AST) -> set[int]:
             if any(isinstance(n, ast.Name) and n.id == target.id and id(n) in joined for b in body for n in ast.walk(b)):
                 for e in it.elts:
                     add(e)
-    return out
-
-
-def _div_operands(tree: ast.AST) -> set[int]:
-    out: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
-            out.update((id(node.left), id(node.right)))
     return out
 
 

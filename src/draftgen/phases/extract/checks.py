@@ -45,7 +45,6 @@ import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import TYPE_CHECKING
 
 from draftgen.hidden.format import require
@@ -58,8 +57,8 @@ if TYPE_CHECKING:
     from draftgen.hidden.format import LoadedSample
     from draftgen.phases.extract.capture import ExtractBackend, ExtractRow, Reference, TargetInfo
 
-__all__ = ["CHECKS", "LOGPROB_FLOOR", "LOGPROB_MARGIN", "CheckResult", "check_sample", "default_tolerance",
-           "logprob_tolerance", "relative_diff", "teacher_selected"]
+__all__ = ["CHECKS", "LOGPROB_FLOOR", "LOGPROB_MARGIN", "CheckResult", "check_sample", "check_teacher",
+           "default_tolerance", "logprob_tolerance", "perturbed", "relative_diff", "teacher_selected", "tolerance_of"]
 
 CHECKS = ("shape", "ids", "finite", "norm", "aux_distinct", "aux_embedding", "teacher_chance", "teacher_reference",
           "teacher_aux", "reference_aux", "reference_final")
@@ -69,6 +68,7 @@ _TOLERANCE = {"fp32": 1e-3, "bf16": 3e-2, "fp16": 3e-2, "fp8": 8e-2}
 _ROUNDOFF = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8, "fp8": 2.0**-4}
 LOGPROB_MARGIN = 2.0
 LOGPROB_FLOOR = 1e-4
+_PERTURBATION = 2.0**-8  # the relative perturbation ``perturbed`` applies (at most, per element)
 
 
 @dataclass
@@ -93,12 +93,14 @@ def teacher_selected(sample_id: str, fraction: float) -> bool:
     return int(hashlib.sha256(sample_id.encode()).hexdigest()[:8], 16) / 0x1_0000_0000 < fraction
 
 
-def relative_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Mean over tokens of ||a_t - b_t|| / max(||a_t||, ||b_t||) (0 where both are zero)."""
+def relative_diff(a: torch.Tensor, b: torch.Tensor, norms: tuple[torch.Tensor, torch.Tensor] | None = None) -> float:
+    """Mean over tokens of ||a_t - b_t|| / max(||a_t||, ||b_t||) (0 where both are zero); ``norms``: the
+    per-token norms of ``a`` and ``b`` (float32) when the caller has them already."""
     torch = require("torch")
     a, b = a.float(), b.float()
     num = (a - b).norm(dim=-1)
-    den = torch.maximum(a.norm(dim=-1), b.norm(dim=-1))
+    na, nb = norms if norms is not None else (a.norm(dim=-1), b.norm(dim=-1))
+    den = torch.maximum(na, nb)
     rel = torch.where(den > 0, num / den.clamp_min(1e-30), torch.zeros_like(num))
     return float(rel.mean()) if rel.numel() else 0.0
 
@@ -132,32 +134,56 @@ def check_sample(s: LoadedSample, row: ExtractRow, backend: ExtractBackend, hs: 
         fail.append("finite")
         return res
     slots = _slots(s, n_aux)
-    norms = torch.cat([x.norm(dim=-1) for x in [*slots, s.final]])
+    slot_norms = [x.norm(dim=-1) for x in slots]  # per token, each computed once for the checks below
+    norms = torch.cat([*slot_norms, s.final.norm(dim=-1)])
     if norms.numel() and (float(norms.min()) < hs.min_token_norm or float(norms.max()) > hs.max_token_norm):
         fail.append("norm")
-    if any(relative_diff(slots[i], slots[j]) < hs.min_rel_diff for i in range(n_aux) for j in range(i + 1, n_aux)):
+    if any(relative_diff(slots[i], slots[j], (slot_norms[i], slot_norms[j])) < hs.min_rel_diff
+           for i in range(n_aux) for j in range(i + 1, n_aux)):
         fail.append("aux_distinct")
-    emb = backend.embed(row.input_ids)
-    if any(relative_diff(x, emb) < hs.min_rel_diff for x in slots):
+    emb = backend.embed(row.input_ids).float()
+    emb_norm = emb.norm(dim=-1)
+    if any(relative_diff(x, emb, (n, emb_norm)) < hs.min_rel_diff for x, n in zip(slots, slot_norms, strict=True)):
         fail.append("aux_embedding")
     if teacher:
-        res.teacher = _teacher(s, row, backend, hs, fail)
+        check_teacher(s, row, backend, hs, res)
     return res
+
+
+def check_teacher(s: LoadedSample, row: ExtractRow, backend: ExtractBackend, hs: HiddenStatesConfig,
+                  res: CheckResult) -> None:
+    """The teacher check of a sample ``check_sample`` checked without it, into ``res`` (its result): skipped, as
+    there, when the sample's shape or values are unreadable (``shape`` / ``finite`` failed)."""
+    if "shape" in res.failed or "finite" in res.failed:
+        return
+    res.teacher = _teacher(s, row, backend, hs, res.failed)
+
+
+def perturbed(state: torch.Tensor) -> torch.Tensor:
+    """``state`` (float32) times 1 + a seeded uniform relative perturbation of at most 2^-8 per element: the
+    state ``logprob_tolerance`` measures the log-prob check's noise with (the same for the same shape)."""
+    th = require("torch")
+    gen = th.Generator().manual_seed(0)
+    noise = (th.rand(state.shape, generator=gen) * 2 - 1) * _PERTURBATION
+    out: torch.Tensor = state.float() * (1 + noise)
+    return out
+
+
+def tolerance_of(moved: float, dtype: str, compute: str = "fp32", depth: int = 1) -> float:
+    """The log-prob check's tolerance from ``moved``, the mean |log-prob change| that ``perturbed`` causes:
+    scaled (it is linear in the perturbation) to the rounding of the storage dtype plus that of the compute
+    dtype accumulated over ``depth`` layers (× sqrt(depth)), times ``LOGPROB_MARGIN``; at least
+    ``LOGPROB_FLOOR``."""
+    u0 = _PERTURBATION
+    u = _ROUNDOFF.get(dtype, u0) + _ROUNDOFF.get(compute, u0) * math.sqrt(max(depth, 1))
+    return max(LOGPROB_MARGIN * moved * u / u0, LOGPROB_FLOOR)
 
 
 def logprob_tolerance(logprobs_of: Callable[[torch.Tensor], torch.Tensor], state: torch.Tensor,
                       base: torch.Tensor, dtype: str, compute: str = "fp32", depth: int = 1) -> float:
-    """The log-prob check's tolerance for ``state`` (see the module docstring): the mean |log-prob change|
-    ``e`` a seeded uniform relative perturbation of 2^-8 per element causes, scaled (it is linear in the
-    perturbation) to the rounding of the storage dtype plus that of the compute dtype accumulated over
-    ``depth`` layers (× sqrt(depth)), times ``LOGPROB_MARGIN``; at least ``LOGPROB_FLOOR``."""
-    torch = require("torch")
-    u0 = 2.0**-8
-    u = _ROUNDOFF.get(dtype, u0) + _ROUNDOFF.get(compute, u0) * math.sqrt(max(depth, 1))
-    gen = torch.Generator().manual_seed(0)
-    noise = (torch.rand(state.shape, generator=gen) * 2 - 1) * u0
-    moved = float((logprobs_of(state.float() * (1 + noise)) - base).abs().mean())
-    return max(LOGPROB_MARGIN * moved * u / u0, LOGPROB_FLOOR)
+    """The log-prob check's tolerance for ``state`` (see the module docstring): ``tolerance_of`` the mean
+    |log-prob change| from ``base`` (the log-probs of ``state``) that ``perturbed(state)`` causes."""
+    return tolerance_of(float((logprobs_of(perturbed(state)) - base).abs().mean()), dtype, compute, depth)
 
 
 def _teacher(s: LoadedSample, row: ExtractRow, backend: ExtractBackend, hs: HiddenStatesConfig,
@@ -173,7 +199,10 @@ def _teacher(s: LoadedSample, row: ExtractRow, backend: ExtractBackend, hs: Hidd
     targets = torch.from_numpy(row.input_ids[1:]).to(torch.int64)
     if pos.numel() == 0:
         return TeacherResult(logprob_mean=0.0, chance_logprob=chance, positions=0)
-    lp = backend.head_logprobs(s.final[pos], targets[pos])
+    # the stored final state and its perturbed twin (the tolerance's) through the head in one call
+    n = int(pos.numel())
+    both = backend.head_logprobs(torch.cat([s.final[pos], perturbed(s.final[pos])]), targets[pos].repeat(2))
+    lp, lp_moved = both[:n], both[n:]
     mean = float(lp.mean())
     if hs.teacher_min_margin is not None and mean < chance + hs.teacher_min_margin:
         fail.append("teacher_chance")
@@ -185,8 +214,7 @@ def _teacher(s: LoadedSample, row: ExtractRow, backend: ExtractBackend, hs: Hidd
     out.reference_logprob_mean = float(ref_lp.mean())
     out.reference_source = ref.source
     out.logprob_err = float((ref_lp - lp).abs().mean())
-    out.logprob_tol = logprob_tolerance(lambda x: backend.head_logprobs(x, targets[pos]), s.final[pos], lp, s.dtype,
-                                        hs.compute_dtype, info.num_layers)
+    out.logprob_tol = tolerance_of(float((lp_moved - lp).abs().mean()), s.dtype, hs.compute_dtype, info.num_layers)
     if out.logprob_err > out.logprob_tol:
         fail.append("teacher_reference")
     slots = _slots(s, len(info.layers.aux))
@@ -202,14 +230,15 @@ def _aux_through(slots: list[torch.Tensor], info: TargetInfo, ref: Reference, dt
                  fail: list[str]) -> float:
     """``teacher_aux``: each aux slot run on through the target's remaining layers (see the module docstring);
     returns the worst slot's mean |difference| (nats)."""
+    torch = require("torch")
     through = ref.through
     assert through is not None
     worst, bad = 0.0, False
     for x, k in zip(slots, info.layers.aux, strict=True):
-        got = through(k, x)
+        got, moved = through(k, torch.stack([x.float(), perturbed(x)]))  # the slot and its tolerance's twin
         err = float((got - ref.logprobs.float()).abs().mean())
         worst = max(worst, err)
-        bad = bad or err > logprob_tolerance(partial(through, k), x, got, dtype, compute, info.num_layers)
+        bad = bad or err > tolerance_of(float((moved - got).abs().mean()), dtype, compute, info.num_layers)
     if bad:
         fail.append("teacher_aux")
     return worst

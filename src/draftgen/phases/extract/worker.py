@@ -12,8 +12,13 @@ actor). Per batch:
 
 ``run(batches)`` overlaps the two when the backend allows it (``ExtractCapabilities.overlap``): while one
 thread finishes batch k, the caller's thread captures batch k+1 (the target's forward is the costly part;
-encoding, checks and file writes hide behind it). Results come back in batch order; at most two batches are
-in flight (a kill loses at most those). Without overlap the steps run one after the other.
+encoding, checks and file writes hide behind it). The teacher check of a sample ``teacher_fraction`` selects
+costs many forwards of that sample (a reference forward, its aux slots run on through the layers); so with
+overlap it runs in a third thread, the teacher lane: ``finish`` leaves the sample out of its batch and hands
+it, encoded and cheaply checked, to the lane, which checks it, then publishes its file and an index part of
+its own, and the rest of the batch does not wait. Batch results come back in batch order, each lane sample's
+as it lands; at most two batches and ``TEACHER_HELD`` lane samples are in flight (a kill loses at most those:
+a sample is done only once listed). Without overlap the steps run one after the other.
 
 ``PoolWorker`` is a Worker in another process: it opens its own store and backend from the config, checks
 the destination against them (``batches.check_settings``), takes batches as msgpack (``encode_batch``) and
@@ -26,7 +31,9 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -50,13 +57,15 @@ from draftgen.records import HiddenIndexRecord
 
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
-    from draftgen.hidden.format import Captured
+    from draftgen.hidden.format import Captured, LoadedSample
     from draftgen.phases.extract.capture import ExtractBackend, ExtractRow, TargetInfo
+    from draftgen.phases.extract.checks import CheckResult
 
 __all__ = ["TIMING_KEYS", "BatchResult", "PoolWorker", "Worker", "decode_batch", "decode_result", "encode_batch",
            "encode_result", "error_class", "info_from_wire", "info_to_wire"]
 
 TIMING_KEYS = ("capture", "check", "encode", "publish")
+TEACHER_HELD = 4  # samples waiting in the teacher lane at most (each holds its bytes and decoded states)
 
 
 class BatchResult(msgspec.Struct, kw_only=True):
@@ -159,6 +168,9 @@ class Worker:
         self.backend = backend
         self.overlap = overlap
         self.own = own
+        self._lane: ThreadPoolExecutor | None = None  # the teacher lane, while ``run`` overlaps
+        self._held: deque[Future[BatchResult]] = deque()  # samples in the lane, oldest first
+        self._room = threading.BoundedSemaphore(TEACHER_HELD)  # a place in the lane
 
     @classmethod
     def open(cls, cfg: RunConfig, store: HiddenStore, probe: dict[str, HiddenIndexRecord],
@@ -189,7 +201,8 @@ class Worker:
         return _Captured(rows=rows, caps=caps, began=began, seconds=time.monotonic() - t)
 
     def finish(self, c: _Captured) -> BatchResult:
-        """Encode → check → write the batch to the sink (see the module docstring)."""
+        """Encode → check → write the batch to the sink (see the module docstring). With a teacher lane
+        (``run`` with overlap) a teacher-selected sample's teacher check and write go to the lane instead."""
         from draftgen.phases.extract.checks import check_sample, teacher_selected
 
         hs, be = self.hs, self.backend
@@ -205,17 +218,16 @@ class Worker:
             data = encode_sample(cap, hs.dtype)
             del cap
             t2 = time.monotonic()
-            res = check_sample(decode_sample(data), row, be, hs, teacher=teacher_selected(row.sample_id,
-                                                                                      hs.teacher_fraction))
+            loaded = decode_sample(data)
+            teacher = teacher_selected(row.sample_id, hs.teacher_fraction)
+            lane = self._lane is not None and teacher
+            res = check_sample(loaded, row, be, hs, teacher=teacher and not lane)
             timings["encode"] += t2 - t
             timings["check"] += time.monotonic() - t2
-            file = sample_path(row.sample_id)
-            rec = HiddenIndexRecord(sample_id=row.sample_id, file=file, length=len(row.input_ids),
-                                    n_loss=int(row.loss_mask.sum()), failed=res.failed, teacher=res.teacher,
-                                    row_sha256=row_digest(row.input_ids, row.loss_mask),
-                                    file_sha256=bytes_digest(data))
-            samples.append(StreamSample(sample_id=row.sample_id, file=file, data=data, length=len(row.input_ids),
-                                        record=rec))
+            if lane:
+                self._to_lane(row, data, loaded, res)
+            else:
+                samples.append(_sample(row, data, res))
         t = time.monotonic()
         sink: Sink = self.store
         sink.write(samples)
@@ -224,22 +236,78 @@ class Worker:
                            written=sum(len(s.data) for s in samples), timings=timings, began=c.began,
                            ended=time.time())
 
+    def _to_lane(self, row: ExtractRow, data: bytes, loaded: LoadedSample, res: CheckResult) -> None:
+        """Hand a sample to the teacher lane: at most ``TEACHER_HELD`` wait or run there (this waits for room)."""
+        assert self._lane is not None
+        self._room.acquire()  # released by the job when it ends, whatever its outcome
+        try:
+            self._held.append(self._lane.submit(self._teacher, row, data, loaded, res))
+        except BaseException:
+            self._room.release()
+            raise
+
+    def _teacher(self, row: ExtractRow, data: bytes, loaded: LoadedSample, res: CheckResult) -> BatchResult:
+        """The teacher lane's job: one sample's teacher check, then its file and an index part of its own."""
+        from draftgen.phases.extract.checks import check_teacher
+
+        try:
+            began, t = time.time(), time.monotonic()
+            check_teacher(loaded, row, self.backend, self.hs, res)
+            del loaded
+            t2 = time.monotonic()
+            sample = _sample(row, data, res)
+            sink: Sink = self.store
+            sink.write([sample])
+        finally:
+            self._room.release()
+        timings = dict.fromkeys(TIMING_KEYS, 0.0)
+        timings.update(check=t2 - t, publish=time.monotonic() - t2)
+        assert sample.record is not None
+        return BatchResult(records=[sample.record], written=len(data), timings=timings, began=began,
+                           ended=time.time())
+
+    def _landed(self, *, wait: bool) -> Iterator[BatchResult]:
+        """The teacher lane's results, oldest first: those done (``wait``: all of them, waiting)."""
+        while self._held and (wait or self._held[0].done()):
+            yield self._held.popleft().result()
+
     def run(self, batches: Iterable[Sequence[ExtractRow]]) -> Iterator[BatchResult]:
-        """Each batch's result, in batch order (see the module docstring for the overlap)."""
+        """Each batch's result, in batch order, and each teacher-lane sample's as it lands (see the module
+        docstring for the overlap)."""
         if not self.overlap:
             for rows in batches:
                 yield self.finish(self.capture(rows))
             return
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftgen-extract-finish") as pool:
-            ahead: Future[BatchResult] | None = None
-            for rows in batches:
-                captured = self.capture(rows)
-                done = ahead.result() if ahead is not None else None
-                ahead = pool.submit(self.finish, captured)  # the thread starts on it before we hand back done
-                if done is not None:
-                    yield done
-            if ahead is not None:
-                yield ahead.result()
+        with (ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftgen-extract-finish") as pool,
+              ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftgen-extract-teacher") as lane):
+            self._lane = lane
+            try:
+                ahead: Future[BatchResult] | None = None
+                for rows in batches:
+                    captured = self.capture(rows)
+                    done = ahead.result() if ahead is not None else None
+                    ahead = pool.submit(self.finish, captured)  # the thread starts on it before we hand back done
+                    if done is not None:
+                        yield done
+                    yield from self._landed(wait=False)
+                if ahead is not None:
+                    yield ahead.result()
+                yield from self._landed(wait=True)
+            finally:
+                self._lane = None
+                for f in self._held:
+                    f.cancel()  # a job cancelled before it ran keeps its place: the next run gets a fresh lane
+                self._held.clear()
+                self._room = threading.BoundedSemaphore(TEACHER_HELD)
+
+
+def _sample(row: ExtractRow, data: bytes, res: CheckResult) -> StreamSample:
+    """A checked sample as the sink takes it: its bytes and its index record."""
+    file = sample_path(row.sample_id)
+    rec = HiddenIndexRecord(sample_id=row.sample_id, file=file, length=len(row.input_ids),
+                            n_loss=int(row.loss_mask.sum()), failed=res.failed, teacher=res.teacher,
+                            row_sha256=row_digest(row.input_ids, row.loss_mask), file_sha256=bytes_digest(data))
+    return StreamSample(sample_id=row.sample_id, file=file, data=data, length=len(row.input_ids), record=rec)
 
 
 class PoolWorker:

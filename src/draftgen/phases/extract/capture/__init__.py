@@ -98,7 +98,8 @@ class Reference:
     "forward": hf). A plain forward also gives ``hidden[k]`` = HF ``output_hidden_states[k]`` for each aux id
     (float32 [T, H]) and ``post_norm`` = ``output_hidden_states[L]`` (after the final norm). ``through(layer,
     state)``: the same log-probs when the target runs on from ``state`` [T, H] fed in as the input of decoder
-    layer ``layer`` (``drafter.hf.logprobs_through``); None when the backend cannot run the target's layers."""
+    layer ``layer`` (``drafter.hf.logprobs_through``; a batch [B, T, H] of states gives [B, N] in one forward);
+    None when the backend cannot run the target's layers."""
 
     logprobs: torch.Tensor
     source: str = "forward"

@@ -12,8 +12,10 @@ Only the base model runs (``model.model``), so no logits are computed while capt
 the caller's order (``run`` sorts by length); each batch is right-padded with an attention mask and every
 sample is sliced back to its own length. ``reference`` is a separate plain forward per row (batch of one,
 no padding, ``output_hidden_states=True``), and runs stored states on through the model's remaining layers
-for the teacher check (``drafter.hf.logprobs_through``); the hooks take only the capturing thread's forward,
-so a reference forward the checks run in another thread meanwhile (capability ``overlap``) is never taken.
+for the teacher check (``drafter.hf.logprobs_through``: on a shallow copy of the base model, so neither the
+model nor its hooks change under a capture running meanwhile); the hooks take only the capturing thread's
+forward, so a reference forward the checks run in another thread meanwhile (capability ``overlap``) is never
+taken.
 Nothing here writes a file.
 """
 
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from draftgen.drafter.hf import decoder_layers, logprobs_through, rms_norm
+from draftgen.drafter.hf import decoder_layers, logprobs_through, rms_norm, token_logprobs
 from draftgen.errors import ConfigError
 from draftgen.hidden.format import Captured, require
 from draftgen.phases.extract.capture import (
@@ -175,8 +177,7 @@ class HFExtractBackend:
         with th.inference_mode():
             for s in range(0, post_norm.shape[0], chunk):
                 x = post_norm[s:s + chunk].to(dev, self.head.weight.dtype)
-                logp = th.log_softmax(self.head(x).float(), dim=-1)
-                out.append(logp.gather(-1, targets[s:s + chunk].to(dev)[:, None])[:, 0].cpu())
+                out.append(token_logprobs(self.head(x), targets[s:s + chunk]).cpu())
         res: torch.Tensor = th.cat(out) if out else th.zeros(0)
         return res
 
