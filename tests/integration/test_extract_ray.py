@@ -244,13 +244,36 @@ def test_item18_a_ray_worker_killed_mid_run_lists_each_sample_once(setup: Setup,
     """Issue 21 item 18 with a real worker killed: at the first progress line one actor's process gets
     SIGKILL; Ray restarts the actor and re-runs its tasks (a new pid does them); the set equals a clean run,
     byte for byte, and the manifest, ``done()`` and the report list each sample once."""
-    import signal
-
     _, run_cfg, _ = setup
     rows = merged_rows(run_cfg.parent / "run")
-    out = run_cfg.parent / "h-kill"
+    # When the victim held no queued task (the other actor took them all) no task is re-run and the attempt
+    # proves nothing about item 18: it is run again into a new folder, at most three times.
+    for attempt in range(3):
+        out = run_cfg.parent / f"h-kill{attempt}"
+        killed, alive, lines, per_actor = _kill_one_actor_run(setup, run_cfg, out)
+        assert len(killed) == 1 and len(alive) == 2, lines
+        assert sum(per_actor.values()) == len(rows)  # each sample counted once, whoever wrote it
+        assert files(out) == files(reference)
+        same_manifest(out, reference)
+        ids = [e.sample_id for e in open_hidden(str(out)).manifest.samples]
+        assert ids == [r[0] for r in rows]  # each once, merged order
+        assert sorted(HiddenStore(str(out)).done()) == sorted(ids)
+        assert set(index_lines(out)) == set(ids)  # a re-run task may list a sample again; done() counts it once
+        if set(per_actor) - alive:
+            break
+    assert set(per_actor) - alive, f"no restarted actor re-ran the killed one's tasks in 3 attempts: {lines}"
+    print(f"attempt {attempt + 1}: killed {killed[0]}; per actor {per_actor}; index lines listing a sample twice: "
+          f"{sum(1 for n in index_lines(out).values() if n > 1)}", file=sys.stderr)
+
+
+def _kill_one_actor_run(setup: Setup, run_cfg: Path, out: Path) -> tuple[list[int], set[int], list[str], dict[int, int]]:
+    """One extract on 2 actors where one actor's process gets SIGKILL at the first progress line: the killed
+    pids, the pids alive then, the lines, and samples per actor pid."""
+    import signal
+
     killed: list[int] = []
     alive: set[int] = set()
+    lines: list[str] = []
 
     def echo(line: str) -> None:
         lines.append(line)
@@ -260,24 +283,13 @@ def test_item18_a_ray_worker_killed_mid_run_lists_each_sample_once(setup: Setup,
             os.kill(victim, signal.SIGKILL)
             killed.append(victim)
 
-    lines: list[str] = []
-    cfg = load_config(with_hidden(run_cfg, "cfg-kill.yaml", output=str(out), ray=True, workers=2,
+    cfg = load_config(with_hidden(run_cfg, f"cfg-{out.name}.yaml", output=str(out), ray=True, workers=2,
                                   num_cpus_per_worker=1, **setup[2]))
     rep = run_extract(cfg, echo=echo)
-    assert len(killed) == 1 and len(alive) == 2, lines
-    assert rep.extracted == len(rows) and rep.complete
-    assert files(out) == files(reference)
-    same_manifest(out, reference)
-    ids = [e.sample_id for e in open_hidden(str(out)).manifest.samples]
-    assert ids == [r[0] for r in rows]  # each once, merged order
-    assert sorted(HiddenStore(str(out)).done()) == sorted(ids)
-    assert set(index_lines(out)) == set(ids)  # a re-run task may list a sample again; done() counts it once
+    assert rep.extracted == len(merged_rows(run_cfg.parent / "run")) and rep.complete
     per_actor = {int(ln.split("actor ")[1].split(":")[1]): int(ln.rsplit(": ", 1)[1].split()[0])
                  for ln in lines if ln.startswith("extract (ray): actor ")}
-    assert sum(per_actor.values()) == len(rows)  # each sample counted once, whoever wrote it
-    assert set(per_actor) - alive, f"no restarted actor re-ran the killed one's tasks: {lines}"
-    print(f"killed {killed[0]}; per actor {per_actor}; index lines listing a sample twice: "
-          f"{sum(1 for n in index_lines(out).values() if n > 1)}", file=sys.stderr)
+    return killed, alive, lines, per_actor
 
 
 def test_an_error_inside_an_actor_comes_back_as_itself(setup: Setup, tmp_path: Path) -> None:
