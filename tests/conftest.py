@@ -1,5 +1,5 @@
-"""Shared fixtures (the tokenizer assets folder, a loaded Qwen3 profile, a free port, a key file) and the end-of-run
-line that counts the tests skipped for something missing on this machine, with how to provide it.
+"""Shared fixtures (the tokenizer assets folder, a loaded Qwen3 profile, a free port, a key file, the learned tiny
+target trained once per session) and the end-of-run line that counts the tests skipped for something missing on this machine, with how to provide it.
 
 The assets folder is ``DRAFTGEN_TEST_ASSETS`` (default ``<checkout>/../shared/assets/tokenizers``); see
 ``_common_helpers``. pytest's default import mode puts this folder (``tests/``) on ``sys.path``, which is
@@ -32,6 +32,17 @@ def qwen3_profile():  # type: ignore[no-untyped-def]
     from draftgen.tokens import load_profile
 
     return load_profile("qwen3", "bundled:qwen3")
+
+
+@pytest.fixture(scope="session")
+def learned_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The learned tiny target of the CPU chain (``drafter.learned.build_learned_target``: a minute or two of
+    training on two cores), trained once per test session and shared by every test that asks for it."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from draftgen.drafter.learned import build_learned_target
+
+    return build_learned_target(tmp_path_factory.mktemp("learned-target") / "target", echo=lambda _s: None)
 
 
 @pytest.fixture()
