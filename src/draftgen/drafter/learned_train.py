@@ -182,7 +182,7 @@ def train_compact(recipe: LearnedRecipe, tok: Any, used: list[int], echo: Any) -
         loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
                                                  labels[:, 1:].reshape(-1), ignore_index=-100)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        torch.autograd.backward(loss)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         loss_v = float(loss.detach())
@@ -246,7 +246,8 @@ def widen(model: Compact, used: list[int], recipe: LearnedRecipe) -> Any:
         head_dim=recipe.hidden // recipe.heads, max_position_embeddings=4096, tie_word_embeddings=False,
         rms_norm_eps=1e-6, bos_token_id=ENDOFTEXT, eos_token_id=IM_END, pad_token_id=ENDOFTEXT,
         rope_parameters={"rope_type": "default", "rope_theta": recipe.rope_theta})
-    hf = Qwen3ForCausalLM(cfg).eval()
+    hf: Any = Qwen3ForCausalLM(cfg)
+    hf.eval()
     src = model.state_dict()
     rows = torch.tensor(used)
     other = len(used)
