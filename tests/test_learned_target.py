@@ -3,7 +3,8 @@
 The language's pieces are checked on their own (one token per word, answers solved from the prompt, the ids
 the chat template renders). The target's training path is checked with a two-step recipe (the widened
 full-vocabulary Qwen3 computes the compact model's logits; the folder loads with transformers; the cache is
-reused, and refused when its model file changed). The frozen target itself (the ``learned_target`` session
+reused, and refused when its model file changed; the same seed trains the same weights, checked by their sha256,
+in one process and in two builds). The frozen target itself (the ``learned_target`` session
 fixture, shared with tests/integration/test_chain.py) answers fresh prompts of every task.
 """
 
@@ -95,6 +96,20 @@ def test_the_widened_qwen3_computes_the_compact_models_logits(tok: Any, tmp_path
     assert torch.allclose(full[:, other], compact[:, -1:].expand(-1, len(other)), atol=1e-5)
 
 
+def test_the_same_seed_trains_the_same_weights_and_another_seed_does_not(tok: Any) -> None:
+    used = learned.language_ids(tok)
+
+    def trained(recipe: learned.LearnedRecipe) -> tuple[str, float, list[float]]:
+        model, loss, _ = learned_train.train_compact(recipe, tok, used, echo=lambda _s: None)
+        with torch.no_grad():
+            logits = model(torch.tensor([[used.index(t) for t in learned.chat_ids(tok, "count: 101 to 105")]]))
+        return learned_train.weights_sha256(model), loss, logits[0, -1, :8].tolist()
+
+    first, again, other = trained(TINY), trained(TINY), trained(replace(TINY, seed=1))
+    assert first == again  # the checksum, the loss and the outputs, bit for bit
+    assert other[0] != first[0] and other[2] != first[2]
+
+
 def test_build_trains_once_reuses_the_folder_and_refuses_a_foreign_one(tmp_path: Path) -> None:
     out = tmp_path / "t"
     lines: list[str] = []
@@ -104,9 +119,12 @@ def test_build_trains_once_reuses_the_folder_and_refuses_a_foreign_one(tmp_path:
     assert info.matches_recorded in (False, None)  # a two-step recipe is not the recorded target
     m = transformers.AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)
     assert m.config.vocab_size == 151669 and m.config.num_hidden_layers == 2
+    # a second build in another folder (another child process) writes the same weights, byte for byte
+    twin = learned.read_info(learned.build_learned_target(tmp_path / "twin", recipe=TINY, echo=lines.append))
+    assert (twin.sha256, twin.model_sha256) == (info.sha256, info.model_sha256)
     stamp = (out / "model.safetensors").stat().st_mtime_ns
     learned.build_learned_target(out, recipe=TINY, echo=lines.append)  # reused: not trained again
-    assert (out / "model.safetensors").stat().st_mtime_ns == stamp and sum("training" in s for s in lines) == 1
+    assert (out / "model.safetensors").stat().st_mtime_ns == stamp and sum("training" in s for s in lines) == 2
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "x.txt").write_text("mine")
     with pytest.raises(ConfigError, match="not a learned tiny target"):
@@ -118,6 +136,8 @@ def test_the_frozen_target_answers_every_task(learned_target: Path, tok: Any) ->
 
     info = learned.read_info(learned_target)
     assert info.recipe == asdict(learned.RECIPE) and info.matches_recorded in (True, None), info
+    if info.torch == learned.RECORDED["torch"]:  # the frozen target: its weights are the recorded ones
+        assert info.sha256 == learned.RECORDED["sha256"] and info.matches_recorded, info
     assert min(info.accuracy.values()) >= 0.5 and info.unended <= 8, info
     model = transformers.AutoModelForCausalLM.from_pretrained(str(learned_target), local_files_only=True).eval()
     rng = random.Random(4242)
