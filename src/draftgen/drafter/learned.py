@@ -36,7 +36,7 @@ from draftgen.errors import ConfigError, InputError, ThresholdBroken
 from draftgen.store import read_json
 
 __all__ = ["ENDOFTEXT", "IM_END", "INFO_FILE", "RECIPE", "RECORDED", "LearnedRecipe", "LearnedTargetInfo",
-           "answer_ids", "build_learned_target", "chat_ids", "file_sha256", "language_ids", "learned_tokenizer",
+           "answer_ids", "build_learned_target", "chat_ids", "compared", "file_sha256", "language_ids", "learned_tokenizer",
            "periodic_tail", "read_info"]
 
 INFO_FILE = "draftgen-target.json"
@@ -152,8 +152,16 @@ _CHILD_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "OMP_NUM_THREAD
 
 
 def read_info(folder: Path) -> LearnedTargetInfo:
-    """The ``draftgen-target.json`` of a learned target folder."""
-    return read_json(folder / INFO_FILE, LearnedTargetInfo)
+    """The ``draftgen-target.json`` of a learned target folder, compared with ``RECORDED`` as the code now holds
+    it (not as it was when the folder was trained)."""
+    return compared(read_json(folder / INFO_FILE, LearnedTargetInfo))
+
+
+def compared(info: LearnedTargetInfo) -> LearnedTargetInfo:
+    """``info`` with ``recorded_sha256`` and ``matches_recorded`` from ``RECORDED`` (None: another torch)."""
+    same_torch = info.torch == RECORDED["torch"]
+    return msgspec.structs.replace(info, recorded_sha256=RECORDED["sha256"],
+                                   matches_recorded=(info.sha256 == RECORDED["sha256"]) if same_torch else None)
 
 
 def _cached(out: Path, recipe: LearnedRecipe) -> LearnedTargetInfo | None:
@@ -161,7 +169,7 @@ def _cached(out: Path, recipe: LearnedRecipe) -> LearnedTargetInfo | None:
     if not path.is_file() or not (out / "model.safetensors").is_file():
         return None
     try:
-        info = read_json(path, LearnedTargetInfo)
+        info = read_info(out)
     except (InputError, OSError):  # an unreadable manifest is no cache: the folder is trained again
         return None
     if info.recipe != asdict(recipe) or file_sha256(out / "model.safetensors") != info.model_sha256:
@@ -187,7 +195,7 @@ def build_learned_target(out_dir: str | Path, *, recipe: LearnedRecipe = RECIPE,
                              env=env, capture_output=True, text=True, check=False)
         if res.returncode != 0:
             raise ConfigError(f"training the learned target failed (exit {res.returncode}): {res.stderr[-800:]}")
-        info = read_json(out / INFO_FILE, LearnedTargetInfo)
+        info = read_info(out)
     echo(f"learned target {out}: sha256 {info.sha256[:16]}… accuracy "
          + ", ".join(f"{t} {a:.2f}" for t, a in info.accuracy.items()) + f"; {info.unended} unended")
     if strict and info.matches_recorded is False and recipe == RECIPE:

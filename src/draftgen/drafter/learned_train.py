@@ -34,11 +34,11 @@ from draftgen.drafter.learned import (
     IM_END,
     INFO_FILE,
     RECIPE,
-    RECORDED,
     LearnedRecipe,
     LearnedTargetInfo,
     answer_ids,
     chat_ids,
+    compared,
     file_sha256,
     language_ids,
     learned_tokenizer,
@@ -295,13 +295,10 @@ def train_target(out_dir: Path, recipe: LearnedRecipe = RECIPE, echo: Any = prin
     widen(model, used, recipe).save_pretrained(str(out_dir))
     write_qwen3_tokenizer(out_dir)
     _check_template(out_dir, tok)
-    version = str(torch.__version__)
-    same_torch = version == RECORDED["torch"]
-    info = LearnedTargetInfo(
+    info = compared(LearnedTargetInfo(
         recipe=asdict(recipe), sha256=sha, model_sha256=file_sha256(out_dir / "model.safetensors"),
-        recorded_sha256=RECORDED["sha256"], matches_recorded=(sha == RECORDED["sha256"]) if same_torch else None,
-        torch=version, train_seconds=round(seconds, 1), final_loss=round(loss, 5), accuracy=accuracy,
-        unended=unended)
+        recorded_sha256="", matches_recorded=None, torch=str(torch.__version__), train_seconds=round(seconds, 1),
+        final_loss=round(loss, 5), accuracy=accuracy, unended=unended))
     atomic_write_json(out_dir / INFO_FILE, info)
     return info
 
