@@ -38,8 +38,8 @@ def qwen3_profile():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def learned_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The learned tiny target of the CPU chain (``drafter.learned.build_learned_target``: a minute or two of
-    training on two cores), trained once per test session and shared by every test that asks for it.
+    """The learned tiny target of the CPU chain (``drafter.learned.build_learned_target``: about three
+    CPU-minutes of training), trained once per test session and shared by every test that asks for it.
     ``DRAFTGEN_TEST_LEARNED_TARGET`` names a folder to keep it in between sessions (reused while it holds this
     recipe's target, its model file matching its recorded digest); by default a fresh temporary one."""
     pytest.importorskip("torch")

@@ -6,7 +6,8 @@ the bundled Qwen3 ``tokenizer.json`` / ``tokenizer_config.json``) and ``draftgen
 (``LearnedTargetInfo``: the recipe, the weights' checksum, the greedy accuracy per task, the loop check).
 A folder that already holds this recipe's target, with a model file matching its recorded digest, is
 reused as it is (the cache of a test session, of ``scripts/tiny-chain --target``); else the target is trained
-there by ``drafter.learned_train`` in a child process (about a minute or two on two cores).
+there by ``drafter.learned_train`` in a child process (about three CPU-minutes: 400 steps of 64 samples; 1,565 s
+of wall time on a two-core machine shared at load 5–8).
 
 The recipe (``RECIPE``, seeds included) is all in code. The child runs with fixed torch threads and fixed CPU
 kernels (``_CHILD_ENV``: torch's and MKL's AVX2 code paths), so that one torch version gives the same weights
@@ -65,7 +66,7 @@ class LearnedRecipe:
 
 RECIPE = LearnedRecipe()
 #: the sha256 of the weights ``RECIPE`` gives, and the torch version it was recorded with
-RECORDED = {"torch": "2.13.0+cpu", "sha256": ""}
+RECORDED = {"torch": "2.13.0+cpu", "sha256": "7afba66654181662a6883db6baeda2403429c6aea90ab66da4c113dfa429b230"}
 
 
 class LearnedTargetInfo(msgspec.Struct, kw_only=True):
@@ -180,7 +181,7 @@ def _cached(out: Path, recipe: LearnedRecipe) -> LearnedTargetInfo | None:
 def build_learned_target(out_dir: str | Path, *, recipe: LearnedRecipe = RECIPE, echo: Any = print,
                          strict: bool = True) -> Path:
     """The learned target in ``out_dir`` (reused when it already holds this recipe's; else trained there in a
-    child process, about a minute or two on two cores). ``strict``: refuse weights that differ from
+    child process, about three CPU-minutes). ``strict``: refuse weights that differ from
     ``RECORDED`` under the recorded torch version (a changed recipe or numerics: the chain's figures would no
     longer be those of bench/RESULTS.md). Returns the folder."""
     out = Path(out_dir)
