@@ -137,4 +137,5 @@ def test_example_config_loads_and_is_the_chain() -> None:
     assert cfg.endpoint.kind == "vllm" and cfg.model.thinking is False
     assert [d.name for d in cfg.datasets] == ["walk", "sort", "count", "close"]
     assert cfg.accept.prompts == 64 and cfg.hidden_states.backend == "hf" and cfg.hidden_states.layer_ids == [1, 2, 3]
+    assert cfg.train.layer_ids == [1, 2, 3]  # a 4-layer target has no default three: train takes all it stores
     assert SCRIPT.is_file() and SCRIPT.stat().st_mode & 0o111

@@ -395,6 +395,23 @@ def _known_ids(cfg: RunConfig, profile: Profile | None, chosen: Sequence[PromptR
     return out
 
 
+class _Measure:
+    """One pass of the held-out prompts against a server: SGLang ``/generate`` (``meta_info``, the prompts' ids
+    rendered once by ``profile``) or vLLM chat completions (``/metrics`` read around them when ``scrape``)."""
+
+    def __init__(self, cfg: RunConfig, server: str, acceptance: str, chosen: Sequence[PromptRecord],
+                 profile: Profile | None) -> None:
+        self.cfg, self.server, self.acceptance, self.chosen = cfg, server, acceptance, chosen
+        self.sg_ids = ([profile.prompt_ids(p.messages, p.tools) for p in chosen]
+                       if acceptance == "meta_info" and profile is not None else [])
+
+    def __call__(self, at: str, scrape: bool) -> _Pass:
+        if self.acceptance == "meta_info":
+            return asyncio.run(_sglang_pass(self.cfg, self.server, at, self.chosen, self.sg_ids))[0]
+        return asyncio.run(_vllm_pass(self.cfg, self.server, at, self.chosen, scrape=scrape,
+                                      one_at_a_time=self.cfg.accept.one_at_a_time))
+
+
 def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
                drafter: str | Path, base_url: str | None = None, baseline_url: str | None = None,
                zero_aux_url: str | None = None, prompts: int | None = None) -> AcceptReport:
@@ -421,18 +438,11 @@ def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
     echo(f"accept: {len(chosen)} held-out prompts → {url} ({server}), max_tokens {cfg.accept.max_tokens}"
          + (f"; {held.excluded_by_content} left out as their content is in a merged row"
             if held.excluded_by_content else ""))
-    sg_ids: list[list[int]] = []
-    if acceptance == "meta_info":
+    if acceptance == "meta_info" and profile is None:
         from draftgen.tokens import profile_from_config
 
-        profile = profile if profile is not None else profile_from_config(cfg)
-        sg_ids = [profile.prompt_ids(p.messages, p.tools) for p in chosen]
-
-    def measure(at: str, scrape: bool) -> _Pass:
-        if acceptance == "meta_info":
-            return asyncio.run(_sglang_pass(cfg, server, at, chosen, sg_ids))[0]
-        return asyncio.run(_vllm_pass(cfg, server, at, chosen, scrape=scrape, one_at_a_time=cfg.accept.one_at_a_time))
-
+        profile = profile_from_config(cfg)
+    measure = _Measure(cfg, server, acceptance, chosen, profile)
     main = measure(url, True)
     if main.figures is None:
         raise _no_drafts(url, acceptance)
