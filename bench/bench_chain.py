@@ -23,7 +23,9 @@ figures are the chain's before issue 24 (a random Qwen3 target, 20 held-out prom
 for comparison: there lookup beat the trained drafter.
 
 ``--quick`` runs the same chain. Needs the ``[extract]`` extra and speculators 0.9 (``DRAFTGEN_SPECULATORS``,
-or ``.venv-speculators`` in the checkout).
+or ``.venv-speculators`` in the checkout). ``DRAFTGEN_CHAIN_TARGET`` names a folder that keeps the learned target
+between runs (reused while it holds the recipe's target; ``target_train_s`` is then the training time recorded
+in it); by default the target is trained afresh in the temporary folder.
 
     python bench/bench_chain.py
 """
@@ -134,8 +136,11 @@ def main() -> None:
     m = machine_info()
     print(f"machine: {m['cpu']}, {m['usable_cores']} usable cores (shared); mode: "
           f"{'quick (the same chain as full)' if quick_mode() else 'full'}; config examples/tiny-chain.yaml")
+    kept = os.environ.get("DRAFTGEN_CHAIN_TARGET")
+    if kept:
+        print(f"target: {kept} (DRAFTGEN_CHAIN_TARGET; reused when it holds the recipe's target, else trained there)")
     with tempfile.TemporaryDirectory(prefix="dg-bench-chain-") as tmp:
-        figures = mod.chain(Path(tmp) / "work", target=Path(tmp) / "target",
+        figures = mod.chain(Path(tmp) / "work", target=Path(kept) if kept else Path(tmp) / "target",
                             echo=lambda s: print(s, flush=True) if s.startswith("==") else None)
     for line in mod.summary(figures):
         print(line)
