@@ -44,7 +44,7 @@ class Target:
     label: str
     benches: tuple[str, ...]
     keys: tuple[str, ...]
-    op: str  # ">=" or "<="
+    op: str  # ">=", "<=" or ">"
     threshold: float
     source: str
     #: fallback for scripts without RESULT-JSON: a regex whose first group is the figure, in the raw output
@@ -128,7 +128,8 @@ def fmt(v: Any) -> str:
 
 
 def _met(t: Target, v: float) -> str:
-    return "met" if (v >= t.threshold if t.op == ">=" else v <= t.threshold) else "NOT met"
+    ok = v > t.threshold if t.op == ">" else v >= t.threshold if t.op == ">=" else v <= t.threshold
+    return "met" if ok else "NOT met"
 
 
 def check(t: Target, runs: dict[str, BenchRun], bench_dir: Path) -> Verdict:

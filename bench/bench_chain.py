@@ -1,24 +1,31 @@
-"""The CPU drafter chain (issue 15): acceptance lengths of a trained, an untrained and a broken EAGLE-3 drafter.
+"""The CPU drafter chain (issues 15, 24): a trained EAGLE-3 drafter beside copy-last, lookup, its zero-aux ablation and an untrained one, on a target with learned structure.
 
-Runs scripts/tiny-chain's ``chain`` (the command a user runs, and what tests/integration/test_chain.py asserts on) once, in
-a fresh temporary folder, with examples/tiny-chain.yaml: the tiny learnable target (``draftgen.drafter.tiny``:
-random Qwen3, 8 layers, hidden 128, seed 0, bundled Qwen3 tokenizer) served by ``draftgen emulate --model``;
-prepare → generate (vllm backend, exact ids, greedy, 96 tokens) → merge (bundled chat + code, 20 prompts held
-out by ``cap``) → extract (hf, aux ids [2, 4, 5] + 8, fp32) → train (speculators on the CPU: AdamW lr 3e-3,
-4 epochs of 2,048-token packed batches, draft vocab 2048, ttt 3, seed 0) → accept (``draftgen emulate
---drafter``, k = 3, 20 held-out prompts × 32 tokens, greedy, vLLM /metrics; the trained drafter once more
-through SGLang ``meta_info``). The untrained drafter is the same train path with lr 0 and one step; the broken
-one is trained on states whose aux layers were not captured (zeros, with the checks that flag them off). A
-one-position shift is not told apart by AL, so the extract checks are measured on it instead.
+Runs scripts/tiny-chain's ``chain`` (the command a user runs, and what tests/integration/test_chain.py asserts on)
+once, in a fresh temporary folder, with examples/tiny-chain.yaml: the learned tiny target (``drafter.learned``: a
+4-layer Qwen3, hidden 128, trained on the CPU on the tiny language of ``drafter.tinylang``, recipe, seed and
+checksum in code) served by ``draftgen emulate --model``; prompts of the language's four tasks (walk, sort,
+count, close: 80 each, 16 held out by ``cap``) → prepare → generate (vllm backend, exact ids, greedy, 96
+tokens) → merge → extract (hf, aux ids [1, 2, 3] + 4, fp32) → train (speculators on the CPU, draft vocab 256,
+ttt 3, seed 0) → accept (``draftgen emulate --drafter``, k = 3, 64 held-out prompts × 32 tokens, greedy,
+vLLM /metrics around each prompt; the trained drafter once more through SGLang ``meta_info`` on the first 16
+of them). Beside the
+trained drafter, on the same prompts: copy-last and n-gram lookup (no model; replayed on the target's greedy
+output), the zero-aux ablation (the trained drafter served with zeroed aux states) and the untrained drafter
+(the same train path, lr 0, one step), each with its 95% bootstrap interval over the prompts, and per dataset.
+A one-position shift is not told apart by AL, so the extract checks are measured on it instead.
 
-Figures: ``al_trained``, ``al_untrained``, ``al_broken`` (and ``*_per_position``), the differences the
-issue bounds (``al_trained_minus_untrained`` >= 0.3, ``al_trained_minus_broken`` >= 0.2), the SGLang AL and
-its distance from the vLLM-counter one, the shifted extract's flagged samples, the trained drafter's steps
-and speculators' offline AL estimate, and each stage's wall time.
+Figures: ``al_trained``, ``al_copy_last``, ``al_lookup``, ``al_zero_aux``, ``al_untrained`` with ``*_ci_lo``/
+``*_ci_hi``; the paired differences the issue bounds (``al_trained_minus_no_model`` >= 0.2 with its interval's
+low end > 0, ``al_trained_minus_zero_aux`` likewise, ``al_trained_minus_untrained`` >= 0.3); per dataset
+(``<dataset>_al_trained`` and the alternatives); the SGLang AL; the held-out continuations' loops and the
+target's accuracy on them; the shifted extract's flagged samples; each stage's wall time. The ``random_target_*``
+figures are the chain's before issue 24 (a random Qwen3 target, 20 held-out prompts, the issue's table), kept
+for comparison: there lookup beat the trained drafter.
 
-``--quick`` runs the same chain: a smaller training is not known to clear the issue's bounds, and the chain
-(a few minutes on 2 cores) is the proof, not a throughput figure. Needs the ``[extract]`` extra and
-speculators 0.9 (``DRAFTGEN_SPECULATORS``, or ``.venv-speculators`` in the checkout).
+``--quick`` runs the same chain. Needs the ``[extract]`` extra and speculators 0.9 (``DRAFTGEN_SPECULATORS``,
+or ``.venv-speculators`` in the checkout). ``DRAFTGEN_CHAIN_TARGET`` names a folder that keeps the learned target
+between runs (reused while it holds the recipe's target; ``target_train_s`` is then the training time recorded
+in it); by default the target is trained afresh in the temporary folder.
 
     python bench/bench_chain.py
 """
@@ -56,20 +63,45 @@ def load_chain_script() -> ModuleType:
     return mod
 
 
+#: the chain's figures with the random target it had before issue 24 (the issue's table: 20 held-out prompts)
+RANDOM_TARGET = {"al_trained": 1.351, "al_copy_last": 1.387, "al_lookup": 1.738, "al_untrained": 1.0}
+
+
 def flat_figures(f: dict[str, Any]) -> dict[str, Any]:
-    """The chain's nested figures as the flat mapping ``emit_result`` takes (per-position lists as text)."""
+    """The chain's nested figures as the flat mapping ``emit_result`` takes (lists and intervals as numbers)."""
     out: dict[str, Any] = {"samples": f["samples"], "tokens": f["tokens"]}
-    for name in ("trained", "untrained", "broken"):
+    for name in ("trained", "copy_last", "lookup", "zero_aux", "untrained"):
         if f"al_{name}" in f:
             out[f"al_{name}"] = f[f"al_{name}"]
+            ci = f.get(f"ci_{name}")
+            if ci:
+                out[f"al_{name}_ci_lo"], out[f"al_{name}_ci_hi"] = ci
+        if f"per_position_{name}" in f:
             out[f"al_{name}_per_position"] = " / ".join(f"{v:.3f}" for v in f[f"per_position_{name}"])
-    if "al_untrained" in f:
-        out["al_trained_minus_untrained"] = round(f["al_trained"] - f["al_untrained"], 4)
-    if "al_broken" in f:
-        out["al_trained_minus_broken"] = round(f["al_trained"] - f["al_broken"], 4)
+    for name in ("no_model", "zero_aux"):
+        d = f.get(f"trained_minus_{name}")
+        if d:
+            out[f"al_trained_minus_{name}"] = d["difference"]
+            out[f"al_trained_minus_{name}_ci_lo"], out[f"al_trained_minus_{name}_ci_hi"] = d["ci95"]
+    out["al_trained_minus_untrained"] = f["trained_minus_untrained"]
+    for ds, d in f.get("datasets_trained", {}).items():
+        out[f"{ds}_al_trained"] = d["al"]
+        if d.get("ci95"):
+            out[f"{ds}_al_trained_ci_lo"], out[f"{ds}_al_trained_ci_hi"] = d["ci95"]
+        for alt in ("copy-last", "lookup", "zero-aux"):
+            if alt in d:
+                out[f"{ds}_al_{alt.replace('-', '_')}"] = d[alt]
     if "al_trained_sglang" in f:
         out["al_trained_sglang"] = f["al_trained_sglang"]
-        out["al_trained_sglang_vs_vllm"] = round(abs(f["al_trained_sglang"] - f["al_trained"]), 4)
+        same = f.get("al_trained_vllm_same_prompts", f["al_trained"])
+        out["al_trained_vllm_same_prompts"] = same
+        out["al_trained_sglang_vs_vllm"] = round(abs(f["al_trained_sglang"] - same), 4)
+    h, t = f["held_out"], f["target"]
+    out.update(held_out_prompts=h["prompts"], held_out_looping=h["looping"], held_out_target_right=h["target_right"],
+               target_sha256=t["sha256"][:16], target_matches_recorded=t["matches_recorded"],
+               target_train_s=t["train_seconds"])
+    for task, acc in t["accuracy"].items():
+        out[f"target_accuracy_{task}"] = acc
     if "shifted" in f:
         s = f["shifted"]
         out.update(shifted_samples=s["samples"], shifted_flagged=s["flagged"],
@@ -80,6 +112,7 @@ def flat_figures(f: dict[str, Any]) -> dict[str, Any]:
         slug = re.sub(r"[^a-z0-9]+", "_", stage.split(":")[0].lower()).strip("_")
         out[f"stage_{slug}_s"] = secs
     out["chain_wall_s"] = f["total_s"]
+    out.update({f"random_target_{k}": v for k, v in RANDOM_TARGET.items()})
     return out
 
 
@@ -103,8 +136,12 @@ def main() -> None:
     m = machine_info()
     print(f"machine: {m['cpu']}, {m['usable_cores']} usable cores (shared); mode: "
           f"{'quick (the same chain as full)' if quick_mode() else 'full'}; config examples/tiny-chain.yaml")
+    kept = os.environ.get("DRAFTGEN_CHAIN_TARGET")
+    if kept:
+        print(f"target: {kept} (DRAFTGEN_CHAIN_TARGET; reused when it holds the recipe's target, else trained there)")
     with tempfile.TemporaryDirectory(prefix="dg-bench-chain-") as tmp:
-        figures = mod.chain(Path(tmp) / "work", echo=lambda s: print(s, flush=True) if s.startswith("==") else None)
+        figures = mod.chain(Path(tmp) / "work", target=Path(kept) if kept else Path(tmp) / "target",
+                            echo=lambda s: print(s, flush=True) if s.startswith("==") else None)
     for line in mod.summary(figures):
         print(line)
     emit_result("chain", flat_figures(figures))

@@ -1,5 +1,6 @@
-"""Shared fixtures (the tokenizer assets folder, a loaded Qwen3 profile, a free port, a key file) and the end-of-run
-line that counts the tests skipped for something missing on this machine, with how to provide it.
+"""Shared fixtures (the tokenizer assets folder, a loaded Qwen3 profile, a free port, a key file, the learned tiny
+target trained once per session) and the end-of-run line that counts the tests skipped for something missing on
+this machine, with how to provide it.
 
 The assets folder is ``DRAFTGEN_TEST_ASSETS`` (default ``<checkout>/../shared/assets/tokenizers``); see
 ``_common_helpers``. pytest's default import mode puts this folder (``tests/``) on ``sys.path``, which is
@@ -8,6 +9,7 @@ what lets every test file, ``tests/reliability/`` included, import ``_common_hel
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections import Counter
@@ -32,6 +34,21 @@ def qwen3_profile():  # type: ignore[no-untyped-def]
     from draftgen.tokens import load_profile
 
     return load_profile("qwen3", "bundled:qwen3")
+
+
+@pytest.fixture(scope="session")
+def learned_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The learned tiny target of the CPU chain (``drafter.learned.build_learned_target``: about three
+    CPU-minutes of training), trained once per test session and shared by every test that asks for it.
+    ``DRAFTGEN_TEST_LEARNED_TARGET`` names a folder to keep it in between sessions (reused while it holds this
+    recipe's target, its model file matching its recorded digest); by default a fresh temporary one."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from draftgen.drafter.learned import build_learned_target
+
+    kept = os.environ.get("DRAFTGEN_TEST_LEARNED_TARGET")
+    folder = Path(kept) if kept else tmp_path_factory.mktemp("learned-target") / "target"
+    return build_learned_target(folder, echo=lambda _s: None)
 
 
 @pytest.fixture()

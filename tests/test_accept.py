@@ -314,6 +314,27 @@ def test_cli_accept_without_drafts_fails_in_one_line(tmp_path: Path, drafter_dir
     assert "did not move" in res.output and "Traceback" not in res.output
 
 
+def test_cli_accept_prints_the_baselines_and_the_intervals_for_a_users_drafter(
+        tmp_path: Path, drafter_dir: Path, servers: tuple[FakeServer, FakeServer]) -> None:
+    spec, _ = servers
+    with FakeServer() as zero:  # the zero-aux server: here the same counts as the drafter's
+        cfg_path = _run_dir(tmp_path, merged=None, endpoint={"kind": "vllm"}, accept={"prompts": 8, "max_tokens": 10})
+        res = CliRunner().invoke(cli, ["accept", str(cfg_path), "--drafter", str(drafter_dir), "--base-url", spec.url,
+                                       "--zero-aux-url", zero.url])
+    assert res.exit_code == 0, res.output
+    out = res.output
+    # 2.5 on every prompt: a point interval. Replayed on prompt 1 2 3 → output 0 1 … 9: copy-last never matches;
+    # lookup gains where the output repeats the prompt's 1 2 3
+    assert "acceptance length 2.500 [2.500, 2.500] (vllm-metrics, 8 prompts)" in out, out
+    assert ("beside it, same prompts: copy-last 1.000 [1.000, 1.000]  lookup 1.500 [1.500, 1.500]  zero-aux 2.500 "
+            "[2.500, 2.500]") in out, out
+    assert "drafter minus: copy-last +1.500 [+1.500, +1.500]  lookup +1.000 [+1.000, +1.000]" in out, out
+    assert "zero-aux +0.000 [+0.000, +0.000]  max(copy-last, lookup) +1.000 [+1.000, +1.000]" in out, out
+    assert "verdict: the drafter beats the no-model drafters" in out
+    assert "dataset chat: 2.500 [2.500, 2.500] over 4 prompts (copy-last 1.000, lookup 1.500, zero-aux 2.500)" in out
+    assert len(zero.requests) == 8
+
+
 def test_cli_accept_refuses_a_folder_that_is_no_drafter(tmp_path: Path) -> None:
     cfg_path = _run_dir(tmp_path, merged=None, endpoint={"kind": "vllm"})
     (tmp_path / "nod").mkdir()

@@ -124,7 +124,8 @@ def test_every_target_names_a_benchmark_and_the_new_ones_have_goals() -> None:
     names = {p.stem for p in orchestrator.discover([])}
     assert all(set(t.benches) <= names for t in orchestrator.TARGETS)
     keys = {k for t in orchestrator.TARGETS for k in t.keys}
-    assert {"extract_overhead_vs_forward", "al_trained_minus_untrained", "al_trained_minus_broken"} <= keys
+    assert {"extract_overhead_vs_forward", "al_trained_minus_untrained", "al_trained_minus_no_model",
+            "al_trained_minus_no_model_ci_lo", "al_trained_minus_zero_aux", "al_trained_minus_zero_aux_ci_lo"} <= keys
     assert set(orchestrator.ORDER) == names and set(orchestrator.TIMEOUTS) <= names
 
 
@@ -197,17 +198,28 @@ def test_shown_output_keeps_every_result_line_of_a_cut_head() -> None:
 
 
 def test_chain_figures_flatten_with_the_bounded_differences() -> None:
-    nested = {"samples": 204, "tokens": 26649, "al_trained": 1.3506, "per_position_trained": [0.193, 0.082, 0.0756],
-              "al_untrained": 1.0, "per_position_untrained": [0.0, 0.0, 0.0], "al_broken": 1.0,
-              "per_position_broken": [0.0, 0.0, 0.0], "al_trained_sglang": 1.385,
-              "shifted": {"threshold_broken": True, "samples": 204, "flagged": 17, "reference_aux": 17},
+    nested = {"samples": 256, "tokens": 20000, "al_trained": 2.1, "ci_trained": [1.9, 2.3],
+              "per_position_trained": [0.6, 0.3, 0.2], "al_copy_last": 1.05, "ci_copy_last": [1.0, 1.1],
+              "al_lookup": 1.3, "ci_lookup": [1.2, 1.4], "al_zero_aux": 1.1, "ci_zero_aux": [1.05, 1.15],
+              "al_untrained": 1.0, "ci_untrained": [1.0, 1.0], "per_position_untrained": [0.0, 0.0, 0.0],
+              "trained_minus_no_model": {"difference": 0.8, "ci95": [0.6, 1.0]},
+              "trained_minus_zero_aux": {"difference": 1.0, "ci95": [0.8, 1.2]}, "trained_minus_untrained": 1.1,
+              "datasets_trained": {"walk": {"al": 3.0, "ci95": [2.8, 3.2], "copy-last": 1.0, "lookup": 1.0,
+                                            "zero-aux": 1.1}},
+              "al_trained_sglang": 2.13, "held_out": {"prompts": 64, "looping": 0, "target_right": 0.9},
+              "target": {"sha256": "ab" * 32, "matches_recorded": True, "accuracy": {"walk": 1.0},
+                         "train_seconds": 80.0},
+              "shifted": {"threshold_broken": True, "samples": 256, "flagged": 17, "reference_aux": 17},
               "train_trained": {"steps": 52, "seconds": 91.9, "offline_al": 1.68},
               "times_s": {"target": 3.6, "train (untrained: lr 0, 1 step)": 12.8}, "total_s": 317.8}
     flat = flat_figures(nested)
-    assert flat["al_trained_minus_untrained"] == pytest.approx(0.3506)
-    assert flat["al_trained_minus_broken"] == pytest.approx(0.3506)
-    assert flat["al_trained_sglang_vs_vllm"] == pytest.approx(0.0344)
-    assert flat["al_trained_per_position"] == "0.193 / 0.082 / 0.076"
+    assert flat["al_trained_minus_untrained"] == pytest.approx(1.1)
+    assert (flat["al_trained_minus_no_model"], flat["al_trained_minus_no_model_ci_lo"]) == (0.8, 0.6)
+    assert flat["al_trained_minus_zero_aux_ci_hi"] == 1.2 and flat["al_lookup_ci_lo"] == 1.2
+    assert flat["walk_al_trained"] == 3.0 and flat["walk_al_zero_aux"] == 1.1
+    assert flat["al_trained_sglang_vs_vllm"] == pytest.approx(0.03)
+    assert flat["al_trained_per_position"] == "0.600 / 0.300 / 0.200"
     assert flat["shifted_reference_aux"] == 17 and flat["shifted_extract_refused"] is True
     assert flat["stage_train_untrained_s"] == 12.8 and flat["chain_wall_s"] == 317.8
+    assert flat["held_out_looping"] == 0 and flat["random_target_al_lookup"] == 1.738
     assert all(isinstance(v, int | float | str | bool) for v in flat.values())

@@ -396,15 +396,19 @@ def probe(config: str, api_key_file: str | None, base_url: str | None, prompt: s
 @click.option("--drafter", required=True, type=click.Path(file_okay=False),
               help="The drafter checkpoint folder the server serves (speculators or EAGLE format).")
 @click.option("--baseline-url", help="A server of the same target without the drafter (tokens/s without it).")
+@click.option("--zero-aux-url", help="A server of the same target and drafter fed zeroed aux states "
+              "(draftgen emulate --zero-aux): the zero-aux ablation.")
 @click.option("--prompts", type=int, help="Held-out prompts to send (overrides accept.prompts).")
 @friendly
 def accept(config: str, run_dir: str | None, api_key_file: str | None, base_url: str | None, drafter: str,
-           baseline_url: str | None, prompts: int | None) -> None:
-    """Measure the served drafter's acceptance length on held-out prompts (vLLM /metrics or SGLang meta_info)."""
+           baseline_url: str | None, zero_aux_url: str | None, prompts: int | None) -> None:
+    """Measure the served drafter's acceptance length on held-out prompts (vLLM /metrics or SGLang meta_info),
+    beside copy-last and n-gram lookup on the same prompts, with 95% intervals and per dataset."""
     from draftgen.phases.accept import run_accept
 
     cfg = _load(config, {"run_dir": run_dir, **endpoint_overrides(api_key_file, base_url)})
-    run_accept(cfg, echo=click.echo, drafter=drafter, baseline_url=baseline_url, prompts=prompts)
+    run_accept(cfg, echo=click.echo, drafter=drafter, baseline_url=baseline_url, zero_aux_url=zero_aux_url,
+               prompts=prompts)
 
 
 @cli.command()
@@ -523,13 +527,15 @@ def report(config: str, run_dir: str | None, output: str | None, force: bool) ->
               "final_wrong_layer, final_post_norm, aux_zeros, shift or nan_every_N.")
 @click.option("--drafter", type=click.Path(file_okay=False), help="With --model: an EAGLE-3 drafter checkpoint for speculative decoding.")
 @click.option("--num-speculative-tokens", type=int, default=3, show_default=True, help="With --drafter: tokens per draft.")
+@click.option("--zero-aux", is_flag=True,
+              help="With --drafter: feed it zeroed aux states (the zero-aux ablation; accept --zero-aux-url).")
 @click.option("--device", default="cpu", show_default=True, help="With --model: torch device.")
 @click.option("--dtype", default="auto", show_default=True, help="With --model: auto | float32 | bfloat16 | float16.")
 @friendly
 def emulate(api_key_file: str | None, management_key_file: str | None, model_dir: str | None,
             served_model_name: str | None, extract_dir: str | None, extract_layers: str | None,
-            extract_fault: str | None, drafter: str | None, num_speculative_tokens: int, device: str, dtype: str,
-            **kw: Any) -> None:
+            extract_fault: str | None, drafter: str | None, num_speculative_tokens: int, zero_aux: bool, device: str,
+            dtype: str, **kw: Any) -> None:
     """Serve a local OpenRouter emulator (also SGLang /generate and vLLM token-id modes), or with --model a
     vLLM-compatible server backed by a real transformers model (extract mode, drafter counters)."""
     from draftgen.emulator.core import emulator_key
@@ -542,7 +548,8 @@ def emulate(api_key_file: str | None, management_key_file: str | None, model_dir
         serve_model(model_server_options(
             model_dir, host=kw["host"], port=kw["port"], served_model_name=served_model_name, extract_dir=extract_dir,
             extract_layers=extract_layers, extract_fault=extract_fault, drafter=drafter,
-            num_speculative_tokens=num_speculative_tokens, device=device, dtype=dtype), echo=click.echo)
+            num_speculative_tokens=num_speculative_tokens, zero_aux=zero_aux, device=device, dtype=dtype),
+            echo=click.echo)
         return
     api_key = emulator_key(api_key_file, EMULATOR_API_KEY_ENV, flag="--api-key-file")
     management_key = emulator_key(management_key_file, EMULATOR_MANAGEMENT_KEY_ENV, flag="--management-key-file")

@@ -33,12 +33,23 @@ class AcceptConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     max_tokens: int = 256
     """max_tokens of each request (greedy, temperature 0)."""
     concurrency: int = 4
-    """Requests in flight at once (the same for the baseline server)."""
+    """Requests in flight at once (the same for the baseline server); with ``one_at_a_time`` on a vLLM server,
+    one."""
+    one_at_a_time: bool = True
+    """vLLM: send the prompts one at a time and read ``/metrics`` around each request, so that each prompt's
+    acceptance is known: the 95% interval of the drafter's acceptance length, its paired comparison with the
+    no-model drafters and the zero-aux server, and per-dataset figures. Off: ``concurrency`` requests in flight
+    and one acceptance length over them all (the no-model drafters keep their intervals). SGLang's
+    ``meta_info`` is per request either way."""
     server: Literal["auto", "vllm", "sglang"] = "auto"
     """How acceptance is read: ``vllm`` (``GET /metrics`` counters before and after), ``sglang`` (per-request
     ``meta_info`` of the native ``/generate``); ``auto`` follows ``endpoint.kind``."""
     baseline_url: str | None = None
     """A second server of the same target without the drafter: tokens/s with and without speculation."""
+    zero_aux_url: str | None = None
+    """A server of the same target and drafter that feeds the drafter zeroed aux states (``draftgen emulate
+    --model T --drafter D --zero-aux``): its acceptance is reported as the ``zero-aux`` ablation, which shows
+    whether the drafter uses the target's hidden states at all."""
     offline_cond_acc: list[float] | None = None
     """Per-step conditional accuracies for the offline estimate of a drafter that has no training log here (one
     not under the run's ``train/``, or a run without ``train/log.jsonl``)."""

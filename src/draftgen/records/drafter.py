@@ -103,6 +103,7 @@ class AcceptanceFigures(msgspec.Struct, omit_defaults=True, kw_only=True):
     accepted_per_pos: list[float] = msgspec.field(default_factory=list)
     verify_calls: int = 0
     completion_tokens: int = 0
+    ci95: list[float] | None = None  # [low, high]: 95% bootstrap interval of acceptance_length over the prompts
 
 
 class ThroughputFigures(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -113,6 +114,59 @@ class ThroughputFigures(msgspec.Struct, omit_defaults=True, kw_only=True):
     completion_tokens: int
     seconds: float
     tokens_per_s: float
+
+
+class PromptAcceptance(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One held-out prompt's share of a pass: the drafter's counters on it (vLLM: the ``/metrics`` deltas around
+    its request, sent alone; SGLang: its ``meta_info``) and the target's greedy continuation (its ids, when the
+    server returned them: the no-model figures can be replayed from the report alone)."""
+
+    sample_id: str
+    dataset: str
+    drafts: float = 0.0
+    accepted: float = 0.0
+    accepted_per_pos: list[float] = msgspec.field(default_factory=list)
+    completion_tokens: int = 0
+    verify_calls: int = 0
+    ended: bool = False  # the continuation ended with an end token (not cut at max_tokens)
+    output_ids: list[int] | None = None
+
+
+class AlternativeFigures(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """A drafter measured beside the served one on the same prompts: ``how`` "replay" (a no-model drafter,
+    ``copy-last`` or ``lookup``, replayed on the target's greedy continuations from the drafter's own pass:
+    ``drafter.baselines``) or "server" (``zero-aux``: the same drafter served with zeroed aux states)."""
+
+    name: str
+    how: str
+    acceptance_length: float
+    ci95: list[float] | None = None
+    per_position: list[float] = msgspec.field(default_factory=list)
+    drafts: float = 0.0
+    accepted: float = 0.0
+    prompts: int = 0
+    base_url: str | None = None  # how "server": where it was measured
+
+
+class Comparison(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """The served drafter's acceptance length minus another's (``versus``: a name of ``alternatives``, or
+    ``no-model``: the better of copy-last and lookup in each resample), paired over the same prompts, with its
+    95% bootstrap interval."""
+
+    versus: str
+    difference: float
+    ci95: list[float]
+
+
+class DatasetAcceptance(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """The acceptance on one dataset's held-out prompts: the drafter's, with its interval, and each
+    alternative's acceptance length on the same prompts."""
+
+    dataset: str
+    prompts: int
+    acceptance_length: float
+    ci95: list[float] | None = None
+    alternatives: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 class AcceptReport(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -134,6 +188,10 @@ class AcceptReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     offline_al: float | None = None  # 1 + Σ_k Π_{j≤k} cond_acc_j
     offline_cond_acc: list[float] = msgspec.field(default_factory=list)
     offline_source: str | None = None  # "<train log> (validation|train, step N)", "accept.offline_cond_acc" or None
+    alternatives: list[AlternativeFigures] = msgspec.field(default_factory=list)
+    comparisons: list[Comparison] = msgspec.field(default_factory=list)
+    datasets: list[DatasetAcceptance] = msgspec.field(default_factory=list)
+    per_prompt: list[PromptAcceptance] = msgspec.field(default_factory=list)
     notes: list[str] = msgspec.field(default_factory=list)
     created_at: float = 0.0
     schema_version: int = SCHEMA_VERSION

@@ -78,6 +78,8 @@ class ModelServerOptions:
     extract_fault: str | None = None
     drafter: str | None = None
     num_speculative_tokens: int = 3
+    #: feed the drafter zeroed aux states (the zero-aux ablation of ``draftgen accept --zero-aux-url``)
+    zero_aux: bool = False
     max_batch: int = 256
     gather_s: float = 0.01
     stream_chunk_tokens: int = 8
@@ -130,7 +132,9 @@ class ModelServer:
         if opts.drafter:
             from draftgen.emulator.real.spec import SpecDecoder
 
-            self.spec = SpecDecoder.load(opts.drafter, self.lm, k=opts.num_speculative_tokens)
+            self.spec = SpecDecoder.load(opts.drafter, self.lm, k=opts.num_speculative_tokens, zero_aux=opts.zero_aux)
+        elif opts.zero_aux:
+            raise ConfigError("emulate --zero-aux needs --drafter (it feeds that drafter zeroed aux states)")
         self.counters = Counters(per_pos=[0] * opts.num_speculative_tokens)
         self.engine = ModelEngine(self.lm, layer_ids=capture_ids(self.fault, layer_ids), max_batch=opts.max_batch,
                                   gather_s=opts.gather_s, spec=self.spec)
@@ -223,6 +227,7 @@ class ModelServer:
         avg = c.spec_completion_tokens / c.verify_calls if c.verify_calls else None
         return json_response({"model_path": self.opts.model, "served_model_name": self.name,
                       "speculative_algorithm": "EAGLE3" if self.spec else None,
+                      "draftgen_zero_aux": self.opts.zero_aux,
                       "internal_states": [{"avg_spec_accept_length": avg}]})
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -503,7 +508,8 @@ def serve_forever(opts: ModelServerOptions, echo: Callable[[str], None]) -> None
             echo(f"extract mode: hidden states of layer ids {server.layer_ids} (vLLM convention) -> "
                  f"{server.writer.root}/<request_id>.safetensors (the client's hidden_states.connector_dir)")
         if server.spec is not None:
-            echo(f"drafter {opts.drafter}: {opts.num_speculative_tokens} speculative tokens")
+            echo(f"drafter {opts.drafter}: {opts.num_speculative_tokens} speculative tokens"
+                 + (", fed zeroed aux states (--zero-aux)" if opts.zero_aux else ""))
         echo("Ctrl-C stops")
 
     threaded.serve_until_signal(server.app, opts.host, opts.port, close=server.close, what="emulate",

@@ -6,11 +6,15 @@ and decodes one greedy request at a time with ``draftgen.drafter.speculate.greed
 the output ids equal plain greedy decoding, and the counts (drafts, draft tokens, accepted tokens, accepted
 per position, verification calls) feed vLLM's ``/metrics`` counters and SGLang's ``meta_info``. The drafter's
 aux layer ids come from its config (vLLM convention), else ``[2, L//2, L-3]``.
+
+``zero_aux`` (``emulate --zero-aux``): the drafter is fed zeroed aux states instead of the target's, the
+zero-aux ablation ``draftgen accept --zero-aux-url`` measures (does the drafter use the hidden states at all?);
+the output ids are still plain greedy decoding.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from draftgen.emulator.real.engine import GenResult, LoadedModel
@@ -18,15 +22,30 @@ from draftgen.emulator.real.engine import GenResult, LoadedModel
 __all__ = ["SpecDecoder"]
 
 
+class _ZeroAux:
+    """A drafter fed zeros of the aux states' shape (``speculate.Proposer``)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def propose(self, context: Sequence[int], aux: Any, k: int) -> list[int]:
+        import torch
+
+        out: list[int] = self.inner.propose(context, torch.zeros_like(aux), k)
+        return out
+
+
 class SpecDecoder:
-    def __init__(self, drafter: Any, lm: LoadedModel, *, k: int, aux_layer_ids: list[int]) -> None:
-        self.drafter = drafter
+    def __init__(self, drafter: Any, lm: LoadedModel, *, k: int, aux_layer_ids: list[int],
+                 zero_aux: bool = False) -> None:
+        self.drafter = _ZeroAux(drafter) if zero_aux else drafter
         self.lm = lm
         self.k = k
         self.aux_layer_ids = aux_layer_ids
+        self.zero_aux = zero_aux
 
     @classmethod
-    def load(cls, path: str, lm: LoadedModel, *, k: int) -> SpecDecoder:
+    def load(cls, path: str, lm: LoadedModel, *, k: int, zero_aux: bool = False) -> SpecDecoder:
         from pathlib import Path
 
         from draftgen.drafter.eagle3 import load_drafter, read_drafter_config
@@ -42,7 +61,7 @@ class SpecDecoder:
         L = lm.num_layers
         ids = [int(i) for i in (c.aux_layer_ids or [2, L // 2, L - 3])]
         ids = [i for i in ids if i != L]  # speculators' ids may list the final id too
-        return cls(drafter, lm, k=k, aux_layer_ids=ids)
+        return cls(drafter, lm, k=k, aux_layer_ids=ids, zero_aux=zero_aux)
 
     def generate(self, prompt_ids: list[int], *, max_new: int, eos_ids: Iterable[int]) -> GenResult:
         import torch

@@ -1,0 +1,216 @@
+"""The figures ``draftgen accept`` derives from per-prompt counters: bootstrap intervals, the no-model drafters'
+replay, comparisons and per-dataset acceptance.
+
+Input: one ``Series`` per drafter measured on the same held-out prompts (the served drafter's counters per
+prompt, a no-model drafter's replayed counters, the zero-aux pass's), in the same prompt order. Output: the
+``records.drafter`` figures of the report. Pure computation; no I/O.
+
+- Acceptance length of a series: 1 + Σaccepted / Σdrafts over its prompts (vLLM's formula, summed over the
+  prompts, so it equals the AL of the whole pass).
+- 95% interval: percentile bootstrap over the prompts (``BOOT_REPS`` resamples with replacement, seeded by
+  ``BOOT_SEED``, so a report is reproducible); every figure of one report uses the same resamples, so
+  differences are paired by prompt.
+- ``no-model``: the better of copy-last and lookup, taken in each resample (the interval of
+  "drafter − max(copy-last, lookup)").
+- Per dataset: the same, with the resamples drawn within that dataset's prompts.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from draftgen.drafter.baselines import NO_MODEL, replay
+from draftgen.records import AlternativeFigures, Comparison, DatasetAcceptance, PromptAcceptance
+
+__all__ = ["BOOT_REPS", "BOOT_SEED", "NO_MODEL_BEST", "Compared", "Series", "alternative_figures", "compare",
+           "comparison_lines", "comparisons", "dataset_figures", "interval", "no_model_series", "resamples"]
+
+BOOT_REPS = 2000
+BOOT_SEED = 0
+#: the comparison against the better of the no-model drafters in each resample
+NO_MODEL_BEST = "no-model"
+
+
+@dataclass
+class Series:
+    """Per-prompt counters of one drafter on the held-out prompts (same order for every series of a report)."""
+
+    name: str
+    accepted: list[float]
+    drafts: list[float]
+    per_pos: list[list[float]] = field(default_factory=list)  # per prompt: accepted at position i
+
+    def al(self, idx: Sequence[int] | None = None) -> float:
+        """1 + Σaccepted / Σdrafts over the prompts ``idx`` (all by default); 1.0 without drafts."""
+        rows = range(len(self.drafts)) if idx is None else idx
+        d = sum(self.drafts[i] for i in rows)
+        return 1.0 + sum(self.accepted[i] for i in rows) / d if d > 0 else 1.0
+
+    def per_position(self) -> list[float]:
+        d = sum(self.drafts)
+        if d <= 0 or not self.per_pos:
+            return []
+        k = max(len(p) for p in self.per_pos)
+        return [sum(p[j] for p in self.per_pos if j < len(p)) / d for j in range(k)]
+
+
+def resamples(idx: Sequence[int], reps: int = BOOT_REPS, seed: int = BOOT_SEED) -> list[list[int]]:
+    """``reps`` bootstrap resamples (with replacement) of the prompt indices ``idx``, seeded."""
+    rng = random.Random(seed)
+    pool = list(idx)
+    return [[pool[rng.randrange(len(pool))] for _ in pool] for _ in range(reps)] if pool else []
+
+
+def _percentiles(values: list[float]) -> list[float]:
+    """[2.5th, 97.5th] percentiles (linear interpolation)."""
+    v = sorted(values)
+
+    def at(q: float) -> float:
+        pos = q * (len(v) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(v) - 1)
+        return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+    return [round(at(0.025), 4), round(at(0.975), 4)]
+
+
+def interval(series: Series, rs: list[list[int]]) -> list[float] | None:
+    """The 95% interval of the series' acceptance length over the resamples (None with fewer than 2 prompts)."""
+    if len(series.drafts) < 2 or not rs:
+        return None
+    return _percentiles([series.al(r) for r in rs])
+
+
+def _best(others: Sequence[Series], idx: Sequence[int] | None) -> float:
+    return max(o.al(idx) for o in others)
+
+
+def comparisons(drafter: Series, alternatives: Sequence[Series], rs: list[list[int]],
+                no_model: Sequence[str] = ("copy-last", "lookup")) -> list[Comparison]:
+    """drafter − each alternative, and drafter − the better no-model drafter, paired over the resamples."""
+    if len(drafter.drafts) < 2 or not rs:
+        return []
+    out = [Comparison(versus=a.name, difference=round(drafter.al() - a.al(), 4),
+                      ci95=_percentiles([drafter.al(r) - a.al(r) for r in rs])) for a in alternatives]
+    best = [a for a in alternatives if a.name in no_model]
+    if best:
+        out.append(Comparison(versus=NO_MODEL_BEST, difference=round(drafter.al() - _best(best, None), 4),
+                              ci95=_percentiles([drafter.al(r) - _best(best, r) for r in rs])))
+    return out
+
+
+def alternative_figures(s: Series, how: str, rs: list[list[int]], *, base_url: str | None = None) -> AlternativeFigures:
+    return AlternativeFigures(name=s.name, how=how, acceptance_length=round(s.al(), 4), ci95=interval(s, rs),
+                              per_position=[round(v, 4) for v in s.per_position()], drafts=sum(s.drafts),
+                              accepted=sum(s.accepted), prompts=len(s.drafts), base_url=base_url)
+
+
+def dataset_figures(datasets: Sequence[str], drafter: Series, alternatives: Sequence[Series]) -> list[DatasetAcceptance]:
+    """Per dataset (in first-seen order): the drafter's AL with its interval (resamples within the dataset) and
+    each alternative's AL on the same prompts."""
+    out = []
+    for name in dict.fromkeys(datasets):
+        idx = [i for i, d in enumerate(datasets) if d == name]
+        rs = resamples(idx)
+        ci = _percentiles([drafter.al(r) for r in rs]) if len(idx) > 1 else None
+        out.append(DatasetAcceptance(dataset=name, prompts=len(idx), acceptance_length=round(drafter.al(idx), 4),
+                                     ci95=ci, alternatives={a.name: round(a.al(idx), 4) for a in alternatives}))
+    return out
+
+
+# -- from a pass to the report's figures -------------------------------------------------------------------
+
+
+@dataclass
+class Compared:
+    """What ``compare`` adds to a report."""
+
+    ci95: list[float] | None = None  # the served drafter's interval
+    alternatives: list[AlternativeFigures] = field(default_factory=list)
+    comparisons: list[Comparison] = field(default_factory=list)
+    datasets: list[DatasetAcceptance] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _series(name: str, rows: Sequence[PromptAcceptance]) -> Series:
+    return Series(name, [r.accepted for r in rows], [r.drafts for r in rows], [list(r.accepted_per_pos) for r in rows])
+
+
+def no_model_series(ids: Sequence[tuple[Sequence[int], Sequence[int]]], ended: Sequence[bool], k: int) -> list[Series]:
+    """copy-last and lookup replayed on each prompt's (prompt ids, greedy continuation)."""
+    out = []
+    for name, make in NO_MODEL.items():
+        counts = []
+        for (p_ids, cont), done in zip(ids, ended, strict=True):
+            counts.append(replay(p_ids, cont, make(), k=k, ended=done, eos_ids=cont[-1:] if done else ()))
+        out.append(Series(name, [float(c.accepted) for c in counts], [float(c.drafts) for c in counts],
+                          [[float(v) for v in c.accepted_per_pos] for c in counts]))
+    return out
+
+
+def compare(rows: Sequence[PromptAcceptance], ids: Sequence[tuple[Sequence[int], Sequence[int]] | None], k: int | None,
+            *, counted: bool, zero_rows: Sequence[PromptAcceptance] | None = None,
+            zero_url: str | None = None) -> Compared:
+    """The served drafter's interval, the alternatives (copy-last and lookup replayed on the continuations
+    ``ids``; zero-aux from its own pass ``zero_rows``), the paired comparisons and per-dataset figures.
+    ``counted``: the rows hold per-prompt counters (else only the alternatives, with their intervals)."""
+    out = Compared()
+    rs = resamples(range(len(rows)))
+    alts: list[tuple[Series, str, str | None]] = []
+    known = [i for i in ids if i is not None]
+    if k is None:
+        out.notes.append("the drafter's k is unknown (its config names no speculative_tokens, the server no "
+                         "per-position counters): no copy-last / lookup figures")
+    elif len(known) < len(rows):
+        out.notes.append(f"the server returned the token ids of {len(known)} of {len(rows)} requests: no copy-last "
+                         "/ lookup figures (they are replayed on the target's greedy output ids)")
+    elif rows:
+        alts += [(s, "replay", None) for s in no_model_series(known, [r.ended for r in rows], k)]
+    if zero_rows is not None:
+        alts.append((_series("zero-aux", zero_rows), "server", zero_url))
+    out.alternatives = [alternative_figures(s, how, rs, base_url=u) for s, how, u in alts]
+    if not counted:
+        if rows:
+            out.notes.append("per-prompt counters unknown (accept.one_at_a_time off): no interval for the drafter, "
+                             "no paired comparison, no per-dataset figures")
+        return out
+    drafter = _series("drafter", rows)
+    series = [s for s, _, _ in alts]
+    out.ci95 = interval(drafter, rs)
+    out.comparisons = comparisons(drafter, series, rs)
+    out.datasets = dataset_figures([r.dataset for r in rows], drafter, series)
+    return out
+
+
+def comparison_lines(alternatives: Sequence[AlternativeFigures], comps: Sequence[Comparison],
+                     datasets: Sequence[DatasetAcceptance]) -> list[str]:
+    """The console lines of the alternatives, the comparisons, the per-dataset figures and the verdict."""
+    lines = []
+    if alternatives:
+        parts = [f"{a.name} {a.acceptance_length:.3f}{_ci(a.ci95)}" for a in alternatives]
+        lines.append("beside it, same prompts: " + "  ".join(parts)
+                     + ("  (copy-last, lookup: no model, replayed on the target's greedy output)"
+                        if any(a.how == "replay" for a in alternatives) else ""))
+    if comps:
+        lines.append("drafter minus: " + "  ".join(
+            f"{'max(copy-last, lookup)' if c.versus == NO_MODEL_BEST else c.versus} {c.difference:+.3f}"
+            f" [{c.ci95[0]:+.3f}, {c.ci95[1]:+.3f}]" for c in comps))
+    for d in datasets:
+        alts = ", ".join(f"{n} {v:.3f}" for n, v in d.alternatives.items())
+        lines.append(f"  dataset {d.dataset}: {d.acceptance_length:.3f}{_ci(d.ci95)} over {d.prompts} prompts"
+                     + (f" ({alts})" if alts else ""))
+    best = next((c for c in comps if c.versus == NO_MODEL_BEST), None)
+    if best is not None and best.ci95[0] <= 0:
+        lines.append(f"verdict: on these prompts the drafter does not beat the no-model drafters (drafter − "
+                     f"max(copy-last, lookup) {best.difference:+.3f}, 95% interval [{best.ci95[0]:+.3f}, "
+                     f"{best.ci95[1]:+.3f}]); prompt lookup (vLLM's ngram method) needs no drafter: do not deploy it")
+    elif best is not None:
+        lines.append("verdict: the drafter beats the no-model drafters on these prompts (the interval of drafter − "
+                     "max(copy-last, lookup) is above 0)")
+    return lines
+
+
+def _ci(ci: Sequence[float] | None) -> str:
+    return f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
