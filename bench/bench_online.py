@@ -1,32 +1,47 @@
-"""Online training against offline (issue 25): the disk it needs and the time it takes, on the same rows.
+"""Online training against offline (issue 25) on the CPU chain's learned target: the acceptance each drafter
+reaches, the disk online training needs and the time it takes, on the same rows with the same settings.
 
-One target (``--target DIR``; default the CPU chain's tiny target builder, ``draftgen.drafter.tiny
-.build_tiny_target``, at hidden 512: the set's bytes per token scale with the width, draftgen's fixed files
-do not) and one merged run of its own greedy answers (generated through ``draftgen emulate --model``: bundled
-chat + code prompts, 10 held out by ``cap`` for accept). Then, side by side on the same rows and the same
-``train`` settings (EAGLE-3, AdamW lr 3e-3, 2 epochs of 2,048-token batches, draft vocabulary 2048):
+The CPU chain's setting (scripts/tiny-chain, examples/tiny-chain.yaml): the learned tiny target
+(``drafter.learned``: a 4-layer Qwen3, hidden 128, trained on the CPU on ``drafter.tinylang``; ``--target DIR``
+reuses a folder that holds it, default scripts/tiny-chain's ``runs/tiny-target``), prompts of the language's
+four tasks (``PER_TASK``: 240 each, walk's 100 of its 112; 16 of each held out by ``cap``: 756 merged rows, 64
+held-out prompts), generated greedily through ``draftgen emulate --model`` (vllm backend, exact ids). More rows
+than the chain's 256 and fewer epochs (2, not 6: about as many steps), so that the set is not so small that
+draftgen's few fixed files dominate its disk figure. Then, on the same merged rows and the same ``train``
+settings (the example's otherwise: EAGLE-3, AdamW lr 3e-3, 512-token batches, draft vocabulary 256, fp32
+states, seed 0):
 
-- offline: ``draftgen extract`` (hf backend, fp32 compute, bf16 storage, aux [2, 4, 5] + 8) then ``draftgen
-  train`` on the stored set;
+- offline: ``draftgen extract`` (hf backend, fp32, aux [1, 2, 3] + 4) then ``draftgen train`` on the stored set;
 - online: ``draftgen train --online`` in a copy of the run directory, its states generated on demand by
-  ``draftgen emulate --model TARGET --extract-dir D`` (vLLM's extract protocol, bf16, in this process's
-  threads) through draftgen's checking proxy (preflight included).
+  ``draftgen emulate --model TARGET --extract-dir D`` (vLLM's extract protocol, fp32, in this process's threads)
+  through draftgen's checking proxy (preflight included);
+- the other served algorithms from the same stored set: ``train.algorithm`` ``eagle3.1`` and ``peagle``, one
+  epoch each (the CPU time: on a shared two-core machine each epoch here takes minutes).
 
-Figures:
+Each drafter is served by ``draftgen emulate --drafter`` and measured by ``draftgen accept`` (k = 3, greedy, vLLM
+/metrics, the 64 held-out prompts × 32 tokens; ``--quick``: 20 prompts a task, 6 held out, 1 epoch), with its
+95% bootstrap interval over the prompts, and copy-last and lookup beside it (issue 24's machinery). Figures:
 
+    al_offline, al_online    (with ``*_ci_lo``/``*_ci_hi``) the EAGLE-3 drafter trained offline and online
+    al_online_in_offline_ci  1 when al_online lies within the offline drafter's 95% interval (issue 25's
+                             "done when"), else 0
+    al_eagle3_1, al_peagle   the other algorithms vLLM and the emulator serve, with their intervals (DFlash and
+                             DSpark are not emulated; the chain's 4-layer target has no five distinct layers
+                             for them: tests/test_train_algorithms.py trains them, train.json gives their
+                             offline estimate and the ``vllm serve`` line that measures them on a GPU)
     online_disk_fraction     the disk online training needs besides the drafter, as a fraction of the offline
                              set's state files: what draftgen wrote under train/ outside checkpoints/, drafter/,
-                             eagle3/ (train/online/, vocab/, log.jsonl) plus the most bytes of server connector
-                             files that waited for the trainer at once (the bounded cache; each is deleted once
-                             loaded); goal <= 0.01. Both parts are also reported alone (``draftgen_fraction``,
-                             ``connector_peak_fraction``): the first is per token (the Arrow ids and masks), the
-                             second one sample or so in flight, so both shrink against a real target's width
+                             eagle3/, speculators.log (train/online/, vocab/, log.jsonl, train.json) plus the most
+                             bytes of server connector files that waited for the trainer at once (the bounded
+                             cache; each is deleted once loaded); goal <= 0.01. Its parts: ``draftgen_fraction``
+                             and ``connector_peak_fraction``; ``per_token_fraction`` is the part that grows with
+                             the rows (the Arrow ids and masks and sample ids, per token, over the set's bytes
+                             per token): the fraction of a set large enough for the fixed files (vocab/, the
+                             reports, one sample in flight) to vanish, as the reference's 5.21 TB set is
     online_time_vs_offline   online train seconds / (offline extract + offline train seconds); goal <= 1.5
-    al_offline, al_online    acceptance length (k = 3, greedy, vLLM /metrics counters) of each drafter served
-                             by ``draftgen emulate --drafter`` on the held-out prompts (their intervals come
-                             with accept's bootstrap, issue 24)
 
-and the parts: extract/train seconds, set bytes, online bytes, requests/passes/exclusions.
+and the parts: extract/train seconds, set bytes, the bytes of each file draftgen wrote online,
+requests/passes/exclusions, and the load average around the run (the machine is shared).
 
     python bench/bench_online.py [--quick] [--target DIR]
 """
@@ -34,7 +49,9 @@ and the parts: extract/train seconds, set bytes, online bytes, requests/passes/e
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -43,58 +60,37 @@ from typing import Any
 
 try:
     from bench._common import REPO_ROOT, emit_result, quick_mode
+    from bench.bench_chain import load_chain_script
 except ImportError:  # python bench/bench_online.py
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _common import REPO_ROOT, emit_result, quick_mode  # type: ignore[no-redef]
+    from bench_chain import load_chain_script  # type: ignore[no-redef]
 
 import yaml
 
 from draftgen.config import load_config
+from draftgen.drafter import tinylang
+from draftgen.drafter.learned import build_learned_target
 from draftgen.emulator.real.server import ModelServerOptions, start_in_thread
 from draftgen.phases.accept import run_accept
 from draftgen.phases.extract.run import run_extract
+from draftgen.phases.generate import run_generate
+from draftgen.phases.merge import run_merge
 from draftgen.phases.online import run_train_online
-from draftgen.phases.pipeline import run_pipeline
+from draftgen.phases.prepare import run_prepare
 from draftgen.phases.train.run import run_train
+from draftgen.records import AcceptReport
 from draftgen.rundir import MARKER, RunDir
 
 DRAFTER_PARTS = ("checkpoints", "drafter", "eagle3", "speculators.log")  # the drafter itself: both ways alike
-SERVED = "tiny"
-HIDDEN = 512  # the default target's width: the set's bytes per token scale with it, draftgen's fixed files do not
-
-
-def speculators() -> str:
-    import os
-
-    env = os.environ.get("DRAFTGEN_SPECULATORS")
-    local = REPO_ROOT / ".venv-speculators" / "bin" / "speculators"
-    return env or str(local)
-
-
-def config(work: Path, target: Path, base_url: str, caps: tuple[int, int], held: int, epochs: int) -> Path:
-    """The run: the bundled chat and code prompts, ``caps`` of each merged (``held`` of chat held out for
-    accept), generated greedily by the target itself (``endpoint.kind: vllm`` on the emulator model server)."""
-    data: dict[str, Any] = {
-        "run_dir": str(work / "run"),
-        "model": {"id": SERVED, "profile": "qwen3", "tokenizer": "bundled:qwen3", "thinking": False},
-        "endpoint": {"kind": "vllm", "base_url": base_url, "idle_timeout_s": 300.0},
-        "sampling": {"temperature": 0.0},
-        "datasets": [{"name": "chat", "path": "bundled:chat", "max_samples": caps[0] + held, "cap": caps[0]},
-                     {"name": "code", "path": "bundled:code", "max_samples": caps[1], "cap": caps[1]}],
-        "partitions": {"short": {"concurrency": 64, "max_tokens": 96}, "long": {"concurrency": 4, "max_tokens": 96}},
-        "merge": {"exports": []},
-        "progress": "off",
-        "hidden_states": {"model": str(target), "backend": "hf", "device": "cpu", "compute_dtype": "fp32",
-                          "dtype": "bf16", "layer_ids": [2, 4, 5], "teacher_min_margin": None,
-                          "max_flagged_fraction": 1.0},
-        "train": {"speculators": speculators(), "draft_vocab_size": 2048, "optimizer": "adamw", "lr": 3e-3,
-                  "epochs": epochs, "total_seq_len": 2048, "ttt_steps": 3, "train_data_ratio": 0.95,
-                  "checkpoint_freq": epochs, "seed": 0},
-        "accept": {"prompts": held, "max_tokens": 32, "concurrency": 4, "server": "vllm"},
-    }
-    path = work / "cfg.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    return path
+LAYERS = [1, 2, 3, 4]  # the example's aux ids + the final (vLLM convention)
+#: the other algorithms the emulator serves, trained on the offline set (extra speculators flags: P-EAGLE's
+#: parallel groups = the k served)
+#: prompts per task (16 of each held out for accept) and epochs: more rows than the chain's 80 a task and fewer
+#: epochs (about its number of steps), so that the set is not so small that draftgen's fixed files dominate
+#: (walk has 112 distinct prompts)
+PER_TASK, EPOCHS = {"walk": 100, "sort": 240, "count": 240, "close": 240}, 2
+OTHERS: dict[str, list[str]] = {"eagle3.1": [], "peagle": ["--num-depths", "3"]}
 
 
 def tree_bytes(root: Path, skip: tuple[str, ...] = ()) -> int:
@@ -102,39 +98,119 @@ def tree_bytes(root: Path, skip: tuple[str, ...] = ()) -> int:
                if p.is_file() and not any(part in skip for part in p.relative_to(root).parts))
 
 
-def accept(cfg_path: Path, target: Path, drafter: Path) -> float:
+def accept(cfg_path: Path, target: Path, drafter: Path, served: str) -> AcceptReport:
+    """``draftgen accept`` of ``drafter`` served by ``draftgen emulate --drafter`` (in this process's threads)."""
     cfg = load_config(cfg_path)
     with start_in_thread(ModelServerOptions(model=str(target), port=0, threads=2, drafter=str(drafter),
-                                            served_model_name=cfg.model.id, num_speculative_tokens=3)) as srv:
-        rep = run_accept(cfg, drafter=drafter, base_url=srv.base_url, echo=lambda s: None)
-    return round(rep.acceptance.acceptance_length, 4)
+                                            served_model_name=served, num_speculative_tokens=3)) as srv:
+        return run_accept(cfg, drafter=drafter, base_url=srv.base_url, echo=lambda s: None)
+
+
+def al_figures(rep: AcceptReport, name: str) -> dict[str, Any]:
+    a = rep.acceptance
+    out: dict[str, Any] = {f"al_{name}": round(a.acceptance_length, 4)}
+    if a.ci95:
+        out[f"al_{name}_ci_lo"], out[f"al_{name}_ci_hi"] = a.ci95
+    for alt in rep.alternatives if name == "offline" else ():
+        out[f"al_{alt.name.replace('-', '_')}"] = alt.acceptance_length
+    return out
+
+
+def generate(chain: Any, work: Path, target: Path, per_task: dict[str, int], held: int, epochs: int) -> Path:
+    """Prompts, prepare → generate → merge through the emulator: the run's config (the example's, with the
+    quick mode's sizes)."""
+    for task, n in per_task.items():
+        tinylang.write_prompts(work / "prompts", n, chain.PROMPT_SEED, tasks=[task])
+    with start_in_thread(ModelServerOptions(model=str(target), port=0, threads=2,
+                                            served_model_name=chain.SERVED)) as gen:
+        path = chain.write_config(work, "offline", base_url=gen.base_url, target=target)
+        data = yaml.safe_load(path.read_text())
+        for d in data["datasets"]:
+            d["cap"] = per_task[d["name"]] - held
+        data["accept"]["prompts"] = held * len(tinylang.TASKS)
+        data["train"]["epochs"] = epochs
+        data["train"]["layer_ids"] = LAYERS[:-1]  # the 4-layer target has no defaults (hidden.algorithms)
+        data["train"]["checkpoint_freq"] = epochs
+        path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        cfg = load_config(path)
+        quiet = lambda s: None  # noqa: E731
+        run_prepare(cfg, echo=quiet)
+        assert run_generate(cfg, echo=quiet).exit_code == 0
+    run_merge(cfg, echo=quiet)
+    return path
+
+
+def other_config(cfg_path: Path, work: Path, name: str) -> Path:
+    """The same run's config training ``name`` on the offline set, in its own run folder."""
+    data = yaml.safe_load(cfg_path.read_text())
+    data["run_dir"] = str(work / name)
+    data["train"] = {**data["train"], "hidden": str(work / "run" / "hidden"), "algorithm": name,
+                     "extra_args": OTHERS[name], "epochs": 1, "checkpoint_freq": 1}
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def online(cfg_path: Path, work: Path, target: Path) -> tuple[Path, Any, float]:
+    """``draftgen train --online`` on a copy of the run's merged rows; returns its config, report, seconds."""
+    root = work / "online-run"
+    root.mkdir()
+    for part in ("merged", "prepared"):
+        shutil.copytree(work / "run" / part, root / part)
+    shutil.copy(work / "run" / MARKER, root / MARKER)
+    data = yaml.safe_load(cfg_path.read_text())
+    data["run_dir"] = str(root)
+    with start_in_thread(ModelServerOptions(model=str(target), port=0, threads=2, extract_dir=str(work / "hs"),
+                                            extract_layers=LAYERS, dtype="float32")) as srv:
+        data["hidden_states"].update(base_urls=[srv.root_url], connector_dir=str(work / "hs"))
+        path = work / "online.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+        t = time.perf_counter()
+        rep = run_train_online(load_config(path), echo=lambda s: None)
+        return path, rep, time.perf_counter() - t
+
+
+def disk_figures(rd: RunDir, set_bytes: int, tokens: int, peak_bytes: int) -> dict[str, Any]:
+    """What draftgen wrote under train/ besides the drafter, by file, and the fractions of the docstring."""
+    files = {str(p.relative_to(rd.train)): p.stat().st_size for p in sorted(rd.train.rglob("*"))
+             if p.is_file() and not any(part in DRAFTER_PARTS for part in p.relative_to(rd.train).parts)}
+    written = sum(files.values())
+    # grows with the rows: speculators' Arrow dataset (ids, masks, lengths) and the sample ids
+    per_row = sum(v for k, v in files.items() if k.endswith(".arrow") or k.endswith("sample_ids.jsonl"))
+    for k, v in files.items():
+        print(f"  online wrote {k}: {v:,} bytes")
+    return {"online_disk_fraction": round((written + peak_bytes) / set_bytes, 6),
+            "draftgen_fraction": round(written / set_bytes, 6),
+            "connector_peak_fraction": round(peak_bytes / set_bytes, 6),
+            "per_token_fraction": round(per_row / set_bytes, 6),
+            "online_written_bytes": written, "online_per_row_bytes": per_row,
+            "online_bytes_per_token": round(per_row / tokens, 2), "set_bytes_per_token": round(set_bytes / tokens, 1),
+            "connector_peak_bytes": peak_bytes, "offline_set_bytes": set_bytes}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--target", help="a target model folder (default: the CPU chain's tiny target)")
+    ap.add_argument("--target", type=Path, default=REPO_ROOT / "runs" / "tiny-target",
+                    help="the learned target's folder, reused when it holds it, else trained there (default "
+                         "runs/tiny-target, scripts/tiny-chain's)")
+    ap.add_argument("--epochs", type=int, default=EPOCHS, help=f"training epochs (default {EPOCHS})")
     args = ap.parse_args()
+    # the orchestrator's timeout sends SIGTERM: leave through the ``with`` blocks (servers stopped, folder removed)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     quick = quick_mode()
-    caps, held, epochs = ((8, 8), 4, 1) if quick else ((113, 91), 10, 2)
+    chain = load_chain_script()
+    per_task, held, epochs = (({t: 20 for t in PER_TASK}, 6, 1) if quick
+                              else (PER_TASK, chain.HELD_PER_TASK, args.epochs))
+    load0 = os.getloadavg()
+    t_all = time.perf_counter()
     quiet = lambda s: None  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="bench-online-") as tmp:
         work = Path(tmp)
-        if args.target:
-            target = Path(args.target)
-        else:
-            from draftgen.drafter.tiny import build_tiny_target
-
-            target = build_tiny_target(work / "target", hidden=HIDDEN, intermediate=2 * HIDDEN)
-        with start_in_thread(ModelServerOptions(model=str(target), port=0, threads=2,
-                                                served_model_name=SERVED)) as gen:
-            cfg_path = config(work, target, gen.base_url, caps, held, epochs)
-            assert run_pipeline(load_config(cfg_path), argv=["bench"], echo=quiet).exit_code == 0
-        online_root = work / "online-run"
-        online_root.mkdir()
-        shutil.copytree(work / "run" / "merged", online_root / "merged")
-        shutil.copytree(work / "run" / "prepared", online_root / "prepared")
-        shutil.copy(work / "run" / MARKER, online_root / MARKER)
+        target = build_learned_target(args.target.resolve(), echo=print, strict=False)
+        cfg_path = generate(chain, work, target, per_task, held, epochs)
 
         t = time.perf_counter()
         ex = run_extract(load_config(cfg_path), echo=quiet)
@@ -143,41 +219,45 @@ def main() -> None:
         t = time.perf_counter()
         off = run_train(load_config(cfg_path), echo=quiet)
         train_s = time.perf_counter() - t
-
-        data = yaml.safe_load(cfg_path.read_text())
-        data["run_dir"] = str(online_root)
-        with start_in_thread(ModelServerOptions(model=str(target), port=0, threads=2, extract_dir=str(work / "hs"),
-                                                extract_layers=[2, 4, 5, 8], dtype="bfloat16")) as srv:
-            data["hidden_states"].update(base_urls=[srv.root_url], connector_dir=str(work / "hs"))
-            online_cfg = work / "online.yaml"
-            online_cfg.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-            t = time.perf_counter()
-            on = run_train_online(load_config(online_cfg), echo=quiet)
-            online_s = time.perf_counter() - t
+        online_cfg, on, online_s = online(cfg_path, work, target)
         assert on.online is not None
-        written = tree_bytes(RunDir(online_root).train, DRAFTER_PARTS)
-        disk = (written + on.online.peak_bytes) / set_bytes
-        al_off = accept(cfg_path, target, RunDir(work / "run").train_drafter)
-        al_on = accept(online_cfg, target, RunDir(online_root).train_drafter)
-        print(f"rows {ex.samples}, {ex.tokens:,} tokens; offline set {set_bytes / 1e6:.2f} MB: extract {extract_s:.1f} s"
-              f" + train {train_s:.1f} s ({off.steps_this_run} steps)")
-        print(f"online: {online_s:.1f} s ({on.steps_this_run} steps); wrote {written / 1e3:.1f} kB besides the drafter,"
-              f" at most {on.online.peak_files} connector files ({on.online.peak_bytes / 1e3:.1f} kB) waited; "
-              f"{on.online.requests} samples asked, {on.online.excluded} excluded")
-        print(f"online_disk_fraction {disk:.5f} (goal <= 0.01); online_time_vs_offline "
-              f"{online_s / (extract_s + train_s):.3f} (goal <= 1.5); AL offline {al_off} online {al_on}")
-        emit_result("bench_online", {
-            "online_disk_fraction": round(disk, 6),
-            "online_time_vs_offline": round(online_s / (extract_s + train_s), 4),
-            "offline_extract_s": round(extract_s, 2), "offline_train_s": round(train_s, 2),
-            "online_train_s": round(online_s, 2), "offline_set_bytes": set_bytes, "online_written_bytes": written,
-            "draftgen_fraction": round(written / set_bytes, 6),
-            "connector_peak_fraction": round(on.online.peak_bytes / set_bytes, 6),
-            "connector_peak_bytes": on.online.peak_bytes, "rows": ex.samples, "tokens": ex.tokens,
-            "online_requests": on.online.requests, "online_excluded": on.online.excluded,
-            "steps_offline": off.steps_this_run, "steps_online": on.steps_this_run,
-            "al_offline": al_off, "al_online": al_on,
-        })
+        figures: dict[str, Any] = {}
+        figures.update(disk_figures(RunDir(Path(load_config(online_cfg).run_path)), set_bytes, ex.tokens,
+                                    on.online.peak_bytes))
+        figures.update(al_figures(accept(cfg_path, target, RunDir(work / "run").train_drafter, chain.SERVED),
+                                  "offline"))
+        figures.update(al_figures(accept(online_cfg, target, RunDir(work / "online-run").train_drafter,
+                                         chain.SERVED), "online"))
+        lo, hi = figures.get("al_offline_ci_lo"), figures.get("al_offline_ci_hi")
+        figures["al_online_in_offline_ci"] = int(lo is not None and hi is not None
+                                                 and lo <= figures["al_online"] <= hi)
+        for name in OTHERS:
+            rep = run_train(load_config(other_config(cfg_path, work, name)), echo=quiet)
+            assert rep.checkpoint, f"{name}: no checkpoint"
+            figures.update(al_figures(accept(cfg_path, target, Path(rep.checkpoint), chain.SERVED),
+                                      name.replace(".", "_")))
+    load1 = os.getloadavg()
+    figures.update({
+        "online_time_vs_offline": round(online_s / (extract_s + train_s), 4),
+        "offline_extract_s": round(extract_s, 2), "offline_train_s": round(train_s, 2),
+        "online_train_s": round(online_s, 2), "rows": ex.samples, "tokens": ex.tokens,
+        "online_requests": on.online.requests, "online_excluded": on.online.excluded,
+        "steps_offline": off.steps_this_run, "steps_online": on.steps_this_run,
+        "load_1min_before": round(load0[0], 2), "load_1min_after": round(load1[0], 2),
+        "bench_wall_s": round(time.perf_counter() - t_all, 1),
+    })
+    print(f"rows {ex.samples}, {ex.tokens:,} tokens; offline set {set_bytes / 1e6:.2f} MB: extract {extract_s:.1f} s"
+          f" + train {train_s:.1f} s ({off.steps_this_run} steps); online {online_s:.1f} s "
+          f"({on.steps_this_run} steps, {on.online.requests} samples asked, {on.online.excluded} excluded)")
+    print(f"AL offline {figures['al_offline']} [{figures.get('al_offline_ci_lo')}, {figures.get('al_offline_ci_hi')}]"
+          f", online {figures['al_online']} [{figures.get('al_online_ci_lo')}, {figures.get('al_online_ci_hi')}]"
+          f" (within the offline interval: {bool(figures['al_online_in_offline_ci'])}); eagle3.1 "
+          f"{figures.get('al_eagle3_1')}, peagle {figures.get('al_peagle')}; copy-last "
+          f"{figures.get('al_copy_last')}, lookup {figures.get('al_lookup')}")
+    print(f"online_disk_fraction {figures['online_disk_fraction']:.5f} (goal <= 0.01; per-token part "
+          f"{figures['per_token_fraction']:.5f}); online_time_vs_offline {figures['online_time_vs_offline']:.3f} "
+          f"(goal <= 1.5); load {load0[0]:.2f} -> {load1[0]:.2f}")
+    emit_result("bench_online", figures)
 
 
 if __name__ == "__main__":

@@ -197,6 +197,8 @@ def _tree_bytes(root: Path) -> int:
 
 def test_train_reads_the_states_in_place_no_second_copy(trained: dict[str, Any]) -> None:
     """train/inputs/ holds the index speculators needs, never a state: the runner reads the set's own files."""
+    import datasets
+
     from draftgen.phases.train.inputs import INDEX_FORMAT, STATES_MAP, StatesMap
     from draftgen.records import HiddenExportReport
     from draftgen.store import read_json
@@ -214,6 +216,10 @@ def test_train_reads_the_states_in_place_no_second_copy(trained: dict[str, Any])
     assert Path(smap.root) == hidden.resolve() and len(smap.files) == len(trained["rows"])
     assert all((hidden / f).is_file() for f in smap.files) and smap.dtype == "bfloat16" and smap.n_aux == 3
     assert read_json(inputs / "export.json", HiddenExportReport).format == INDEX_FORMAT
+    # 5 bytes a token on disk: int32 ids, int8 masks; speculators gets them as int64 (datasets' torch format)
+    ds = datasets.load_from_disk(str(inputs))
+    assert (ds.features["input_ids"].feature.dtype, ds.features["loss_mask"].feature.dtype) == ("int32", "int8")
+    assert ds[0]["input_ids"].dtype == torch.int64 and ds[0]["loss_mask"].dtype == torch.int64
     print(f"\ntrain/inputs/: {sum(sizes.values())} B for a {set_bytes} B set (fraction {fraction:.4f})")
 
 

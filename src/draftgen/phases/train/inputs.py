@@ -5,7 +5,9 @@ flagged ones left out; ``Source.token_rows``: only each file's ``input_ids`` and
 safetensors' lazy ``safe_open``) and writes, under ``out``, only what is small:
 
     dataset_info.json, state.json, data-*.arrow   speculators' Arrow dataset (``datasets.save_to_disk``:
-                                                  ``input_ids`` int64, ``loss_mask`` int64, ``seq_len``)
+                                                  ``input_ids`` int32, ``loss_mask`` int8, ``seq_len``:
+                                                  5 bytes a token on disk, where int64 took 16; the
+                                                  torch format hands speculators int64 tensors as before)
     token_freq.pt        ``torch.save`` {token id: count} over loss_mask == 1 (the draft vocabulary)
     draftgen_states.json ``StatesMap``: the set's absolute root, the per-sample state files in dataset order
                          with their sha256 (the manifest's), the aux layer count and the dtype speculators
@@ -86,10 +88,12 @@ def _up_to_date(out: Path, fingerprint: str, root: str) -> HiddenExportReport | 
 
 
 def save_dataset(out: Path, rows: dict[str, list[Any]]) -> None:
-    """speculators' Arrow dataset (``input_ids``, ``loss_mask``, ``seq_len``) into ``out`` (earlier shards replaced)."""
+    """speculators' Arrow dataset (``input_ids`` int32, ``loss_mask`` int8, ``seq_len``) into ``out`` (earlier
+    shards replaced). The narrow types are the disk train adds per token (bench_train_disk, bench_online); the
+    torch format reads them back as int64 (datasets' default for integers), so speculators sees what it did."""
     datasets = require("datasets", "hub")
-    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int64")),
-                                  "loss_mask": datasets.Sequence(datasets.Value("int64")),
+    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
+                                  "loss_mask": datasets.Sequence(datasets.Value("int8")),
                                   "seq_len": datasets.Value("int64")})
     ds = datasets.Dataset.from_dict(rows, features=features)
     ds.set_format(type="torch")
