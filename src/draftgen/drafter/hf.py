@@ -7,7 +7,7 @@
   the input of decoder layer ``layer`` (vLLM convention; ``layer`` = L: the last layer's output, so only the
   final norm and the head remain) and run to the end: log p(input_ids[t+1]) at each position t; the layers
   before ``layer`` do not run, and the model is not changed (safe beside another thread's forward);
-- ``token_logprobs(logits, targets)``: log-softmax at the target ids only (logit minus log-sum-exp).
+- ``token_logprobs(logits, targets)``: log-softmax at the target ids only, a few rows at a time.
 
 They sit here, below both ``drafter.speculate`` and ``phases.extract`` (capture backends, checks), so the
 drafter never imports a phase. torch is imported only inside ``rms_norm``; no I/O.
@@ -48,20 +48,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[..., targets] in float32 (``logits`` [..., V] in any float dtype, ``targets`` [...]):
-    each target's logit minus the log-sum-exp over the vocabulary, computed in place on a float32 copy of a
-    few rows at a time (``_LSE_ELEMENTS``: the copy stays in cache and its memory is reused; the [..., V]
-    log-softmax is never written; the same values as ``torch.logsumexp``, 2-5x faster on a CPU)."""
+    torch's own float32 log-softmax of a few rows at a time (``_LSE_ELEMENTS``: the chunk stays in cache; the
+    [..., V] log-softmax of the whole batch is never written). The same kernel as the reference log-probs it is
+    compared with: a hand-written log-sum-exp differed from it by up to 1e-4 nats over a 151k vocabulary, the
+    fp32 checks' whole tolerance."""
     import torch as th  # logits is a tensor: torch is already loaded
 
     flat = logits.reshape(-1, logits.shape[-1])
     want = targets.reshape(-1, 1).to(flat.device)
     step = max(1, _LSE_ELEMENTS // max(flat.shape[-1], 1))
-    parts = []
-    for s in range(0, flat.shape[0], step):
-        z = flat[s:s + step].to(th.float32, copy=True)
-        picked = z.gather(-1, want[s:s + step])[:, 0]
-        top = z.amax(dim=-1, keepdim=True)
-        parts.append(picked - (z.sub_(top).exp_().sum(dim=-1).log_() + top[:, 0]))
+    parts = [th.log_softmax(flat[s:s + step].float(), dim=-1).gather(-1, want[s:s + step])[:, 0]
+             for s in range(0, flat.shape[0], step)]
     out: torch.Tensor = th.cat(parts) if parts else th.zeros(0, device=flat.device)
     return out.reshape(targets.shape)
 
