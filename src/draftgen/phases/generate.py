@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import os
 import resource
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -79,6 +78,7 @@ from draftgen.engine import (
     summary_lines,
     watch_key,
 )
+from draftgen.engine.signals import install_signal_handlers
 from draftgen.errors import (
     EXIT_FAILURES,
     EXIT_INTERRUPTED,
@@ -469,7 +469,6 @@ SIGNAL_DEBOUNCE_S = 0.2
 def _install_signals(engine: Engine, display: Any) -> Callable[[], None]:
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    loop = asyncio.get_running_loop()
     count = 0
     last = 0.0
 
@@ -488,20 +487,7 @@ def _install_signals(engine: Engine, display: Any) -> Callable[[], None]:
             display.print(f"{signame} again: aborting, exiting now; finished records are on disk")
             engine.request_stop(f"interrupted ({signame}); the next run resumes", exit_code=130, hard=True)
 
-    installed = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, on_signal, sig.name)
-            installed.append(sig)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
-
-    def uninstall() -> None:
-        for sig in installed:
-            with contextlib.suppress(Exception):
-                loop.remove_signal_handler(sig)
-
-    return uninstall
+    return install_signal_handlers(on_signal)
 
 
 async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls: list[str] | None, profile: Any,

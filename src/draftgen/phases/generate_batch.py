@@ -16,9 +16,6 @@ would ignore (``backends.openrouter_batch.check_batch_config``).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,6 +46,7 @@ from draftgen.engine.batch_ingest import BatchContext, BatchOptions, BatchSetup
 from draftgen.engine.batch_journal import BatchJournal, load_batches
 from draftgen.engine.progress import Display
 from draftgen.engine.prompts import count_pending
+from draftgen.engine.signals import install_signal_handlers
 from draftgen.engine.sinks import Sinks
 from draftgen.errors import ConfigError
 
@@ -152,24 +150,9 @@ def _signals(stop: Callable[..., None], display: Display) -> Callable[[], None]:
     """SIGINT/SIGTERM stop the batch phase; the open batches stay open (the next run collects them)."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    loop = asyncio.get_running_loop()
-
     def on_signal(signame: str) -> None:
         display.print(f"{signame}: stopping; batches already submitted keep running at OpenRouter and the next run "
                       "collects them")
         stop(f"interrupted ({signame}); the next run resumes", exit_code=130)
 
-    installed = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, on_signal, sig.name)
-            installed.append(sig)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
-
-    def uninstall() -> None:
-        for sig in installed:
-            with contextlib.suppress(Exception):
-                loop.remove_signal_handler(sig)
-
-    return uninstall
+    return install_signal_handlers(on_signal)
