@@ -36,6 +36,7 @@ LOCK_STALE_S = 3600.0  # an owner file not refreshed for this long belongs to a 
 _LOCK = ".lock"
 _HOLDER = ".lock.json"
 _REFRESH_S = 60.0
+_NAME_WAIT_S = 2.0  # how long a refused local writer waits for the holder to name itself
 
 
 def _where(store: HiddenStore) -> str:
@@ -75,6 +76,20 @@ def _alive(h: HiddenLockHolder, now: float) -> bool:
     return True
 
 
+def _live_holder(store: HiddenStore) -> HiddenLockHolder | None:
+    """The local flock's holder as its ``.lock.json`` names it. The holder writes that file just after taking
+    the flock, so a refused writer waits up to ``_NAME_WAIT_S`` for it; a file left by a dead holder names
+    nobody."""
+    deadline = time.monotonic() + _NAME_WAIT_S
+    while True:
+        h = read_holder(store)
+        if h is not None and _alive(h, time.time()):
+            return h
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
 def _refuse(store: HiddenStore, h: HiddenLockHolder | None) -> RunDirError:
     return RunDirError(f"{store.url}: {_text(h)} is writing this hidden-state destination; wait for it to finish "
                        "or set another hidden_states.output (one writer per destination)")
@@ -101,7 +116,7 @@ def _local(store: HiddenStore, me: HiddenLockHolder) -> Iterator[Callable[[], No
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            raise _refuse(store, read_holder(store)) from None
+            raise _refuse(store, _live_holder(store)) from None
         with contextlib.suppress(OSError):
             atomic_write_bytes(store.path(_HOLDER), encode_json(me) + b"\n")
         try:
