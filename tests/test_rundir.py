@@ -78,3 +78,39 @@ def test_run_force_reaches_prepare(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["run", str(good), "--dry-run", "--force"])
     assert res.exit_code == 0, res.output
     assert (run / "prepared" / "chat" / "prompts.jsonl").is_file()
+
+
+def test_a_refused_writer_names_the_holder_that_has_not_yet_written_its_name(tmp_path: Path) -> None:
+    """The holder writes its name into ``.draftgen.lock`` just after taking the flock; a writer refused in
+    between waits for it (the race CI once hit with the hidden-state lock), and a name left by a process
+    that no longer runs names nobody."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from draftgen.config import load_config
+    from draftgen.records import LockHolder
+    from draftgen.store import encode_json
+
+    run = tmp_path / "run"
+    cfg = load_config(_cfg(tmp_path, run))
+    with writer(cfg, "prepare"):
+        pass
+    lock = run / ".draftgen.lock"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock.write_bytes(encode_json(LockHolder(pid=dead.pid, command="merge", since=time.time())) + b"\n")
+    with open(lock, "r+b") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        me = encode_json(LockHolder(pid=os.getpid(), command="generate", since=time.time())) + b"\n"
+        timer = threading.Timer(0.5, lambda: lock.write_bytes(me))
+        timer.start()
+        with pytest.raises(RunDirError, match=rf"`draftgen generate` \(pid {os.getpid()},"), writer(cfg, "merge"):
+            pass
+        timer.join()
+        lock.write_bytes(b"")
+        with pytest.raises(RunDirError, match="another draftgen command is writing"), writer(cfg, "merge"):
+            pass

@@ -404,6 +404,7 @@ def _config_mismatches(cfg: RunConfig, man: RunManifest) -> list[str]:
 # -- the writer lock -------------------------------------------------------------------------------------
 
 _HELD: dict[Path, tuple[IO[bytes], int]] = {}
+_NAME_WAIT_S = 2.0  # how long a refused writer waits for the lock's holder to name itself
 
 
 def held_by(root: Path) -> LockHolder | None:
@@ -419,6 +420,29 @@ def held_by(root: Path) -> LockHolder | None:
         return decode_json(data, LockHolder, where=str(path))
     except InputError:
         return None
+
+
+def _live_holder(root: Path) -> LockHolder | None:
+    """The flock's holder as the lock file names it. The holder writes its name just after taking the flock,
+    so a refused writer waits up to ``_NAME_WAIT_S`` for it; a name whose pid no longer runs names nobody."""
+    deadline = time.monotonic() + _NAME_WAIT_S
+    while True:
+        h = held_by(root)
+        if h is not None and _pid_runs(h.pid):
+            return h
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+def _pid_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _holder_text(h: LockHolder | None) -> str:
@@ -465,7 +489,7 @@ def _lock(root: Path, command: str) -> Iterator[None]:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         fh.close()
-        raise RunDirError(f"{root}: {_holder_text(held_by(root))} is writing to this run directory; wait for it "
+        raise RunDirError(f"{root}: {_holder_text(_live_holder(root))} is writing to this run directory; wait for it "
                           "to finish or use another --run-dir (`draftgen status` reads it meanwhile)") from None
     try:
         fh.seek(0)

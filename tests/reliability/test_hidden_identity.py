@@ -191,6 +191,43 @@ def test_item06_s3_owner_file_one_live_holder(s3: str) -> None:
         pass
 
 
+def test_item06_local_refusal_names_the_holder_even_before_it_has_written_its_name(tmp_path: Path) -> None:
+    """The holder writes ``.lock.json`` just after taking the flock: a writer refused in between waits for the
+    name (CI once read the file in that gap); an old file left by a dead holder, or an hour-old one of a live
+    local holder (the flock needs no refresh), is read for what it is."""
+    import fcntl
+    import threading
+
+    from draftgen.hidden.lock import LOCK_STALE_S, destination_lock
+    from draftgen.records import HiddenLockHolder
+    from draftgen.store import encode_json
+
+    store = HiddenStore(str(tmp_path / "h"))
+    (tmp_path / "h").mkdir()
+    now = time.time()
+    (tmp_path / "h" / ".lock.json").write_bytes(encode_json(HiddenLockHolder(
+        host=socket.gethostname(), pid=_dead_pid(), run_dir="/dead", since=now, refreshed=now, token="t0")))
+    with open(tmp_path / "h" / ".lock", "a+b") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # held, not yet named: the dead one's file is there
+        old = now - 2 * LOCK_STALE_S
+        late = HiddenLockHolder(host=socket.gethostname(), pid=os.getpid(), run_dir="/runs/long", since=old,
+                                refreshed=old, token="t1")
+        timer = threading.Timer(0.5, lambda: (tmp_path / "h" / ".lock.json").write_bytes(encode_json(late)))
+        timer.start()
+        t0 = time.monotonic()
+        with pytest.raises(RunDirError, match=rf"run /runs/long \(host .*pid {os.getpid()},"), \
+                destination_lock(store, "/runs/two"):
+            pass
+        timer.join()
+        assert 0.4 < time.monotonic() - t0 < 2.0
+    (tmp_path / "h" / ".lock.json").unlink()
+    with open(tmp_path / "h" / ".lock", "a+b") as fh:  # never named: "another draftgen extract", after the wait
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(RunDirError, match="another draftgen extract is writing"), \
+                destination_lock(store, "/runs/three"):
+            pass
+
+
 def _dead_pid() -> int:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()

@@ -63,8 +63,10 @@ def _text(h: HiddenLockHolder | None) -> str:
     return f"draftgen extract of run {h.run_dir} (host {h.host}, pid {h.pid}, since {since})"
 
 
-def _alive(h: HiddenLockHolder, now: float) -> bool:
-    if now - h.refreshed > LOCK_STALE_S:
+def _alive(h: HiddenLockHolder, now: float | None) -> bool:
+    """Whether ``h`` still holds: refreshed within ``LOCK_STALE_S`` of ``now`` (None: age not checked) and,
+    on this host, its pid still runs."""
+    if now is not None and now - h.refreshed > LOCK_STALE_S:
         return False
     if h.host == socket.gethostname():
         try:
@@ -83,7 +85,7 @@ def _live_holder(store: HiddenStore) -> HiddenLockHolder | None:
     deadline = time.monotonic() + _NAME_WAIT_S
     while True:
         h = read_holder(store)
-        if h is not None and _alive(h, time.time()):
+        if h is not None and _alive(h, None):  # a local holder never refreshes: the flock is its lease
             return h
         if time.monotonic() >= deadline:
             return None

@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import os
 import resource
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -48,13 +49,14 @@ import msgspec
 from draftgen import rundir
 from draftgen.backends import (
     Backend,
+    Capabilities,
     EndpointInfo,
     api_key_for,
     capabilities,
     management_key_for,
     open_backend,
 )
-from draftgen.backends.account import read_account
+from draftgen.backends.account import AccountSnapshot, read_account
 from draftgen.backends.pricing import routable_endpoints
 from draftgen.config import RunConfig
 from draftgen.engine import (
@@ -85,7 +87,6 @@ from draftgen.errors import (
     EXIT_OK,
     APIError,
     ConfigError,
-    DraftgenError,
     InputError,
 )
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
@@ -365,6 +366,46 @@ def _rerun(cfg: RunConfig, rd: rundir.RunDir, names: list[str], kinds: list[str]
         log.write(line)
 
 
+def _apply_prices(snap: AccountSnapshot, backend: Backend, cfg: RunConfig, governor: BudgetGovernor,
+                  log: RunLog) -> None:
+    """The routed prices into ``governor``. Without them a dollar budget is refused (ConfigError naming
+    ``budget.max_spend_usd`` and ``budget.allow_unpriced``) unless ``budget.allow_unpriced`` is true; then a
+    warning on stderr says what cannot be enforced."""
+    if snap.prices is not None:
+        prices = snap.prices
+        governor.prices, governor.priced = prices, True
+        log.write(f"prices (worst case over {', '.join(snap.priced_over)}): ${prices.prompt * 1e6:.4f}/M prompt, "
+                  f"${prices.completion * 1e6:.4f}/M completion, ${prices.request:.6f}/request")
+        return
+    why = snap.prices_missing(cfg.model.id)
+    reports_cost = bool(getattr(backend, "reports_cost", False))
+    budget = cfg.budget.max_spend_usd
+    if budget is None:
+        log.write(f"prices: not available ({why}); "
+                  + ("spend is tracked from usage.cost only" if reports_cost else "spend is not tracked"))
+        return
+    if reports_cost:
+        problem = (f"budget.max_spend_usd is set but the prices of {cfg.model.id} are unknown ({why}), so "
+                   "requests cannot be reserved against it")
+        fix = ("retry later, or set budget.allow_unpriced: true to track spend from usage.cost only "
+               "(it may then pass the budget by what is in flight)")
+    else:
+        problem = (f"budget.max_spend_usd is set but neither the cost nor the prices of {cfg.model.id} can be "
+                   f"known ({why}, and {backend.name} responses carry no usage.cost)")
+        fix = ("remove budget.max_spend_usd, or set budget.allow_unpriced: true to run anyway "
+               "(the dollar budget is then not enforced)")
+    if not cfg.budget.allow_unpriced:
+        raise ConfigError(f"{problem}; {fix}")
+    _warn(log, f"warning: {problem}; budget.allow_unpriced is true, so the dollar budget of ${budget:g} "
+          + ("is enforced from usage.cost only, after the fact" if reports_cost else "cannot be enforced"))
+
+
+def _warn(log: RunLog, warning: str) -> None:
+    """One warning into the run log and onto stderr (the only output of generate that goes there)."""
+    log.write(warning)
+    print(warning, file=sys.stderr, flush=True)
+
+
 async def _account(backend: Backend, cfg: RunConfig, governor: BudgetGovernor,
                    log: RunLog) -> tuple[float | None, float | None, list[EndpointInfo] | None, float | None]:
     """Prices and account caps before the run (``account.read_account``); returns (key usage, credits
@@ -372,51 +413,15 @@ async def _account(backend: Backend, cfg: RunConfig, governor: BudgetGovernor,
     (the cap a reread key limit never passes).
 
     A dollar budget needs the cost of every response: ``usage.cost`` where the backend reports it, else
-    usage × the routed prices (``governor.priced``). Prices also size each request's reservation. Without
-    prices, a dollar budget is refused (ConfigError naming ``budget.max_spend_usd`` and
-    ``budget.allow_unpriced``) unless ``budget.allow_unpriced`` is true; then a warning says what cannot be
-    enforced.
+    usage × the routed prices (``governor.priced``). Prices also size each request's reservation
+    (``_apply_prices``).
     """
     snap = await read_account(backend, cfg)
-    if snap.prices is not None:
-        prices = snap.prices
-        governor.prices, governor.priced = prices, True
-        log.write(f"prices (worst case over {', '.join(snap.priced_over)}): ${prices.prompt * 1e6:.4f}/M prompt, "
-                  f"${prices.completion * 1e6:.4f}/M completion, ${prices.request:.6f}/request")
-    else:
-        why = snap.prices_missing(cfg.model.id)
-        reports_cost = bool(getattr(backend, "reports_cost", False))
-        budget = cfg.budget.max_spend_usd
-        if budget is None:
-            log.write(f"prices: not available ({why}); "
-                      + ("spend is tracked from usage.cost only" if reports_cost else "spend is not tracked"))
-        else:
-            if reports_cost:
-                problem = (f"budget.max_spend_usd is set but the prices of {cfg.model.id} are unknown ({why}), so "
-                           "requests cannot be reserved against it")
-                fix = ("retry later, or set budget.allow_unpriced: true to track spend from usage.cost only "
-                       "(it may then pass the budget by what is in flight)")
-            else:
-                problem = (f"budget.max_spend_usd is set but neither the cost nor the prices of {cfg.model.id} can be "
-                           f"known ({why}, and {backend.name} responses carry no usage.cost)")
-                fix = ("remove budget.max_spend_usd, or set budget.allow_unpriced: true to run anyway "
-                       "(the dollar budget is then not enforced)")
-            if not cfg.budget.allow_unpriced:
-                raise ConfigError(f"{problem}; {fix}")
-            import sys  # only this warning goes to stderr
-
-            warning = (f"warning: {problem}; budget.allow_unpriced is true, so the dollar budget of ${budget:g} "
-                       + ("is enforced from usage.cost only, after the fact" if reports_cost else "cannot be enforced"))
-            log.write(warning)
-            print(warning, file=sys.stderr, flush=True)
+    _apply_prices(snap, backend, cfg, governor, log)
     if snap.key_error is not None:
-        import sys  # only this warning goes to stderr
-
-        warning = (f"warning: the API key's limit could not be read ({snap.key_error}); this run is held to "
-                   + (f"budget.max_spend_usd (${cfg.budget.max_spend_usd:g})" if cfg.budget.max_spend_usd is not None
-                      else "no dollar cap of its own") + " and the server's own refusals")
-        log.write(warning)
-        print(warning, file=sys.stderr, flush=True)
+        _warn(log, f"warning: the API key's limit could not be read ({snap.key_error}); this run is held to "
+              + (f"budget.max_spend_usd (${cfg.budget.max_spend_usd:g})" if cfg.budget.max_spend_usd is not None
+                 else "no dollar cap of its own") + " and the server's own refusals")
     key = snap.key
     if key is not None:
         log.write(f"key: usage ${key.usage:.4f}, limit remaining "
@@ -490,6 +495,22 @@ def _install_signals(engine: Engine, display: Any) -> Callable[[], None]:
     return install_signal_handlers(on_signal)
 
 
+def _engine_options(cfg: RunConfig, caps: Capabilities, rd: rundir.RunDir,
+                    avoid: dict[tuple[str, str], list[str]]) -> EngineOptions:
+    """The engine's settings from the config, the backend's capabilities and the run directory."""
+    q = cfg.quality
+    return EngineOptions(
+        adaptive=cfg.retry.adaptive_concurrency, grace_s=cfg.retry.shutdown_grace_s,
+        needs_prompt_ids=caps.needs_prompt_ids, cpu_workers=max(1, min(4, (os.cpu_count() or 2))),
+        attempts_path=rd.attempts, health_path=rd.health,
+        keep_unusable=q.keep_unusable, require_reasoning=not cfg.reasoning.exclude, model=cfg.model.id,
+        model_aliases=tuple(q.model_aliases), min_length_fraction=q.min_length_fraction, avoid=avoid,
+        tail=TailPolicy(min_tokens_per_s=cfg.tail.min_tokens_per_s, slow_window_s=cfg.tail.slow_window_s,
+                        stall_s=cfg.tail.stall_s, hedge_max_extra_spend=cfg.tail.hedge_max_extra_spend,
+                        streamed=cfg.endpoint.stream),
+    )
+
+
 async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls: list[str] | None, profile: Any,
                 provenance: Provenance, plans: list[DatasetPlan], partitions: list[PartitionPlan], governor: BudgetGovernor, stats: RunStats,
                 log: RunLog, rd: rundir.RunDir,
@@ -502,7 +523,6 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
         stats.remaining = governor.remaining
         if governor.remaining is not None and governor.remaining <= 0:
             return 1, governor.stop_message()
-        q = cfg.quality
         assembler = Assembler(profile, provenance=provenance, parse_ids=caps.output_is_raw_ids,
                               settings=generation_settings(cfg))
         if wants_batches(cfg, rd):  # endpoint.mode batch, or open batches of an earlier run (phases.generate_batch)
@@ -517,16 +537,7 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
                 await _reconcile(backend, mgmt, key_usage, credits_usage, stats, log)
                 return phase.exit_code, phase.stop_reason
             plans = leftover_plans(plans, phase, stats, planned=cfg.endpoint.mode == "batch")
-        options = EngineOptions(
-            adaptive=cfg.retry.adaptive_concurrency, grace_s=cfg.retry.shutdown_grace_s,
-            needs_prompt_ids=caps.needs_prompt_ids, cpu_workers=max(1, min(4, (os.cpu_count() or 2))),
-            attempts_path=rd.attempts, health_path=rd.health,
-            keep_unusable=q.keep_unusable, require_reasoning=not cfg.reasoning.exclude, model=cfg.model.id,
-            model_aliases=tuple(q.model_aliases), min_length_fraction=q.min_length_fraction, avoid=avoid,
-            tail=TailPolicy(min_tokens_per_s=cfg.tail.min_tokens_per_s, slow_window_s=cfg.tail.slow_window_s,
-                            stall_s=cfg.tail.stall_s, hedge_max_extra_spend=cfg.tail.hedge_max_extra_spend,
-                            streamed=cfg.endpoint.stream),
-        )
+        options = _engine_options(cfg, caps, rd, avoid)
         engine = Engine(
             backend=backend, assembler=assembler,
             datasets=plans, partitions=partitions, governor=governor, policy=RetryPolicy(cfg.retry), stats=stats,
@@ -541,8 +552,6 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
         display.start()
         try:
             result = await engine.run()
-        except DraftgenError:
-            raise
         finally:
             if watch is not None:
                 watch.cancel()
