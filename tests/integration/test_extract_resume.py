@@ -74,12 +74,13 @@ def test_kill9_at_several_moments_then_rerun_equals_an_uninterrupted_run(setup: 
                   lambda: count(out, "index", ".jsonl") >= 3,
                   lambda: count(out, "index", ".jsonl") >= len(rows) - 3):
         kills += kill_when(extract(cfg), ready)
-        assert not (out / "manifest.json").exists()  # the manifest comes last, only when all is done
+        if (out / "manifest.json").exists():  # the manifest comes last, only when all is done (a loaded machine
+            assert set(HiddenStore(str(out)).done()) == {r[0] for r in rows}  # may let the run end first)
     assert kills >= 2  # the kills landed mid-run (the first two points come early)
     p = extract(cfg)
     output = p.communicate(timeout=300)[0].decode()
     assert p.returncode == 0, output
-    assert "done before" in output
+    assert "done before" in output or "up to date" in output
 
     ref, got = open_hidden(str(ref_dir)), open_hidden(str(out))
     assert [e.sample_id for e in got.manifest.samples] == [r[0] for r in rows]  # each once, merged order
