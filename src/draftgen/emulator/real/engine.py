@@ -2,7 +2,8 @@
 
 One worker thread owns the model. HTTP handlers submit ``GenJob``s (prompt ids, max new tokens, sampling,
 whether to capture the prompt's hidden states) and await their ``GenResult``. The worker takes what is
-queued (after a short gathering window), left-pads it into one batch, prefills it in one forward pass and
+queued (after a short gathering window, skipped while its clients come one at a time: the last batch held
+one request; vLLM adds no wait to a lone request), left-pads it into one batch, prefills it in one forward pass and
 decodes step by step with a KV cache: one forward per step for the whole batch, logits for the last
 position only (``logits_to_keep=1``). Rows leave the batch as they finish (``DynamicCache``
 ``batch_select_indices``). Greedy rows take the argmax, so a row's ids equal the model's plain greedy
@@ -174,6 +175,7 @@ class ModelEngine:
         self._thread = threading.Thread(target=self._run, name="draftgen-model-engine", daemon=True)
         self.forwards = 0
         self.batches = 0
+        self._last_taken = 0  # requests in the last batch taken (0: none yet)
         self._thread.start()
 
     @property
@@ -200,7 +202,8 @@ class ModelEngine:
             if first is None:
                 return
             jobs = [first]
-            deadline = time.monotonic() + self.gather_s
+            # what is queued is always taken; the window waits for more only after a batch of several
+            deadline = time.monotonic() + (0.0 if self._last_taken == 1 else self.gather_s)
             stop = False
             while len(jobs) < self.max_batch:
                 try:
@@ -211,6 +214,7 @@ class ModelEngine:
                     stop = True
                     break
                 jobs.append(nxt)
+            self._last_taken = len(jobs)
             jobs = [j for j in jobs if j.future.set_running_or_notify_cancel()]
             try:
                 with torch.inference_mode():

@@ -30,6 +30,12 @@ things:
 - ``--draftgen-online``: every sample is generated through ``--vllm-endpoint`` (draftgen's checking proxy in
   front of the vLLM extract servers): no cached file is looked up, the server's file is read once (the ``.lock``
   protocol of hs_connectors' file transfer), trimmed by ``--draftgen-select`` and deleted.
+- Online fetching (``--draftgen-online`` with in-process loading, ``--num-workers 0``): speculators asks for
+  a batch's samples one after the other and only when the trainer wants the batch, so the trainer waits a
+  server round trip per sample. Here a batch's samples are asked for at once (``FETCH_THREADS`` threads; the
+  server batches them) and the next batch's while this one trains (``OnlineFetch``). Each sample goes through
+  speculators' own ``__getitem__`` (its request, recovery, file read and delete) and a batch holds the same
+  samples in the same order as before.
 - The verifier norm: once the draft model is built, its frozen ``verifier_norm`` weight (what turns the
   pre-norm final state into the target's post-norm distribution) is hashed (sha256 of float32 bytes) and
   printed as ``@@draftgen-verifier-norm {"sha256": ..., "kind": ...}``; draftgen compares it with the target's
@@ -57,6 +63,7 @@ STATES_FLAG = "--draftgen-states"
 SELECT_FLAG = "--draftgen-select"
 ONLINE_FLAG = "--draftgen-online"
 COMPLETE = "draftgen-complete.json"
+FETCH_THREADS = 8  # samples generated at once by one trainer process online (a batch holds about as many)
 
 
 def _plain(obj: Any) -> Any:
@@ -195,6 +202,69 @@ def _patch_transfer(map_path: str | None, select: list[int] | None, online: bool
         lambda args, data_path: SelectingTransfer(make(args, data_path), select, online))
 
 
+class OnlineFetch:
+    """A batch's samples generated at once, and the next batch's while this one trains (module docstring).
+    ``ahead`` is called by the batch sampler with the batch after the one it yields; ``take`` by the dataset's
+    ``__getitems__`` with the batch the loader wants. Futures are keyed by (dataset, index)."""
+
+    def __init__(self, threads: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="draftgen-online-fetch")
+        self.pending: dict[tuple[int, int], Any] = {}
+
+    def ahead(self, dataset: Any, indices: list[int]) -> None:
+        if getattr(dataset, "client", None) is None:
+            return  # the first sample sets speculators' client up, in the loader's own thread
+        for i in indices:
+            key = (id(dataset), int(i))
+            if key not in self.pending:
+                self.pending[key] = self.pool.submit(dataset.__getitem__, i)
+
+    def take(self, dataset: Any, indices: list[int]) -> list[Any]:
+        out: list[Any] = []
+        rest = list(indices)
+        if getattr(dataset, "client", None) is None and rest:
+            out.append(dataset[rest.pop(0)])
+        self.ahead(dataset, rest)
+        keys = {(id(dataset), int(i)) for i in rest}
+        futures = {k: self.pending.pop(k) for k in keys if k in self.pending}
+        for i in rest:
+            f = futures.get((id(dataset), int(i)))
+            out.append(f.result() if f is not None else dataset[i])
+        return out
+
+
+def _patch_online_fetch(fetch: OnlineFetch) -> None:
+    from speculators.train import data, dataloader  # type: ignore[import-not-found]
+
+    sampler_cls = dataloader.MultipackDistributedBatchSamplerV2
+    plain_iter = sampler_cls.__iter__
+
+    def sampler_iter(self: Any) -> Any:
+        dataset = getattr(self, "draftgen_dataset", None)
+        it = plain_iter(self)
+        cur = next(it, None)
+        while cur is not None:
+            nxt = next(it, None)
+            if nxt is not None and dataset is not None:
+                fetch.ahead(dataset, list(nxt))
+            yield cur
+            cur = nxt
+
+    sampler_cls.__iter__ = sampler_iter
+    data.ArrowDataset.__getitems__ = lambda self, indices: fetch.take(self, list(indices))
+    setup = dataloader._setup_dataloader
+
+    def setup_dataloader(dataset: Any, *args: Any, **kwargs: Any) -> Any:
+        loader = setup(dataset, *args, **kwargs)
+        if loader.num_workers == 0:  # spawned workers import speculators afresh: none of this is there
+            loader.batch_sampler.draftgen_dataset = dataset
+        return loader
+
+    dataloader._setup_dataloader = setup_dataloader
+
+
 def _verifier_norm_line(model: Any) -> None:
     import hashlib
 
@@ -306,6 +376,8 @@ def main(argv: list[str]) -> None:
     select = [int(i) for i in picked.split(",")] if picked else None
     if states is not None or select is not None or online:
         _patch_transfer(states, select, online)
+    if online:
+        _patch_online_fetch(OnlineFetch(FETCH_THREADS))
     _patch(cli)
     cli.main(TrainConfig.resolve(argv))
 
