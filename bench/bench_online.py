@@ -40,6 +40,12 @@ Each drafter is served by ``draftgen emulate --drafter`` and measured by ``draft
                              reports, one sample in flight) to vanish, as the reference's 5.21 TB set is
     online_time_vs_offline   online train seconds / (offline extract + offline train seconds); goal <= 1.5
 
+Threads: every process of the bench (this one: generation, offline extract, the target server and the proxy;
+speculators' trainers) runs torch on ``--threads`` threads (default 1, ``OMP_NUM_THREADS`` and
+``torch.set_num_threads``): the target's role and the trainer's role each get one of the two cores, as they get
+devices of their own in a real deployment (offline uses one role at a time, online both at once). With 2 threads
+each, the online run's two processes oversubscribe the two cores (``threads`` is a figure).
+
 and the parts: extract/train seconds, set bytes, the bytes of each file draftgen wrote online,
 requests/passes/exclusions, and the load average around the run (the machine is shared).
 
@@ -195,7 +201,12 @@ def main() -> None:
                     help="the learned target's folder, reused when it holds it, else trained there (default "
                          "runs/tiny-target, scripts/tiny-chain's)")
     ap.add_argument("--epochs", type=int, default=EPOCHS, help=f"training epochs (default {EPOCHS})")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of every process (default 1: see above)")
     args = ap.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the trainers and servers this bench starts
+    import torch
+
+    torch.set_num_threads(args.threads)
     # the orchestrator's timeout sends SIGTERM: leave through the ``with`` blocks (servers stopped, folder removed)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -243,7 +254,7 @@ def main() -> None:
         "online_train_s": round(online_s, 2), "rows": ex.samples, "tokens": ex.tokens,
         "online_requests": on.online.requests, "online_excluded": on.online.excluded,
         "steps_offline": off.steps_this_run, "steps_online": on.steps_this_run,
-        "load_1min_before": round(load0[0], 2), "load_1min_after": round(load1[0], 2),
+        "threads": args.threads, "load_1min_before": round(load0[0], 2), "load_1min_after": round(load1[0], 2),
         "bench_wall_s": round(time.perf_counter() - t_all, 1),
     })
     print(f"rows {ex.samples}, {ex.tokens:,} tokens; offline set {set_bytes / 1e6:.2f} MB: extract {extract_s:.1f} s"
