@@ -50,10 +50,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import metadata as importlib_metadata
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import msgspec
 
@@ -69,9 +69,13 @@ __all__ = [
     "LAYOUT_NAMES",
     "LOCK_NAME",
     "MARKER",
+    "NAME_WAIT_S",
     "HiddenLayout",
     "RunDir",
     "held_by",
+    "live_holder",
+    "pid_runs",
+    "wait_for_name",
     "writer",
 ]
 
@@ -404,7 +408,8 @@ def _config_mismatches(cfg: RunConfig, man: RunManifest) -> list[str]:
 # -- the writer lock -------------------------------------------------------------------------------------
 
 _HELD: dict[Path, tuple[IO[bytes], int]] = {}
-_NAME_WAIT_S = 2.0  # how long a refused writer waits for the lock's holder to name itself
+T = TypeVar("T")
+NAME_WAIT_S = 2.0  # how long a refused writer waits for the lock's holder to name itself
 
 
 def held_by(root: Path) -> LockHolder | None:
@@ -422,27 +427,38 @@ def held_by(root: Path) -> LockHolder | None:
         return None
 
 
-def _live_holder(root: Path) -> LockHolder | None:
-    """The flock's holder as the lock file names it. The holder writes its name just after taking the flock,
-    so a refused writer waits up to ``_NAME_WAIT_S`` for it; a name whose pid no longer runs names nobody."""
-    deadline = time.monotonic() + _NAME_WAIT_S
-    while True:
-        h = held_by(root)
-        if h is not None and _pid_runs(h.pid):
-            return h
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(0.05)
-
-
-def _pid_runs(pid: int) -> bool:
+def pid_runs(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (signal 0: nothing is sent; another user's process counts)."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    except OSError:
+        return False
     return True
+
+
+def live_holder(root: Path) -> LockHolder | None:
+    """The writer lock's holder if its process is alive, else None. Never locks.
+
+    The holder clears the lock file's text on release; one killed with -9 leaves the text behind, but its
+    flock went with its process, so a holder whose pid no longer exists is not a writer.
+    """
+    h = held_by(root)
+    return h if h is not None and pid_runs(h.pid) else None
+
+
+def wait_for_name(read: Callable[[], T | None], wait_s: float = NAME_WAIT_S) -> T | None:
+    """``read()`` until it names a holder, for at most ``wait_s`` seconds. A lock's holder writes its name just
+    after taking the flock, so a writer refused in between waits for the name rather than naming nobody."""
+    deadline = time.monotonic() + wait_s
+    while (h := read()) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return h
 
 
 def _holder_text(h: LockHolder | None) -> str:
@@ -489,7 +505,7 @@ def _lock(root: Path, command: str) -> Iterator[None]:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         fh.close()
-        raise RunDirError(f"{root}: {_holder_text(_live_holder(root))} is writing to this run directory; wait for it "
+        raise RunDirError(f"{root}: {_holder_text(wait_for_name(lambda: live_holder(root)))} is writing to this run directory; wait for it "
                           "to finish or use another --run-dir (`draftgen status` reads it meanwhile)") from None
     try:
         fh.seek(0)

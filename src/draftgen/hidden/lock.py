@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from draftgen.errors import RunDirError
 from draftgen.hidden.format import HiddenStore, atomic_write_bytes, storage_faults
 from draftgen.records import HiddenLockHolder
+from draftgen.rundir import pid_runs, wait_for_name
 from draftgen.store import decode_json, encode_json
 
 __all__ = ["LOCK_STALE_S", "destination_lock", "read_holder"]
@@ -36,7 +37,6 @@ LOCK_STALE_S = 3600.0  # an owner file not refreshed for this long belongs to a 
 _LOCK = ".lock"
 _HOLDER = ".lock.json"
 _REFRESH_S = 60.0
-_NAME_WAIT_S = 2.0  # how long a refused local writer waits for the holder to name itself
 
 
 def _where(store: HiddenStore) -> str:
@@ -68,28 +68,15 @@ def _alive(h: HiddenLockHolder, now: float | None) -> bool:
     on this host, its pid still runs."""
     if now is not None and now - h.refreshed > LOCK_STALE_S:
         return False
-    if h.host == socket.gethostname():
-        try:
-            os.kill(h.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-    return True
+    return h.host != socket.gethostname() or pid_runs(h.pid)
 
 
 def _live_holder(store: HiddenStore) -> HiddenLockHolder | None:
-    """The local flock's holder as its ``.lock.json`` names it. The holder writes that file just after taking
-    the flock, so a refused writer waits up to ``_NAME_WAIT_S`` for it; a file left by a dead holder names
-    nobody."""
-    deadline = time.monotonic() + _NAME_WAIT_S
-    while True:
-        h = read_holder(store)
-        if h is not None and _alive(h, None):  # a local holder never refreshes: the flock is its lease
-            return h
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(0.05)
+    """The local flock's holder as its ``.lock.json`` names it (``rundir.wait_for_name``); a file left by a dead
+    holder names nobody. A local holder never refreshes its file: the flock is its lease, so age is not
+    checked."""
+    h = read_holder(store)
+    return h if h is not None and _alive(h, None) else None
 
 
 def _refuse(store: HiddenStore, h: HiddenLockHolder | None) -> RunDirError:
@@ -118,7 +105,7 @@ def _local(store: HiddenStore, me: HiddenLockHolder) -> Iterator[Callable[[], No
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            raise _refuse(store, _live_holder(store)) from None
+            raise _refuse(store, wait_for_name(lambda: _live_holder(store))) from None
         with contextlib.suppress(OSError):
             atomic_write_bytes(store.path(_HOLDER), encode_json(me) + b"\n")
         try:

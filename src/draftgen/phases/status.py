@@ -34,7 +34,6 @@ between their `` · `` segments.
 from __future__ import annotations
 
 import io
-import os
 import shutil
 import sys
 import time
@@ -56,7 +55,7 @@ from draftgen.phases.report.datasets import DatasetMetrics
 from draftgen.phases.report.metrics import RunMetrics, compute_metrics
 from draftgen.phases.report.providers import ProviderMetrics
 from draftgen.records import LockHolder, RunManifest
-from draftgen.rundir import RunDir, held_by
+from draftgen.rundir import RunDir, live_holder
 from draftgen.secrets import redact
 from draftgen.store import read_json
 
@@ -66,7 +65,6 @@ __all__ = [
     "StatusReport",
     "StatusSummary",
     "TokenTotals",
-    "live_holder",
     "phase_states",
     "render_status",
     "render_text",
@@ -175,26 +173,6 @@ def _mtime(path: Path) -> int | None:
         return path.stat().st_mtime_ns
     except OSError:
         return None
-
-
-def live_holder(run_dir: Path) -> LockHolder | None:
-    """The writer lock's holder if its process is alive, else None. Never locks.
-
-    The holder clears the lock file's text on release; one killed with -9 leaves the text behind, but its
-    flock went with its process, so a holder whose pid no longer exists is not a writer.
-    """
-    h = held_by(run_dir)
-    if h is None or h.pid <= 0:
-        return None
-    try:
-        os.kill(h.pid, 0)  # signal 0: an existence check, nothing is sent
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        return h  # alive, owned by another user
-    except OSError:
-        return None
-    return h
 
 
 def token_budgets(run_dir: Path, target: str) -> dict[str, int]:
