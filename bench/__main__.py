@@ -55,7 +55,7 @@ TIMEOUTS: dict[str, tuple[int, int]] = {
     "bench_chain": (1200, 900),
     "bench_train_disk": (240, 90),
     "bench_storm": (240, 120),
-    "bench_online": (3000, 600),  # the learned target at 756 rows: four trainings, four accepts
+    "bench_online": (3000, 600),  # the learned target at 2,208 rows: four trainings, four accepts
 }
 DEFAULT_TIMEOUT = (180, 90)
 # Smoke-size flags for scripts that neither read DRAFTGEN_BENCH_QUICK nor accept --quick.

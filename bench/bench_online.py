@@ -4,19 +4,21 @@ reaches, the disk online training needs and the time it takes, on the same rows 
 The CPU chain's setting (scripts/tiny-chain, examples/tiny-chain.yaml): the learned tiny target
 (``drafter.learned``: a 4-layer Qwen3, hidden 128, trained on the CPU on ``drafter.tinylang``; ``--target DIR``
 reuses a folder that holds it, default scripts/tiny-chain's ``runs/tiny-target``), prompts of the language's
-four tasks (``PER_TASK``: 240 each, walk's 100 of its 112; 16 of each held out by ``cap``: 756 merged rows, 64
-held-out prompts), generated greedily through ``draftgen emulate --model`` (vllm backend, exact ids). More rows
-than the chain's 256 and fewer epochs (2, not 6: about as many steps), so that the set is not so small that
-draftgen's few fixed files dominate its disk figure. Then, on the same merged rows and the same ``train``
+four tasks (``PER_TASK``: 720 each, walk's all 112; 16 of each held out by ``cap``: 2,208 merged rows, 64
+held-out prompts), generated greedily through ``draftgen emulate --model`` (vllm backend, exact ids). Many more
+rows than the chain's 256 and one epoch (about 1.5 times its steps), so that the set is not so small that
+draftgen's few fixed files, and the few samples in flight, dominate its disk figure. Then, on the same merged rows and the same ``train``
 settings (the example's otherwise: EAGLE-3, AdamW lr 3e-3, 512-token batches, draft vocabulary 256, fp32
 states, seed 0):
 
 - offline: ``draftgen extract`` (hf backend, fp32, aux [1, 2, 3] + 4) then ``draftgen train`` on the stored set;
 - online: ``draftgen train --online`` in a copy of the run directory, its states generated on demand by
   ``draftgen emulate --model TARGET --extract-dir D`` (vLLM's extract protocol, fp32, in this process's threads)
-  through draftgen's checking proxy (preflight included);
-- the other served algorithms from the same stored set: ``train.algorithm`` ``eagle3.1`` and ``peagle``, one
-  epoch each (the CPU time: on a shared two-core machine each epoch here takes minutes).
+  through draftgen's checking proxy (preflight included), its window ``train.online_window_mb`` ``--window-mb``
+  (default 1 MB: about one 512-token batch of this target's fp32 states, 2,063 bytes a token; what a user
+  with a 5 TB set gives online training is a few GB: docs/train.md);
+- the other served algorithms from the same stored set: ``train.algorithm`` ``eagle3.1`` and ``peagle``,
+  ``OTHER_STEPS`` steps each (the CPU time).
 
 Each drafter is served by ``draftgen emulate --drafter`` and measured by ``draftgen accept`` (k = 3, greedy, vLLM
 /metrics, the 64 held-out prompts × 32 tokens; ``--quick``: 20 prompts a task, 6 held out, 1 epoch), with its
@@ -32,12 +34,13 @@ Each drafter is served by ``draftgen emulate --drafter`` and measured by ``draft
     online_disk_fraction     the disk online training needs besides the drafter, as a fraction of the offline
                              set's state files: what draftgen wrote under train/ outside checkpoints/, drafter/,
                              eagle3/, speculators.log (train/online/, vocab/, log.jsonl, train.json) plus the most
-                             bytes of server connector files that waited for the trainer at once (the bounded
-                             cache; each is deleted once loaded); goal <= 0.01. Its parts: ``draftgen_fraction``
-                             and ``connector_peak_fraction``; ``per_token_fraction`` is the part that grows with
-                             the rows (the Arrow ids and masks and sample ids, per token, over the set's bytes
-                             per token): the fraction of a set large enough for the fixed files (vocab/, the
-                             reports, one sample in flight) to vanish, as the reference's 5.21 TB set is
+                             bytes of server connector files on disk at once (waiting for the trainer or being
+                             captured: the window; each is deleted once loaded); goal <= 0.01. Its parts:
+                             ``draftgen_fraction`` and ``connector_peak_fraction`` (``connector_peak_files``);
+                             ``per_token_fraction`` is the part that grows with the rows (the Arrow ids and
+                             masks and sample ids, per token, over the set's bytes per token): the fraction of a
+                             set large enough for the fixed files (vocab/, the reports, the window) to vanish, as
+                             the reference's 5.21 TB set is
     online_time_vs_offline   online train seconds / (offline extract + offline train seconds); goal <= 1.5
 
 Threads: every process of the bench (this one: generation, offline extract, the target server and the proxy;
@@ -92,10 +95,11 @@ DRAFTER_PARTS = ("checkpoints", "drafter", "eagle3", "speculators.log")  # the d
 LAYERS = [1, 2, 3, 4]  # the example's aux ids + the final (vLLM convention)
 #: the other algorithms the emulator serves, trained on the offline set (extra speculators flags: P-EAGLE's
 #: parallel groups = the k served)
-#: prompts per task (16 of each held out for accept) and epochs: more rows than the chain's 80 a task and fewer
-#: epochs (about its number of steps), so that the set is not so small that draftgen's fixed files dominate
-#: (walk has 112 distinct prompts)
-PER_TASK, EPOCHS = {"walk": 100, "sort": 240, "count": 240, "close": 240}, 2
+#: prompts per task (16 of each held out for accept) and epochs: many more rows than the chain's 80 a task and
+#: one epoch (about 1.5 times its steps), so that the set is not so small that draftgen's fixed files and the
+#: samples in flight dominate (walk has 112 distinct prompts); the other algorithms' steps (about one epoch of
+#: a third of the rows: their figures show they serve, at the CPU time this costs)
+PER_TASK, EPOCHS, OTHER_STEPS = {"walk": 112, "sort": 720, "count": 720, "close": 720}, 1, 100
 OTHERS: dict[str, list[str]] = {"eagle3.1": [], "peagle": ["--num-depths", "3"]}
 
 
@@ -146,19 +150,21 @@ def generate(chain: Any, work: Path, target: Path, per_task: dict[str, int], hel
     return path
 
 
-def other_config(cfg_path: Path, work: Path, name: str) -> Path:
-    """The same run's config training ``name`` on the offline set, in its own run folder."""
+def other_config(cfg_path: Path, work: Path, name: str, steps: int) -> Path:
+    """The same run's config training ``name`` on the offline set (at most ``steps`` steps), in its own run
+    folder."""
     data = yaml.safe_load(cfg_path.read_text())
     data["run_dir"] = str(work / name)
     data["train"] = {**data["train"], "hidden": str(work / "run" / "hidden"), "algorithm": name,
-                     "extra_args": OTHERS[name], "epochs": 1, "checkpoint_freq": 1}
+                     "extra_args": OTHERS[name], "epochs": 1, "checkpoint_freq": 1, "max_steps": steps}
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
 
 
-def online(cfg_path: Path, work: Path, target: Path) -> tuple[Path, Any, float]:
-    """``draftgen train --online`` on a copy of the run's merged rows; returns its config, report, seconds."""
+def online(cfg_path: Path, work: Path, target: Path, window_mb: float) -> tuple[Path, Any, float]:
+    """``draftgen train --online`` on a copy of the run's merged rows, with that window; returns its config,
+    report, seconds."""
     root = work / "online-run"
     root.mkdir()
     for part in ("merged", "prepared"):
@@ -166,6 +172,7 @@ def online(cfg_path: Path, work: Path, target: Path) -> tuple[Path, Any, float]:
     shutil.copy(work / "run" / MARKER, root / MARKER)
     data = yaml.safe_load(cfg_path.read_text())
     data["run_dir"] = str(root)
+    data["train"]["online_window_mb"] = window_mb
     with start_in_thread(ModelServerOptions(model=str(target), port=0, threads=2, extract_dir=str(work / "hs"),
                                             extract_layers=LAYERS, dtype="float32")) as srv:
         data["hidden_states"].update(base_urls=[srv.root_url], connector_dir=str(work / "hs"))
@@ -201,6 +208,8 @@ def main() -> None:
                     help="the learned target's folder, reused when it holds it, else trained there (default "
                          "runs/tiny-target, scripts/tiny-chain's)")
     ap.add_argument("--epochs", type=int, default=EPOCHS, help=f"training epochs (default {EPOCHS})")
+    ap.add_argument("--window-mb", type=float, default=1.0,
+                    help="train.online_window_mb of the online run (default 1: about one batch of states)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of every process (default 1: see above)")
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the trainers and servers this bench starts
@@ -230,7 +239,7 @@ def main() -> None:
         t = time.perf_counter()
         off = run_train(load_config(cfg_path), echo=quiet)
         train_s = time.perf_counter() - t
-        online_cfg, on, online_s = online(cfg_path, work, target)
+        online_cfg, on, online_s = online(cfg_path, work, target, args.window_mb)
         assert on.online is not None
         figures: dict[str, Any] = {}
         figures.update(disk_figures(RunDir(Path(load_config(online_cfg).run_path)), set_bytes, ex.tokens,
@@ -243,7 +252,7 @@ def main() -> None:
         figures["al_online_in_offline_ci"] = int(lo is not None and hi is not None
                                                  and lo <= figures["al_online"] <= hi)
         for name in OTHERS:
-            rep = run_train(load_config(other_config(cfg_path, work, name)), echo=quiet)
+            rep = run_train(load_config(other_config(cfg_path, work, name, OTHER_STEPS)), echo=quiet)
             assert rep.checkpoint, f"{name}: no checkpoint"
             figures.update(al_figures(accept(cfg_path, target, Path(rep.checkpoint), chain.SERVED),
                                       name.replace(".", "_")))
@@ -254,7 +263,8 @@ def main() -> None:
         "online_train_s": round(online_s, 2), "rows": ex.samples, "tokens": ex.tokens,
         "online_requests": on.online.requests, "online_excluded": on.online.excluded,
         "steps_offline": off.steps_this_run, "steps_online": on.steps_this_run,
-        "threads": args.threads, "load_1min_before": round(load0[0], 2), "load_1min_after": round(load1[0], 2),
+        "threads": args.threads, "online_window_mb": args.window_mb, "connector_peak_files": on.online.peak_files,
+        "load_1min_before": round(load0[0], 2), "load_1min_after": round(load1[0], 2),
         "bench_wall_s": round(time.perf_counter() - t_all, 1),
     })
     print(f"rows {ex.samples}, {ex.tokens:,} tokens; offline set {set_bytes / 1e6:.2f} MB: extract {extract_s:.1f} s"

@@ -88,6 +88,24 @@ def test_pilot_is_kept_and_reused_by_the_run(tmp_path: Path) -> None:
     assert [d.done_before for d in gen.datasets] == [2, 2] and gen.done == 11
 
 
+@pytest.mark.parametrize(("window_mb", "under"), [(2000, False), (50, True)])
+def test_online_training_plans_its_window_against_two_batches(tmp_path: Path, emulator: RunningEmulator,
+                                                              window_mb: float, under: bool) -> None:
+    (tmp_path / "target").mkdir()  # Kimi-K2.5's sizes: 61 layers, hidden 7168, bf16
+    (tmp_path / "target" / "config.json").write_text(
+        '{"text_config": {"num_hidden_layers": 61, "hidden_size": 7168, "torch_dtype": "bfloat16"}}')
+    cfg = load_config(write_config(tmp_path, base_url=emulator.base_url, extra=(
+        "plan: {avg_output_tokens: 200}\nhidden_states: {hidden_size: 7168, model: target}\n"
+        f"train: {{online: true, total_seq_len: 8192, online_window_mb: {window_mb}}}\n")))
+    lines: list[str] = []
+    rep = run_plan(cfg, echo=lines.append)
+    online = [x for x in rep.algorithms if x.startswith("train --online")]
+    # EAGLE-3's three aux layers + the final, 7168 wide, 2 bytes: 57,344 bytes a token; two 8,192-token batches
+    assert len(online) == 1 and "57,344 bytes a token" in online[0] and "about 940 MB" in online[0]
+    assert ("the window is under one batch" in online[0]) is under
+    assert any(x.strip() == online[0] for x in lines)
+
+
 def test_budget_too_small_says_what_to_cap(tmp_path: Path, emulator: RunningEmulator) -> None:
     cfg = load_config(write_config(tmp_path, base_url=emulator.base_url,
                                    extra="plan: {avg_output_tokens: 200}\nbudget: {max_spend_usd: 0.001}\n"))

@@ -83,7 +83,7 @@ def test_online_training_checks_every_sample_and_stores_no_hidden_state(served: 
     # every 4th capture was NaN: excluded by the finite check, never trained on, counted
     assert on.excluded > 0 and on.excluded_by_check == {"finite": on.excluded}
     assert on.passed + on.excluded == on.requests > 0 and on.teacher_checked > 0
-    assert 0 < on.peak_files <= MAX_FILES and on.peak_bytes > 0
+    assert 0 < on.peak_files <= MAX_FILES and 0 < on.peak_bytes <= on.window_bytes == 2000 * 10**6
     rd = RunDir(served["tmp"] / "run")
     assert not rd.hidden.exists()
     assert not [p for p in rd.train_online.rglob("*") if p.suffix == ".safetensors"]  # no hidden state stored

@@ -45,6 +45,8 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     """Train on hidden states generated on demand by the vLLM extract servers (``hidden_states.base_urls``, ``connector_dir``) instead of a stored set: nothing is stored beyond the files in flight; every sample is checked on its way to the trainer (``draftgen train --online``)."""
     online_check_rows: int = 8
     """Online: merged rows run through the full capture check (per-sample checks and the log-prob check against the engine's ``prompt_logprobs``) on every server before training starts."""
+    online_window_mb: float = 2000.0
+    """Online: the most disk (MB, 10^6 bytes) the servers' connector files may take at once, those waiting for the trainer and those being captured; a request waits for room, and a sample larger than the window runs alone. Full speed needs about two batches' worth: 2 × ``total_seq_len`` × the bytes per token of a file (layers × hidden size × the model dtype's bytes)."""
     nproc_per_node: int = 1
     """Trainer processes per node; above 1 (or with ``nnodes`` above 1) speculators runs under ``torchrun`` (one process per GPU; gloo on a CPU)."""
     nnodes: int = 1
@@ -119,6 +121,8 @@ def _problem(tc: TrainConfig) -> str | None:
         (tc.draft_vocab_size < 1, f"train.draft_vocab_size {tc.draft_vocab_size} must be >= 1"),
         (tc.num_workers < 0, f"train.num_workers {tc.num_workers} must be >= 0"),
         (tc.online_check_rows < 1, f"train.online_check_rows {tc.online_check_rows} must be >= 1"),
+        (not tc.online_window_mb > 0, f"train.online_window_mb {tc.online_window_mb} must be > 0 (MB of connector "
+                                      "files on disk at once)"),
         (tc.nproc_per_node < 1, f"train.nproc_per_node {tc.nproc_per_node} must be >= 1"),
         (tc.nnodes < 1, f"train.nnodes {tc.nnodes} must be >= 1"),
         (not 0 <= tc.node_rank < tc.nnodes, f"train.node_rank {tc.node_rank} must be in 0..nnodes-1 ({tc.nnodes - 1})"),

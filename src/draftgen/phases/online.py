@@ -15,7 +15,8 @@ backend: docs/extract.md). Writes ``train/online/`` (speculators' Arrow dataset 
    speculators gets it as ``--vllm-endpoint`` with ``--on-missing generate``: each sample it consumes is
    generated through a server, checked like an offline sample, and handed over (the server's file, read in
    place, deleted by the trainer once loaded) or excluded (never trained on, counted by check). Files waiting
-   for the trainer are bounded (``max_files``); the proxy removes any left when it stops.
+   for the trainer or being captured are bounded: at most ``MAX_FILES``, taking at most
+   ``train.online_window_mb``; the proxy removes any left when it stops.
 3. Training, resume (from the last complete checkpoint), publishing and the report are offline ``train``'s
    (``phases.train.run.train_prepared``); train.json's ``online`` names the servers and their models, the
    rows' digest, the preflight, and the requests, passes and exclusions. Over
@@ -46,7 +47,8 @@ if TYPE_CHECKING:
 
 __all__ = ["phase_run", "run_train", "run_train_online"]
 
-#: files handed to the trainer and not yet taken by it, at most (a request waits for room)
+#: connector files on disk at once, at most, whatever their bytes (a request waits for room): two batches'
+#: samples for the runner's fetch and prefetch (``speculators_runner.FETCH_THREADS``) on short rows
 MAX_FILES = 16
 
 
@@ -116,7 +118,7 @@ def _online(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> TrainRepor
     runner = [ONLINE_FLAG] + ([SELECT_FLAG, ",".join(map(str, slots))]
                               if slots != list(range(len(info.layers.aux))) else [])
     with CheckingProxy(VllmExtractBackend(cfg), cfg.hidden_states, rows, model_name=str(verifier),
-                       max_files=MAX_FILES) as proxy:
+                       max_files=MAX_FILES, window_bytes=int(tc.online_window_mb * 1e6)) as proxy:
         spec = ["--on-missing", "generate", "--vllm-endpoint", proxy.url, "--generation-validation-retries", "0",
                 "--request-timeout", str(cfg.endpoint.request_timeout_s or cfg.endpoint.idle_timeout_s)]
         prep = Prepared(python=python, verifier=verifier, data=data, samples=len(rows),
@@ -129,8 +131,8 @@ def _online(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> TrainRepor
     on = report.online
     if on is not None:
         echo(f"train: online: {on.requests} samples asked for, {on.passed} passed the checks, {on.excluded} "
-             f"excluded ({dict(on.excluded_by_check) or 'none'}); at most {on.peak_files} files waited for the "
-             "trainer")
+             f"excluded ({dict(on.excluded_by_check) or 'none'}); at most {on.peak_files} connector files, "
+             f"{on.peak_bytes / 1e6:.1f} MB, were on disk at once (window {on.window_bytes / 1e6:g} MB)")
         if on.requests and on.excluded / on.requests > cfg.hidden_states.max_flagged_fraction:
             raise ThresholdBroken(f"train --online: {on.excluded} of {on.requests} samples failed a check "
                                   f"({dict(on.excluded_by_check)}), over hidden_states.max_flagged_fraction "
@@ -247,4 +249,5 @@ class _Session:
                                  preflight_checks=self.checks, requests=s.requests, passed=s.passed,
                                  excluded=s.excluded, excluded_by_check=dict(s.excluded_by_check),
                                  excluded_ids=list(s.excluded_ids), teacher_checked=s.teacher_checked,
-                                 peak_files=s.peak_files, peak_bytes=s.peak_bytes)
+                                 peak_files=s.peak_files, peak_bytes=s.peak_bytes,
+                                 window_bytes=self.proxy.window_bytes)

@@ -378,12 +378,32 @@ def _algorithms(cfg: RunConfig, tokens: int) -> list[str]:
     if folder is None or not (folder / "config.json").is_file() or hs.hidden_size is None:
         return []
     raw = read_json_object(folder / "config.json")
-    layers = int((raw.get("text_config") or raw).get("num_hidden_layers") or 0)
+    text_cfg = raw.get("text_config") or raw
+    layers = int(text_cfg.get("num_hidden_layers") or 0)
     try:
         stored = sorted(hs.layer_ids) if hs.layer_ids else default_aux("eagle3", layers)
-        return feeds_lines(stored, layers, hs.hidden_size, hs.dtype, tokens)
+        lines = feeds_lines(stored, layers, hs.hidden_size, hs.dtype, tokens)
     except ConfigError:
         return []
+    if cfg.train.online:
+        model_dtype = str(text_cfg.get("torch_dtype") or text_cfg.get("dtype") or "bfloat16")
+        lines.append(_online_window(cfg, (len(stored) + 1) * hs.hidden_size * (4 if "32" in model_dtype else 2)))
+    return lines
+
+
+def _online_window(cfg: RunConfig, per_token: int) -> str:
+    """``train --online``'s disk: the window (``train.online_window_mb``) against what full speed wants, two
+    batches of the servers' files (``per_token``: their bytes a token, in the model's dtype)."""
+    from draftgen.hidden.estimate import format_bytes
+
+    batch = cfg.train.total_seq_len * per_token
+    window = cfg.train.online_window_mb * 1e6
+    text = (f"train --online: no set stored; the servers' files take at most {format_bytes(window)} at once "
+            f"(train.online_window_mb); full speed wants about {format_bytes(2 * batch)}, two "
+            f"{cfg.train.total_seq_len:,}-token batches at {per_token:,} bytes a token")
+    if window < batch:
+        text += "; the window is under one batch: the trainer will wait for the servers"
+    return text
 
 
 def _measured_extraction(cfg: RunConfig) -> tuple[float | None, str | None]:

@@ -46,8 +46,9 @@ class TrainOnlineReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     excluded_by_check: dict[str, int] = msgspec.field(default_factory=dict)
     excluded_ids: list[str] = msgspec.field(default_factory=list)  # sample ids (first 100)
     teacher_checked: int = 0  # consumed samples that also passed the log-prob check
-    peak_files: int = 0  # connector files waiting for the trainer at once (the bounded cache)
-    peak_bytes: int = 0
+    peak_files: int = 0  # connector files on disk at once (waiting for the trainer or being captured)
+    peak_bytes: int = 0  # their bytes (captures in flight at their reservations)
+    window_bytes: int = 0  # the window they were bounded by (train.online_window_mb)
     schema_version: int = SCHEMA_VERSION
 
 

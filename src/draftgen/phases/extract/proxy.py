@@ -21,15 +21,20 @@ asks ``vllm serve`` (speculators ``data_generation/vllm_client.py``): ``GET /v1/
    retried with ``--generation-validation-retries 0``): it is left out of its batch, never trained on, and
    counted here by check.
 
-The bounded cache: files handed to the trainer and not yet deleted by it are at most ``max_files``; a request
-waits while that many are outstanding. ``stop()`` removes any the trainer never took (a crash). ``stats``
-counts requests, passes, exclusions by check, the teacher-checked ones and the peak outstanding files/bytes.
+The bounded cache (the window): the connector files on disk (those handed to the trainer and not yet deleted by
+it, and those of captures in flight) are at most ``max_files`` and take at most ``window_bytes``. A capture in
+flight counts as its row's tokens times the most bytes per token a file has taken so far (the first capture
+runs alone, before any is known); a request waits for room. A sample larger than the whole window still runs,
+alone. ``stop()`` removes any file the trainer never took (a crash). ``stats`` counts requests, passes,
+exclusions by check, the teacher-checked ones and the peak files/bytes on disk at once.
 Writes nothing itself; removes only connector files of the folder the backend admits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import os
 import time
 import uuid
@@ -75,15 +80,18 @@ class CheckingProxy:
     """See the module docstring. ``with CheckingProxy(...) as proxy: proxy.url ...`` (``start``/``stop``)."""
 
     def __init__(self, backend: VllmExtractBackend, hs: HiddenStatesConfig, rows: Sequence[ExtractRow], *,
-                 model_name: str, max_files: int = 16) -> None:
+                 model_name: str, max_files: int = 16, window_bytes: int = 2 * 10**9) -> None:
         self.backend, self.hs, self.model_name = backend, hs, model_name
         self.rows: dict[tuple[int, ...], ExtractRow] = {}
         for r in rows:
             self.rows.setdefault(tuple(int(t) for t in r.input_ids.tolist()), r)
-        self.max_files = max(1, max_files)
+        self.max_files, self.window_bytes = max(1, max_files), max(1, window_bytes)
         self.stats = ProxyStats()
         self.url = ""
-        self._handed: set[str] = set()
+        self._handed: dict[str, int] = {}  # path -> its size: handed to the trainer, not yet seen deleted
+        self._flight: dict[int, int] = {}  # captures in flight -> the bytes reserved for each
+        self._per_token = 0.0  # the most bytes per token a connector file has taken (0: none seen yet)
+        self._tickets = itertools.count()
         self._checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftgen-online-check")
         self._server: Any = None
 
@@ -148,20 +156,27 @@ class CheckingProxy:
         if row is None:
             return _error(400, "the prompt ids are not those of a merged row this run trains on")
         self.stats.requests += 1
-        await self._room()
+        ticket = await self._room(len(row.input_ids))
+        try:
+            return await self._serve(row, ticket)
+        finally:  # no await since the file was handed: the window never misses it
+            del self._flight[ticket]
+
+    async def _serve(self, row: ExtractRow, ticket: int) -> web.Response:
+        """Capture ``row`` (its room reserved as ``ticket``), check it, and hand its file over or exclude it."""
         try:
             cap, path = await self.backend.capture_one(row, keep_file=True)
         except PermanentAPIError as exc:  # the server answered this sample wrongly (other ids, a bad file)
             return self._excluded(row, [exc.kind or "server"])
         except (APIError, ConfigError) as exc:
             return _error(502, f"draftgen proxy: {exc}")
+        size = self._landed(ticket, path, len(row.input_ids))
         loop = asyncio.get_running_loop()
         res: CheckResult = await loop.run_in_executor(self._checker, self._check, row, cap)
         if res.failed:
             self.backend.folder.remove(path)
             return self._excluded(row, res.failed)
-        self._handed.add(path)
-        self._peak()
+        self._handed[path] = size
         self.stats.passed += 1
         self.stats.teacher_checked += res.teacher is not None
         return _json(self._completion(row, {"hidden_states_path": path}))
@@ -193,24 +208,37 @@ class CheckingProxy:
 
     # -- the bounded cache --------------------------------------------------------------------------------
 
-    def _outstanding(self) -> list[str]:
-        self._handed = {p for p in self._handed if os.path.exists(p)}
-        return list(self._handed)
+    def _on_disk(self) -> tuple[int, int]:
+        """Files and bytes the window holds now: the handed files the trainer has not deleted yet, and the
+        reservations of the captures in flight."""
+        self._handed = {p: n for p, n in self._handed.items() if os.path.exists(p)}
+        return len(self._handed) + len(self._flight), sum(self._handed.values()) + sum(self._flight.values())
 
-    async def _room(self) -> None:
-        while len(self._outstanding()) >= self.max_files:
+    async def _room(self, tokens: int) -> int:
+        """Wait until a capture of ``tokens`` fits the window; reserve it. Returns its ticket in ``_flight``."""
+        while True:
+            files, used = self._on_disk()
+            need = math.ceil(tokens * self._per_token)
+            alone = files == 0
+            if alone or (self._per_token and files < self.max_files and used + need <= self.window_bytes):
+                ticket = next(self._tickets)
+                self._flight[ticket] = need
+                return ticket
             await asyncio.sleep(0.02)
 
-    def _peak(self) -> None:
-        files = self._outstanding()
-        size = 0
-        for p in files:
-            try:
-                size += os.path.getsize(p)
-            except FileNotFoundError:
-                continue
-        self.stats.peak_files = max(self.stats.peak_files, len(files))
-        self.stats.peak_bytes = max(self.stats.peak_bytes, size)
+    def _landed(self, ticket: int, path: str, tokens: int) -> int:
+        """A capture's file is on disk: its reservation becomes its size; learn its bytes per token, count the
+        peak (the other captures in flight at their reservations). Returns its size."""
+        try:
+            size = os.path.getsize(path)
+        except FileNotFoundError:  # the folder's rules admitted it; a vanished file is the trainer's to report
+            size = 0
+        self._per_token = max(self._per_token, size / max(tokens, 1))
+        self._flight[ticket] = size
+        files, used = self._on_disk()
+        self.stats.peak_files = max(self.stats.peak_files, files)
+        self.stats.peak_bytes = max(self.stats.peak_bytes, used)
+        return size
 
 
 def check_captured(backend: VllmExtractBackend, hs: HiddenStatesConfig, row: ExtractRow, cap: Captured, *,
