@@ -7,9 +7,9 @@ reuses a folder that holds it, default scripts/tiny-chain's ``runs/tiny-target``
 four tasks (``PER_TASK``: 720 each, walk's all 112; 16 of each held out by ``cap``: 2,208 merged rows, 64
 held-out prompts), generated greedily through ``draftgen emulate --model`` (vllm backend, exact ids). Many more
 rows than the chain's 256 and one epoch (about 1.5 times its steps), so that the set is not so small that
-draftgen's few fixed files, and the few samples in flight, dominate its disk figure. Then, on the same merged rows and the same ``train``
-settings (the example's otherwise: EAGLE-3, AdamW lr 3e-3, 512-token batches, draft vocabulary 256, fp32
-states, seed 0):
+draftgen's few fixed files, and the few samples in flight, dominate its disk figure. Then, on the same merged
+rows and the same ``train`` settings (the example's otherwise: EAGLE-3, AdamW lr 3e-3, 512-token batches, draft
+vocabulary 256, fp32 states, seed 0):
 
 - offline: ``draftgen extract`` (hf backend, fp32, aux [1, 2, 3] + 4) then ``draftgen train`` on the stored set;
 - online: ``draftgen train --online`` in a copy of the run directory, its states generated on demand by

@@ -505,8 +505,9 @@ def _lock(root: Path, command: str) -> Iterator[None]:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         fh.close()
-        raise RunDirError(f"{root}: {_holder_text(wait_for_name(lambda: live_holder(root)))} is writing to this run directory; wait for it "
-                          "to finish or use another --run-dir (`draftgen status` reads it meanwhile)") from None
+        holder = _holder_text(wait_for_name(lambda: live_holder(root)))
+        raise RunDirError(f"{root}: {holder} is writing to this run directory; wait for it to finish or use another "
+                          "--run-dir (`draftgen status` reads it meanwhile)") from None
     try:
         fh.seek(0)
         fh.truncate()

@@ -370,7 +370,7 @@ def _algorithms(cfg: RunConfig, tokens: int) -> list[str]:
     """Which drafters the configured capture feeds and the disk each layer choice costs (``hidden.algorithms``);
     needs the target's layer count, read from ``hidden_states.model``'s config.json when it is a local folder."""
     from draftgen.errors import ConfigError
-    from draftgen.hidden.algorithms import default_aux, feeds_lines
+    from draftgen.hidden.algorithms import bytes_per_token, default_aux, feeds_lines
     from draftgen.store import read_json_object
 
     hs = cfg.hidden_states
@@ -387,7 +387,8 @@ def _algorithms(cfg: RunConfig, tokens: int) -> list[str]:
         return []
     if cfg.train.online:
         model_dtype = str(text_cfg.get("torch_dtype") or text_cfg.get("dtype") or "bfloat16")
-        lines.append(_online_window(cfg, (len(stored) + 1) * hs.hidden_size * (4 if "32" in model_dtype else 2)))
+        server_dtype = {"float32": "fp32", "float16": "fp16"}.get(model_dtype, "bf16")  # vLLM writes this dtype
+        lines.append(_online_window(cfg, bytes_per_token(len(stored), hs.hidden_size, server_dtype)))
     return lines
 
 
