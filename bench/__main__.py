@@ -66,7 +66,7 @@ QUICK_ARGS: dict[str, list[str]] = {
 # Run order: cheap and independent first, the long engine runs after.
 ORDER = ["bench_resume", "bench_reconstruct", "bench_emulator", "bench_report", "bench_merge", "bench_generate",
          "bench_scale", "bench_storm", "bench_peers", "bench_replay", "bench_replay_batch", "bench_plan",
-         "bench_tail", "bench_extract", "bench_train_disk", "bench_online", "bench_chain"]
+         "bench_tail", "bench_extract", "bench_train_disk", "bench_online", "bench_spotcheck", "bench_chain"]
 
 
 TARGETS = [

@@ -27,7 +27,15 @@ from draftgen.phases.accept import (
     vllm_counters,
 )
 from draftgen.phases.heldout import held_out_prompts
-from draftgen.records import AcceptReport, MergedFile, MergeManifest, Message, PromptRecord, TrainLogRecord
+from draftgen.records import (
+    AcceptReport,
+    MergedFile,
+    MergeManifest,
+    Message,
+    PromptRecord,
+    TrainLogRecord,
+    TrainReport,
+)
 from draftgen.rundir import RunDir
 from draftgen.store import atomic_write_json, encode_json, read_json
 
@@ -245,6 +253,43 @@ def test_run_accept_vllm_with_baseline_and_train_log(tmp_path: Path, drafter_dir
     assert saved == rep and read_json(rd.accept_report(rep.drafter_key), AcceptReport) == rep
     assert rep.drafter_key.startswith("train-drafter-")
     assert any("acceptance length 2.500" in ln and "offline estimate 1.750" in ln for ln in lines)
+
+
+def test_accept_warns_when_the_drafter_trained_on_fewer_samples_than_the_floor(
+        tmp_path: Path, drafter_dir: Path, servers: tuple[FakeServer, FakeServer]) -> None:
+    """The run's own drafter, published by a train whose floor was lower (train.min_trained_fraction 0.05: 3 of
+    the 40 samples its batches asked for): accept, under the default floor 0.5, says so in one line and in
+    its report; under the drafter's own floor it does not. Set aside in train/previous/, its train.json
+    there is read; outside the run (an external drafter) nothing is known, and a note says so."""
+    spec, _ = servers
+    cfg_path = _run_dir(tmp_path, merged=None, endpoint={"kind": "vllm", "base_url": spec.url},
+                        accept={"prompts": 2, "max_tokens": 10})
+    rd = RunDir(tmp_path / "run")
+    rd.train.mkdir(parents=True)
+    drafter = drafter_dir.rename(rd.train_drafter)
+    atomic_write_json(rd.train_report, TrainReport(
+        exit_code=0, message=f"drafter: {drafter} (vllm serve)", verifier="target", hidden="online: http://x",
+        samples=50, layer_ids=[2, 4, 5], draft_vocab_size=64, ttt_steps=3, checkpoint=str(drafter),
+        samples_trained=3, samples_asked=40, train_rows=45, min_trained_fraction=0.05))
+    want = ("the drafter is below the sample floor: it trained on 3 of the 40 samples its batches asked for (8%; a "
+            f"training split of 45 of 50 rows), under train.min_trained_fraction 0.5 ({rd.train_report})")
+    lines: list[str] = []
+    rep = run_accept(load(cfg_path), drafter=drafter, echo=lines.append)
+    warned = [x for x in lines if x.startswith("warning: ")]
+    assert len(warned) == 1 and warned[0].startswith(f"warning: {want}"), lines
+    assert rep.warnings == [warned[0].removeprefix("warning: ")] and (rep.samples_trained, rep.samples_asked) == (3, 40)
+    assert read_json(rd.accept_json, AcceptReport).warnings == rep.warnings
+    assert run_accept(load(cfg_path, {"train.min_trained_fraction": 0.05}), drafter=drafter,
+                      echo=lambda _s: None).warnings == []
+    rd.train_previous.mkdir()  # what a refused run leaves: the drafter published before, with its train.json
+    moved = drafter.rename(rd.train_previous / drafter.name)
+    rd.train_report.rename(rd.train_previous / rd.train_report.name)
+    rep = run_accept(load(cfg_path), drafter=moved, echo=lambda _s: None)
+    assert len(rep.warnings) == 1 and str(rd.train_previous / rd.train_report.name) in rep.warnings[0]
+    outside = moved.rename(tmp_path / "users-drafter")
+    rep = run_accept(load(cfg_path), drafter=outside, echo=lambda _s: None)
+    assert rep.warnings == [] and rep.samples_trained is None
+    assert any("how many samples it trained on is not known here" in n for n in rep.notes)
 
 
 def test_run_accept_sglang_meta_info(tmp_path: Path, drafter_dir: Path,

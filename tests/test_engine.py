@@ -121,6 +121,8 @@ def test_retry_policy_full_jitter_and_retry_after() -> None:
     delays = [pol.delay(3) for _ in range(500)]
     assert 0 <= min(delays) < 0.3 and 1.7 < max(delays) <= 2.0  # uniform(0, 0.5·2²)
     assert max(pol.delay(10) for _ in range(200)) <= 3.0  # capped
+    # a batch polled through a long outage fails thousands of times in a row: still a delay, never an error
+    assert 0.0 <= pol.delay(5000) <= 3.0
     assert all(2.0 <= pol.delay(1, retry_after=2.0) <= 2.2 for _ in range(50))  # Retry-After is a floor
     # ... under retry.max_delay_s: a longer Retry-After (header or body) is capped, still jittered
     capped = [pol.delay(1, retry_after=10.0) for _ in range(50)]

@@ -8,6 +8,7 @@ table as it was.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import msgspec
@@ -109,3 +110,21 @@ def test_the_default_table_is_left_as_it_was() -> None:
     table.add(_toy_phase(toy))
     assert table.names() == ["prepare", "generate", "audit", "merge", "extract", "train", "accept", "toy", "report"]
     assert PHASES.names() == DEFAULT and toy.runs == 0
+
+
+def test_an_output_its_phase_refuses_is_run_again_not_skipped(tmp_path: Path) -> None:
+    """A phase's ``refused`` says why an output that exists is not done (train: a drafter refused): an unchanged
+    rerun runs it again instead of calling it up to date."""
+    cfg = load_config(_config(tmp_path))
+    toy = _Toy()
+    verdict: list[str | None] = [None]
+    table = PHASES.copy()
+    table.add(dataclasses.replace(_toy_phase(toy), refused=lambda rd: verdict[0]), after="merge")
+    assert run_pipeline(cfg, argv=["draftgen", "run"], echo=lambda s: None, phases=table).exit_code == 0
+    assert toy.runs == 1
+    verdict[0] = "refused by a later direct run"  # the output is still there, the fingerprint unchanged
+    rep = run_pipeline(cfg, argv=["draftgen", "run"], echo=lambda s: None, phases=table)
+    assert "toy" in rep.phases_run and toy.runs == 2
+    verdict[0] = None
+    rep = run_pipeline(cfg, argv=["draftgen", "run"], echo=lambda s: None, phases=table)
+    assert "toy" in rep.phases_skipped and toy.runs == 2

@@ -4,7 +4,8 @@ layer. Each break is made by wrapping the hf backend's capture in the test (no p
 capture flags nothing. The log-prob check (``teacher_reference`` for the final state, ``teacher_aux`` for the
 aux slots run on through the target) flags every break; tests/test_extract_vllm.py makes the same breaks in
 the vllm backend's server and checks against the engine's own ``prompt_logprobs``. Also the deterministic
-teacher fraction and the log-prob tolerance."""
+teacher fraction (the hf backend's), the secret spot check a server's samples get (``SpotCheck``: exactly its
+share of every block, drawn anew by each instance) and the log-prob tolerance."""
 
 from __future__ import annotations
 
@@ -21,7 +22,13 @@ from draftgen.errors import ThresholdBroken
 from draftgen.hidden.format import Captured, HiddenStore
 from draftgen.phases.extract.capture import ExtractRow
 from draftgen.phases.extract.capture.hf import HFExtractBackend
-from draftgen.phases.extract.checks import LOGPROB_FLOOR, logprob_tolerance, relative_diff, teacher_selected
+from draftgen.phases.extract.checks import (
+    LOGPROB_FLOOR,
+    SpotCheck,
+    logprob_tolerance,
+    relative_diff,
+    teacher_selected,
+)
 from draftgen.phases.extract.run import run_extract
 
 torch.set_num_threads(1)
@@ -151,6 +158,21 @@ def test_teacher_fraction_is_deterministic_by_sample_id() -> None:
     assert picked == [s for s in ids if teacher_selected(s, 0.05)]
     assert 120 < len(picked) < 280
     assert all(teacher_selected(s, 1.0) for s in ids[:10]) and not any(teacher_selected(s, 0.0) for s in ids[:10])
+
+
+def test_the_spot_check_draws_its_share_of_every_block_in_secret() -> None:
+    """Item 2: at 0.05, exactly 5 of every 100 answers, at places drawn anew by each instance (two runs over the
+    same samples check different ones); at least one in each block for a small fraction; all or none at 1 and 0."""
+    spots = [SpotCheck(0.05), SpotCheck(0.05)]
+    draws = [[spot.next() for _ in range(400)] for spot in spots]
+    for d in draws:
+        assert [sum(d[b:b + 100]) for b in range(0, 400, 100)] == [5, 5, 5, 5]
+    assert draws[0] != draws[1]
+    rare = SpotCheck(0.001)
+    assert rare.block == 1000 and sum(rare.next() for _ in range(3000)) == 3
+    assert SpotCheck(0.3).per_block == 30
+    every, none = SpotCheck(1.0), SpotCheck(0.0)
+    assert all(every.next() for _ in range(5)) and not any(none.next() for _ in range(5))
 
 
 def test_relative_diff() -> None:

@@ -1,7 +1,17 @@
-"""The checking proxy's window (``phases.extract.proxy``, ``train.online_window_mb``): the connector files on disk
-at once, handed to a trainer that has not deleted them yet or being captured, stay within the window's bytes; a
-request waits for room and goes on once the trainer deletes a file; a sample larger than the whole window still
-runs, alone.
+"""The checking proxy (``phases.extract.proxy``) of ``train --online``.
+
+Its window (``train.online_window_mb``): the files on disk at once, handed to a trainer that has not deleted
+them yet or being captured, stay within the window's bytes; a request waits for room and goes on once the
+trainer deletes a file; a sample larger than the whole window still runs, alone.
+
+Its outcomes (issue 31 items 6, 7, 8, 9, 10, 11 and 2), against a hostile server: a real HTTP man-in-the-middle
+(``_hostile_extract.ExtractMITM``) in front of the emulator. Every answer is one outcome, passed or excluded
+(never an HTTP error), and every connector file a request was named is removed: an unreadable file, one without
+its keys or with one layer too many, other prompt ids, a lock held past the timeout (and the late write after
+it); what a killed proxy (kill -9 of its process) left is swept by the next one's start, and nothing it was not
+named is touched. What the trainer is handed is a copy of the bytes checked, which the server cannot change.
+Every request asks for ``prompt_logprobs`` and two proxies over the same 100 rows check different samples,
+exactly 5 of the 100 each (the default ``teacher_fraction``).
 
 A tiny Qwen3 target served by ``draftgen emulate --model`` in extract mode (vLLM's protocol), the merged rows of
 an emulator run, and the proxy in front of the server. The test plays the trainer: it asks for samples as
@@ -11,10 +21,15 @@ the files it is given, and deletes them when it chooses.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,11 +41,12 @@ pytest.importorskip("transformers")
 
 from _common_helpers import write_config  # noqa: E402
 from _extract_helpers import build_tiny_model, make_merged_run  # noqa: E402
+from _hostile_extract import ExtractMITM  # noqa: E402
 from draftgen.config import load_config  # noqa: E402
 from draftgen.emulator.real.server import ModelServerOptions, start_in_thread  # noqa: E402
 from draftgen.phases.extract.batches import read_merged_rows  # noqa: E402
 from draftgen.phases.extract.capture import ExtractRow  # noqa: E402
-from draftgen.phases.extract.capture.vllm import VllmExtractBackend  # noqa: E402
+from draftgen.phases.extract.capture.vllm import VllmClientOptions, VllmExtractBackend  # noqa: E402
 from draftgen.phases.extract.proxy import CheckingProxy  # noqa: E402
 from draftgen.rundir import RunDir  # noqa: E402
 
@@ -50,10 +66,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             "base_urls": [srv.root_url],
             "connector_dir": str(tmp / "hs"),
             "teacher_fraction": 0.0,
+            "teacher_min_margin": None,
         }
         cfg = load_config(write_config(tmp, data, "proxy.yaml"))
         rows = sorted(read_merged_rows(RunDir(tmp / "run")), key=lambda r: len(r.input_ids))
-        yield {"cfg": cfg, "rows": rows, "hs": tmp / "hs", "target": target}
+        yield {"cfg": cfg, "rows": rows, "hs": tmp / "hs", "target": target, "handover": tmp / "handover",
+               "url": srv.root_url, "cfg_path": tmp / "proxy.yaml", "run": tmp / "run"}
 
 
 def _proxy(s: dict[str, Any], window_bytes: int) -> CheckingProxy:
@@ -63,6 +81,7 @@ def _proxy(s: dict[str, Any], window_bytes: int) -> CheckingProxy:
         cfg.hidden_states,
         s["rows"],
         model_name=str(s["target"]),
+        handover=s["handover"],
         max_files=16,
         window_bytes=window_bytes,
     )
@@ -151,3 +170,159 @@ def test_a_sample_larger_than_the_window_runs_alone(served: dict[str, Any]) -> N
         assert len(got) == 1  # one at a time: nothing else fits beside it
         _drain(got, len(rows), threads)
         assert proxy.stats.passed == len(rows) and proxy.stats.peak_files == 1
+
+
+# -- one outcome for every state that arrives (issue 31) ---------------------------------------------------------
+
+
+def _hostile(s: dict[str, Any], url: str, tmp: Path, *, fraction: float = 0.0, rows: list[ExtractRow] | None = None,
+             timeout_s: float = 30.0) -> CheckingProxy:
+    """A proxy in front of ``url`` (one attempt per sample, ``timeout_s`` for a connector file), its claims and
+    copies under ``tmp``."""
+    opts = VllmClientOptions(base_urls=(url,), connector_dir=str(s["hs"]), file_timeout_s=timeout_s, max_attempts=1,
+                             teacher_fraction=fraction, claims=str(tmp / "claims"))
+    return CheckingProxy(VllmExtractBackend.from_parts(s["target"], opts), s["cfg"].hidden_states,
+                         rows or s["rows"], model_name=str(s["target"]), handover=tmp / "handover")
+
+
+def _post(url: str, row: ExtractRow) -> httpx.Response:
+    return httpx.post(f"{url}/completions", json={"model": "m", "prompt": [int(t) for t in row.input_ids],
+                                                  "max_tokens": 1, "return_token_ids": True}, timeout=60)
+
+
+def _quietly(url: str, row: ExtractRow) -> None:
+    with contextlib.suppress(httpx.HTTPError):
+        _post(url, row)
+
+
+def _connector_files(s: dict[str, Any]) -> list[str]:
+    return sorted(p.name for p in s["hs"].iterdir())
+
+
+def test_every_answer_is_one_outcome_and_every_named_file_is_removed(served: dict[str, Any], tmp_path: Path) -> None:
+    """Items 7, 8, 9 and 6: an unreadable file, one without token_ids, one with a layer too many after the
+    preflight, other prompt ids, a lock held past the timeout: each a 200 excluding the sample by kind, its file
+    and lock gone (the held one as soon as its late write lands); an honest sample is handed over."""
+    plan = ["truncate", "nokeys", "layers", "ids", "hold", None]
+    rows: list[ExtractRow] = served["rows"][: len(plan)]
+    with ExtractMITM(served["url"], lambda n, _b, _s: plan[n - 1] if n <= len(plan) else None,
+                      hold_s=4.0) as mitm, \
+            _hostile(served, mitm.url, tmp_path, timeout_s=2.0) as proxy:
+        answers = [_post(proxy.url, r) for r in rows]
+        assert [a.status_code for a in answers] == [200] * len(plan)
+        kinds = [a.json().get("draftgen_excluded") for a in answers]
+        assert kinds == [["bad_hidden_states"], ["bad_hidden_states"], ["bad_hidden_states"], ["ids_mismatch"],
+                         ["hidden_states_timeout"], None]
+        handed = answers[-1].json()["kv_transfer_params"]["hidden_states_path"]
+        assert os.path.isfile(handed) and not handed.startswith(str(served["hs"]))
+        os.remove(handed)  # the trainer read it
+        for t in mitm.holds:  # the held lock ends with a late write of the file the proxy gave up on
+            t.join(30)
+        assert _connector_files(served) != []
+        os.remove(_post(proxy.url, rows[-1]).json()["kv_transfer_params"]["hidden_states_path"])
+        assert _connector_files(served) == []  # the next request's room tidied it
+        st = proxy.stats
+        assert st.passed + st.excluded == st.requests == len(plan) + 1 and st.excluded == 5
+        assert st.excluded_by_check == {"bad_hidden_states": 3, "ids_mismatch": 1, "hidden_states_timeout": 1}
+        assert "cannot read the connector's safetensors file" in st.examples["bad_hidden_states"]
+    assert [k for _, k in mitm.attacked] == plan[:-1] and len(mitm.named) >= len(plan)
+    assert _connector_files(served) == [] and not list((tmp_path / "handover").iterdir())
+    assert not list((tmp_path / "claims").iterdir())
+
+
+def test_the_trainer_reads_what_was_checked(served: dict[str, Any], tmp_path: Path) -> None:
+    """Item 11: the server rewrites its files (NaN) after the proxy checked them; the trainer is handed a copy
+    of the bytes checked, in draftgen's folder, which the rewrite cannot reach."""
+    from safetensors.torch import load_file
+
+    rows: list[ExtractRow] = served["rows"][:3]
+    with ExtractMITM(served["url"], lambda *_: None) as mitm, _hostile(served, mitm.url, tmp_path) as proxy:
+        handed = [_post(proxy.url, r).json()["kv_transfer_params"]["hidden_states_path"] for r in rows]
+        mitm.rewrite()  # too late: nothing the trainer reads is the server's
+        loaded = [load_file(p) for p in handed]
+        assert proxy.stats.passed == 3
+    for row, path, st in zip(rows, handed, loaded, strict=True):
+        assert torch.isfinite(st["hidden_states"]).all() and st["token_ids"].tolist() == row.input_ids.tolist()
+        assert Path(path).parent == tmp_path / "handover" and Path(path).parent != served["hs"]
+    assert not os.path.exists(handed[0])  # the proxy removed the copies the trainer never took
+    assert _connector_files(served) == []
+
+
+_KILLED = """
+import sys, time
+from pathlib import Path
+from draftgen.config import load_config
+from draftgen.phases.extract.batches import read_merged_rows
+from draftgen.phases.extract.capture.vllm import VllmClientOptions, VllmExtractBackend
+from draftgen.phases.extract.proxy import CheckingProxy
+from draftgen.rundir import RunDir
+
+cfg_path, url, claims, handover, target, hs, run = sys.argv[1:]
+cfg = load_config(cfg_path)
+opts = VllmClientOptions(base_urls=(url,), connector_dir=hs, max_attempts=1, claims=claims)
+proxy = CheckingProxy(VllmExtractBackend.from_parts(Path(target), opts), cfg.hidden_states,
+                      read_merged_rows(RunDir(Path(run))), model_name=target, handover=handover)
+print(proxy.start(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_proxy_leaves_nothing_the_next_start_does_not_sweep(served: dict[str, Any], tmp_path: Path) -> None:
+    """Item 10: kill -9 of a process serving the proxy while a capture waits on a held lock and a copy waits for
+    the trainer; the next proxy's start removes both (claimed by the first), and neither a file in the connector
+    folder no request of draftgen's was named nor a file of another name in its own folder."""
+    rows: list[ExtractRow] = served["rows"]
+    foreign = served["hs"] / "cmpl-someone-else-0.safetensors"
+    foreign.write_bytes(b"another client's file")
+    mine = tmp_path / "handover" / "notes.txt"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("a user's file")
+    plan = {2: "hold"}
+    with ExtractMITM(served["url"], lambda n, _b, _s: plan.get(n), hold_s=600) as mitm:
+        child = subprocess.Popen(
+            [sys.executable, "-c", _KILLED, str(served["cfg_path"]), mitm.url, str(tmp_path / "claims"),
+             str(tmp_path / "handover"), str(served["target"]), str(served["hs"]), str(served["run"])],
+            stdout=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            url = (child.stdout.readline() if child.stdout else "").strip()
+            handed = _post(url, rows[0]).json()["kv_transfer_params"]["hidden_states_path"]  # never read
+            threading.Thread(target=_quietly, args=(url, rows[1]), daemon=True).start()
+            deadline = time.monotonic() + 30
+            while len(mitm.holds) < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            held = mitm.named[-1]
+            assert os.path.exists(held) and os.path.exists(handed)
+        finally:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(30)
+        mitm.release.set()
+        for t in mitm.holds:
+            t.join(30)
+        assert os.path.exists(held) and os.path.exists(handed)  # what the kill left
+        with _hostile(served, mitm.url, tmp_path) as proxy:
+            assert proxy.stats.swept == 2
+    assert not os.path.exists(held) and not os.path.exists(held + ".lock") and not os.path.exists(handed)
+    assert foreign.read_bytes() == b"another client's file" and mine.read_text() == "a user's file"
+    foreign.unlink()
+    assert _connector_files(served) == []
+
+
+def test_every_request_asks_the_same_question_and_the_checked_samples_are_a_secret(
+        served: dict[str, Any], tmp_path: Path) -> None:
+    """Item 2: at the default teacher_fraction (0.05) every request carries prompt_logprobs, and two proxies
+    over the same 100 rows (the same sample ids, the same requests) each check exactly 5 of them, not the
+    same 5 (two equal draws: 1 in 75 million)."""
+    np = pytest.importorskip("numpy")
+    gen = np.random.default_rng(0)
+    rows = [ExtractRow(f"spot-{i}", gen.integers(10, 5000, 10).astype(np.int64),
+                       np.array([0, 0] + [1] * 8, dtype=np.uint8)) for i in range(100)]
+    checked: list[set[str]] = []
+    for k in range(2):
+        with ExtractMITM(served["url"], lambda *_: None) as mitm, \
+                _hostile(served, mitm.url, tmp_path / str(k), fraction=0.05, rows=rows) as proxy:
+            for r in rows:
+                os.remove(_post(proxy.url, r).json()["kv_transfer_params"]["hidden_states_path"])
+            assert proxy.stats.passed == 100 and proxy.stats.teacher_checked == 5
+            checked.append(set(proxy.stats.checked_ids))
+        assert len(mitm.bodies) == 100 and all(b.get("prompt_logprobs") == 0 for b in mitm.bodies)
+    assert len(checked[0]) == len(checked[1]) == 5 and checked[0] != checked[1]

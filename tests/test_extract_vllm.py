@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import yaml
 
@@ -126,8 +127,36 @@ def test_changed_prompt_ids_are_rejected_and_nothing_is_published(
         finally:
             be.close()
         assert ei.value.kind == "ids_mismatch" and be.retries == 0  # permanent: never retried
+        assert not list((tmp_path / "hs").iterdir())  # refused, yet named to draftgen: removed with its lock
     store = HiddenStore(str(tmp_path / "hidden-bad"))
     assert store.done() == {} and not (tmp_path / "hidden-bad" / "states").exists()
+
+
+def test_every_request_asks_the_same_question_and_the_checked_samples_are_drawn_after_the_answer(
+        setup: tuple[Path, Path, list[RunningModelServer]], tmp_path: Path) -> None:
+    """Item 2, offline: at the default teacher_fraction every request carries prompt_logprobs (a recording
+    man-in-the-middle in front of the emulator sees them all), the samples checked are the backend's draw after
+    the answer (``checks.SpotChecking``), each checked against the engine's own log-probs of its request."""
+    from _hostile_extract import ExtractMITM
+    from draftgen.phases.extract.checks import SpotChecking
+
+    cfg_path, model, servers = setup
+    with ExtractMITM(servers[0].root_url, lambda *_: None) as mitm:
+        cfg = _config(cfg_path, model, "cfg-spot.yaml", "vllm", str(tmp_path / "hidden"), kind="vllm",
+                      base_url=mitm.url, base_urls=[])
+        cfg = msgspec.structs.replace(cfg, hidden_states=msgspec.structs.replace(cfg.hidden_states,
+                                                                                  teacher_fraction=0.05))
+        be = VllmExtractBackend(cfg)
+        try:
+            assert isinstance(be, SpotChecking) and be.spot.block == 100 and be.spot.per_block == 5
+            run_extract(cfg, echo=lambda s: None, backend=be)
+        finally:
+            be.close()
+    rows = merged_rows(cfg_path.parent / "run")
+    assert len(mitm.bodies) == len(rows) and all(b.get("prompt_logprobs") == 0 for b in mitm.bodies)
+    done = HiddenStore(str(tmp_path / "hidden")).done()
+    assert len(done) == len(rows) and all(r.failed == [] for r in done.values())
+    assert all(r.teacher.reference_source == "engine" for r in done.values() if r.teacher is not None)
 
 
 BREAKS = {"layers_off_by_one": "teacher_reference", "final_wrong_layer": "teacher_reference",

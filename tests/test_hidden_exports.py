@@ -8,10 +8,14 @@ A real hidden set: a tiny seeded Qwen3 target (8 layers) run over random ids, st
 - Model-Optimizer: read by ``modelopt.torch.speculative.eagle.utils.OfflineSupervisedDataset``, loaded from
   the installed wheel's files (importing the ``modelopt`` package needs scipy and more; the reader module
   itself needs only torch, transformers and ``modelopt.torch.utils.loss_mask``).
+
+A rerun into an export folder verifies what its export.json lists and repairs it (issue 31 item 13): a deleted
+and an overwritten sample file rewritten from the set, a broken aggregate file by exporting again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import sys
@@ -34,6 +38,7 @@ from draftgen.hidden.exports import (  # noqa: E402
     export_hidden,
     modelopt_name,
 )
+from draftgen.records import HiddenExportReport  # noqa: E402
 from draftgen.store import read_json  # noqa: E402
 
 BF16_TOL = 2e-2
@@ -204,3 +209,71 @@ def test_export_hidden_command(hidden: Any, tmp_path: Path) -> None:
     assert len(list(out.rglob("*.ckpt"))) == len(rows) and (out / EXPORT_REPORT).is_file()
     bad = CliRunner().invoke(cli, ["export-hidden", str(cfg), "--format", "modelopt", "--target", str(tmp_path)])
     assert bad.exit_code != 0 and "config.json" in bad.output and "Traceback" not in bad.output
+
+
+def _bytes(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_a_rerun_verifies_a_damaged_export_and_repairs_it(hidden: Any, tmp_path: Path) -> None:
+    """Issue 31 item 13: ``hs_3`` deleted and ``hs_4`` overwritten (same size) in a real speculators export; the
+    rerun the user tries as a repair finds both (existence; the digest of a file changed since the export),
+    rewrites exactly those from the set, says so, and leaves the folder as the first export wrote it."""
+    from click.testing import CliRunner
+
+    from _common_helpers import config_dict, write_config
+    from draftgen.cli import cli
+
+    model_dir, dest, rows, _post = hidden
+    cfg = write_config(tmp_path, config_dict(tmp_path, hidden_states={"model": str(model_dir), "output": str(dest)}))
+    out = tmp_path / "spec"
+    first = CliRunner().invoke(cli, ["export-hidden", str(cfg), "--format", "speculators", "--out", str(out)])
+    assert first.exit_code == 0, first.output
+    rep = read_json(out / EXPORT_REPORT, HiddenExportReport)
+    assert rep.sha256 and set(rep.sha256) == set(rep.files) - {EXPORT_REPORT}
+    clean = _bytes(out)
+    hs3, hs4, hs5 = (out / "hidden_states" / f"hs_{i}.safetensors" for i in (3, 4, 5))
+    hs3.unlink()
+    data = bytearray(hs4.read_bytes())
+    data[-64:] = bytes(64)  # zeros over the last states: same size, other bytes
+    hs4.write_bytes(bytes(data))
+    keep5 = hs5.stat().st_mtime_ns
+
+    again = CliRunner().invoke(cli, ["export-hidden", str(cfg), "--format", "speculators", "--out", str(out)])
+    assert again.exit_code == 0, again.output
+    said = again.output.strip().splitlines()
+    assert len(said) == 1 and "2 of" in said[0] and "missing: hidden_states/hs_3.safetensors" in said[0], said
+    assert "changed: hidden_states/hs_4.safetensors" in said[0] and "rewrote them" in said[0], said
+    assert _bytes(out) == clean  # the same bytes as the first export, and nothing else
+    assert hs5.stat().st_mtime_ns == keep5  # only the broken files were rewritten
+    third = CliRunner().invoke(cli, ["export-hidden", str(cfg), "--format", "speculators", "--out", str(out)])
+    assert third.exit_code == 0 and f"is up to date ({len(rows)} samples)" in third.output, third.output
+
+
+def test_a_broken_file_made_from_every_sample_rewrites_the_whole_export(hidden: Any, tmp_path: Path) -> None:
+    """token_freq.pt (every sample's counts) truncated: what cannot be rewritten file by file makes the rerun
+    write the whole export again. An export.json from before sizes and digests: existence is still checked
+    (a missing hs file, rewritten)."""
+    _model_dir, dest, _rows, _post = hidden
+    out = tmp_path / "spec"
+    export_hidden(str(dest), ["speculators"], out)
+    clean = _bytes(out)
+    (out / "token_freq.pt").write_bytes(b"trunc")
+    lines: list[str] = []
+    export_hidden(str(dest), ["speculators"], out, echo=lines.append)
+    assert any("changed: token_freq.pt" in ln and "writing the whole export again" in ln for ln in lines), lines
+    after = _bytes(out)
+    assert after["token_freq.pt"] == clean["token_freq.pt"] and set(after) == set(clean)
+    # an export.json written before sizes and digests (schema 2): a missing file is still found and rewritten
+    obj = json.loads((out / EXPORT_REPORT).read_text())
+    for key in ("sizes", "sha256"):
+        obj.pop(key)
+    obj["schema_version"] = 2
+    (out / EXPORT_REPORT).write_text(json.dumps(obj))
+    (out / "hidden_states" / "hs_0.safetensors").unlink()
+    lines.clear()
+    export_hidden(str(dest), ["speculators"], out, echo=lines.append)
+    assert any("missing: hidden_states/hs_0.safetensors" in ln and "rewrote them" in ln for ln in lines), lines
+    assert (out / "hidden_states" / "hs_0.safetensors").read_bytes() == clean["hidden_states/hs_0.safetensors"]
+    assert read_json(out / EXPORT_REPORT, HiddenExportReport).sha256 == {
+        "hidden_states/hs_0.safetensors": hashlib.sha256(clean["hidden_states/hs_0.safetensors"]).hexdigest()}

@@ -1,5 +1,6 @@
 """The draftgen.hidden/1 format: encode/decode per dtype (fp8 with per-token scales, stated tolerance),
-paths, and HiddenStore's atomic publish, index union, temp files and manifest on local and memory:// URLs."""
+paths, and HiddenStore's atomic publish, index union (a batch written again replaces its own part; pruning
+leaves each sample listed once), temp files and manifest on local and memory:// URLs."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from draftgen.records import (
     HiddenSampleEntry,
     HiddenTarget,
 )
+from draftgen.store import encode_json
 
 torch.set_num_threads(1)
 
@@ -138,3 +140,37 @@ def test_local_publish_is_atomic_and_temps_never_count(tmp_path: Path) -> None:
 def test_missing_manifest_says_run_extract(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="run draftgen extract first"):
         open_hidden(str(tmp_path / "nothing"))
+
+
+@pytest.mark.parametrize("kind", ["local", "memory"])
+def test_a_batch_written_again_replaces_its_part_and_prune_keeps_one_record(tmp_path: Path, kind: str) -> None:
+    """Issue 31 item 14 at the store: a batch written again (a retried task) replaces its own index part
+    (named by its sample ids); ``prune_index`` leaves each kept sample listed once (its last record) and drops
+    every other record, removing a part left empty."""
+    from draftgen.hidden.format import index_part_name
+    from draftgen.hidden.stream import StreamSample
+
+    url = str(tmp_path / "h") if kind == "local" else f"memory://dg-prune-{os.getpid()}-{tmp_path.name}"
+    st = HiddenStore(url)
+
+    def batch(*sids: str, failed: list[str] | None = None) -> list[StreamSample]:
+        out = []
+        for i, sid in enumerate(sids):
+            data = encode_sample(captured(sid, seed=i), "bf16")
+            rec = HiddenIndexRecord(sample_id=sid, file=sample_path(sid), length=7, n_loss=4, failed=failed or [])
+            out.append(StreamSample(sample_id=sid, file=sample_path(sid), data=data, length=7, record=rec))
+        return out
+
+    st.write(batch("a", "b"))
+    st.write(batch("c"))
+    st.write(batch("b", "a"))  # the same batch again, in another order: the same part, replaced
+    assert len(st.index_parts()) == 2 and any(p.endswith(index_part_name(["a", "b"])) for p in st.index_parts())
+    assert set(st.done()) == {"a", "b", "c"} and st.listed == 3
+    # an older draftgen's second listing of a and c, in a later time-named part
+    legacy = "index/part-99991231T235959-deadbeef.jsonl"
+    st.fs.pipe_file(st.path(legacy), b"".join(encode_json(s.record) + b"\n" for s in batch("a", "c", failed=["x"])))
+    done = st.done()
+    assert st.listed == 5 and done["a"].failed == ["x"]
+    assert st.prune_index({"a": done["a"], "c": done["c"]}) == 3  # a's and c's first records, b's only one
+    assert st.done() == {"a": done["a"], "c": done["c"]} and st.listed == 2
+    assert [p.rsplit("/", 1)[1] for p in st.index_parts()] == [legacy.rsplit("/", 1)[1]]  # the emptied parts went

@@ -138,6 +138,8 @@ def test_the_guarded_names_come_from_rundir() -> None:
                rd.batch_journal, rd.train_online, rd.train_online_report]
     spelled += [Path('/r/hidden') / rundir.HiddenLayout.states, Path('/r/hidden') / rundir.HiddenLayout.index,
                 Path('/r/hidden') / rundir.HiddenLayout.marker]
+    spelled += [rd.train_handover, rd.train_connector_claims]
+    spelled += [rd.train_previous]
     names = {part for p in spelled for part in p.relative_to("/r").parts} - {"d"}
     assert names == set(rundir.LAYOUT_NAMES)
     # A pilot is a run directory of its own.

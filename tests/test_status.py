@@ -306,3 +306,23 @@ def test_watch_interval_must_be_positive(tmp_path: Path) -> None:
     write_run_dir(run, datasets={"chat": 4})
     res = CliRunner().invoke(cli, ["status", str(run), "--watch", "0"])
     assert res.exit_code == 2 and "--watch" in res.output
+
+
+def test_a_refused_drafter_shows_train_not_done(tmp_path: Path) -> None:
+    """train/train.json of a drafter refused (exit_code 3: trained on too few samples) is no done train."""
+    from draftgen.records import TrainReport
+
+    run = tmp_path / "run"
+    write_run_dir(run, datasets={"chat": 2}, done_fraction=1.0)
+    atomic_write_json(run / "merged" / "manifest.json",
+                      MergeManifest(files=[], seed=0, merge={}, datasets=["chat"], profile="qwen3", layout=2))
+    report = TrainReport(exit_code=0, message="drafter: x", verifier="t", hidden="h", samples=2, layer_ids=[1],
+                         draft_vocab_size=8, ttt_steps=1)
+    atomic_write_json(run / "train" / "train.json", report)
+    _touch_later(run / "train" / "train.json", 5)
+    train = next(p for p in run_status(str(run), echo=lambda s: None).summary.phases if p.name == "train")
+    assert (train.state, train.detail) == ("done", None)
+    atomic_write_json(run / "train" / "train.json", msgspec.structs.replace(report, exit_code=3, message="0 of 40"))
+    _touch_later(run / "train" / "train.json", 5)
+    train = next(p for p in run_status(str(run), echo=lambda s: None).summary.phases if p.name == "train")
+    assert (train.state, train.detail) == ("incomplete", "drafter refused, not published")

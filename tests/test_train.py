@@ -8,6 +8,7 @@ speculators runs in its own environment (.venv-speculators, or ``DRAFTGEN_SPECUL
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from draftgen.phases.train.run import (  # noqa: E402
     run_train,
 )
 from draftgen.phases.train.vocab import build_vocab_mapping  # noqa: E402
-from draftgen.records import TrainLogRecord  # noqa: E402
+from draftgen.records import TrainLogRecord, TrainOnlineReport  # noqa: E402
 from draftgen.rundir import RunDir  # noqa: E402
 from draftgen.store import iter_jsonl  # noqa: E402
 
@@ -46,13 +47,14 @@ def _config(tmp: Path, model_dir: Path, hidden: Path, **train: Any) -> Path:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One training run of 1 epoch, then a rerun asking for 2 epochs (which must resume)."""
+    """One training run of 1 epoch (its samples loaded by a spawned DataLoader worker), then a rerun asking for 2
+    epochs (which must resume; loaded in the trainer's process)."""
     torch.set_num_threads(1)
     speculators_python()
     root = tmp_path_factory.mktemp("train")
     model_dir = build_tiny_model(root / "target", layers=8, hidden=64)
     hidden, rows = make_hidden_set(model_dir, root / "hidden", n=12)
-    cfg1 = load_config(_config(root, model_dir, hidden))
+    cfg1 = load_config(_config(root, model_dir, hidden, num_workers=1))
     lines: list[str] = []
     first = run_train(cfg1, echo=lines.append, argv=["draftgen", "train"])
     log1 = [r for _, r in iter_jsonl(RunDir(cfg1.run_path).train_log, TrainLogRecord)]
@@ -301,3 +303,134 @@ def test_the_runner_refuses_a_state_file_changed_after_extraction(tmp_path: Path
     msg = str(info.value)
     assert msg.startswith(f"{hidden.resolve() / transfer.files[1]}: changed after extraction") and "\n" not in msg
     assert "rerun draftgen extract" in msg
+
+
+# -- no drafter from nothing (issue 31 item 5) ---------------------------------------------------------------
+
+
+def _bits(text: str) -> set[int]:
+    """A marker's row bitmap (base64, bit r of byte r // 8) as a set of rows."""
+    import base64
+
+    return {i * 8 + j for i, byte in enumerate(base64.b64decode(text)) for j in range(8) if byte >> j & 1}
+
+
+def test_train_json_says_how_many_samples_the_drafter_saw(trained: dict[str, Any]) -> None:
+    """Both runs of the fixture trained on every row of the training split (10 of 12; 2 validate), the first
+    through a spawned DataLoader worker (the rows cross the process with the batch). The resumed run's drafter
+    saw the same 10 rows again: distinct samples, carried over from the checkpoint it resumed, not 20 and not
+    only the second run's."""
+    first, second, rd = trained["first"], trained["second"], trained["rd"]
+    assert (first.train_rows, first.samples_asked, first.samples_trained) == (10, 10, 10)
+    assert (second.train_rows, second.samples_asked, second.samples_trained) == (10, 10, 10)
+    assert first.min_trained_fraction == 0.5 and first.exit_code == 0 and read_report(rd).samples_trained == 10
+    for epoch in ("0", "1"):
+        samples = json.loads((rd.train_checkpoints / epoch / "draftgen-complete.json").read_text())["samples"]
+        assert samples["rows"] == 10 and _bits(samples["asked_bits"]) == _bits(samples["trained_bits"]) == set(range(10))
+    assert any("it trained on 10 of the 10 samples its batches asked for (100%; a training split of 10 of 12 rows)"
+               in x for x in trained["lines"])
+
+
+def test_the_count_is_of_every_ranks_training_batches(trained: dict[str, Any], tmp_path: Path) -> None:
+    """Two trainer processes (torchrun, gloo), stopped after 2 steps: the rows counted are exactly those of the
+    first 2 batches of each rank, as speculators' own sampler deals them (asked here in speculators' Python,
+    from the set's lengths and the seed): rank 1's are not lost."""
+    from _common_helpers import free_port
+
+    cfg = load_config(_config(tmp_path, trained["model_dir"], trained["hidden"], nproc_per_node=2, max_steps=2,
+                              total_seq_len=128, master_port=free_port()))
+    rep = run_train(cfg, echo=lambda s: None, argv=["draftgen", "train"])
+    lengths = [len(r[1]) for r in trained["rows"]][:10]  # the training split: the first 10 rows
+    code = (
+        "import sys, json\n"
+        "from speculators.train.distributed_batch_sampler import MultipackDistributedBatchSamplerV2 as S\n"
+        "lengths, rows = json.loads(sys.argv[1]), set()\n"
+        "for rank in range(2):\n"
+        "    s = S(batch_max_length=128, lengths=lengths, num_replicas=2, rank=rank, seed=0)\n"
+        "    s.set_epoch(0)\n"
+        "    for b in list(s)[:2]:\n"
+        "        rows.update(int(i) for i in b)\n"
+        "print(json.dumps(sorted(rows)))\n"
+    )
+    dealt = set(json.loads(run_in_speculators(code, json.dumps(lengths)).strip().splitlines()[-1]))
+    assert rep.processes == 2 and rep.steps_this_run == 2 and 0 < len(dealt) < 10
+    marker = RunDir(cfg.run_path).train_checkpoints / "0" / "draftgen-complete.json"
+    samples = json.loads(marker.read_text())["samples"]
+    assert _bits(samples["asked_bits"]) == _bits(samples["trained_bits"]) == dealt  # every sample has loss tokens
+    assert (rep.samples_asked, rep.samples_trained, rep.train_rows) == (len(dealt), len(dealt), 10)
+
+
+def test_a_drafter_that_trained_on_nothing_is_not_published(trained: dict[str, Any], tmp_path: Path) -> None:
+    """Batches of 8 tokens cut every sample before its first loss token (the masks start at token 10): 10 steps
+    on no data, validation loss 0 (issue 31 item 1's drafter, offline). ``train --restart`` in a copy of the
+    fixture's run exits 3 with one line; the drafter published before moves to train/previous/ with its
+    train.json; this run's train.json says why and what it trained on. A rerun resumes the same drafter and
+    is refused again."""
+    from click.testing import CliRunner
+
+    from draftgen.cli import cli
+
+    shutil.copytree(trained["root"] / "run", tmp_path / "run", symlinks=True)
+    rd = RunDir(tmp_path / "run")
+    before = {p.relative_to(rd.train): p.read_bytes() for d in (rd.train_drafter, rd.train_eagle) for p in d.rglob("*")}
+    old_report = (rd.train / "train.json").read_bytes()
+    cfg = _config(tmp_path, trained["model_dir"], trained["hidden"], total_seq_len=8)
+    res = CliRunner().invoke(cli, ["train", str(cfg), "--restart"])
+    assert res.exit_code == 3, res.output
+    errors = [x for x in res.output.splitlines() if x.startswith("Error: ")]
+    assert len(errors) == 1 and "Traceback" not in res.output, res.output
+    assert ("it trained on 0 of the 10 samples its batches asked for (0%; a training split of 10 of 12 rows), "
+            "under train.min_trained_fraction 0.5") in errors[0] and str(rd.train_speculators_log) in errors[0]
+    assert not rd.train_drafter.exists() and not rd.train_eagle.exists()
+    prev = rd.train_previous
+    assert {p.relative_to(prev): p.read_bytes() for d in (prev / "drafter", prev / "eagle3") for p in d.rglob("*")} \
+        == before
+    assert (prev / "train.json").read_bytes() == old_report
+    rep = read_report(rd)
+    assert rep.exit_code == 3 and rep.message == errors[0].removeprefix("Error: ")
+    assert rep.checkpoint is None and rep.eagle_checkpoint is None and rep.serve is None
+    assert (rep.samples_trained, rep.samples_asked, rep.train_rows, rep.first_step) == (0, 10, 10, 0)
+    again = CliRunner().invoke(cli, ["train", str(cfg)])
+    assert again.exit_code == 3 and "it trained on 0 of the 10 samples" in again.output, again.output
+    assert not rd.train_drafter.exists() and (prev / "train.json").read_bytes() == old_report
+
+
+class _Refusing:
+    """A session with its own reason to refuse the drafter (online: the checking proxy's gate)."""
+
+    def __init__(self, why: str) -> None:
+        self.why, self.asked = why, 0
+
+    def report(self) -> TrainOnlineReport:
+        return TrainOnlineReport(servers=["http://127.0.0.1:1"], server_models=["m"], rows=12, rows_sha256="",
+                                 preflight_rows=0, preflight_checks=[], requests=10, excluded=10)
+
+    def refusal(self) -> str | None:
+        self.asked += 1
+        return self.why
+
+
+def test_a_session_that_refuses_keeps_the_drafter_unpublished(trained: dict[str, Any], tmp_path: Path) -> None:
+    """train_prepared asks its session once training ended: a refusal is handled as the floor's (train.json
+    with exit_code 3 and the session's line, nothing published, ThresholdBroken), though the floor passed."""
+    from draftgen.errors import ThresholdBroken
+    from draftgen.phases.train.run import prepare_offline, train_prepared
+    from draftgen.rundir import writer
+
+    cfg = load_config(_config(tmp_path, trained["model_dir"], trained["hidden"], max_steps=1, total_seq_len=128))
+    session = _Refusing("train --online: 10 of 10 samples failed a check; see train.json")
+    with pytest.raises(ThresholdBroken) as err, writer(cfg, "train") as rd:
+        prep = prepare_offline(cfg, rd, lambda s: None, False)
+        train_prepared(cfg, rd, lambda s: None, prep, restart=False, session=session)
+    assert str(err.value) == session.why and err.value.exit_code == 3 and session.asked == 1
+    rd = RunDir(cfg.run_path)
+    assert not rd.train_drafter.exists() and not rd.train_eagle.exists() and not rd.train_previous.exists()
+    rep = read_report(rd)
+    assert rep.exit_code == 3 and rep.message == session.why and rep.checkpoint is None
+    assert rep.online is not None and rep.online.excluded == 10
+    assert rep.samples_trained is not None and rep.samples_trained == rep.samples_asked > 0  # the floor passed
+
+
+def test_the_floor_is_a_share(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"train.min_trained_fraction 1.5 must be in \[0, 1\]"):
+        load_config(write_config(tmp_path, config_dict(tmp_path, train={"min_trained_fraction": 1.5})))

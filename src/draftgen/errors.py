@@ -67,7 +67,9 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
                  "directory that is not draftgen's or is held by another command)"),
     (EXIT_USAGE, "usage or config error: a bad flag, key or value"),
     (EXIT_THRESHOLD, "an audit threshold was broken (`audit`, and `run`, which then skips merge; a mostly "
-                     "excluded run is one), or `merge` would keep no row (an empty dataset is never a success)"),
+                     "excluded run is one), or `merge` would keep no row (an empty dataset is never a success), "
+                     "or `train` would publish a drafter that trained on fewer samples than "
+                     "`train.min_trained_fraction` (nothing is published)"),
     (EXIT_FAILURES, "finished with failures: some samples failed (raw/<dataset>/failures.jsonl says why; a rerun "
                     "retries them). `run` merges what is done, or stops before merge when nothing is usable"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C, SIGTERM): completed work is on disk and the next run resumes"),

@@ -23,7 +23,11 @@ Layout (paths relative to the run directory)::
     report.html, logs/<command>.log, emulator/ground_truth.jsonl, plan/pilot/ (a run directory of its own)
     hidden/                            (coming) the extract phase's hidden states: per-sample files, index, manifest
     train/                             the train phase: inputs/ (or online/), vocab/, checkpoints/, drafter/, eagle3/,
-                                       log.jsonl, speculators.log, train.json
+                                       log.jsonl, speculators.log, train.json; online also handover/ (the checked
+                                       states handed to the trainer, which deletes each once read) and
+                                       connector-claims/ (a marker per server connector file being answered);
+                                       previous/ (drafter/, eagle3/, train.json as published before a run whose
+                                       drafter was refused)
 
 Every name above is spelled once, in the constants below; ``LAYOUT_NAMES`` holds them all and
 tests/test_rundir_layout.py fails on any of them written as a string anywhere else in the package.
@@ -101,9 +105,12 @@ _TRAIN = "train"
 # in the speculators format and in the flat EAGLE-3 format, the training log, speculators' own log, the report
 _TRAIN_INPUTS, _TRAIN_VOCAB, _TRAIN_CKPTS = "inputs", "vocab", "checkpoints"
 _TRAIN_DRAFTER, _TRAIN_EAGLE = "drafter", "eagle3"
+_TRAIN_PREVIOUS = "previous"  # the published drafter a refused run set aside (phases.train.run)
 _TRAIN_LOG, _TRAIN_SPEC_LOG, _TRAIN_REPORT = "log.jsonl", "speculators.log", "train.json"
 # online training (train --online): speculators' inputs made from the merged rows, and what they were made from
 _TRAIN_ONLINE, _TRAIN_ONLINE_JSON = "online", "online.json"
+# online training: copies of checked states handed to the trainer; claims on the servers' connector files
+_TRAIN_HANDOVER, _TRAIN_CLAIMS = "handover", "connector-claims"
 _ACCEPT, _ACCEPT_JSON = "accept", "acceptance.json"
 _HIDDEN_EXPORTS = "hidden-exports"
 _BATCHES, _BATCH_JOURNAL = "openrouter-batches", "journal.jsonl"
@@ -118,7 +125,7 @@ LAYOUT_FILES: frozenset[str] = frozenset({
 LAYOUT_DIRS: frozenset[str] = frozenset({
     _LOGS, _PREPARED, _RAW, _AUDIT, _MERGED, _EXPORTS, _EMULATOR, _PLAN, _PILOT, _HIDDEN, _TRAIN,
     _HIDDEN_STATES, _HIDDEN_INDEX, _TRAIN_INPUTS, _TRAIN_VOCAB, _TRAIN_CKPTS, _TRAIN_DRAFTER, _TRAIN_EAGLE,
-    _ACCEPT, _HIDDEN_EXPORTS, _BATCHES, _TRAIN_ONLINE,
+    _ACCEPT, _HIDDEN_EXPORTS, _BATCHES, _TRAIN_ONLINE, _TRAIN_HANDOVER, _TRAIN_CLAIMS, _TRAIN_PREVIOUS,
 })
 LAYOUT_NAMES: frozenset[str] = LAYOUT_FILES | LAYOUT_DIRS
 # Files a failed first claim may leave behind; a folder holding only these still counts as empty.
@@ -281,6 +288,18 @@ class RunDir:
         return self.train_online / _TRAIN_ONLINE_JSON
 
     @property
+    def train_handover(self) -> Path:
+        """``train/handover/``: online, each checked sample's states as draftgen read them from the server's
+        file (the server cannot change them), handed to the trainer, which deletes each once loaded."""
+        return self.train / _TRAIN_HANDOVER
+
+    @property
+    def train_connector_claims(self) -> Path:
+        """``train/connector-claims/``: online, one marker per server connector file a request of draftgen's
+        was named and has not removed yet (``ConnectorFolder.claim``): a killed run's are swept at the next start."""
+        return self.train / _TRAIN_CLAIMS
+
+    @property
     def train_vocab(self) -> Path:
         return self.train / _TRAIN_VOCAB
 
@@ -297,6 +316,12 @@ class RunDir:
     def train_eagle(self) -> Path:
         """The trained drafter in the flat EAGLE-3 format (SGLang's draft model path)."""
         return self.train / _TRAIN_EAGLE
+
+    @property
+    def train_previous(self) -> Path:
+        """``train/previous/``: the drafter/, eagle3/ and train.json published before a run whose drafter was
+        refused (that run publishes nothing; these stay servable, apart from its own)."""
+        return self.train / _TRAIN_PREVIOUS
 
     @property
     def train_log(self) -> Path:

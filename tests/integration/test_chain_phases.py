@@ -28,7 +28,7 @@ from draftgen.errors import ConfigError
 from draftgen.phases import PHASES, Phase, PhaseContext, PhaseOutcome
 from draftgen.phases.pipeline import run_pipeline
 from draftgen.phases.status import run_status
-from draftgen.records import AcceptReport, MergeManifest
+from draftgen.records import AcceptReport, MergeManifest, TrainReport
 from draftgen.rundir import RunDir
 from draftgen.store import atomic_write_json
 
@@ -93,7 +93,8 @@ def test_status_lists_the_chain_rows_of_the_table_in_its_order(tmp_path: Path) -
     assert list(phases) == ["prepare", "generate", "audit", "merge", "extract", "train", "report"]
     assert phases["extract"].state == "done"
     assert (phases["train"].state, phases["train"].detail) == ("incomplete", "started, not finished")
-    rd.train_report.write_text("{}")  # train.json: written last
+    atomic_write_json(rd.train_report, TrainReport(exit_code=0, message="drafter", verifier="t", hidden="h", samples=2,
+                                                   layer_ids=[1], draft_vocab_size=8, ttt_steps=1))  # written last
     _later(rd.train_report, 10)
     rd.accept_json.parent.mkdir()
     rd.accept_json.write_text("{}")

@@ -3,7 +3,10 @@ sample file published, a few index parts, most of them), then rerun to the end; 
 bitwise equal to an uninterrupted run's, each sample listed once, no temp file left, nothing lost.
 
 Batches hold one sample (``batch_tokens`` below the shortest row), so every capture has the same shapes
-in every run and the tensors are bitwise reproducible on CPU (one thread)."""
+in every run and the tensors are bitwise reproducible on CPU (one thread).
+
+Issue 31 item 14: a rerun over a set an older draftgen left with a sample listed twice, and with a sample to
+redo, leaves the index listing each sample once."""
 
 from __future__ import annotations
 
@@ -92,3 +95,42 @@ def test_kill9_at_several_moments_then_rerun_equals_an_uninterrupted_run(setup: 
     assert set(done) == {r[0] for r in rows}
     for a, b in zip(ref.samples(), got.samples(), strict=True):
         assert a.sample_id == b.sample_id and a.aux.equal(b.aux) and a.final.equal(b.final)
+
+
+def test_a_rerun_leaves_each_sample_listed_once(setup: tuple[Path, Path], tmp_path: Path) -> None:
+    """Issue 31 item 14: the index never lists a sample twice. A set an older draftgen left with a re-run
+    task's second listing (a later, time-named part repeating the first part's samples, visibly), and one
+    sample's file changed after extraction: the rerun redoes that sample, and before it writes, the earlier
+    records go (the last listing won, and still does), as does the changed sample's old record."""
+    import json
+
+    from draftgen.config import load_config
+    from draftgen.phases.extract.run import run_extract
+
+    model, run_cfg = setup
+    rows = merged_rows(run_cfg.parent / "run")
+    out = tmp_path / "h"
+    cfg = with_hidden(run_cfg, "cfg-once.yaml", output=str(out), model=str(model), teacher_fraction=0.0,
+                      teacher_min_margin=None, max_flagged_fraction=1.0,
+                      batch_tokens=3 * max(len(r[1]) for r in rows))  # a few samples per batch, several parts
+    run_extract(load_config(cfg), echo=lambda s: None)
+    first = sorted((out / "index").glob("part-*.jsonl"))[0]
+    twice = [json.loads(ln)["sample_id"] for ln in first.read_text().splitlines()]
+    again = [ln.replace('"length"', '"failed":["rerun"],"length"', 1) for ln in first.read_text().splitlines()]
+    (out / "index" / "part-99991231T235959-deadbeef.jsonl").write_text("".join(ln + "\n" for ln in again))
+    changed = next(r[0] for r in rows if r[0] not in twice)
+    path = out / HiddenStore(str(out)).done()[changed].file
+    path.write_bytes(path.read_bytes()[:-4] + b"\x7f\x7f\x7f\x7f")
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    (out / "manifest.json").unlink()
+
+    lines: list[str] = []
+    rep = run_extract(load_config(cfg), echo=lines.append)
+    assert rep.extracted == 1 and rep.replaced == 1 and rep.complete
+    assert any(f"removed {len(twice) + 1} record(s)" in ln for ln in lines), lines
+    listed = [json.loads(ln) for p in (out / "index").glob("part-*.jsonl") for ln in p.read_text().splitlines()]
+    assert sorted(r["sample_id"] for r in listed) == sorted(r[0] for r in rows)  # each sample once
+    assert {r["sample_id"] for r in listed if r.get("failed") == ["rerun"]} == set(twice)  # the last listing
+    m = open_hidden(str(out)).manifest
+    assert [e.sample_id for e in m.samples] == [r[0] for r in rows] and m.counts.flagged == len(twice)

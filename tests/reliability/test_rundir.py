@@ -18,7 +18,7 @@ import msgspec
 import pytest
 import yaml
 
-from draftgen.records import MergeManifest, MergeStats, ResponseRecord
+from draftgen.records import SCHEMA_VERSION, MergeManifest, MergeStats, ResponseRecord
 
 from ._helpers import error_lines, read_raw, run_cli, start_cli, write_config, write_prompts
 
@@ -373,7 +373,7 @@ def test_records_stay_valid_json(tmp_path: Path) -> None:
     assert run_cli(["generate", str(cfg)]).returncode == 0
     for line in (tmp_path / "run" / "raw" / "rel" / "raw_responses.jsonl").read_bytes().splitlines():
         rec = msgspec.json.decode(line, type=ResponseRecord)
-        assert rec.provenance is not None and rec.provenance.profile == "qwen3" and rec.schema_version == 2
+        assert rec.provenance is not None and rec.provenance.profile == "qwen3" and rec.schema_version == SCHEMA_VERSION
 
 
 def test_a_full_disk_under_the_log_names_the_log(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ c26125a; the live ``guides/features/batch-api`` page) and its Python SDK's gener
                                       "provider": {"only": [...]}, "requests": [{"custom_id", "body"}, ...]}
                                      → 202 Accepted, a batch object with status "validating"
     GET  {batch_root}/batches/{id}   the batch object: status, request_counts {total, completed, failed},
-                                     usage {prompt_tokens, completion_tokens, total_tokens, cost, is_byok},
+                                     usage {prompt_tokens, completion_tokens, total_tokens, cost, is_byok}
+                                     (read leniently, as a chat body's: ``WireBatch.cost``),
                                      results (null until completed, then inline: {id, custom_id,
                                      response: {status_code, request_id, body} | null, error | null}), error
     GET  {batch_root}/batches        {data: [batch objects, results null], first_id, last_id, has_more}
@@ -53,9 +54,15 @@ from draftgen.backends.http import (
 )
 from draftgen.backends.openrouter import chat_body_prefix, decode_endpoints
 from draftgen.backends.pricing import Prices, eligible_endpoints, endpoint_matches
-from draftgen.backends.wire import check_completion, completion_from_body, decode_chat
+from draftgen.backends.wire import (
+    WireUsage,
+    check_completion,
+    completion_from_body,
+    decode_chat,
+    usage_from_wire,
+)
 from draftgen.errors import APIError, ConfigError, PermanentAPIError, RetryableAPIError
-from draftgen.records import Message, Tool
+from draftgen.records import Message, Tool, spend_usd
 
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
@@ -101,14 +108,6 @@ class WireCounts(msgspec.Struct):
     failed: int = 0
 
 
-class WireBatchUsage(msgspec.Struct):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    total_tokens: int | None = None
-    cost: float | None = None
-    is_byok: bool | None = None
-
-
 class WireBatchError(msgspec.Struct):
     message: Any = None
     type: Any = None
@@ -123,7 +122,9 @@ class WireResultResponse(msgspec.Struct):
 
 
 class WireResult(msgspec.Struct):
-    custom_id: str
+    """One result. ``custom_id`` of any type (a non-string one matches no request: a stray)."""
+
+    custom_id: Any = None
     id: str | None = None
     response: WireResultResponse | None = None
     error: WireBatchError | None = None
@@ -141,13 +142,29 @@ class WireBatch(msgspec.Struct):
     finalized_at: float | None = None
     expires_at: float | None = None
     request_counts: WireCounts | None = None
-    usage: WireBatchUsage | None = None
+    usage: Any = None  # read by ``cost`` alone, leniently: a batch whose usage is garbage is still ingested
     results: list[WireResult] | None = None
     error: WireBatchError | None = None
 
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL
+
+    @property
+    def cost(self) -> float | None:
+        """What OpenRouter says it billed for the batch: ``usage.cost`` (plus the upstream cost of a BYOK
+        batch) read as a chat body's usage is (``wire.usage_from_wire``); None when it is absent, unreadable,
+        negative or not finite (never a credit)."""
+        if not isinstance(self.usage, dict):
+            return None
+        try:
+            wire = msgspec.convert(self.usage, WireUsage)
+        except msgspec.ValidationError:
+            return None
+        usage, known, _ = usage_from_wire(wire)
+        if usage is None or not known:
+            return None
+        return spend_usd(usage.cost, usage.is_byok, usage.upstream_cost)
 
     @property
     def counts(self) -> WireCounts:

@@ -11,7 +11,9 @@ Money first: ``usage`` is decoded apart from the rest and leniently (``usage_fro
 NaN, infinite or unreadable cost is never taken as a credit: it is dropped (flagged ``cost_invalid``) and
 the engine computes the cost from the counts and the routed prices. A body rejected for its shape still
 says what it was billed: ``decode_chat`` re-reads its usage (or, failing that, the size of its text) and
-attaches it to the error (``backends.errors.bill``).
+attaches it to the error (``backends.errors.bill``); so does a body rejected for what it holds (an error
+inside a 200, no choice 0, ``finish_reason: error``, nothing in it: ``completion_from_body``,
+``check_completion``).
 
 One answer, from every field: only choice 0 counts (``choice_zero``; other choices are flagged
 ``extra_choices``), and reasoning is assembled from every field that carried it (``ReasoningParts``):
@@ -372,14 +374,16 @@ def _text_bytes(*texts: str | None) -> int:
 def completion_from_body(body: WireBody, *, backend: str, status: int = 200, where: str = "") -> Completion:
     """A non-streaming chat body → Completion (choice 0 only); an error inside the 200 body raises its
     APIError."""
+    usage, cost_known, usage_flags = usage_from_wire(body.usage)
+    billed = Billing(usage=usage, cost_known=cost_known) if usage is not None else None
     if body.error is not None:
-        raise error_from_wire(body.error, status, provider=body.provider, where=where)
+        raise bill(error_from_wire(body.error, status, provider=body.provider, where=where), billed)
     ch, others = choice_zero(body.choices or [])
     if ch is None:
-        raise attribute(RetryableAPIError(f"empty_response (no choices{', ' + body.provider if body.provider else ''})",
-                                          kind="empty_response"), body.provider)
+        raise bill(attribute(RetryableAPIError(f"empty_response (no choice 0{', ' + body.provider if body.provider else ''})",
+                                               kind="empty_response"), body.provider), billed)
     if ch.error is not None:
-        raise error_from_wire(ch.error, status, provider=body.provider, where=where)
+        raise bill(error_from_wire(ch.error, status, provider=body.provider, where=where), billed)
     msg = ch.message or ch.delta or WireMessage()
     parts = ReasoningParts()
     parts.add(msg.reasoning, msg.reasoning_content, details_text(msg.reasoning_details))
@@ -388,7 +392,6 @@ def completion_from_body(body: WireBody, *, backend: str, status: int = 200, whe
     if ch.logprobs is not None and ch.logprobs.content:
         logprobs = [LogprobToken(lp.token, lp.bytes) for lp in ch.logprobs.content]
     nfr = ch.native_finish_reason
-    usage, cost_known, usage_flags = usage_from_wire(body.usage)
     tools = _tool_calls(msg.tool_calls)
     return Completion(
         backend=backend,
@@ -417,14 +420,16 @@ def completion_from_body(body: WireBody, *, backend: str, status: int = 200, whe
 
 def check_completion(comp: Completion) -> Completion:
     """Reject what must be retried although it came back as a 200: ``finish_reason: error`` and empty
-    responses (no text, no tool calls, and no completion tokens or no finish reason)."""
+    responses (no text, no tool calls, and no completion tokens or no finish reason). The error carries
+    what the response was billed (``bill``): the engine books it."""
     prov = f", {comp.provider}" if comp.provider else ""
+    billed = Billing(usage=comp.usage, cost_known=not comp.cost_missing, text_bytes=comp.text_bytes)
     if comp.finish_reason == "error":
-        raise attribute(RetryableAPIError(f"finish_error (finish_reason error{prov})", kind="finish_error"),
-                        comp.provider)
+        raise bill(attribute(RetryableAPIError(f"finish_error (finish_reason error{prov})", kind="finish_error"),
+                             comp.provider), billed)
     if not comp.content and not comp.reasoning and not comp.tool_calls and not comp.output_ids:
         completion_tokens = comp.usage.completion_tokens if comp.usage is not None else 0
         if completion_tokens == 0 or comp.finish_reason is None:
-            raise attribute(RetryableAPIError(f"empty_response (no text, finish_reason {comp.finish_reason}{prov})",
-                                              kind="empty_response"), comp.provider)
+            raise bill(attribute(RetryableAPIError(f"empty_response (no text, finish_reason {comp.finish_reason}{prov})",
+                                                   kind="empty_response"), comp.provider), billed)
     return comp

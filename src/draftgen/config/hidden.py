@@ -50,7 +50,7 @@ class HiddenStatesConfig(Section):
     storage_options: dict[str, Any] = msgspec.field(default_factory=dict)
     """fsspec options for ``output`` (S3: ``endpoint_url``, ``client_kwargs``, ``config_kwargs``); credentials (``key``, ``secret``, ``token``, a ``user:password@`` in a URL) are refused here: they come from the AWS_* variables, AWS_PROFILE or a credentials file."""
     teacher_fraction: float = 0.05
-    """Share of samples (chosen by a hash of sample_id) whose stored states are checked against the target's own log-probs: a plain forward pass (hf backend) or the serving engine's ``prompt_logprobs`` (vllm backend, asked for in the extraction request)."""
+    """Share of samples whose stored states are checked against the target's own log-probs: a plain forward pass (hf backend: the samples chosen by a hash of sample_id) or the serving engine's ``prompt_logprobs`` (vllm backend: asked for in every extraction request, the checked samples drawn after each answer with a secret, docs/extract.md "The spot check")."""
     teacher_positions: int = 64
     """Teacher check: completion positions scored per checked sample (evenly spaced; 0: all). The LM head over the whole vocabulary is the check's costly part."""
     teacher_min_margin: float | None = 1.0

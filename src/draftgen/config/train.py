@@ -89,6 +89,11 @@ class TrainConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     allow_partial: bool = False
     """Train on an incomplete hidden set (``extract --limit``/``--pilot``, or an interrupted extract); by
     default such a set is refused, naming how many samples it lacks (``draftgen train --allow-partial``)."""
+    min_trained_fraction: float = 0.5
+    """The least share of the samples the trainer's batches asked for that the drafter must have trained on
+    (a sample counts once one of its loss-mask tokens was in a training batch; one left out, unavailable online,
+    dropped by speculators' NaN guard or cut before its first loss token, does not); a drafter below it, or
+    one that trained on no sample, is not published and ``train`` exits 3 (docs/train.md). 0 turns it off."""
     extra_args: list[str] = msgspec.field(default_factory=list)
     """Further ``speculators train`` flags, passed as given (``["--no-norm-before-residual"]``)."""
 
@@ -120,6 +125,8 @@ def _problem(tc: TrainConfig) -> str | None:
         (not 0.0 < tc.train_data_ratio < 1.0, f"train.train_data_ratio {tc.train_data_ratio} must be in (0, 1)"),
         (tc.draft_vocab_size < 1, f"train.draft_vocab_size {tc.draft_vocab_size} must be >= 1"),
         (tc.num_workers < 0, f"train.num_workers {tc.num_workers} must be >= 0"),
+        (not 0.0 <= tc.min_trained_fraction <= 1.0,
+         f"train.min_trained_fraction {tc.min_trained_fraction} must be in [0, 1] (0: no floor)"),
         (tc.online_check_rows < 1, f"train.online_check_rows {tc.online_check_rows} must be >= 1"),
         (not tc.online_window_mb > 0, f"train.online_window_mb {tc.online_window_mb} must be > 0 (MB of connector "
                                       "files on disk at once)"),

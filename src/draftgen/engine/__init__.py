@@ -8,7 +8,8 @@ reservation, attempts and record), ``sinks`` (the writers of its files), ``limit
 (one group-committing writer task per file), ``prompts`` (streamed prompt cursors), ``assemble``
 (Completion → ResponseRecord with ids, and what makes a response usable), ``health`` (provider
 cool-downs and the routing applied to responses), ``usable`` (the model, the providers and the
-completeness a response must have), ``keywatch`` (the API key's limit reread during a run), ``flight``
+completeness a response must have), ``intake`` (the one check every response goes through, whichever way
+it arrived), ``keywatch`` (the API key's limit reread during a run), ``flight``
 (one request on the wire) and ``tail`` (stalls, slow streams, hedges), ``stats`` (counters) and
 ``progress`` (rich/plain display and the run log). ``endpoint.mode: batch`` runs on ``batch.BatchRunner``
 (OpenRouter batches: cut, journalled, submitted, polled), ``batch_ingest`` (results → the same records) and

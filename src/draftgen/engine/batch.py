@@ -31,8 +31,13 @@ samples already in a raw log. So each sample is paid for once and recorded once.
 Budgets: a batch reserves the worst case of every item at batch prices (prompt estimate × prompt price +
 max_tokens × completion price) against the dollar budget and max_tokens against its dataset's token
 budget, from ``prepared`` until its results are in; a batch is cut only as large as what is left of both
-(``BudgetGovernor.check_dollars``, ``TokenBudget.check``), so spend never passes ``max_spend_usd`` by more
-than the prices were wrong. When nothing fits while batches are open, cutting waits for them.
+(``BudgetGovernor.check_dollars``, ``TokenBudget.check``). When nothing fits while batches are open, cutting
+waits for them. What a finished batch billed is booked in full (``batch_ingest``: beyond its results'
+costs too), and later batches are cut against it. So spend passes ``max_spend_usd`` only by what the
+batches open at once were billed beyond their reservations (``spent <= max_spend + Σ open batches (billed
+- reserved)``): never while the server bills at most the listed batch prices for the prompts submitted;
+a server that bills more (the sync price, a duplicate, a result for no request) passes it by that excess
+of the batches in flight, and nothing is cut after it.
 
 Stop (signal, budget, a refused submission): nothing new is cut or submitted; the open batches stay open
 at OpenRouter and in the journal; the next run collects them.
@@ -50,7 +55,7 @@ from dataclasses import dataclass, field
 
 from draftgen.backends.errors import provider_of
 from draftgen.backends.openrouter_batch import WireBatch, encode_submission, request_item, results_cap
-from draftgen.engine.batch_ingest import BatchContext, ingest, release_item
+from draftgen.engine.batch_ingest import BatchContext, Ingested, ingest, release_item
 from draftgen.engine.batch_journal import BatchJournal, batch_lines, load_prompts
 from draftgen.engine.budget import RAISE_BUDGET, Admission
 from draftgen.engine.plans import EngineResult, PartitionPlan
@@ -400,7 +405,7 @@ class BatchRunner:
                 running.append(b.id)
                 continue
             full = await self.ctx.setup.client.retrieve(b.id, cap=results_cap([it.max_tokens for it in v.items]))
-            if any(r.custom_id in mine for r in full.results or []):
+            if any(isinstance(r.custom_id, str) and r.custom_id in mine for r in full.results or []):
                 return full
             o.foreign.add(b.id)  # another's, or ended without results (then nothing to record, nothing billed)
         if running and len(running) != o.undecided:
@@ -489,19 +494,32 @@ class BatchRunner:
 
     async def _finish(self, o: _Open, wb: WireBatch) -> None:
         ctx, v = self.ctx, o.view
-        written = await ingest(ctx, wb, v, self._prompts_of(o), started=_wall(v))
+        got = await ingest(ctx, wb, v, self._prompts_of(o), started=_wall(v))
         c = wb.counts
-        cost = wb.usage.cost if wb.usage is not None else None
         why = str(wb.error.message) if wb.error is not None and wb.error.message else None
         self._append(BatchEvent(key=v.key, event="finished", at=time.time(), status=wb.status, total=c.total,
-                                completed=c.completed, failed=c.failed, cost=cost, provider=wb.provider, reason=why))
+                                completed=c.completed, failed=c.failed, cost=got.billed, provider=wb.provider,
+                                reason=why))
         self._open.pop(v.key, None)
-        money = f", ${cost:.4f} billed" if cost is not None else ""
-        ctx.display.print(f"batch {wb.id}: {wb.status}{money}; {written:,} records, {c.failed:,} failed requests"
-                          + (f" ({why})" if why else ""))
+        ctx.display.print(f"batch {wb.id}: {wb.status}{_money(got)}; {got.written:,} records, {c.failed:,} failed "
+                          "requests" + (f" ({why})" if why else "") + _extras(got))
         self._summary(force=True)
         self._wake.set()
 
 
 def _wall(v: BatchView) -> float:
     return v.submitted_at or v.prepared_at
+
+
+def _money(got: Ingested) -> str:
+    """What a batch billed, and the part of it no result accounts for (booked as spend all the same)."""
+    if got.billed is None:
+        return f", ${got.results_cost:.4f} booked for its results (it said no cost)" if got.results_cost else ""
+    beyond = f" (${got.unattributed:.4f} of it beyond its results' costs, booked as spend)" if got.unattributed else ""
+    return f", ${got.billed:.4f} billed{beyond}"
+
+
+def _extras(got: Ingested) -> str:
+    parts = [f"{got.duplicates:,} duplicate results"] if got.duplicates else []
+    parts += [f"{got.strays:,} results it was not submitted with"] if got.strays else []
+    return f"; {' and '.join(parts)}: no record, their cost booked as spend" if parts else ""

@@ -3,28 +3,40 @@
 Reads a terminal batch (``backends.openrouter_batch.WireBatch``) and the prompts its items were cut
 from; writes, through the run's ``Sinks``, a ``ResponseRecord`` per usable result (built by the same
 ``Assembler``, so reconstruction, the audit's billing check, the dropped-reasoning gate and provenance
-see nothing new; ``batch_id`` and ``service_tier`` say where it came from), an ``AttemptRecord`` per item,
-and a ``FailureRecord`` for an item given up.
+see nothing new; ``batch_id`` and ``service_tier`` say where it came from), an ``AttemptRecord`` per result
+(and per dollar billed beyond them), and a ``FailureRecord`` for an item given up.
 
 Invariants:
 
+- Every result goes through the one intake of every response (``intake.check_response``: tokens, model,
+  providers, completeness, reasoning, as for sync): a result of another model, without a finish reason or
+  cut short is unusable, never a record, never done; its sample is retried like a failed item (below).
+- One record per sample: of the results carrying an item's custom_id, the first usable one is its record;
+  every other one is booked as spend with no record (a usable one as ``batch_duplicate``). A result with a
+  custom_id the batch was not submitted with (``batch_stray``) is booked the same way.
 - An item whose sample is already done (written before a kill, or by another path) is skipped: each
   sample is recorded once. Its reservation is released, never settled (its spend is in the raw log).
 - Every other item's reservation is settled (a record: its cost booked) or released (no record).
 - Records are handed to the sinks in chunks; after each chunk the sinks are flushed (durable on disk)
   before the next, so a kill -9 loses at most what was not yet durable, and the next run writes it.
-- Costs: a result's own ``usage.cost`` when it carries one; otherwise its share of the batch's
-  ``usage.cost`` (what OpenRouter charges for the batch), split by each result's tokens at the batch
-  prices (``cost_computed``), the same split whichever run ingests it. An unusable result's cost is booked
-  as spend (``BudgetGovernor.charge``) and its provider avoided by later batches.
-- A failed item (an ``error`` result, a non-2xx response, no result, or a failed/expired/cancelled batch)
-  goes through ``RetryPolicy.decide`` once: retried (synchronously after the batches, or in a later batch,
-  by ``endpoint.batch.retry``) or given up (a ``FailureRecord``).
+- Costs: a result's own ``usage.cost`` when it carries one (a negative or unreadable one is none);
+  otherwise its share of the batch's ``usage.cost`` (what OpenRouter charges for the batch, read by
+  ``WireBatch.cost``), split by each result's tokens at the batch prices (``cost_computed``), the same split
+  whichever run ingests it; a result whose body could not be read, what its usage says (at the batch
+  prices). A result with no record has its cost booked as spend (``BudgetGovernor.charge``); an unusable
+  one's provider is avoided by later batches and by the sample's synchronous retry (``avoid_for``).
+- Booked equals billed: what the batch billed beyond the costs of all its results (``intake.unattributed``)
+  is booked as spend with no record, logged, and shown on the batch's line (``engine.batch``), so the
+  dollars left are computed from what the server billed.
+- A failed item (an ``error`` result, a non-2xx response, an unusable result, no result, or a
+  failed/expired/cancelled batch) goes through ``RetryPolicy.decide`` once: retried (synchronously after
+  the batches, or in a later batch, by ``endpoint.batch.retry``) or given up (a ``FailureRecord``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -35,23 +47,20 @@ from typing import Any, Literal, Protocol
 import msgspec
 
 from draftgen.backends.base import Completion, EndpointInfo
-from draftgen.backends.errors import provider_of
+from draftgen.backends.errors import attribute, billing_of, provider_of
 from draftgen.backends.openrouter_batch import WireBatch, WireBatchList, result_completion
 from draftgen.backends.pricing import Prices
-from draftgen.engine.assemble import (
-    Assembler,
-    UnusableResponse,
-    check_reasoning,
-    check_record_tokens,
-    check_tokens,
-)
+from draftgen.engine.assemble import Assembler, UnusableResponse, check_record_tokens
 from draftgen.engine.budget import BudgetGovernor, usage_cost
 from draftgen.engine.health import RoutingGuard
+from draftgen.engine.intake import IntakeRules, check_response, unattributed
 from draftgen.engine.plans import DatasetPlan
 from draftgen.engine.progress import Display, RunLog
+from draftgen.engine.prompts import estimate_prompt_tokens
 from draftgen.engine.retry import GiveUp, RetryPolicy
 from draftgen.engine.sinks import Sinks
 from draftgen.engine.stats import RunStats
+from draftgen.engine.usable import record_flags
 from draftgen.errors import APIError, PermanentAPIError, RetryableAPIError
 from draftgen.records import (
     AttemptRecord,
@@ -63,7 +72,7 @@ from draftgen.records import (
     Usage,
 )
 
-__all__ = ["BatchAPI", "BatchContext", "BatchOptions", "BatchSetup", "ingest", "release_item"]
+__all__ = ["BatchAPI", "BatchContext", "BatchOptions", "BatchSetup", "Ingested", "ingest", "release_item"]
 
 #: records handed to the sinks between two flushes
 CHUNK = 256
@@ -97,14 +106,16 @@ class BatchOptions:
 @dataclass
 class BatchSetup:
     """What the run's batches are made of: the client, the batch-level model, each request's body, the
-    batch prices (worst case over the batch endpoints routing allows) and the ``provider`` object for the
-    providers still to be avoided (``backends.openrouter_batch.batch_provider``)."""
+    batch prices (worst case over the batch endpoints routing allows), the ``provider`` object for the
+    providers still to be avoided (``backends.openrouter_batch.batch_provider``), and what every result is
+    held to (``intake``: the run's ``IntakeRules``, the same as its synchronous responses')."""
 
     client: BatchAPI
     model: str
     body: Callable[[PromptRecord, int], bytes]
     prices: Prices
     provider_for: Callable[[Sequence[str]], tuple[dict[str, Any] | None, list[EndpointInfo]]]
+    intake: IntakeRules
     guard: RoutingGuard | None = None
     backend: str = "openrouter"
 
@@ -130,7 +141,10 @@ class BatchContext:
     retry: list[tuple[str, PromptRecord, str, int]] = field(default_factory=list)
     #: ``retry: sync``: items left for the synchronous requests after the batches
     to_sync: int = 0
+    #: providers (slugs) whose results were unusable: later batches leave them out of ``provider.only``
     avoid: list[str] = field(default_factory=list)
+    #: (dataset, sample id) → providers (slugs) that gave it an unusable result: its synchronous retry avoids them
+    avoid_for: dict[tuple[str, str], list[str]] = field(default_factory=dict)
 
     def done(self, dataset: str, sample_id: str) -> bool:
         plan = self.datasets.get(dataset)
@@ -148,27 +162,35 @@ def release_item(ctx: BatchContext, item: BatchItem, cost: float = 0.0) -> None:
 # -- costs ---------------------------------------------------------------------------------------------
 
 
-def _shares(wb: WireBatch, comps: dict[str, Completion], prices: Prices) -> dict[str, float]:
-    """Each result without a cost of its own → its share of what the batch was charged beyond the costs
-    the others reported (by their tokens at the batch prices)."""
-    missing = {cid: c for cid, c in comps.items() if c.usage is None or c.cost_missing}
-    if not missing:
-        return {}
-    reported = sum(usage_cost(c.usage) for cid, c in comps.items() if cid not in missing)
+def _own_cost(ctx: BatchContext, out: Completion | APIError, worst_usd: float,
+              prompt_tokens: int) -> tuple[float | None, float]:
+    """A result's own cost (None when it reported none that can be read) and its weight in the batch's
+    cost: its tokens (or, for a body that could not be read, its text) at the batch prices. An error that
+    says nothing of a bill costs nothing."""
+    prices = ctx.setup.prices
+    if isinstance(out, Completion):
+        u = out.usage
+        weight = prices.cost(u.prompt_tokens, u.completion_tokens) if u is not None else prices.request
+        return (None if u is None or out.cost_missing else usage_cost(u)), weight
+    b = billing_of(out)
+    if b is None:
+        return 0.0, 0.0
+    if b.usage is not None and b.cost_known:
+        return usage_cost(b.usage), 0.0
+    return None, ctx.governor.billed_cost(b, worst_usd, prompt_tokens, prices=prices)
 
-    def weight(c: Completion) -> float:
-        u = c.usage
-        return prices.cost(u.prompt_tokens, u.completion_tokens) if u is not None else prices.request
 
-    if wb.usage is not None and wb.usage.cost is not None:
-        pool = max(0.0, wb.usage.cost - reported)
-    else:  # no batch cost either: price them (cost_computed all the same)
-        return {cid: weight(c) for cid, c in missing.items()}
-    weights = {cid: weight(c) for cid, c in missing.items()}
+def _shares(billed: float | None, known: dict[int, float], weights: dict[int, float]) -> dict[int, float]:
+    """Each result without a cost of its own (``weights``) → its share of what the batch was charged
+    beyond the costs the others reported (``known``), by weight; its weight itself (the batch prices)
+    when the batch said no cost either."""
+    if billed is None:
+        return dict(weights)
+    pool = max(0.0, billed - sum(known.values()))
     total = sum(weights.values())
     if total <= 0:
-        return {cid: pool / len(missing) for cid in missing}
-    return {cid: pool * w / total for cid, w in weights.items()}
+        return {i: pool / len(weights) for i in weights}
+    return {i: pool * w / total for i, w in weights.items()}
 
 
 def _priced(comp: Completion, share: float | None) -> Completion:
@@ -183,23 +205,74 @@ def _priced(comp: Completion, share: float | None) -> Completion:
 
 
 @dataclass
+class _Arrival:
+    """One result as it came: its custom_id (of any type), what it is, and what it cost."""
+
+    cid: Any
+    out: Completion | APIError
+    cost: float = 0.0
+
+
+@dataclass
 class _Item:
     item: BatchItem
     cid: str  # its custom_id
     prompt: PromptRecord | None
-    outcome: Completion | APIError
+    arrivals: list[_Arrival]  # every result carrying its custom_id, in order; a missing one's error if none
+
+
+@dataclass
+class Ingested:
+    """What ingesting one batch did: records written, what the server billed (``WireBatch.cost``), the
+    costs of its results, and the remainder booked as spend with no record (``intake.unattributed``);
+    ``duplicates``: results beyond one per request; ``strays``: results it was not submitted with."""
+
+    written: int = 0
+    billed: float | None = None
+    results_cost: float = 0.0
+    unattributed: float = 0.0
+    duplicates: int = 0
+    strays: int = 0
+
+
+def _arrivals(ctx: BatchContext, wb: WireBatch, view: BatchView,
+              prompts: dict[tuple[str, str], PromptRecord]) -> list[_Arrival]:
+    """Every result of ``wb``, decoded and priced: its own cost, else its share of the batch's."""
+    where = f"batch {wb.id}"
+    items = {view.custom_id(it): it for it in view.items}
+    out: list[_Arrival] = []
+    known: dict[int, float] = {}
+    weights: dict[int, float] = {}
+    for i, r in enumerate(wb.results or []):
+        got = result_completion(r, backend=ctx.setup.backend, where=f"{where}, {r.custom_id}")
+        it = items.get(r.custom_id) if isinstance(r.custom_id, str) else None
+        p = prompts.get((it.dataset, it.sample_id)) if it is not None else None
+        cost, weight = _own_cost(ctx, got, it.usd if it is not None else math.inf,
+                                 estimate_prompt_tokens(p) if p is not None else 0)
+        if cost is None:
+            weights[i] = weight
+        else:
+            known[i] = cost
+        out.append(_Arrival(r.custom_id, got, cost or 0.0))
+    for i, share in _shares(wb.cost, known, weights).items():
+        a = out[i]
+        a.cost = share
+        if isinstance(a.out, Completion):
+            a.out = _priced(a.out, share)
+    return out
 
 
 async def ingest(ctx: BatchContext, wb: WireBatch, view: BatchView, prompts: dict[tuple[str, str], PromptRecord],
-                 *, started: float) -> int:
+                 *, started: float) -> Ingested:
     """Records for the usable results of terminal batch ``wb`` (the journal's ``view`` of it), everything
-    else retried or given up. Returns the records written."""
-    results = {r.custom_id: r for r in wb.results or []}
-    mine = {view.custom_id(it) for it in view.items}
-    stray = [cid for cid in results if cid not in mine]
-    if stray:
-        ctx.log.write(f"batch {wb.id}: {len(stray)} results with custom_ids it was not submitted with are ignored "
-                      f"(first: {stray[0]})")
+    else retried or given up, and every dollar it was billed booked (module docstring)."""
+    arrivals = _arrivals(ctx, wb, view, prompts)
+    mine: dict[str, list[_Arrival]] = {view.custom_id(it): [] for it in view.items}
+    strays: list[_Arrival] = []
+    for a in arrivals:
+        (mine[a.cid] if isinstance(a.cid, str) and a.cid in mine else strays).append(a)
+    rep = Ingested(billed=wb.cost, results_cost=sum(a.cost for a in arrivals), strays=len(strays),
+                   duplicates=sum(max(0, len(v) - 1) for v in mine.values()))
     where = f"batch {wb.id}"
     todo: list[_Item] = []
     for it in view.items:
@@ -207,45 +280,44 @@ async def ingest(ctx: BatchContext, wb: WireBatch, view: BatchView, prompts: dic
             release_item(ctx, it)  # recorded before (a run killed while ingesting): never twice
             continue
         cid = view.custom_id(it)
-        res = results.get(cid)
-        out: Completion | APIError
-        if res is not None:
-            out = result_completion(res, backend=ctx.setup.backend, where=f"{where}, {cid}")
-        else:
+        got = mine[cid]
+        if not got:
             kind = "batch_missing_result" if wb.status == "completed" else f"batch_{wb.status}"
             why = wb.error.message if wb.error is not None and wb.error.message else f"the batch ended {wb.status}"
-            out = RetryableAPIError(f"{kind} ({why}; {where})", kind=kind)
-        todo.append(_Item(it, cid, prompts.get((it.dataset, it.sample_id)), out))
-    shares = _shares(wb, {t.cid: t.outcome for t in todo if isinstance(t.outcome, Completion)},
-                      ctx.setup.prices)
+            got = [_Arrival(cid, RetryableAPIError(f"{kind} ({why}; {where})", kind=kind))]
+        todo.append(_Item(it, cid, prompts.get((it.dataset, it.sample_id)), got))
     ended = time.time()
-    written = 0
     for n in range(0, len(todo), CHUNK):
-        chunk = todo[n:n + CHUNK]
-        written += await _chunk(ctx, wb, chunk, shares, started, ended)
+        rep.written += await _chunk(ctx, wb, todo[n:n + CHUNK], started, ended)
         await ctx.sinks.flush()
-    return written
+    _book_beyond(ctx, wb, rep, strays, started, ended)
+    return rep
 
 
-async def _chunk(ctx: BatchContext, wb: WireBatch, chunk: list[_Item], shares: dict[str, float], started: float,
-                 ended: float) -> int:
+def _book_beyond(ctx: BatchContext, wb: WireBatch, rep: Ingested, strays: list[_Arrival], started: float,
+                 ended: float) -> None:
+    """Book what no request of the batch accounts for: its strays' costs, then what it billed beyond all
+    its results' costs (``intake.unattributed``); each an ``AttemptRecord`` the next run's budget reads."""
+    for a in strays:
+        _spend(ctx, "", str(a.cid), started, ended, "batch_stray", wb.provider, a.cost, 1)
+    if strays:
+        ctx.log.write(f"batch {wb.id}: {len(strays)} results with custom_ids it was not submitted with "
+                      f"(first: {strays[0].cid!r}): no record; ${sum(a.cost for a in strays):.6f} booked as spend")
+    rep.unattributed = unattributed(rep.billed, rep.results_cost)
+    if rep.unattributed > 0:
+        _spend(ctx, "", wb.id, started, ended, "batch_unattributed", wb.provider, rep.unattributed, 1)
+        ctx.log.write(f"batch {wb.id}: billed ${rep.billed or 0.0:.6f}, its results' costs ${rep.results_cost:.6f}; "
+                      f"the ${rep.unattributed:.6f} beyond them is booked as spend with no record")
+
+
+async def _chunk(ctx: BatchContext, wb: WireBatch, chunk: list[_Item], started: float, ended: float) -> int:
     usable: list[tuple[_Item, Completion]] = []
     for t in chunk:
         it = t.item
         ctx.attempts[(it.dataset, it.sample_id)] += 1
-        out = t.outcome
-        if not isinstance(out, Completion):
-            _failed(ctx, t, out, started, ended, provider=provider_of(out) or wb.provider)
-            continue
-        comp = _priced(out, shares.get(t.cid))
-        bad = _check(ctx, comp, it.max_tokens)
-        if bad is None and t.prompt is None:
-            bad = PermanentAPIError(f"prompt_missing ({it.sample_id} is no longer in the prepared prompts)",
-                                    kind="prompt_missing")
-        if bad is not None:  # billed all the same: its cost is spend
-            _failed(ctx, t, bad, started, ended, cost=usage_cost(comp.usage), provider=comp.provider)
-            continue
-        usable.append((t, comp))
+        chosen = _choose(ctx, wb, t, started, ended)
+        if chosen is not None:
+            usable.append((t, chosen))
     if not usable:
         return 0
     latency = max(0.0, ended - started)
@@ -261,20 +333,50 @@ async def _chunk(ctx: BatchContext, wb: WireBatch, chunk: list[_Item], shares: d
     return n
 
 
+def _choose(ctx: BatchContext, wb: WireBatch, t: _Item, started: float, ended: float) -> Completion | None:
+    """The first of an item's results that passes the intake (``intake.check_response``), to become its
+    record. Every other result is booked as spend with no record (a usable one as ``batch_duplicate``); with
+    none usable, the last failure is retried or given up (``_failed``) and the others are only booked."""
+    it = t.item
+    chosen: Completion | None = None
+    failures: list[tuple[_Arrival, APIError]] = []
+    for a in t.arrivals:
+        out = a.out
+        bad = _check(ctx, out, it.max_tokens) if isinstance(out, Completion) else out
+        if bad is None and t.prompt is None:
+            bad = PermanentAPIError(f"prompt_missing ({it.sample_id} is no longer in the prepared prompts)",
+                                    kind="prompt_missing")
+        if bad is None and chosen is None:
+            assert isinstance(out, Completion)
+            chosen = out
+        elif bad is None:
+            assert isinstance(out, Completion)
+            _extra(ctx, t, started, ended, "batch_duplicate", out.provider, a.cost)
+        else:
+            failures.append((a, bad))
+    last = None if chosen is not None or not failures else failures.pop()
+    for a, bad in failures:
+        _extra(ctx, t, started, ended, bad.kind, _provider(a.out, wb), a.cost, bad)
+    if last is not None:
+        a, bad = last
+        _failed(ctx, t, bad, started, ended, cost=a.cost, provider=_provider(a.out, wb))
+    if len(t.arrivals) > 1:
+        ctx.log.write(f"batch {wb.id}: {len(t.arrivals)} results for {t.cid}: "
+                      + ("the first usable one is its record, " if chosen is not None else "")
+                      + "the others are booked as spend with no record")
+    return chosen
+
+
+def _provider(out: Completion | APIError, wb: WireBatch) -> str | None:
+    return out.provider if isinstance(out, Completion) else provider_of(out) or wb.provider
+
+
 def _check(ctx: BatchContext, comp: Completion, max_tokens: int) -> APIError | None:
-    """Why a result cannot be a record: more tokens than asked for, a provider the routing excluded, or
-    reasoning dropped (``engine.assemble``); None when it can."""
+    """Why a result cannot be a record (``intake.check_response``, as every response); None when it can."""
     try:
-        check_tokens(comp, max_tokens)
-        guard = ctx.setup.guard
-        if guard is not None:
-            why = guard.excluded(comp.provider)
-            if why is not None:
-                raise UnusableResponse(f"provider_excluded ({comp.provider}: {why}; it was served all the same)",
-                                       kind="provider_excluded")
-        check_reasoning(comp)
+        check_response(comp, max_tokens, ctx.setup.intake, guard=ctx.setup.guard)
     except RetryableAPIError as exc:
-        return exc
+        return attribute(exc, comp.provider)
     return None
 
 
@@ -288,7 +390,8 @@ def _build_all(ctx: BatchContext, usable: list[tuple[_Item, Completion]], latenc
         try:
             rec = ctx.assembler.build(t.prompt, comp, partition=it.partition, max_tokens=it.max_tokens,
                                       attempts=ctx.attempts[(it.dataset, it.sample_id)], latency_s=latency,
-                                      quantization=guard.quantization(comp.provider) if guard is not None else None)
+                                      quantization=guard.quantization(comp.provider) if guard is not None else None,
+                                      extra_flags=record_flags(comp, t.prompt.tools))
             check_record_tokens(rec, it.max_tokens)
         except APIError as exc:
             out.append(exc)
@@ -323,17 +426,58 @@ def _write(ctx: BatchContext, item: BatchItem, comp: Completion, rec: ResponseRe
 
 def _attempt(ctx: BatchContext, item: BatchItem, started: float, ended: float, outcome: str, provider: str | None,
              comp: Completion | None = None, cost: float = 0.0) -> None:
+    u = comp.usage if comp is not None else None
+    _attempt_row(ctx, item.dataset, item.sample_id, started, ended, outcome, provider, cost,
+                 ctx.attempts[(item.dataset, item.sample_id)], u.completion_tokens if u is not None else 0)
+
+
+def _attempt_row(ctx: BatchContext, dataset: str, sample_id: str, started: float, ended: float, outcome: str,
+                 provider: str | None, cost: float, attempt: int, completion_tokens: int = 0) -> None:
     sink = ctx.sinks.attempts
     if sink is None:
         return
     guard = ctx.setup.guard
-    u = comp.usage if comp is not None else None
     sink.put(AttemptRecord(
-        sample_id=item.sample_id, dataset=item.dataset, attempt=ctx.attempts[(item.dataset, item.sample_id)],
-        started_at=round(started, 4), ended_at=round(ended, 4), outcome=outcome, provider=provider,
+        sample_id=sample_id, dataset=dataset, attempt=attempt, started_at=round(started, 4),
+        ended_at=round(ended, 4), outcome=outcome, provider=provider,
         quantization=guard.quantization(provider) if guard is not None and provider else None,
-        completion_tokens=u.completion_tokens if u is not None else 0, cost=cost,
+        completion_tokens=completion_tokens, cost=cost,
     ))
+
+
+def _spend(ctx: BatchContext, dataset: str, sample_id: str, started: float, ended: float, outcome: str,
+           provider: str | None, cost: float, attempt: int) -> None:
+    """Book ``cost``, billed with no record and no reservation of its own (``BudgetGovernor.charge``), as an
+    ``AttemptRecord`` with that cost (the next run's budget reads it: ``store.scan_attempt_spend``)."""
+    gov, st = ctx.governor, ctx.stats
+    gov.charge(cost)
+    st.spend_session, st.remaining = gov.session, gov.remaining
+    _attempt_row(ctx, dataset, sample_id, started, ended, outcome, provider, cost, attempt)
+
+
+def _extra(ctx: BatchContext, t: _Item, started: float, ended: float, outcome: str, provider: str | None,
+           cost: float, exc: APIError | None = None) -> None:
+    """A result of an item beyond the one that decides it (a duplicate custom_id): booked, never a record;
+    an unusable one's provider is avoided all the same."""
+    it = t.item
+    _spend(ctx, it.dataset, it.sample_id, started, ended, outcome, provider, cost,
+           ctx.attempts[(it.dataset, it.sample_id)])
+    if exc is not None:
+        _avoid(ctx, t, exc, provider)
+
+
+def _avoid(ctx: BatchContext, t: _Item, exc: APIError, provider: str | None) -> None:
+    """An unusable result's provider: avoided by later batches (their ``provider.only``) and by the
+    sample's synchronous retry (``avoid_for``)."""
+    if not isinstance(exc, UnusableResponse) or not provider or ctx.setup.guard is None:
+        return
+    slug = ctx.setup.guard.slug(provider)
+    mine = ctx.avoid_for.setdefault((t.item.dataset, t.item.sample_id), [])
+    if slug not in mine:
+        mine.append(slug)
+    if slug not in ctx.avoid:
+        ctx.avoid.append(slug)
+        ctx.display.print(f"batch results from {provider} are unusable ({exc.kind}); later batches avoid it")
 
 
 def _failed(ctx: BatchContext, t: _Item, exc: APIError, started: float, ended: float, *, cost: float = 0.0,
@@ -343,11 +487,7 @@ def _failed(ctx: BatchContext, t: _Item, exc: APIError, started: float, ended: f
     it = t.item
     release_item(ctx, it, cost)
     _attempt(ctx, it, started, ended, exc.kind, provider, cost=cost)
-    if isinstance(exc, UnusableResponse) and provider and ctx.setup.guard is not None:
-        slug = ctx.setup.guard.slug(provider)
-        if slug not in ctx.avoid:
-            ctx.avoid.append(slug)
-            ctx.display.print(f"batch results from {provider} are unusable ({exc.kind}); later batches avoid it")
+    _avoid(ctx, t, exc, provider)
     tries = ctx.attempts[(it.dataset, it.sample_id)]
     decision = ctx.policy.decide(exc, tries)
     if not isinstance(decision, GiveUp) and t.prompt is not None:

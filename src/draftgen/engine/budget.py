@@ -45,8 +45,10 @@ the record's usage with ``cost_computed`` so a resume scan adds it up like a rep
 
 Every billed response is booked: a record's cost when it is written; ``charge`` for one that produced
 no record (rejected as invalid, or unusable), at ``billed_cost``: its reported cost, else its usage at
-the routed prices, else its text length at the routed prices (``TEXT_BYTES_PER_TOKEN``), at most its
-worst case; and the worst case of a request abandoned on the wire (an interrupt). A cost is never
+the routed prices (a batch result's: the batch prices), else its text length at those prices
+(``TEXT_BYTES_PER_TOKEN``), at most its worst case; the worst case of a request abandoned on the wire (an
+interrupt); and what a batch was billed beyond the costs of its results (``intake.unattributed``:
+duplicates, results it was not submitted with, prices above the batch prices), charged when it ends. A cost is never
 negative (``usage_cost``): a credit from a server is no credit. A sample retried after a billed attempt
 reserves again (``rebook``) before its next attempt, so retries of billed rejections keep
 ``spent + reserved <= max_spend`` too: the overshoot stays within what is in flight.
@@ -368,20 +370,22 @@ class BudgetGovernor:
             self.session += cost
             self._notify()
 
-    def billed_cost(self, b: Billing, worst_usd: float, prompt_tokens: int = 0) -> float:
+    def billed_cost(self, b: Billing, worst_usd: float, prompt_tokens: int = 0, *, prices: Prices | None = None) -> float:
         """What a response that produced no record was billed (see the module docstring); never negative.
-        ``prompt_tokens``: the estimate used when its usage names none."""
+        ``prompt_tokens``: the estimate used when its usage names none; ``prices``: the prices it was sold
+        at when not the routed ones (a batch result's: the batch prices)."""
         u = b.usage
         if u is not None and b.cost_known:
             return usage_cost(u)
-        if not self.priced:
+        if prices is None and not self.priced:
             return 0.0
+        prices = prices if prices is not None else self.prices
         from_text = -(-b.text_bytes // TEXT_BYTES_PER_TOKEN)
         completion = max(u.completion_tokens if u is not None else 0, from_text)
         prompt = u.prompt_tokens if u is not None and u.prompt_tokens else prompt_tokens
         if not completion and u is None:
             return 0.0
-        return max(0.0, min(self.prices.cost(prompt, completion), worst_usd))
+        return max(0.0, min(prices.cost(prompt, completion), worst_usd))
 
     async def rebook(self, res: Reservation, prompt_tokens: int) -> Reservation | None:
         """A reservation for one more attempt of the request holding ``res`` (whose last attempt was billed):

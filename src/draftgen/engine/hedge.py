@@ -46,8 +46,8 @@ __all__ = ["HedgeRace", "Wire"]
 
 
 class Wire(Protocol):
-    """What the race needs of the sample runner: one request on the wire with the checks on its response,
-    and the runner's books (attempt records, provider health, the providers a request avoids)."""
+    """What the race needs of the sample runner: one request on the wire with the checks on its response
+    (``call``: a hedge's response goes through the same ``intake.check_response`` as any), and the runner's books (attempt records, provider health, the providers a request avoids)."""
 
     async def call(self, s: Sample, req: CompletionRequest, fl: Flight) -> Attempt | Lost: ...
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftgen.engine.intake import IntakeRules
 from draftgen.engine.tail import TailPolicy
 
 __all__ = ["DatasetPlan", "EngineOptions", "EngineResult", "PartitionPlan"]
@@ -53,12 +54,11 @@ class EngineOptions:
     the first ``concurrency`` requests of a partition are spread over it; ``attempts_path`` /
     ``health_path``: ``logs/attempts.jsonl`` and ``logs/health.jsonl`` (None: not written);
     ``keep_unusable``: an unusable response is a sample's record when its retries run out;
-    ``require_reasoning``: a response with its reasoning dropped is unusable; ``model`` /
-    ``model_aliases``: the model requested and the other names its responses may carry (None: not
-    checked); ``min_length_fraction``: a ``length`` cut below this share of ``max_tokens`` is incomplete;
-    ``avoid``: (dataset, sample id) → providers its requests avoid from the first attempt (a sample
-    regenerated because the audit excluded the record a provider served); ``tail``: stalls, the rate floor
-    and hedges (``tail.*``).
+    ``intake``: what every response is held to (``intake.IntakeRules``: the model and its aliases,
+    completeness, reasoning; ``IntakeRules()`` checks no model); ``avoid``: (dataset, sample id) →
+    providers its requests avoid from the first attempt (a sample regenerated because the audit excluded
+    the record a provider served, or whose batch result was unusable); ``tail``: stalls, the rate floor and
+    hedges (``tail.*``).
     """
 
     adaptive: bool = True
@@ -71,9 +71,6 @@ class EngineOptions:
     attempts_path: Path | None = None
     health_path: Path | None = None
     keep_unusable: bool = False
-    require_reasoning: bool = True
-    model: str | None = None
-    model_aliases: tuple[str, ...] = ()
-    min_length_fraction: float = 0.5
+    intake: IntakeRules = field(default_factory=IntakeRules)
     avoid: Mapping[tuple[str, str], Sequence[str]] = field(default_factory=dict)
     tail: TailPolicy = field(default_factory=TailPolicy)

@@ -107,7 +107,9 @@ class RetryPolicy:
     def delay(self, attempts: int, retry_after: float | None = None) -> float:
         """Seconds to wait after ``attempts`` failed attempts (``attempts`` >= 1)."""
         max_delay = max(0.0, self.max_delay)
-        cap = min(max_delay, self.base * self.multiplier ** max(0, attempts - 1))
+        # the exponent is bounded: a batch polled through a day-long outage fails thousands of times in a row,
+        # and multiplier ** 1,100 is no float
+        cap = min(max_delay, self.base * self.multiplier ** min(max(0, attempts - 1), 64))
         wait = self.rng.uniform(0.0, cap)
         if retry_after is not None and retry_after > 0:  # NaN compares False: ignored
             wait = max(wait, retry_after + self.rng.uniform(0.0, min(1.0, 0.1 * retry_after)))

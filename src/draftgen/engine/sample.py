@@ -10,8 +10,8 @@ through ``Sinks``. Three layers, each owning one thing:
 - ``_until_done`` loops over outcomes until the sample is written or given up. Every failed outcome goes
   through ``_decide`` once: the run's stop rules, then the one retry decision (``RetryPolicy.decide``):
   wait out the backoff and attempt again, keep the last unusable response, or record the failure.
-- ``_attempt`` is one request and the checks on its response (``call``), returning a typed outcome
-  (``outcomes``):
+- ``_attempt`` is one request and the checks on its response (``call``: ``intake.check_response``, the one
+  intake of every path), returning a typed outcome (``outcomes``):
   ``Usable`` (build it), ``Unusable`` (retry elsewhere: its provider is avoided, the response may be kept)
   or ``Rejected`` (an API error, more tokens than asked for, or a stream cancelled under the rate floor,
   ``slow_stream``, whose provider is avoided too). ``_finish`` frees the slot, builds the record in the CPU
@@ -41,17 +41,12 @@ from typing import Any, Literal
 
 from draftgen.backends.base import Backend, Billing, Completion, CompletionRequest
 from draftgen.backends.errors import attribute, billing_of, provider_of
-from draftgen.engine.assemble import (
-    Assembler,
-    UnusableResponse,
-    check_reasoning,
-    check_record_tokens,
-    check_tokens,
-)
+from draftgen.engine.assemble import Assembler, UnusableResponse, check_record_tokens
 from draftgen.engine.budget import BudgetGovernor, Reservation, usage_cost
 from draftgen.engine.flight import Flight
 from draftgen.engine.health import ProviderHealth
 from draftgen.engine.hedge import HedgeRace
+from draftgen.engine.intake import check_response
 from draftgen.engine.limiter import AdaptiveLimiter
 from draftgen.engine.outcomes import (
     Attempt,
@@ -72,7 +67,7 @@ from draftgen.engine.prompts import estimate_prompt_tokens
 from draftgen.engine.retry import Keep, Retry, RetryPolicy
 from draftgen.engine.sinks import Sinks
 from draftgen.engine.stats import RunStats
-from draftgen.engine.usable import check_complete, check_identity, record_flags
+from draftgen.engine.usable import record_flags
 from draftgen.errors import (
     APIError,
     AuthError,
@@ -214,8 +209,8 @@ class SampleRunner:
         latency = time.monotonic() - fl.started
         ended = time.time()
         try:
-            check_tokens(comp, s.part.max_tokens)
-            self._check_usable(comp, req)
+            check_response(comp, req.max_tokens, self.options.intake,
+                           guard=self.health.guard if self.health is not None else None, sent_ignore=req.provider_ignore)
         except RetryableAPIError as exc:  # more tokens than asked for, or unusable
             attribute(exc, comp.provider)
             charged = self._charge(s, Billing(usage=comp.usage, cost_known=not comp.cost_missing,
@@ -259,7 +254,7 @@ class SampleRunner:
             return await asyncio.get_running_loop().run_in_executor(self.cpu, partial(
                 self.assembler.build, s.prompt, comp, partition=s.part.name, max_tokens=s.part.max_tokens,
                 attempts=s.attempts, latency_s=r.latency, prompt_ids=s.req.prompt_ids, quantization=quant,
-                extra_flags=record_flags(comp, s.req) + ([f"unusable:{r.unusable}"] if r.unusable else []),
+                extra_flags=record_flags(comp, s.req.tools) + ([f"unusable:{r.unusable}"] if r.unusable else []),
             ))
         except DraftgenError as exc:  # a tokenizer/profile problem with this one output
             if r.unusable is None:
@@ -360,17 +355,6 @@ class SampleRunner:
             self.backoff.discard(task)
 
     # -- quality and health --------------------------------------------------------------------------------
-
-    def _check_usable(self, comp: Completion, req: CompletionRequest) -> None:
-        """Raise ``UnusableResponse`` for a response of another model or from a provider the request's
-        routing excluded (``usable.check_identity``), an incomplete one (``usable.check_complete``), or one
-        whose reasoning text was dropped."""
-        o = self.options
-        check_identity(comp, model=o.model, aliases=o.model_aliases,
-                       guard=self.health.guard if self.health is not None else None, sent_ignore=req.provider_ignore)
-        check_complete(comp, req.max_tokens, o.min_length_fraction)
-        if o.require_reasoning:
-            check_reasoning(comp)
 
     def ignore_for(self, avoid: list[str]) -> list[str] | None:
         """What this attempt adds to ``provider.ignore``: the providers in the run's cool-down and the ones

@@ -1,10 +1,11 @@
 """Whether a well-formed response is the one that was asked for: the model, the providers, complete.
 
-Plain functions over a ``backends.base.Completion`` (no I/O), called by ``engine.sample`` on every
-response before its record is built. Each refusal is an ``assemble.UnusableResponse`` (retryable): the
-engine books what the response was billed, retries the sample elsewhere (every provider the response
-named goes to that sample's ``provider.ignore``) and, with ``quality.keep_unusable``, may keep the last
-one flagged ``unusable:<kind>``. Kinds:
+Plain functions over a ``backends.base.Completion`` (no I/O), applied to every response before its record
+is built by ``engine.intake.check_response``, the one intake of every path (sync, hedge, batch, import).
+Each refusal is an ``assemble.UnusableResponse`` (retryable): the engine books what the response was
+billed, retries the sample elsewhere (every provider the response named goes to that sample's
+``provider.ignore``, or for a batch result to later batches' ``provider.only``) and, with
+``quality.keep_unusable``, may keep the last one flagged ``unusable:<kind>`` (sync only). Kinds:
 
     model_mismatch      the response names another model than the one requested (``model_matches``:
                         the requested id, its versions with a date suffix such as ``moonshotai/kimi-k2.5-0127``
@@ -24,9 +25,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from draftgen.backends.base import Completion, CompletionRequest
+from draftgen.backends.base import Completion
 from draftgen.engine.assemble import UnusableResponse
 from draftgen.engine.health import RoutingGuard
+from draftgen.records import Tool
 
 __all__ = ["check_complete", "check_identity", "model_matches", "record_flags"]
 
@@ -72,11 +74,12 @@ def check_identity(comp: Completion, *, model: str | None, aliases: Sequence[str
                                        kind="provider_excluded")
 
 
-def check_complete(comp: Completion, max_tokens: int, min_fraction: float) -> None:
-    """Raise ``UnusableResponse`` (``incomplete``) for a response with no finish reason, or cut by the
-    length limit far below ``max_tokens`` (billed tokens, or returned ids, under ``min_fraction`` of it)."""
+def check_complete(comp: Completion, max_tokens: int, min_fraction: float, *, require_finish: bool = True) -> None:
+    """Raise ``UnusableResponse`` (``incomplete``) for a response with no finish reason (unless not
+    ``require_finish``), or cut by the length limit far below ``max_tokens`` (billed tokens, or returned
+    ids, under ``min_fraction`` of it)."""
     prov = f", {comp.provider}" if comp.provider else ""
-    if comp.finish_reason is None:
+    if comp.finish_reason is None and require_finish:
         raise UnusableResponse(f"incomplete (no finish_reason{prov})", kind="incomplete")
     if comp.finish_reason == "length" and min_fraction > 0:
         billed = comp.usage.completion_tokens if comp.usage is not None else 0
@@ -86,9 +89,10 @@ def check_complete(comp: Completion, max_tokens: int, min_fraction: float) -> No
                                    f"completion tokens{prov})", kind="incomplete")
 
 
-def record_flags(comp: Completion, req: CompletionRequest) -> list[str]:
-    """The flags the record of ``comp`` carries besides its rebuild's (see the module docstring)."""
+def record_flags(comp: Completion, tools: Sequence[Tool] | None) -> list[str]:
+    """The flags the record of ``comp`` carries besides its rebuild's (see the module docstring); ``tools``:
+    the tools its request sent. Every path's records carry them (``engine.sample``, ``engine.batch_ingest``)."""
     flags = list(comp.flags)
-    if comp.tool_calls and not req.tools:
+    if comp.tool_calls and not tools:
         flags.append("tool_calls_without_tools")
     return flags

@@ -10,7 +10,11 @@ each file's bytes verified, in manifest = extraction = merged train order, ``EXP
 token counts). One folder per format, each sample ``i`` being the i-th sample of the manifest (flagged
 samples left out unless asked), so provenance holds: every folder
 also gets ``sample_ids.jsonl`` (``HiddenExportSample`` lines: index, sample_id, file) and, written last,
-``export.json`` (``HiddenExportReport``; a folder whose report matches the same hidden set is up to date).
+``export.json`` (``HiddenExportReport``: every file written, with its size and sha256). A rerun into a folder
+whose report matches the same hidden set verifies what it lists (each file there, of its size, and of its
+sha256 when modified since the export) and, when something is broken, rewrites those files from the set
+(a per-sample file through the format's own sink; anything else by writing the whole export again),
+saying what it repaired; an intact folder is up to date.
 
 - ``speculators`` (speculators 0.9 ``--data-path``): ``hidden_states/hs_{i}.safetensors`` with
   ``hidden_states`` [T, n_aux+1, H] (aux slots ascending, then the PRE-norm final; speculators applies the
@@ -53,15 +57,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 
 from draftgen.errors import ConfigError, InputError, RunDirError
+from draftgen.hidden.files import BytesWriter, atomic_save, file_digest
 from draftgen.hidden.format import (
     LoadedSample,
     is_temp,
-    open_temp,
     owner_marker,
     read_owner_marker,
     require,
     sample_key,
-    storage_faults,
     temp_name,
 )
 from draftgen.hidden.norm import FinalNorm, load_final_norm
@@ -119,19 +122,24 @@ class ExportContext:
     files: list[str] = field(default_factory=list)
     tokens: int = 0
     written: list[str] = field(default_factory=list)  # every file ``save`` wrote, in order
+    digests: dict[str, tuple[int, str]] = field(default_factory=dict)  # rel → (size, sha256) of what save wrote
 
     def save(self, rel: str, write: Callable[[str], None]) -> None:
-        """Publish ``out/rel`` atomically through ``write(tmp)``, listed for the next export to remove.
-        A file already there is not draftgen's (the previous listing was removed): refused, left alone."""
+        """Publish ``out/rel`` atomically through ``write(tmp)``, listed for the next export to remove, and
+        note its size and sha256 (``export.json`` records them; a rerun verifies them). A file already there
+        is not draftgen's (not in ``written``: the previous listing was removed, or a repair lists what it
+        may replace): refused, left alone."""
         path = self.out / rel
         if rel not in self.written and (path.exists() or path.is_symlink()):
             raise RunDirError(f"{path}: exists and no earlier export into {self.out} wrote it; draftgen does not "
                               "overwrite a file it did not write: move it away, or give --out a new folder")
         with open(self.out / EXPORT_JOURNAL, "a", encoding="utf-8") as fh:  # before the write: a death keeps it
             fh.write(rel + "\n")
-        _atomic_save(path, write)
+        atomic_save(path, write)
         if rel not in self.written:
             self.written.append(rel)
+        data = write.data if isinstance(write, BytesWriter) else None
+        self.digests[rel] = (len(data), hashlib.sha256(data).hexdigest()) if data is not None else file_digest(path)
 
     def post_norm(self, final: torch.Tensor) -> torch.Tensor:
         if self.norm is None:
@@ -187,35 +195,11 @@ def register_hidden_exporter(name: str, *, needs_norm: bool = False, doc: str = 
 # -- helpers -------------------------------------------------------------------------------------------------
 
 
-def _atomic_save(path: Path, write: Callable[[str], None]) -> None:
-    """``write(tmp)`` then rename to ``path`` (same folder): a reader sees the whole file or none."""
-    with storage_faults(str(path), "write"):  # a full disk: one line naming the file
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = open_temp(str(path.parent), path.name)
-        os.close(fd)
-        try:
-            write(tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-
-def _writer(data: bytes) -> Callable[[str], None]:
-    def write(tmp: str) -> None:
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as fh:  # the file open_temp made
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    return write
-
-
-def _torch_writer(obj: Any) -> Callable[[str], None]:
+def _torch_writer(obj: Any) -> BytesWriter:
     torch = require("torch")
     buf = io.BytesIO()
     torch.save(obj, buf)  # in memory: torch's own file writer reports a full disk as "unexpected pos"
-    return _writer(buf.getvalue())
+    return BytesWriter(buf.getvalue())
 
 
 def _split_aux(s: LoadedSample, n_aux: int) -> torch.Tensor:
@@ -255,7 +239,7 @@ class SpeculatorsSink(ExportSink):
             hs = torch.cat([_split_aux(s, n_aux), s.final[:, None, :]], dim=1).to(ctx.dtype).contiguous()
             tensors = {"hidden_states": hs, "token_ids": s.input_ids.to(torch.int64).contiguous()}
             rel = f"{SPECULATORS_STATES}/hs_{item.index}.safetensors"
-            ctx.save(rel, _writer(st.save(tensors)))  # bytes in memory, as save_file writes them
+            ctx.save(rel, BytesWriter(st.save(tensors)))  # bytes in memory, as save_file writes them
             ctx.files.append(rel)
             mask = s.loss_mask.to(torch.int64)
             self.rows["input_ids"].append(s.input_ids.tolist())
@@ -387,7 +371,7 @@ def claim_export(out: Path) -> list[str]:
                               f"{EXPORT_MARKER}); export-hidden writes only into its own folders: give --out a "
                               "new or empty folder")
         out.mkdir(parents=True, exist_ok=True)
-        _atomic_save(marker, _writer(owner_marker(OWNER_HIDDEN_EXPORT, adopted=legacy is not None)))
+        atomic_save(marker, BytesWriter(owner_marker(OWNER_HIDDEN_EXPORT, adopted=legacy is not None)))
     return _previous_files(out)
 
 
@@ -441,7 +425,7 @@ def _remove_listed(out: Path, listed: list[str]) -> None:
     """Remove exactly the listed files still present (then their folders, once empty); the listing stays
     in the journal until they are gone, so a death here leaves nothing unlisted."""
     journal = out / EXPORT_JOURNAL
-    _atomic_save(journal, _writer("".join(f"{r}\n" for r in listed).encode()))
+    atomic_save(journal, BytesWriter("".join(f"{r}\n" for r in listed).encode()))
     folders: set[Path] = set()
     for rel in listed:
         path = _inside(out, rel)
@@ -505,28 +489,127 @@ def export_hidden(source: RunConfig | str, kinds: list[str], out_dir: str | Path
     if not len(src):
         raise InputError(f"{url}: no sample to export ({len(m.samples)} in the manifest, {src.flagged} flagged)")
     fingerprint = manifest_fingerprint(m)
-    reports: list[HiddenExportReport] = []
     say = echo or (lambda s: None)
-    for kind in kinds:
-        out = _out_folder(cfg, out_dir, kind, len(kinds))
-        done = _up_to_date(out, kind, fingerprint, include_flagged)
-        if done is not None:
-            _keep_up_to_date(out, done)
+    return [_export_one(cfg, src, specs[kind], kind, _out_folder(cfg, out_dir, kind, len(kinds)), url, fingerprint,
+                        target_dir, say)
+            for kind in kinds]
+
+
+def _export_one(cfg: RunConfig | None, src: Source, spec: HiddenExporter, kind: str, out: Path, url: str,
+                fingerprint: str, target_dir: str | Path | None, say: Callable[[str], None]) -> HiddenExportReport:
+    """One format into ``out``. A folder whose ``export.json`` matches the set is verified (``_broken``): intact,
+    it is up to date; else what is broken is rewritten from the set (``_repair``), or, when that cannot be
+    done file by file, the whole export is written again. Any other folder is cleared and written."""
+    m = src.manifest
+    done = _up_to_date(out, kind, fingerprint, src.include_flagged)
+    broken: dict[str, str] = {}
+    if done is not None:
+        _keep_up_to_date(out, done)
+        broken = _broken(out, done)
+        if not broken:
             say(f"export-hidden {kind}: {out} is up to date ({done.samples} samples)")
-            reports.append(done)
+            return done
+    norm = None
+    if spec.needs_norm:
+        tdir = _target_dir(cfg, m, target_dir)
+        if tdir is None:
+            raise ConfigError(f"export {kind}: the post-norm final state needs the target model folder: set "
+                              "hidden_states.model or pass --target DIR")
+        norm = load_final_norm(tdir, m)
+    if done is not None:
+        what = _describe_broken(broken, done)
+        fixed = _repair(ExportContext(source=src, manifest=m, out=out, dtype=_out_dtype(m), norm=norm,
+                                      written=list(done.files)), spec, done, broken)
+        if fixed is not None:
+            say(f"export-hidden {kind}: {out}: {what}; rewrote them from the hidden set: up to date "
+                f"({fixed.samples} samples)")
+            return fixed
+        say(f"export-hidden {kind}: {out}: {what}; writing the whole export again")
+    _claim_and_clear(out)
+    ctx = ExportContext(source=src, manifest=m, out=out, dtype=_out_dtype(m), norm=norm)
+    return _write_export(ctx, spec, kind, url, fingerprint, say)
+
+
+def _broken(out: Path, rep: HiddenExportReport) -> dict[str, str]:
+    """The files ``rep`` lists that ``out`` no longer holds as written: rel → ``missing`` or ``changed`` (a
+    link where the file was; another size; or, for a file modified since export.json was written, another
+    sha256: the rule extract's resume follows, so an intact folder is verified without reading its files).
+    An export made before sizes and digests were recorded is checked for existence only."""
+    since = (out / EXPORT_REPORT).stat().st_mtime_ns
+    broken: dict[str, str] = {}
+    for rel in rep.files or _legacy_files(out, rep):
+        path = _inside(out, rel)
+        if rel == EXPORT_REPORT or path is None:
             continue
-        spec = specs[kind]
-        norm = None
-        if spec.needs_norm:
-            tdir = _target_dir(cfg, m, target_dir)
-            if tdir is None:
-                raise ConfigError(f"export {kind}: the post-norm final state needs the target model folder: set "
-                                  "hidden_states.model or pass --target DIR")
-            norm = load_final_norm(tdir, m)
-        _claim_and_clear(out)
-        ctx = ExportContext(source=src, manifest=m, out=out, dtype=_out_dtype(m), norm=norm)
-        reports.append(_write_export(ctx, spec, kind, url, fingerprint, say))
-    return reports
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            broken[rel] = "changed"
+        elif not path.exists():
+            broken[rel] = "missing"
+        else:
+            st, size, sha = path.stat(), rep.sizes.get(rel), rep.sha256.get(rel)
+            if (size is not None and st.st_size != size) or (
+                    sha and st.st_mtime_ns >= since and file_digest(path)[1] != sha):
+                broken[rel] = "changed"
+    return broken
+
+
+def _describe_broken(broken: dict[str, str], rep: HiddenExportReport, most: int = 5) -> str:
+    parts = []
+    for why in ("missing", "changed"):
+        rels = [r for r, w in broken.items() if w == why]
+        if rels:
+            more = f" and {len(rels) - most} more" if len(rels) > most else ""
+            parts.append(f"{why}: {', '.join(rels[:most])}{more}")
+    of = f" of {len(rep.files)}" if rep.files else ""
+    return f"{len(broken)}{of} listed files broken ({'; '.join(parts)})"
+
+
+def _repair(ctx: ExportContext, spec: HiddenExporter, done: HiddenExportReport,
+            broken: dict[str, str]) -> HiddenExportReport | None:
+    """Rewrite the broken per-sample files from the set (the samples ``sample_ids.jsonl`` maps them to, through
+    the format's own sink) and record their new sizes and digests in ``export.json``; None, having written
+    nothing, when something else is broken (``sample_ids.jsonl``, a file made from every sample: the Arrow
+    dataset, ``token_freq.pt``) or the export predates listings: then the whole export is written again."""
+    if not done.files or SAMPLE_IDS in broken:
+        return None
+    try:
+        index = {s.file: s.index for _, s in iter_jsonl(ctx.out / SAMPLE_IDS, HiddenExportSample)}
+    except InputError:
+        return None
+    if not all(rel in index for rel in broken):
+        return None
+    sink = spec.sink(ctx)
+    todo = sorted(index[rel] for rel in broken)
+    for k in range(0, len(todo), EXPORT_BATCH):
+        sink.write([ctx.source.sample(i) for i in todo[k:k + EXPORT_BATCH]])
+    if sorted(ctx.files) != sorted(broken):
+        raise RuntimeError(f"export: rewrote {sorted(ctx.files)[:3]} for {sorted(broken)[:3]}: the format names its "
+                           "files otherwise than its export did")
+    sizes, sha = _recorded(ctx, ctx.files)
+    rep = msgspec.structs.replace(done, sizes={**done.sizes, **sizes}, sha256={**done.sha256, **sha})
+    _publish_report(ctx.out, rep)
+    return rep
+
+
+def _publish_report(out: Path, rep: HiddenExportReport) -> None:
+    """``export.json``, atomically; then the journal goes (every file it names is listed there now)."""
+    atomic_save(out / EXPORT_REPORT, BytesWriter(msgspec.json.format(encode_json(rep), indent=2) + b"\n"))
+    (out / EXPORT_JOURNAL).unlink(missing_ok=True)
+
+
+def _recorded(ctx: ExportContext, files: Sequence[str]) -> tuple[dict[str, int], dict[str, str]]:
+    """The size and sha256 of each of ``files`` but export.json: as ``save`` wrote it, else read back (what a
+    plugin's sink wrote itself)."""
+    sizes: dict[str, int] = {}
+    sha: dict[str, str] = {}
+    for rel in files:
+        path = _inside(ctx.out, rel)
+        if rel == EXPORT_REPORT or path is None:
+            continue
+        got = ctx.digests.get(rel) or (file_digest(path) if path.is_file() else None)
+        if got is not None:
+            sizes[rel], sha[rel] = got
+    return sizes, sha
 
 
 def _write_export(ctx: ExportContext, spec: HiddenExporter, kind: str, url: str, fingerprint: str,
@@ -542,17 +625,17 @@ def _write_export(ctx: ExportContext, spec: HiddenExporter, kind: str, url: str,
     sink.close(ctx.manifest)
     listing = b"".join(encode_json(HiddenExportSample(index=i, sample_id=e.sample_id, file=f)) + b"\n"
                        for i, (e, f) in enumerate(zip(src.entries, _files_per_sample(ctx, kind), strict=True)))
-    ctx.save(SAMPLE_IDS, _writer(listing))
+    ctx.save(SAMPLE_IDS, BytesWriter(listing))
     secs = time.perf_counter() - t0
     files = list(dict.fromkeys([*ctx.written, *ctx.files, EXPORT_REPORT]))  # ctx.files: a plugin's own writes
+    sizes, sha = _recorded(ctx, files)
     m = ctx.manifest
     rep = HiddenExportReport(format=kind, out=str(ctx.out), hidden=url, manifest_fingerprint=fingerprint,
                              samples=len(src), tokens=ctx.tokens, skipped_flagged=src.flagged,
                              include_flagged=src.include_flagged, layer_ids=list(m.layer_ids.aux),
                              final_layer_id=m.layer_ids.final, dtype=str(ctx.dtype).removeprefix("torch."),
-                             seconds=round(secs, 3), files=files)
-    _atomic_save(ctx.out / EXPORT_REPORT, _writer(msgspec.json.format(encode_json(rep), indent=2) + b"\n"))
-    (ctx.out / EXPORT_JOURNAL).unlink(missing_ok=True)
+                             seconds=round(secs, 3), files=files, sizes=sizes, sha256=sha)
+    _publish_report(ctx.out, rep)
     say(f"export-hidden {kind}: {len(src)} samples, {ctx.tokens} tokens -> {ctx.out} ({secs:.1f} s)")
     return rep
 

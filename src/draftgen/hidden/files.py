@@ -1,7 +1,8 @@
 """Local file primitives of the hidden-state set and its exports, and the storage-fault table.
 
 draftgen's one temp-file pattern (``TEMP_PATTERN``: ``.<name>.<16 hex>.tmp``, made by ``temp_name`` /
-``open_temp``, recognised by ``is_temp``), the one local atomic writer (``atomic_write_bytes``), the readers of
+``open_temp``, recognised by ``is_temp``), the one local atomic writer (``atomic_save``: a temp file filled by a
+writer such as ``BytesWriter``, then renamed; ``atomic_write_bytes`` for bytes), ``file_digest``, the readers of
 other safetensors and torch files (``read_safetensors``, ``read_torch``: connector files, checkpoints), and
 ``_FAULTS``: the ONE table that turns foreign storage exceptions (fsspec/s3fs/botocore/aiohttp, safetensors,
 torch, OSError) into one-line draftgen errors naming the path or URL and the fix (``storage_faults`` applies
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import re
 import secrets
@@ -24,7 +26,10 @@ from draftgen.errors import ConfigError, DraftgenError, InputError, StorageError
 __all__ = [
     "REDO_HINT",
     "TEMP_PATTERN",
+    "BytesWriter",
+    "atomic_save",
     "atomic_write_bytes",
+    "file_digest",
     "is_temp",
     "missing_bucket",
     "open_temp",
@@ -208,22 +213,41 @@ def read_torch(path: str | os.PathLike[str]) -> Any:
     with storage_faults(str(path)):
         return torch.load(str(path), weights_only=True, map_location="cpu")
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Publish ``data`` at local ``path`` atomically: a temp file in the same folder (``temp_name``, never
-    read), fsync, ``os.replace``; on failure the temp file is removed and the error translated
-    (a full disk: StorageError naming ``path``)."""
+def atomic_save(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:
+    """Publish the local file ``path`` atomically: ``write(tmp)`` fills a temp file in the same folder
+    (``open_temp``: draftgen's temp name, never read), then ``os.replace``; on failure the temp file is
+    removed and the error translated (a full disk: StorageError naming ``path``)."""
     target = os.fspath(path)
     with storage_faults(target, "write"):
         folder = os.path.dirname(target) or "."
         os.makedirs(folder, exist_ok=True)
         fd, tmp = open_temp(folder, os.path.basename(target))
+        os.close(fd)
         try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
+            write(tmp)
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+
+@dataclass(frozen=True)
+class BytesWriter:
+    """An ``atomic_save`` writer of ``data``, fsynced (a caller can take the file's digest from ``data``)."""
+
+    data: bytes
+
+    def __call__(self, tmp: str) -> None:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as fh:  # the file open_temp made
+            fh.write(self.data)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """``atomic_save`` of ``data`` (the store's and export-hidden's one local atomic writer)."""
+    atomic_save(path, BytesWriter(data))
+
+def file_digest(path: str | os.PathLike[str]) -> tuple[int, str]:
+    """(size, sha256) of a local file's bytes, read in chunks."""
+    with storage_faults(os.fspath(path)), open(path, "rb") as fh:
+        return os.fstat(fh.fileno()).st_size, hashlib.file_digest(fh, "sha256").hexdigest()

@@ -9,7 +9,7 @@ Layout at a destination root D (a local folder or any fsspec URL: ``s3://bucket/
         final      [T, H]               PRE-norm final state (layer id L)
         aux_scale, final_scale float32 [T, 1]   fp8 only: value = fp8.float() * scale, scale = amax(|row|)/448
       metadata {"schema": "draftgen.hidden/1", "sample_id": ..., "dtype": ...}
-    D/index/part-<utc yyyymmddThhmmss>-<uuid8>.jsonl   HiddenIndexRecord lines, append-only parts
+    D/index/part-<h>.jsonl   h = sha256(the part's sorted sample ids)[:24]; HiddenIndexRecord lines, one part per batch
     D/manifest.json                                     HiddenManifest, written last
 
 Storage dtype: bf16 (default) | fp16 | fp32 | fp8 (``torch.float8_e4m3fn`` with per-token float32 scales).
@@ -23,8 +23,11 @@ manifest.json or index part). Temps are removed only in a marked destination, an
 Atomicity: a sample is DONE when its file is published and listed in some index part. Publishing is
 atomic: locally a temp file in the same folder (``.<name>.<16 hex>.tmp``, never read) then ``os.replace``;
 on an object store one single put. Index parts and the manifest are published the same way, so a reader
-never sees half a file; a published file no index lists is simply redone. ``HiddenStore.done`` is the union
-of all parts by sample_id, each sample once (the last record wins), requiring the file to exist; each record
+never sees half a file; a published file no index lists is simply redone. The index lists each sample ONCE:
+a part is named by the sample ids it lists (``index_part_name``), so a batch written again (a task Ray re-runs)
+replaces its own part, and before a run writes anything ``HiddenStore.prune_index`` removes every record that
+no longer counts (a sample about to be redone; an earlier record of a sample an older draftgen listed twice).
+``HiddenStore.done`` is the union of all parts by sample_id, requiring the file to exist; each record
 carries ``row_sha256`` (``row_digest``: the row's ids and mask) and ``file_sha256`` (``bytes_digest``), which
 extract compares with the current merged row and (``corrupted``) the file, and ``HiddenSet.read_bytes``, the
 one verifying read of a finished set (``hidden.stream.Source`` reads through it), checks against the manifest.
@@ -40,7 +43,8 @@ Storage faults: foreign exceptions raised at this boundary (fsspec/s3fs/botocore
 torch, OSError) are translated into one-line draftgen errors naming the path or URL and the fix by ONE
 table, ``_FAULTS`` (``storage_faults`` applies it); an exception no row matches propagates unchanged (a bug).
 ``read_safetensors`` / ``read_torch`` read other safetensors / torch files (connector files, checkpoints)
-through the same table; ``atomic_write_bytes`` is the one local atomic writer (the store, export-hidden).
+through the same table; ``atomic_write_bytes`` (``files.atomic_save`` of bytes, which export-hidden uses
+itself) is the one local atomic writer.
 """
 
 from __future__ import annotations
@@ -50,11 +54,10 @@ import hashlib
 import os
 import struct
 import time
-import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -100,6 +103,7 @@ __all__ = [
     "bytes_digest",
     "decode_sample",
     "encode_sample",
+    "index_part_name",
     "is_temp",
     "open_hidden",
     "open_temp",
@@ -296,8 +300,11 @@ def _mtime(info: Mapping[str, Any]) -> float | None:
     return None
 
 
-def _utc_stamp() -> str:
-    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+def index_part_name(sample_ids: Iterable[str]) -> str:
+    """The index part of a batch, relative to the root: ``index/part-<sha256 of its sorted sample ids>[:24].jsonl``
+    (one name per set of samples, so writing a batch again replaces its part)."""
+    h = hashlib.sha256("\n".join(sorted(sample_ids)).encode()).hexdigest()[:24]
+    return f"{HiddenLayout.index}/part-{h}.jsonl"
 
 
 class HiddenStore:
@@ -343,10 +350,12 @@ class HiddenStore:
         return rel
 
     def write_index_part(self, records: list[HiddenIndexRecord]) -> str:
-        """A new index part listing ``records`` (their files already published); returns its relative path."""
+        """The index part listing ``records`` (their files already published); returns its relative path. The
+        part is named by the sample ids it lists (``index_part_name``): the same batch written again (a task
+        Ray re-runs after its actor was killed) replaces its own part instead of listing its samples twice."""
         if not records:
             return ""
-        rel = f"{HiddenLayout.index}/part-{_utc_stamp()}-{uuid.uuid4().hex[:8]}.jsonl"
+        rel = index_part_name(r.sample_id for r in records)
         self._put(rel, b"".join(encode_json(r) + b"\n" for r in records))
         return rel
 
@@ -387,28 +396,32 @@ class HiddenStore:
         return sorted(p for p in self._list(HiddenLayout.index)
                       if os.path.basename(p).startswith("part-") and p.endswith(".jsonl"))
 
-    def _records(self) -> Iterator[tuple[HiddenIndexRecord, float | None]]:
-        """Every index record, parts in name (= time) order, with its part's modification time (None: unknown)."""
+    def _parts(self) -> Iterator[tuple[str, float | None, list[tuple[bytes, HiddenIndexRecord]]]]:
+        """Every index part in name order: its path relative to the root, its modification time (None:
+        unknown) and its (line, record) pairs."""
         info = self._find_detail(HiddenLayout.index)
         for part in self.index_parts():
             rel = part[len(self.root) + 1:]
             with storage_faults(self.where(rel)):
                 lines = self.fs.cat_file(part).splitlines()
-            mtime = _mtime(info.get(rel, {}))
-            for lineno, line in enumerate(lines, 1):
-                if line.strip():
-                    yield decode_json(line, HiddenIndexRecord, where=f"{self.where(rel)}:{lineno}"), mtime
+            recs = [(line, decode_json(line, HiddenIndexRecord, where=f"{self.where(rel)}:{lineno}"))
+                    for lineno, line in enumerate(lines, 1) if line.strip()]
+            yield rel, _mtime(info.get(rel, {})), recs
 
     def done(self) -> dict[str, HiddenIndexRecord]:
-        """Samples done: listed in some index part and whose published file exists, each sample ONCE (a
-        re-run task lists it again: the last record wins). ``self.suspect`` holds the sample ids whose file
-        was modified after the part listing it was written (or whose times are unknown): ``corrupted``
-        checks their bytes."""
+        """Samples done: listed in some index part and whose published file exists, each sample ONCE (in a
+        set an older draftgen wrote, a re-run task may list it twice: the last record, in part name order,
+        wins; ``prune_index`` removes the others). ``self.suspect`` holds the sample ids whose file was
+        modified after the part listing it was written (or whose times are unknown): ``corrupted`` checks
+        their bytes. ``self.listed``: how many records the parts hold in all."""
         out: dict[str, HiddenIndexRecord] = {}
         when: dict[str, float | None] = {}
-        for rec, mtime in self._records():
-            out[rec.sample_id] = rec
-            when[rec.sample_id] = mtime
+        self.listed = 0
+        for _, mtime, recs in self._parts():
+            self.listed += len(recs)
+            for _, rec in recs:
+                out[rec.sample_id] = rec
+                when[rec.sample_id] = mtime
         self.suspect: set[str] = set()
         if out:
             published = self._find_detail(HiddenLayout.states)
@@ -418,6 +431,29 @@ class HiddenStore:
                 if file_t is None or part_t is None or file_t > part_t:
                     self.suspect.add(sid)
         return out
+
+    def prune_index(self, keep: Mapping[str, HiddenIndexRecord]) -> int:
+        """Make the index list exactly ``keep`` (a subset of ``done()``: the records still valid), each
+        sample once: every other record (an earlier record of a sample listed twice, a record of a sample
+        about to be redone or whose file is gone) is removed from its part, each changed part rewritten
+        atomically (removed when nothing is left). A kept sample's last record is never touched, so a death
+        here leaves each kept sample listed; what is removed was not done anyway. Returns the records removed.
+        Call it holding the destination (``hidden.lock``), before anything is written."""
+        parts = list(self._parts())
+        last = {rec.sample_id: (p, i) for p, (_, _, recs) in enumerate(parts) for i, (_, rec) in enumerate(recs)}
+        removed = 0
+        for p, (rel, _, recs) in enumerate(parts):
+            lines = [line for i, (line, rec) in enumerate(recs)
+                     if rec.sample_id in keep and last[rec.sample_id] == (p, i)]
+            if len(lines) == len(recs):
+                continue
+            removed += len(recs) - len(lines)
+            if lines:
+                self._put(rel, b"".join(line + b"\n" for line in lines))
+            else:
+                with storage_faults(self.where(rel), "write"):
+                    self.fs.rm_file(self.path(rel))
+        return removed
 
     def corrupted(self, done: Mapping[str, HiddenIndexRecord]) -> list[str]:
         """The sample ids of ``done`` (among ``self.suspect``: modified after indexing) whose file bytes no

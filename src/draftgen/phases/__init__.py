@@ -12,6 +12,8 @@ work:
   a phase whose fingerprint is the one ``pipeline.json`` recorded and whose output exists is skipped
   (``up_to_date`` is printed, and ``when_current``, a callable or ``"module:attr"`` too, gives the outcome
   of the output already there);
+- ``refused``: why an output that exists is not done all the same (train: a ``train.json`` whose drafter
+  was refused and not published), or None; such a phase is never skipped, and ``status`` shows it not done;
 - ``final``: the phase runs last, also when an outcome ended the loop early (``then="report"``);
 - ``spends``: the phase may cost money; before the first such phase the pipeline shows the plan and,
   above ``plan.confirm_above_usd``, asks before going on (``pipeline``);
@@ -44,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from draftgen.config import RunConfig
-from draftgen.errors import EXIT_OK, ConfigError
+from draftgen.errors import EXIT_OK, ConfigError, InputError
 from draftgen.registry import Registry
 from draftgen.rundir import HiddenLayout, RunDir
 
@@ -141,6 +143,7 @@ class Phase:
     digests: Callable[[RunConfig, RunDir], Sequence[Path]] = _no_paths
     config: tuple[str, ...] = ()
     output: Callable[[RunDir], Path] | None = None
+    refused: Callable[[RunDir], str | None] | None = None
     skippable: bool = False
     up_to_date: str | None = None
     when_current: Adapter | str | None = None
@@ -246,6 +249,21 @@ def _train_inputs(cfg: RunConfig, rd: RunDir) -> list[Path]:
     return [] if "://" in url else [Path(url) / HiddenLayout.manifest]
 
 
+def _train_refused(rd: RunDir) -> str | None:
+    """Why train/train.json is no done train: its run's drafter was refused and not published."""
+    from draftgen.records import TrainReport
+    from draftgen.store import read_json
+
+    path = rd.train_report
+    if not path.is_file():
+        return None
+    try:
+        report = read_json(path, TrainReport)
+    except InputError:
+        return "train.json unreadable"
+    return None if report.exit_code == EXIT_OK else "drafter refused, not published"
+
+
 def _accept_inputs(cfg: RunConfig, rd: RunDir) -> list[Path]:
     """The drafter's checkpoint files (``accept.drafter``, else ``train/drafter``) and the merged manifest
     (which prompts are held out)."""
@@ -274,7 +292,8 @@ PHASES = PhaseTable([
     # skipped while the hidden set, the train section and train/train.json (written last) stand; a rerun
     # after more extraction resumes from the last checkpoint. Off unless train.enabled.
     Phase("train", "draftgen.phases.online:phase_run", inputs=_train_inputs, config=("train",),
-          output=lambda rd: rd.train_report, skippable=True, enabled=lambda cfg: cfg.train.enabled,
+          output=lambda rd: rd.train_report, refused=_train_refused, skippable=True,
+          enabled=lambda cfg: cfg.train.enabled,
           up_to_date="train: up to date (its inputs and the train section are those of train/train.json)",
           doc="train a drafter (train.algorithm) with speculators into train/, from hidden/ or online"),
     # skipped while the drafter's files, the merged set and the accept/endpoint sections stand (a newly

@@ -33,8 +33,15 @@ again replaces its report), and a copy of the latest one as ``accept/acceptance.
 4. With ``--baseline-url`` (``accept.baseline_url``) the same prompts go to a server without the drafter:
    tokens/s with and without speculation, and their ratio.
 5. Offline estimate: AL ≈ 1 + Σ_k Π_{j≤k} cond_acc_j from the drafter's own training log, the run's
-   ``train/log.jsonl`` when the drafter folder is under ``train/`` (its last validation record, else its last
-   step), else ``accept.offline_cond_acc``, else none; shown next to the measured AL.
+   ``train/log.jsonl`` when the drafter folder is under ``train/`` but not ``train/previous/`` (its last
+   validation record, else its last step), else ``accept.offline_cond_acc``, else none; shown next to the
+   measured AL.
+6. What the drafter trained on (``_training``): for this run's ``train/drafter`` or ``train/eagle3`` its
+   ``train/train.json``, for a drafter a refused run set aside in ``train/previous/`` the ``train.json`` beside
+   it. One that trained on fewer samples than ``train.min_trained_fraction`` of those its batches asked for (or
+   on none), or whose train.json says that run published no drafter, gets a warning (the report's
+   ``warnings``, one line after the acceptance length). For any other (external) drafter nothing is read: a
+   note says the floor was not checked.
 """
 
 from __future__ import annotations
@@ -72,9 +79,10 @@ from draftgen.records import (
     PromptRecord,
     ThroughputFigures,
     TrainLogRecord,
+    TrainReport,
 )
 from draftgen.rundir import RunDir
-from draftgen.store import atomic_write_json, iter_jsonl, read_json_object
+from draftgen.store import atomic_write_json, iter_jsonl, read_json, read_json_object
 
 if TYPE_CHECKING:
     import aiohttp
@@ -285,8 +293,44 @@ async def _sglang_pass(cfg: RunConfig, server: str, url: str, prompts: Sequence[
 
 
 def _from_train(folder: Path, rd: RunDir) -> bool:
-    """The drafter folder is inside this run's ``train/`` (its training log is ``train/log.jsonl``)."""
-    return folder.resolve().is_relative_to(rd.train.resolve())
+    """The drafter folder is inside this run's ``train/`` (its training log is ``train/log.jsonl``), and not
+    one set aside in ``train/previous/`` (trained before that log's last run)."""
+    resolved = folder.resolve()
+    return resolved.is_relative_to(rd.train.resolve()) and not resolved.is_relative_to(rd.train_previous.resolve())
+
+
+def _train_json(rd: RunDir, folder: Path) -> Path | None:
+    """The train.json that describes the drafter ``folder``: this run's for its train/drafter or train/eagle3,
+    the one beside it for a drafter set aside in train/previous/; None for any other folder."""
+    resolved = folder.resolve()
+    for home in (rd.train, rd.train_previous):
+        if resolved in ((home / rd.train_drafter.name).resolve(), (home / rd.train_eagle.name).resolve()):
+            return home / rd.train_report.name
+    return None
+
+
+def _training(cfg: RunConfig, rd: RunDir, folder: Path) -> tuple[TrainReport | None, list[str], list[str]]:
+    """The drafter's train.json (``_train_json``), the warnings about what it trained on and the notes."""
+    path = _train_json(rd, folder)
+    floor = cfg.train.min_trained_fraction
+    if path is None:
+        return None, [], [f"{folder} is not this run's train/drafter or train/eagle3: how many samples it trained "
+                          "on is not known here (train.min_trained_fraction not checked)"]
+    if not path.is_file():
+        return None, [], [f"{path}: not there; how many samples the drafter trained on is not known"]
+    from draftgen.phases.train.run import below_floor, trained_line
+
+    rep = read_json(path, TrainReport)
+    if rep.exit_code != 0 or rep.checkpoint is None:
+        return rep, [f"{path} says its run published no drafter ({rep.message}); {folder} is not that run's"], []
+    if rep.samples_trained is None or rep.samples_asked is None:
+        return rep, [], [f"{path} does not say how many samples the drafter trained on (a draftgen before schema "
+                          "3): train.min_trained_fraction not checked"]
+    if below_floor(rep.samples_trained, rep.samples_asked, floor):
+        line = trained_line(rep.samples_trained, rep.samples_asked, rep.train_rows or 0, rep.samples)
+        return rep, [f"the drafter is below the sample floor: {line}, under train.min_trained_fraction {floor} "
+                     f"({path}); its acceptance is not a trained drafter's"], []
+    return rep, [], []
 
 
 def _offline(cfg: RunConfig, rd: RunDir, folder: Path) -> tuple[list[float], str | None]:
@@ -412,6 +456,15 @@ class _Measure:
                                       one_at_a_time=self.cfg.accept.one_at_a_time))
 
 
+def _zero_aux(measure: _Measure, url: str, acceptance: str, echo: Echo) -> _Pass:
+    """The pass against the server that feeds the drafter zeroed aux states (``accept.zero_aux_url``)."""
+    echo(f"accept: the zero-aux ablation → {url}")
+    zero = measure(url, True)
+    if zero.figures is None:
+        raise _no_drafts(url, acceptance, "the drafter (with zeroed aux states)")
+    return zero
+
+
 def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
                drafter: str | Path, base_url: str | None = None, baseline_url: str | None = None,
                zero_aux_url: str | None = None, prompts: int | None = None) -> AcceptReport:
@@ -448,12 +501,7 @@ def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
         raise _no_drafts(url, acceptance)
     figures = main.figures
     base_fig = measure(baseline, False).throughput if baseline else None
-    zero: _Pass | None = None
-    if zero_url:
-        echo(f"accept: the zero-aux ablation → {zero_url}")
-        zero = measure(zero_url, True)
-        if zero.figures is None:
-            raise _no_drafts(zero_url, acceptance, "the drafter (with zeroed aux states)")
+    zero = _zero_aux(measure, zero_url, acceptance, echo) if zero_url else None
     if k is None and figures.per_position:
         k = len(figures.per_position)
     ids = _known_ids(cfg, profile, chosen, main.ids)
@@ -461,6 +509,7 @@ def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
                   zero_rows=zero.prompts if zero is not None else None, zero_url=zero_url)
     figures.ci95 = cmp.ci95
     cond, source = _offline(cfg, rd, folder)
+    trained, warnings, trained_notes = _training(cfg, rd, folder)
     report = AcceptReport(
         drafter=str(folder), drafter_key=drafter_key(folder), excluded_by_content=held.excluded_by_content,
         server=server, prompts=len(chosen), sample_ids=[p.sample_id for p in chosen],
@@ -469,7 +518,9 @@ def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
                  if base_fig and base_fig.tokens_per_s else None),
         k=k, offline_al=round(offline_al(cond), 4) if cond else None, offline_cond_acc=cond,
         offline_source=source, alternatives=cmp.alternatives, comparisons=cmp.comparisons, datasets=cmp.datasets,
-        per_prompt=main.prompts, notes=notes + cmp.notes, created_at=time.time())
+        per_prompt=main.prompts, notes=notes + cmp.notes + trained_notes, created_at=time.time(),
+        samples_trained=trained.samples_trained if trained else None,
+        samples_asked=trained.samples_asked if trained else None, warnings=warnings)
     out = _write_report(rd, report)
     for line in summary_lines(report):
         echo(line)
@@ -484,6 +535,7 @@ def summary_lines(rep: AcceptReport) -> list[str]:
     ci = f" [{a.ci95[0]:.3f}, {a.ci95[1]:.3f}]" if a.ci95 else ""
     lines = [f"acceptance length {a.acceptance_length:.3f}{ci} ({a.source}, {rep.prompts} prompts)"
              + (f"  offline estimate {rep.offline_al:.3f}" if rep.offline_al is not None else "")]
+    lines.extend(f"warning: {w}" for w in rep.warnings)
     if a.per_position:
         lines.append("per position " + " ".join(f"{v:.3f}" for v in a.per_position)
                      + (f"  acceptance rate {a.acceptance_rate:.3f}" if a.acceptance_rate is not None else ""))

@@ -80,6 +80,7 @@ from draftgen.engine import (
     summary_lines,
     watch_key,
 )
+from draftgen.engine.intake import IntakeRules
 from draftgen.engine.signals import install_signal_handlers
 from draftgen.errors import (
     EXIT_FAILURES,
@@ -503,8 +504,7 @@ def _engine_options(cfg: RunConfig, caps: Capabilities, rd: rundir.RunDir,
         adaptive=cfg.retry.adaptive_concurrency, grace_s=cfg.retry.shutdown_grace_s,
         needs_prompt_ids=caps.needs_prompt_ids, cpu_workers=max(1, min(4, (os.cpu_count() or 2))),
         attempts_path=rd.attempts, health_path=rd.health,
-        keep_unusable=q.keep_unusable, require_reasoning=not cfg.reasoning.exclude, model=cfg.model.id,
-        model_aliases=tuple(q.model_aliases), min_length_fraction=q.min_length_fraction, avoid=avoid,
+        keep_unusable=q.keep_unusable, intake=IntakeRules.from_config(cfg), avoid=avoid,
         tail=TailPolicy(min_tokens_per_s=cfg.tail.min_tokens_per_s, slow_window_s=cfg.tail.slow_window_s,
                         stall_s=cfg.tail.stall_s, hedge_max_extra_spend=cfg.tail.hedge_max_extra_spend,
                         streamed=cfg.endpoint.stream),
@@ -537,6 +537,9 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
                 await _reconcile(backend, mgmt, key_usage, credits_usage, stats, log)
                 return phase.exit_code, phase.stop_reason
             plans = leftover_plans(plans, phase, stats, planned=cfg.endpoint.mode == "batch")
+            for key, slugs in phase.avoid.items():  # providers that gave these samples unusable batch results
+                mine = avoid.setdefault(key, [])
+                mine += [x for x in slugs if x not in mine]
         options = _engine_options(cfg, caps, rd, avoid)
         engine = Engine(
             backend=backend, assembler=assembler,

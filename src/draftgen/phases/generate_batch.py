@@ -3,8 +3,10 @@
 Reads the config, the run directory's batch journal (``rundir.RunDir.batch_journal``) and, at run time,
 the model's ``:batch`` variant (``GET /models/{model}:batch/endpoints``: whether the model has one, and its
 batch prices); drives ``engine.batch.BatchRunner`` over the datasets' pending prompts and writes what it
-writes (the journal, raw logs, failures, attempts). ``generate`` then sends synchronously what is left:
-with ``endpoint.batch.retry: sync``, the failed items; in ``mode: sync``, everything pending.
+writes (the journal, raw logs, failures, attempts). Every result is held to the run's
+``engine.intake.IntakeRules`` (the same as its synchronous responses). ``generate`` then sends
+synchronously what is left: with ``endpoint.batch.retry: sync``, the failed items (avoiding the providers
+whose result for that sample was unusable: ``BatchPhase.avoid``); in ``mode: sync``, everything pending.
 
 A run in ``mode: sync`` whose journal still holds open batches (a batch run stopped, then switched to sync)
 collects them first, cutting nothing new, so no sample is paid for twice.
@@ -44,6 +46,7 @@ from draftgen.engine import (
 from draftgen.engine.batch import BatchRunner
 from draftgen.engine.batch_ingest import BatchContext, BatchOptions, BatchSetup
 from draftgen.engine.batch_journal import BatchJournal, load_batches
+from draftgen.engine.intake import IntakeRules
 from draftgen.engine.progress import Display
 from draftgen.engine.prompts import count_pending
 from draftgen.engine.signals import install_signal_handlers
@@ -60,6 +63,8 @@ class BatchPhase:
     #: whether synchronous requests follow (``mode: sync``, or ``retry: sync``)
     sync_after: bool = True
     written: set[tuple[str, str]] = field(default_factory=set)
+    #: (dataset, sample id) → providers that gave it an unusable batch result: its synchronous retry avoids them
+    avoid: dict[tuple[str, str], list[str]] = field(default_factory=dict)
 
 
 def wants_batches(cfg: RunConfig, rd: rundir.RunDir) -> bool:
@@ -98,7 +103,7 @@ async def _setup(cfg: RunConfig, backend: Backend, batch: bool) -> BatchSetup:
     return BatchSetup(
         client=client, model=cfg.model.id.split(":", 1)[0],
         body=lambda p, mt: requests.body(p.messages, mt, p.tools), prices=prices,
-        provider_for=lambda avoid: batch_provider(cfg, eps, avoid),
+        provider_for=lambda avoid: batch_provider(cfg, eps, avoid), intake=IntakeRules.from_config(cfg),
         guard=RoutingGuard(eps, allowed=allowed, ignore=r.ignore, only=r.only, quantizations=r.quantizations)
         if eps else None, backend=getattr(backend, "name", "openrouter"))
 
@@ -129,7 +134,7 @@ async def run_batch_phase(cfg: RunConfig, backend: Backend, *, rd: rundir.RunDir
     finally:
         uninstall()
     return BatchPhase(exit_code=result.exit_code, stop_reason=result.stop_reason,
-                      sync_after=not batch or retry == "sync", written=ctx.written)
+                      sync_after=not batch or retry == "sync", written=ctx.written, avoid=ctx.avoid_for)
 
 
 def leftover_plans(plans: list[DatasetPlan], phase: BatchPhase, stats: RunStats, *, planned: bool) -> list[DatasetPlan]:

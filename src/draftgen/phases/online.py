@@ -11,16 +11,23 @@ backend: docs/extract.md). Writes ``train/online/`` (speculators' Arrow dataset 
    the merged order) through the full capture check: exact ids (the vllm backend's own), every per-sample
    check and the log-prob check against its ``prompt_logprobs`` (``checks``). A server that fails it stops the
    run, named with the check, before speculators starts.
-2. The checking proxy (``phases.extract.proxy``) starts on a loopback port in front of all the servers;
-   speculators gets it as ``--vllm-endpoint`` with ``--on-missing generate``: each sample it consumes is
-   generated through a server, checked like an offline sample, and handed over (the server's file, read in
-   place, deleted by the trainer once loaded) or excluded (never trained on, counted by check). Files waiting
-   for the trainer or being captured are bounded: at most ``MAX_FILES``, taking at most
-   ``train.online_window_mb``; the proxy removes any left when it stops.
-3. Training, resume (from the last complete checkpoint), publishing and the report are offline ``train``'s
+2. The checking proxy (``phases.extract.proxy``) starts on a loopback port in front of all the servers (first
+   sweeping what a killed run left: the connector files its requests were named, claimed in
+   ``train/connector-claims/``, and its copies in ``train/handover/``); speculators gets it as
+   ``--vllm-endpoint`` with ``--on-missing generate``: each sample it consumes is generated through a server,
+   its file read once and removed from the server's folder, checked like an offline sample (the log-prob check
+   on the samples drawn after the answer, with a secret: every request asks for ``prompt_logprobs``), and
+   handed over (a copy of the very bytes checked in ``train/handover/``, which no server can write, deleted by
+   the trainer once loaded) or excluded (never trained on, counted by check or kind: an unreadable file, one
+   of the wrong shape or layer count is ``bad_hidden_states``). Files waiting for the trainer or being
+   captured are bounded: at most ``MAX_FILES``, taking at most ``train.online_window_mb``; the proxy removes
+   any left when it stops.
+3. Training, resume (from the last complete checkpoint) and the report are offline ``train``'s
    (``phases.train.run.train_prepared``); train.json's ``online`` names the servers and their models, the
-   rows' digest, the preflight, and the requests, passes and exclusions. Over
-   ``hidden_states.max_flagged_fraction`` of the requests excluded, the run exits 3 after train.json.
+   rows' digest, the preflight, and the requests, passes and exclusions. The drafter is not published (exit 3,
+   ``_Session.refusal``) when a server failed the log-prob spot check (the proxy then stops handing samples,
+   so speculators stops too: the run fails naming the server, the check and the sample), or when over
+   ``hidden_states.max_flagged_fraction`` of the requests were excluded.
 
 Checkpoints trained on other rows are refused unless ``--restart`` (online.json's digest).
 """
@@ -33,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftgen.errors import APIError, ConfigError, DraftgenError, InputError, ThresholdBroken
+from draftgen.errors import APIError, ConfigError, DraftgenError, InputError, StorageError, ThresholdBroken
 from draftgen.phases import Echo
 from draftgen.records import TrainOnlineReport, TrainReport
 
@@ -97,7 +104,7 @@ def _servers(cfg: RunConfig) -> list[str]:
 
 def _online(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> TrainReport:
     from draftgen.hidden.algorithms import select
-    from draftgen.phases.extract.batches import identity_of, read_merged_rows
+    from draftgen.phases.extract.batches import identity_of, read_merged_rows, target_weights
     from draftgen.phases.extract.capture.vllm import VllmExtractBackend
     from draftgen.phases.extract.proxy import CheckingProxy
     from draftgen.phases.train.launch import ONLINE_FLAG, SELECT_FLAG, find_speculators_python
@@ -108,37 +115,42 @@ def _online(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> TrainRepor
     verifier = verifier_path(cfg)
     rows = read_merged_rows(rd)
     urls = _servers(cfg)
-    info, models, checks = _preflight(cfg, rows, urls, echo)
-    if identity_of(info).norm_weight_sha256 != norm_digest(verifier):
+    info, models, checks = _preflight(cfg, rows, urls, echo, rd.train_connector_claims)
+    if (identity_of(info).norm_weight_sha256 != norm_digest(verifier)
+            or target_weights(cfg).differs(target_weights(cfg, verifier))):
         raise ConfigError(f"train.verifier {str(verifier)!r} is not the target the servers serve "
-                          f"(hidden_states.model {cfg.hidden_states.model!r}): their final norms differ; point both "
-                          "at the folder of the model the servers run")
+                          f"(hidden_states.model {cfg.hidden_states.model!r}): their final norms or weights "
+                          "differ; point both at the folder of the model the servers run")
     ids, slots = select(tc.algorithm, info.layers.aux, info.num_layers, tc.layer_ids)
     data, digest = _write_inputs(rd, rows, restart, urls, echo)
     runner = [ONLINE_FLAG] + ([SELECT_FLAG, ",".join(map(str, slots))]
                               if slots != list(range(len(info.layers.aux))) else [])
-    with CheckingProxy(VllmExtractBackend(cfg), cfg.hidden_states, rows, model_name=str(verifier),
+    backend = VllmExtractBackend(cfg, claims=str(rd.train_connector_claims))
+    with CheckingProxy(backend, cfg.hidden_states, rows, model_name=str(verifier), handover=rd.train_handover,
                        max_files=MAX_FILES, window_bytes=int(tc.online_window_mb * 1e6)) as proxy:
+        if proxy.stats.swept:
+            echo(f"train: online: removed {proxy.stats.swept} file(s) an interrupted run left (connector files its "
+                 f"requests were named, copies in {rd.train_handover})")
         spec = ["--on-missing", "generate", "--vllm-endpoint", proxy.url, "--generation-validation-retries", "0",
                 "--request-timeout", str(cfg.endpoint.request_timeout_s or cfg.endpoint.idle_timeout_s)]
         prep = Prepared(python=python, verifier=verifier, data=data, samples=len(rows),
                         source="online: " + ", ".join(urls), fingerprint=digest, layer_ids=ids,
                         norm_sha256=norm_digest(verifier), runner_flags=runner, speculators_flags=spec)
-        session = _Session(proxy, urls, models, rows, digest, checks, tc.online_check_rows)
+        session = _Session(proxy, urls, models, rows, digest, checks, tc.online_check_rows,
+                           cfg.hidden_states.max_flagged_fraction, rd)
         echo(f"train: online through {proxy.url} (checking proxy) in front of {len(urls)} server(s): "
              + ", ".join(f"{u} ({m})" for u, m in zip(urls, models, strict=True)))
-        report = train_prepared(cfg, rd, echo, prep, restart=restart, session=session)
-    on = report.online
-    if on is not None:
-        echo(f"train: online: {on.requests} samples asked for, {on.passed} passed the checks, {on.excluded} "
-             f"excluded ({dict(on.excluded_by_check) or 'none'}); at most {on.peak_files} connector files, "
-             f"{on.peak_bytes / 1e6:.1f} MB, were on disk at once (window {on.window_bytes / 1e6:g} MB)")
-        if on.requests and on.excluded / on.requests > cfg.hidden_states.max_flagged_fraction:
-            raise ThresholdBroken(f"train --online: {on.excluded} of {on.requests} samples failed a check "
-                                  f"({dict(on.excluded_by_check)}), over hidden_states.max_flagged_fraction "
-                                  f"{cfg.hidden_states.max_flagged_fraction}; they were not trained on. See "
-                                  f"{rd.train_report}")
-    return report
+        try:
+            return train_prepared(cfg, rd, echo, prep, restart=restart, session=session)
+        except ThresholdBroken:
+            raise
+        except DraftgenError as exc:  # the trainer stopped: because the proxy stopped handing samples?
+            why = session.refusal()
+            if why is None:
+                raise
+            raise ThresholdBroken(f"{why} (the trainer stopped: {str(exc)[:200]})") from None
+        finally:
+            session.summary(echo)
 
 
 def _picked(rows: Sequence[ExtractRow], n: int) -> list[ExtractRow]:
@@ -147,8 +159,8 @@ def _picked(rows: Sequence[ExtractRow], n: int) -> list[ExtractRow]:
     return [rows[round(i * (len(rows) - 1) / max(n - 1, 1))] for i in range(n)]
 
 
-def _preflight(cfg: RunConfig, rows: Sequence[ExtractRow], urls: list[str],
-               echo: Echo) -> tuple[TargetInfo, list[str], list[str]]:
+def _preflight(cfg: RunConfig, rows: Sequence[ExtractRow], urls: list[str], echo: Echo,
+               claims: Path) -> tuple[TargetInfo, list[str], list[str]]:
     """Every server through the full capture check on the picked rows (see the module docstring): the
     target's info, the servers' model ids and the checks that ran; a DraftgenError naming a failing server."""
     from draftgen.phases.extract.capture.vllm import VllmExtractBackend
@@ -159,7 +171,7 @@ def _preflight(cfg: RunConfig, rows: Sequence[ExtractRow], urls: list[str],
     models: list[str] = []
     info: TargetInfo | None = None
     for url in urls:
-        be = VllmExtractBackend(cfg, base_urls=[url], teacher_fraction=1.0)
+        be = VllmExtractBackend(cfg, base_urls=[url], teacher_fraction=1.0, claims=str(claims))
         try:
             models.append(be.served_models()[0])
             failed: Counter[str] = Counter()
@@ -169,7 +181,7 @@ def _preflight(cfg: RunConfig, rows: Sequence[ExtractRow], urls: list[str],
                     failed[name] += 1
                     first.setdefault(name, row.sample_id)
             info = be.info
-        except APIError as exc:
+        except (APIError, StorageError) as exc:
             raise DraftgenError(f"train --online: server {url} fails the capture check: {exc}") from None
         finally:
             be.close()
@@ -235,12 +247,15 @@ def _write_inputs(rd: RunDir, rows: Sequence[ExtractRow], restart: bool, urls: l
 
 
 class _Session:
-    """train_prepared's session: the proxy's figures as train.json's ``online`` part."""
+    """train_prepared's session: the proxy's figures as train.json's ``online`` part, and the refusal to publish
+    a drafter (``refusal``: a server caught by the log-prob spot check, or over ``max_flagged_fraction`` of the
+    samples excluded)."""
 
     def __init__(self, proxy: CheckingProxy, urls: list[str], models: list[str], rows: Sequence[ExtractRow],
-                 digest: str, checks: list[str], preflight_rows: int) -> None:
+                 digest: str, checks: list[str], preflight_rows: int, max_flagged: float, rd: RunDir) -> None:
         self.proxy, self.urls, self.models, self.checks = proxy, urls, models, checks
         self.rows, self.digest, self.preflight_rows = len(rows), digest, min(preflight_rows, len(rows))
+        self.max_flagged, self.rd = max_flagged, rd
 
     def report(self) -> TrainOnlineReport:
         s = self.proxy.stats
@@ -251,3 +266,25 @@ class _Session:
                                  excluded_ids=list(s.excluded_ids), teacher_checked=s.teacher_checked,
                                  peak_files=s.peak_files, peak_bytes=s.peak_bytes,
                                  window_bytes=self.proxy.window_bytes)
+
+    def refusal(self) -> str | None:
+        """Why the drafter must not be published (None: it may): the proxy stopped (a server failed the
+        log-prob spot check), or more than ``hidden_states.max_flagged_fraction`` of the samples asked for were
+        excluded (they were not trained on)."""
+        s = self.proxy.stats
+        if s.fatal is not None:
+            return s.fatal
+        if s.requests and s.excluded / s.requests > self.max_flagged:
+            kind, example = next(((k, m) for k, m in s.examples.items() if m), ("", ""))
+            return (f"train --online: {s.excluded} of {s.requests} samples failed a check "
+                    f"({dict(s.excluded_by_check)}), over hidden_states.max_flagged_fraction {self.max_flagged}; "
+                    f"they were not trained on and no drafter is published"
+                    + (f"; e.g. {kind}: {example}" if example else "") + f". See {self.rd.train_report}")
+        return None
+
+    def summary(self, echo: Echo) -> None:
+        s = self.proxy.stats
+        echo(f"train: online: {s.requests} samples asked for, {s.passed} passed the checks, {s.excluded} "
+             f"excluded ({dict(s.excluded_by_check) or 'none'}), {s.teacher_checked} log-prob checked; at most "
+             f"{s.peak_files} files, {s.peak_bytes / 1e6:.1f} MB, were on disk for the trainer at once (window "
+             f"{self.proxy.window_bytes / 1e6:g} MB)")

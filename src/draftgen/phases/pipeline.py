@@ -219,7 +219,8 @@ def _run(ctx: PhaseContext, table: PhaseTable, gate: _Gate | None = None) -> Pip
                 return rep
         _banner(echo, phase.name)
         fp = fingerprint(phase, cfg, rd) if phase.skippable else None
-        if fp is not None and phase.output is not None and state.current(phase.name, fp, phase.output(rd)):
+        if fp is not None and phase.output is not None and state.current(phase.name, fp, phase.output(rd)) \
+                and (phase.refused is None or phase.refused(rd) is None):
             echo(phase.up_to_date or f"{phase.name}: up to date")
             rep.phases_skipped.append(phase.name)
             current = phase.current()

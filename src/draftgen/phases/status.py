@@ -14,7 +14,8 @@ Each row is one phase of the phase table (``phases.PHASES``: the same names, in 
               done: the output exists and is not older than its input: the raw logs for the phases up to
               merge (audit/audit.json, merged/manifest.json), merged/manifest.json for those after it
               (hidden/manifest.json, train/train.json, accept/acceptance.json, report.html; a final phase's
-              output without a merged manifest is "written before merge"); incomplete: it is older.
+              output without a merged manifest is "written before merge"); incomplete: it is older, or
+              its ``Phase.refused`` says why it is not done (train: a drafter refused, not published).
               A phase the config may leave out (an ``enabled`` predicate: extract, train, accept) is listed
               only once its output's folder exists; with no output yet it is incomplete ("started, not
               finished")
@@ -234,6 +235,9 @@ def _output_state(phase: Phase, out: Path, rd: RunDir, newer_than: int | None, *
             return PhaseStatus(name=phase.name, state="incomplete", detail="written before merge")
     elif t < manifest_t:
         return PhaseStatus(name=phase.name, state="incomplete", detail="older than merged/manifest.json")
+    why = phase.refused(rd) if phase.refused is not None else None
+    if why is not None:
+        return PhaseStatus(name=phase.name, state="incomplete", detail=why)
     n = len(rd.accept_reports()) if phase.name == "accept" else 0
     return PhaseStatus(name=phase.name, state="done", detail=f"{n} drafters measured" if n > 1 else None)
 

@@ -46,7 +46,7 @@ class TrainOnlineReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     excluded_by_check: dict[str, int] = msgspec.field(default_factory=dict)
     excluded_ids: list[str] = msgspec.field(default_factory=list)  # sample ids (first 100)
     teacher_checked: int = 0  # consumed samples that also passed the log-prob check
-    peak_files: int = 0  # connector files on disk at once (waiting for the trainer or being captured)
+    peak_files: int = 0  # files on disk for the trainer at once (copies waiting for it, captures in flight)
     peak_bytes: int = 0  # their bytes (captures in flight at their reservations)
     window_bytes: int = 0  # the window they were bounded by (train.online_window_mb)
     schema_version: int = SCHEMA_VERSION
@@ -83,6 +83,14 @@ class TrainReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     verifier_norm_sha256: str | None = None  # the final norm the trainer turned the final state post-norm with
     processes: int = 1  # trainer processes of the run (nproc_per_node × nnodes)
     online: TrainOnlineReport | None = None
+    # what the drafter trained on from its first step (resumed runs included), counted by the trainer on all
+    # ranks; None: not counted (a checkpoint of a draftgen before schema 3). samples_trained: rows with a
+    # loss-mask token in a training batch; samples_asked: rows its training batches asked for; train_rows:
+    # speculators' training split (the rest validate)
+    samples_trained: int | None = None
+    samples_asked: int | None = None
+    train_rows: int | None = None
+    min_trained_fraction: float | None = None  # the floor applied (train.min_trained_fraction)
     schema_version: int = SCHEMA_VERSION
 
 
@@ -195,4 +203,8 @@ class AcceptReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     per_prompt: list[PromptAcceptance] = msgspec.field(default_factory=list)
     notes: list[str] = msgspec.field(default_factory=list)
     created_at: float = 0.0
+    # from the drafter's train.json (this run's train/drafter or eagle3, or train/previous/): what it trained on
+    samples_trained: int | None = None
+    samples_asked: int | None = None
+    warnings: list[str] = msgspec.field(default_factory=list)  # e.g. it trained on fewer samples than the floor
     schema_version: int = SCHEMA_VERSION

@@ -96,12 +96,17 @@ class HiddenOwnerMarker(msgspec.Struct, omit_defaults=True, kw_only=True):
 
 
 class HiddenTarget(msgspec.Struct, omit_defaults=True):
-    """The target a set was extracted from; ``config_sha256`` = sha256 of its config.json bytes (what
-    ``train.guards.check_verifier`` compares)."""
+    """The target a set was extracted from; ``config_sha256`` = sha256 of its config.json bytes;
+    ``weights_sha256`` and ``files_sha256`` (schema version 3; None in a set made before) the digest of its
+    weights (``hidden.norm.weights_digest``: every tensor's name, dtype, shape and sampled bytes; a Hugging
+    Face cache snapshot's blob names). Extract's resume, ``train.guards.check_verifier`` and ``train
+    --online`` compare them."""
 
     name: str
     revision: str | None = None
     config_sha256: str | None = None
+    weights_sha256: str | None = None
+    files_sha256: str | None = None
 
 
 class HiddenIdentity(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -110,6 +115,7 @@ class HiddenIdentity(msgspec.Struct, omit_defaults=True, kw_only=True):
 
     target: HiddenTarget
     norm_weight_sha256: str
+    forced: list[str] = msgspec.field(default_factory=list)  # differences accepted with --force (e.g. "weights")
     schema_version: int = SCHEMA_VERSION
 
 
@@ -179,6 +185,7 @@ class HiddenManifest(msgspec.Struct, omit_defaults=True, kw_only=True):
     complete: bool = True  # false after --limit/--pilot: samples lists what is done so far
     backend: str = "hf"
     draftgen_version: str = ""
+    forced: list[str] = msgspec.field(default_factory=list)  # identity.json's: differences accepted with --force
     schema_version: int = SCHEMA_VERSION
 
 
@@ -211,4 +218,8 @@ class HiddenExportReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     # every file this export wrote, relative to the folder (export.json itself included): the next export
     # into the folder removes exactly these, and nothing else (empty in an export made before the listing)
     files: list[str] = msgspec.field(default_factory=list)
+    # the size and sha256 of each of them (export.json itself excepted), which a rerun verifies (schema
+    # version 3; empty in an export made before: a rerun then checks only that each listed file exists)
+    sizes: dict[str, int] = msgspec.field(default_factory=dict)
+    sha256: dict[str, str] = msgspec.field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION

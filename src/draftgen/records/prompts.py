@@ -84,7 +84,8 @@ class DatasetStats(msgspec.Struct, omit_defaults=True):
 
 
 class PromptIdView(msgspec.Struct):
-    """``PromptRecord``: the id and content hash of a prepared prompt (indexes of prompts.jsonl)."""
+    """``PromptRecord``: the id, content hash and partition of a prepared prompt (indexes of prompts.jsonl)."""
 
     sample_id: str
     content_hash: str = ""
+    partition: str = "short"

@@ -8,19 +8,29 @@
 - ``resume_state``: what the destination already holds for these rows: a sample is done only when published,
   indexed, its merged row still has the recorded ids/mask digest and its file the recorded bytes digest
   (checked for files modified after indexing); weight repeats (``x#repN`` with ``x``'s exact row) alias ``x``;
+  ``Resume.keep()`` is what the index keeps (the driver prunes every other record before it writes);
 - ``check_settings``: refuses a destination written with other settings (dtype, layer ids, hidden size) or
-  from another target (``identity.json``, written here before the first sample).
+  from another target (``identity.json``, written here before the first sample): another final norm or
+  config.json, or other weights (``target_weights``: ``hidden.norm.weights_digest`` of the target's folder,
+  compared where both sides have a digest; a set recorded before weights digests gets this target's);
+- ``check_weights``: the driver's weights check before anything is written, where ``--force`` accepts (and
+  records) other weights of the same final norm and config.json.
 
-Reads the merged shards (``read_merged_rows``) and one stored sample (``check_settings``); writes only
-``identity.json`` (``check_identity``). numpy and pyarrow are imported on use.
+Reads the merged shards (``read_merged_rows``), one stored sample (``check_settings``) and the target's
+safetensors headers and sampled bytes (``target_weights``); writes only ``identity.json`` (``check_identity``).
+numpy and pyarrow are imported on use.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from draftgen.errors import InputError, RunDirError
 from draftgen.hidden.format import (
@@ -28,6 +38,7 @@ from draftgen.hidden.format import (
     require,
     row_digest,
 )
+from draftgen.hidden.norm import WeightsDigest, norm_digests, weights_digest
 from draftgen.records import HiddenIdentity, HiddenIndexRecord, HiddenTarget, MergeManifest, parse_row_id
 from draftgen.store import read_json
 
@@ -36,8 +47,8 @@ if TYPE_CHECKING:
     from draftgen.phases.extract.capture import ExtractBackend, ExtractRow, TargetInfo
     from draftgen.rundir import RunDir
 
-__all__ = ["WINDOW", "Resume", "check_identity", "check_settings", "identity_of",
-           "read_merged_rows", "repeat_base", "resume_state", "split_batches"]
+__all__ = ["WINDOW", "Resume", "check_identity", "check_settings", "check_weights", "identity_of", "read_merged_rows",
+           "recorded_identity", "repeat_base", "resume_state", "split_batches", "target_weights", "weights_refusal"]
 
 WINDOW = 512  # rows of merged order sorted by length together
 
@@ -96,6 +107,7 @@ class Resume:
 
     done: dict[str, HiddenIndexRecord]  # valid records by sample id (aliased repeats not included)
     alias: dict[str, str] = field(default_factory=dict)  # x#repN → x (identical rows: one file)
+    others: dict[str, HiddenIndexRecord] = field(default_factory=dict)  # valid records of samples no row has now
     stale: int = 0  # records whose merged row changed since (redone)
     legacy: int = 0  # records without digests (written by an older draftgen; redone)
     corrupt: int = 0  # files changed after indexing (redone)
@@ -107,6 +119,10 @@ class Resume:
     def replaced(self) -> int:
         return self.stale + self.legacy + self.corrupt
 
+    def keep(self) -> dict[str, HiddenIndexRecord]:
+        """The records the index keeps (``HiddenStore.prune_index``): every valid one, each sample once."""
+        return {**self.others, **self.done}
+
 
 def resume_state(store: HiddenStore, rows: Sequence[ExtractRow]) -> Resume:
     """What of ``rows`` the destination already holds validly (see the module docstring)."""
@@ -115,9 +131,11 @@ def resume_state(store: HiddenStore, rows: Sequence[ExtractRow]) -> Resume:
              if repeat_base(r.sample_id) != r.sample_id and digests.get(repeat_base(r.sample_id)) == digests[r.sample_id]}
     res = Resume(done={}, alias=alias)
     for sid, rec in store.done().items():
-        if sid not in digests or sid in alias:
-            continue  # no longer a merged row (or a repeat: its base's file serves it)
-        if not rec.row_sha256:
+        if sid in alias:
+            continue  # a repeat: its base's file serves it
+        if sid not in digests:
+            res.others[sid] = rec  # no longer a merged row: kept while its file is intact
+        elif not rec.row_sha256:
             res.legacy += 1
         elif rec.row_sha256 != digests[sid]:
             res.stale += 1
@@ -126,19 +144,34 @@ def resume_state(store: HiddenStore, rows: Sequence[ExtractRow]) -> Resume:
     for sid in store.corrupted(res.done):
         del res.done[sid]
         res.corrupt += 1
+    for sid in store.corrupted(res.others):
+        del res.others[sid]
     return res
 
 
-def identity_of(info: TargetInfo) -> HiddenIdentity:
-    """The identity of the target ``info`` describes (name, revision, config.json and final-norm digests)."""
+def target_weights(cfg: RunConfig, folder: str | os.PathLike[str] | None = None) -> WeightsDigest:
+    """The digest of the target's weights (``hidden.norm.weights_digest``) in ``folder``, by default the
+    target's own folder (``capture.target_folder``: ``hidden_states.model``, or its hub cache snapshot)."""
+    from draftgen.phases.extract.capture import target_folder
+
+    if folder is None and not cfg.hidden_states.model:
+        return WeightsDigest(sampled=None)  # no target named: the backend refuses to start, naming the key
+    return weights_digest(folder if folder is not None else target_folder(cfg))
+
+
+def identity_of(info: TargetInfo, weights: WeightsDigest | None = None) -> HiddenIdentity:
+    """The identity of the target ``info`` describes (name, revision, config.json and final-norm digests) and
+    whose weights digest ``weights`` is (None: not known)."""
     norm = hashlib.sha256(info.norm_weight.float().numpy().tobytes()).hexdigest()
-    return HiddenIdentity(target=HiddenTarget(name=info.name, revision=info.revision,
-                                              config_sha256=info.config_sha256), norm_weight_sha256=norm)
+    w = weights or WeightsDigest(sampled=None)
+    return HiddenIdentity(target=HiddenTarget(name=info.name, revision=info.revision, config_sha256=info.config_sha256,
+                                              weights_sha256=w.sampled, files_sha256=w.files),
+                          norm_weight_sha256=norm)
 
 
 def _same_target(a: HiddenIdentity, b: HiddenIdentity) -> bool:
     # content identity: the final norm always, config.json when both recorded it; name/revision only without
-    # a config digest (the same weights under another path are the same target)
+    # a config digest (the same weights under another path are the same target). The weights: weights_refusal
     if a.norm_weight_sha256 != b.norm_weight_sha256:
         return False
     if a.target.config_sha256 and b.target.config_sha256:
@@ -152,20 +185,84 @@ def _describe(i: HiddenIdentity) -> str:
     return f"{i.target.name}{rev} (final norm sha256 {i.norm_weight_sha256[:12]}…{cfg})"
 
 
-def check_identity(store: HiddenStore, backend: ExtractBackend) -> None:
-    """Refuse a destination extracted from another target (naming both); on a destination without one yet,
-    record ``identity.json`` now, before the first sample is written."""
-    mine = identity_of(backend.info)
-    theirs = store.read_identity()
-    if theirs is None and store.has_manifest():
-        m = store.read_manifest()  # a set written before identity.json: its manifest names the target
-        theirs = HiddenIdentity(target=m.target, norm_weight_sha256=m.norm_weight_sha256)
+def recorded_identity(store: HiddenStore) -> HiddenIdentity | None:
+    """The target the destination's samples come from: ``identity.json``, else (a set written before it)
+    its manifest's; None for a new destination."""
+    ident = store.read_identity()
+    if ident is None and store.has_manifest():
+        m = store.read_manifest()
+        ident = HiddenIdentity(target=m.target, norm_weight_sha256=m.norm_weight_sha256)
+    return ident
+
+
+def weights_refusal(store: HiddenStore, name: str, why: str) -> RunDirError:
+    """The one-line refusal of a target whose weights are not the set's, though its final norm and
+    config.json are (``why``: ``WeightsDigest.differs``)."""
+    return RunDirError(f"{store.url}: hidden_states.model {name}: its weights differ from those the set was "
+                       f"extracted with ({why}), though its final norm and config.json are the same: other "
+                       "weights (a fine-tune, a merged adapter) are another target; use another "
+                       "hidden_states.output, or pass --force if they are the same weights saved again")
+
+
+def check_identity(store: HiddenStore, backend: ExtractBackend, weights: WeightsDigest) -> None:
+    """Refuse a destination extracted from another target (naming both; the weights by ``weights``, the
+    digest of the weights loaded); on a destination without one yet, record ``identity.json`` now, before
+    the first sample is written; on one recorded before weights digests, add this target's."""
+    mine = identity_of(backend.info, weights)
+    theirs = recorded_identity(store)
     if theirs is None:
         store.write_identity(mine)
-    elif not _same_target(theirs, mine):
+        return
+    if not _same_target(theirs, mine):
         raise RunDirError(f"{store.url}: extracted from {_describe(theirs)}, not {_describe(mine)} "
                           "(hidden_states.model); use another hidden_states.output, or delete that destination "
                           "to start over")
+    why = WeightsDigest.of(theirs.target).differs(weights)
+    if why:
+        raise weights_refusal(store, mine.target.name, why)
+    t = theirs.target
+    if (weights.sampled and not t.weights_sha256) or (weights.files and not t.files_sha256):
+        target = msgspec.structs.replace(t, weights_sha256=t.weights_sha256 or weights.sampled,
+                                         files_sha256=t.files_sha256 or weights.files)
+        store.write_identity(msgspec.structs.replace(theirs, target=target))
+
+
+def check_weights(store: HiddenStore, cfg: RunConfig, *, force: bool, echo: Callable[[str], object]) -> None:
+    """The driver's check, before anything is written (also of a set that is up to date): the target's
+    weights (``target_weights``, read from its local folder; a hub id not downloaded yet is left to the
+    workers) must be those the set records. Another final norm or config.json as well: refused as another
+    target. The weights alone: refused naming the field (``weights_refusal``), or with ``force`` accepted and
+    recorded (identity.json's ``forced``, then the manifest's), the set recording this target's digest from
+    now on. A set recorded before weights digests, of the same final norm and config.json: said to be checked
+    by those only, and this target's digest recorded in identity.json from now on."""
+    theirs = recorded_identity(store)
+    mine = target_weights(cfg)
+    if theirs is None or mine.sampled is None:
+        return  # a new destination (the first worker records the identity), or no local weights yet
+    why = WeightsDigest.of(theirs.target).differs(mine)
+    legacy = not theirs.target.weights_sha256
+    if why is None and not legacy:
+        return
+    from draftgen.phases.extract.capture import config_digest, target_folder
+
+    folder = target_folder(cfg)
+    name = str(cfg.hidden_states.model)
+    if theirs.target.config_sha256 not in (None, config_digest(folder)) or \
+            theirs.norm_weight_sha256 not in norm_digests(Path(folder)):
+        raise RunDirError(f"{store.url}: extracted from {_describe(theirs)}, not {name} (its final norm or "
+                          "config.json differ); use another hidden_states.output, or delete that destination to "
+                          "start over")
+    if legacy:
+        echo(f"extract: {store.url} records no weights digest (made by an older draftgen): checked by its final "
+             "norm and config.json only (the same); it records this target's weights digest from now on")
+    elif not force:
+        raise weights_refusal(store, name, why or "")
+    else:
+        echo(f"extract: --force: the target's weights differ from the set's ({why}); accepted and recorded "
+             "(identity.json and manifest.json: forced)")
+        theirs = msgspec.structs.replace(theirs, forced=sorted({*theirs.forced, "weights"}))
+    target = msgspec.structs.replace(theirs.target, weights_sha256=mine.sampled, files_sha256=mine.files)
+    store.write_identity(msgspec.structs.replace(theirs, target=target))
 
 
 def check_settings(store: HiddenStore, done: dict[str, HiddenIndexRecord], cfg: RunConfig,
@@ -187,7 +284,7 @@ def check_settings(store: HiddenStore, done: dict[str, HiddenIndexRecord], cfg: 
             raise RunDirError(f"{store.url}: written with hidden_states.layer_ids {m.layer_ids.aux}, not "
                               f"{sorted(hs.layer_ids)}; {fix}")
     if backend is not None:
-        check_identity(store, backend)
+        check_identity(store, backend, target_weights(cfg))
     if done and backend is not None:
         first = next(iter(done.values()))
         s = store.read_sample(first.file)

@@ -11,7 +11,13 @@ Cheap checks, every sample (names as they appear in ``HiddenIndexRecord.failed``
   difference ||a-b|| / max(||a||, ||b||));
 - ``aux_embedding``: no aux slot is (close to) the input embeddings of the ids.
 
-Teacher check, on samples whose sha256(sample_id) falls under ``teacher_fraction``: the target's final norm
+Which samples get the teacher check (``teacher_fraction`` of them): with a backend that computes the states
+itself (hf: ``teacher_selected``), those whose sha256(sample_id) falls under the fraction, the same ones on every
+run; with a backend whose states and reference come from a server (vllm, ``SpotChecking``), a ``SpotCheck``
+draws them after each answer from the operating system's random source, so nothing a server sees (the request,
+the question asked, the sample id) tells it which ones are checked (``spot_checked`` picks the rule).
+
+Teacher check, on the selected samples: the target's final norm
 and lm_head applied to the stored final state give log p(input_ids[t+1]) at each completion position t
 (loss_mask[t+1] == 1); their mean must beat chance log(1/V) by ``teacher_min_margin`` nats
 (``teacher_chance``). The backend's reference (``capture.Reference``) is the target's own log-probs at the
@@ -43,9 +49,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+import random
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from draftgen.hidden.format import require
 from draftgen.records import TeacherResult
@@ -57,8 +65,9 @@ if TYPE_CHECKING:
     from draftgen.hidden.format import LoadedSample
     from draftgen.phases.extract.capture import ExtractBackend, ExtractRow, Reference, TargetInfo
 
-__all__ = ["CHECKS", "LOGPROB_FLOOR", "LOGPROB_MARGIN", "CheckResult", "check_sample", "check_teacher",
-           "default_tolerance", "logprob_tolerance", "perturbed", "relative_diff", "teacher_selected", "tolerance_of"]
+__all__ = ["CHECKS", "LOGPROB_FLOOR", "LOGPROB_MARGIN", "SPOT_BLOCK", "STOPPING", "CheckResult", "SpotCheck",
+           "SpotChecking", "check_sample", "check_teacher", "default_tolerance", "logprob_tolerance", "perturbed",
+           "relative_diff", "spot_checked", "teacher_selected", "tolerance_of"]
 
 CHECKS = ("shape", "ids", "finite", "norm", "aux_distinct", "aux_embedding", "teacher_chance", "teacher_reference",
           "teacher_aux", "reference_aux", "reference_final")
@@ -85,12 +94,67 @@ def default_tolerance(dtype: str, compute: str = "fp32", configured: float | Non
 
 
 def teacher_selected(sample_id: str, fraction: float) -> bool:
-    """Deterministic by sample_id: the same samples are checked on every run and machine."""
+    """Deterministic by sample_id: the same samples are checked on every run and machine (a backend that
+    computes the states itself: nothing to hide the choice from)."""
     if fraction >= 1.0:
         return True
     if fraction <= 0.0:
         return False
     return int(hashlib.sha256(sample_id.encode()).hexdigest()[:8], 16) / 0x1_0000_0000 < fraction
+
+
+#: a ``SpotCheck`` checks exactly round(fraction x SPOT_BLOCK) of every SPOT_BLOCK samples in answer order (at
+#: least one; a fraction under 1/SPOT_BLOCK: one of every round(1 / fraction))
+SPOT_BLOCK = 100
+#: the checks whose failure on a server's sample is evidence against the server, not against the sample: the
+#: states disagree with the engine's own log-probs of the same request
+STOPPING = ("teacher_reference", "teacher_aux")
+
+
+class SpotCheck:
+    """The samples a server's answers get the teacher check for, chosen after each answer (``next()``, in
+    answer order): exactly ``per_block`` of every ``block`` consecutive answers, their places in the block
+    drawn from ``random.SystemRandom`` (the operating system's source: no seed, nothing in a request or a
+    sample id predicts it). A server that alters a share p of its samples is caught in each block with the
+    probability that a drawn place lands on one of them; one that alters every sample it cannot tell apart
+    is caught in its first block. Thread-safe."""
+
+    def __init__(self, fraction: float, rng: random.Random | None = None) -> None:
+        self.fraction = min(max(fraction, 0.0), 1.0)
+        if 0.0 < self.fraction < 1.0:
+            self.block = SPOT_BLOCK if self.fraction * SPOT_BLOCK >= 1 else round(1 / self.fraction)
+            self.per_block = max(1, round(self.fraction * self.block))
+        else:
+            self.block, self.per_block = 1, int(self.fraction >= 1.0)
+        self._rng = rng or random.SystemRandom()
+        self._lock = threading.Lock()
+        self._n = 0
+        self._places: set[int] = set()
+
+    def next(self) -> bool:
+        """Whether the answer just received is checked."""
+        with self._lock:
+            k = self._n % self.block
+            if k == 0:
+                self._places = set(self._rng.sample(range(self.block), self.per_block))
+            self._n += 1
+            return k in self._places
+
+
+@runtime_checkable
+class SpotChecking(Protocol):
+    """A capture backend that chooses its samples' teacher checks itself (``SpotCheck``), after each answer:
+    ``teacher_selected(sample_id)`` says whether that sample's last capture was chosen."""
+
+    def teacher_selected(self, sample_id: str) -> bool: ...
+
+
+def spot_checked(backend: object, sample_id: str, fraction: float) -> bool:
+    """Whether ``sample_id``'s states get the teacher check: the backend's own choice (``SpotChecking``), else
+    ``teacher_selected``."""
+    if isinstance(backend, SpotChecking):
+        return backend.teacher_selected(sample_id)
+    return teacher_selected(sample_id, fraction)
 
 
 def relative_diff(a: torch.Tensor, b: torch.Tensor, norms: tuple[torch.Tensor, torch.Tensor] | None = None) -> float:

@@ -5,49 +5,70 @@ speculators (``--on-missing generate --vllm-endpoint <proxy>/v1``) asks for each
 asks ``vllm serve`` (speculators ``data_generation/vllm_client.py``): ``GET /v1/models`` (the id must be its
 ``--verifier-name-or-path``), then ``POST /v1/completions`` ``{"model", "prompt": [ids], "max_tokens": 1,
 "return_token_ids": true}``, and reads the file its response names in ``kv_transfer_params.hidden_states_path``
-(the ``.lock`` protocol of hs_connectors' file transfer), then deletes it. The proxy answers each request:
+(hs_connectors' file transfer: it takes ``<path>.lock`` when there is one, loads the file), then deletes it.
+The proxy answers each request with one outcome, passed or excluded, never an HTTP error:
 
-1. the ids must be one of the rows it was given (the merged rows; anything else is a 400): that row's
-   sample id and loss mask are the check's;
-2. the vllm capture backend (``capture.vllm``) sends the row to the least-loaded server, with its own
-   checks (the server's ``prompt_token_ids`` and the file's ``token_ids`` equal the ids sent, its shape and
-   layer count; the connector folder rules; retries by the one policy) and keeps the file;
-3. ``checks.check_sample`` runs every per-sample check of offline extraction on those states (``finite``,
-   ``norm``, ``aux_distinct``, ``aux_embedding``, ``shape``, ``ids``), and the log-prob check on the
-   ``teacher_fraction`` of samples (the engine's ``prompt_logprobs``); checks run one at a time, off the loop;
-4. a sample that passes: the response names the server's file for the trainer (nothing is copied);
-   a sample that fails (or that the server answered with other ids): its file is removed and the response has
-   no ``kv_transfer_params``, which speculators treats as an unavailable sample (``InvalidResponseError``, not
-   retried with ``--generation-validation-retries 0``): it is left out of its batch, never trained on, and
-   counted here by check.
+1. the ids must be one of the rows it was given (the merged rows; anything else is a 400, not counted): that
+   row's sample id and loss mask are the check's;
+2. the vllm capture backend (``capture.vllm``) sends the row to the least-loaded server, with its own checks
+   (the server's ``prompt_token_ids`` and the file's ``token_ids`` equal the ids sent, its shape and layer
+   count, which the preflight confirmed: ``confirm_layers``; the connector folder rules; retries by the one
+   policy), reads the file's bytes once and removes the server's file at once (refused, unreadable or given
+   up on after a timeout alike: every file a request was named is draftgen's to remove, claimed in
+   ``claims`` until it is, so that a killed run's are swept by the next ``start``);
+3. the bytes read are written to draftgen's own ``handover`` folder (a temp name), and ``checks.check_sample``
+   runs every per-sample check of offline extraction on the states decoded from those same bytes
+   (``finite``, ``norm``, ``aux_distinct``, ``aux_embedding``, ``shape``, ``ids``), and the log-prob check on
+   the samples the backend's ``checks.SpotCheck`` drew after the answer (every request asked the same
+   question: nothing tells a server which are checked); checks run one at a time, off the loop;
+4. a sample that passes: its copy gets its final name and the response names it for the trainer: what the
+   trainer reads is exactly what was checked, and no server can write it. A sample that fails, or that the
+   server answered wrongly (other ids, an unreadable file or one of the wrong shape or layer count: kind
+   ``bad_hidden_states``, a timeout, ...): its copy is removed and the response has no ``kv_transfer_params``,
+   which speculators treats as an unavailable sample (``InvalidResponseError``, not retried with
+   ``--generation-validation-retries 0``): it is left out of its batch, never trained on, and counted here by
+   check or kind.
 
-The bounded cache (the window): the connector files on disk (those handed to the trainer and not yet deleted by
-it, and those of captures in flight) are at most ``max_files`` and take at most ``window_bytes``. A capture in
-flight counts as its row's tokens times the most bytes per token a file has taken so far (the first capture
-runs alone, before any is known); a request waits for room. A sample larger than the whole window still runs,
-alone. ``stop()`` removes any file the trainer never took (a crash). ``stats`` counts requests, passes,
-exclusions by check, the teacher-checked ones and the peak files/bytes on disk at once.
-Writes nothing itself; removes only connector files of the folder the backend admits.
+A log-prob check that fails (``checks.STOPPING``: the states disagree with the same request's own
+``prompt_logprobs``) is evidence against the server, not the sample: ``stats.fatal`` names the server, the
+check and the sample, and from then on every sample is excluded (``stopped``), so that speculators' circuit
+breaker stops the trainer; online.py turns it into the run's failure, and nothing is published. Failing to
+write a copy (a full disk) stops it the same way.
+
+The bounded cache (the window): the files on disk for the trainer (the copies handed and not yet deleted by
+it, the captures in flight, and any connector file a server wrote again after it was given up on) are at most
+``max_files`` and take at most ``window_bytes``. A capture in flight counts as its row's tokens times the most
+bytes per token a file has taken so far (the first capture runs alone, before any is known); a request waits
+for room. A sample larger than the whole window still runs, alone. ``start()`` sweeps a killed run's leftovers
+(claimed connector files, copies in ``handover``); ``stop()`` removes the copies the trainer never took.
+``stats`` counts requests, passes, exclusions by check, the teacher-checked ones and the peak files/bytes on
+disk at once.
+Writes only the copies in ``handover`` (and the claims); removes only those and connector files of the folder
+the backend admits that a request was named.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import os
+import re
 import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 import orjson
 
-from draftgen.errors import APIError, ConfigError, PermanentAPIError
+from draftgen.errors import APIError, DraftgenError, StorageError
+from draftgen.hidden.format import is_temp, open_temp, storage_faults
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -55,13 +76,17 @@ if TYPE_CHECKING:
     from draftgen.config.hidden import HiddenStatesConfig
     from draftgen.hidden.format import Captured
     from draftgen.phases.extract.capture import ExtractRow
-    from draftgen.phases.extract.capture.vllm import VllmExtractBackend
+    from draftgen.phases.extract.capture.vllm import ServerCapture, VllmExtractBackend
     from draftgen.phases.extract.checks import CheckResult
 
-__all__ = ["CheckingProxy", "ProxyStats", "check_captured"]
+__all__ = ["HANDED_NAME", "CheckingProxy", "ProxyStats", "check_captured"]
 
 _DTYPES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}
 _COARSER = ("bf16", "fp16", "fp32")  # coarsest first
+#: the name of a copy handed to the trainer (in ``handover``); nothing else there is the proxy's
+HANDED_NAME = re.compile(r"hs-[0-9a-f]{32}\.safetensors")
+_TEMP_OF = "hs.safetensors"  # a copy being written and checked: ``open_temp``'s name for it
+_KEPT = 100  # sample ids kept per list in the stats (excluded, checked)
 
 
 @dataclass
@@ -71,24 +96,32 @@ class ProxyStats:
     excluded: int = 0
     excluded_by_check: Counter[str] = field(default_factory=Counter)
     excluded_ids: list[str] = field(default_factory=list)
-    teacher_checked: int = 0
+    teacher_checked: int = 0  # passed samples that were also log-prob checked
+    checked_ids: list[str] = field(default_factory=list)  # the first ones drawn for the log-prob check
+    examples: dict[str, str] = field(default_factory=dict)  # kind -> the first error message of that kind
     peak_files: int = 0
     peak_bytes: int = 0
+    swept: int = 0  # files a killed run left (claimed connector files, handed copies), removed by ``start``
+    fatal: str | None = None  # why no more samples are handed (a failed log-prob check; a copy not written)
 
 
 class CheckingProxy:
-    """See the module docstring. ``with CheckingProxy(...) as proxy: proxy.url ...`` (``start``/``stop``)."""
+    """See the module docstring. ``with CheckingProxy(...) as proxy: proxy.url ...`` (``start``/``stop``).
+    Runs after the preflight confirmed every server's layer count (``backend.confirm_layers``)."""
 
     def __init__(self, backend: VllmExtractBackend, hs: HiddenStatesConfig, rows: Sequence[ExtractRow], *,
-                 model_name: str, max_files: int = 16, window_bytes: int = 2 * 10**9) -> None:
+                 model_name: str, handover: str | os.PathLike[str], max_files: int = 16,
+                 window_bytes: int = 2 * 10**9) -> None:
         self.backend, self.hs, self.model_name = backend, hs, model_name
+        backend.confirm_layers()
+        self.handover = Path(handover)
         self.rows: dict[tuple[int, ...], ExtractRow] = {}
         for r in rows:
             self.rows.setdefault(tuple(int(t) for t in r.input_ids.tolist()), r)
         self.max_files, self.window_bytes = max(1, max_files), max(1, window_bytes)
         self.stats = ProxyStats()
         self.url = ""
-        self._handed: dict[str, int] = {}  # path -> its size: handed to the trainer, not yet seen deleted
+        self._handed: dict[str, int] = {}  # copy -> its size: handed to the trainer, not yet seen deleted
         self._flight: dict[int, int] = {}  # captures in flight -> the bytes reserved for each
         self._per_token = 0.0  # the most bytes per token a connector file has taken (0: none seen yet)
         self._tickets = itertools.count()
@@ -98,9 +131,13 @@ class CheckingProxy:
     # -- lifecycle ---------------------------------------------------------------------------------------
 
     def start(self) -> str:
-        """Serve on a free loopback port; returns the base URL speculators gets (``.../v1``)."""
+        """Sweep a killed run's leftovers, then serve on a free loopback port; returns the base URL
+        speculators gets (``.../v1``)."""
         from draftgen.emulator.threaded import ThreadedServer, start_in_thread
 
+        removed, _elsewhere = self.backend.folder.sweep()
+        self.handover.mkdir(parents=True, exist_ok=True)
+        self.stats.swept = removed + self._sweep_handover()
         serving = start_in_thread(self._app, "127.0.0.1", 0, close=lambda: None, what="train --online proxy",
                                   thread_name="draftgen-online-proxy")
         self._server = ThreadedServer(serving, "127.0.0.1")
@@ -108,14 +145,14 @@ class CheckingProxy:
         return self.url
 
     def stop(self) -> None:
-        """Stop serving; remove the files the trainer never took; close the backend and the checker."""
+        """Stop serving; remove the copies the trainer never took and the connector files given up on; close
+        the backend and the checker."""
         if self._server is not None:
             self._server.stop()
             self._server = None
-        for path in sorted(self._handed):
-            self.backend.folder.remove(path)
-        self._handed.clear()
         self._checker.shutdown(wait=True)
+        self._handed.clear()
+        self._sweep_handover()
         self.backend.close()
 
     def __enter__(self) -> CheckingProxy:
@@ -124,6 +161,19 @@ class CheckingProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def _sweep_handover(self) -> int:
+        """Remove the proxy's own files in ``handover`` (copies and their temps); returns how many."""
+        n = 0
+        if not self.handover.is_dir():
+            return 0
+        for entry in os.scandir(self.handover):
+            if entry.is_file(follow_symlinks=False) and (HANDED_NAME.fullmatch(entry.name)
+                                                         or is_temp(entry.name, of=_TEMP_OF)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    n += 1
+        return n
 
     # -- serving -----------------------------------------------------------------------------------------
 
@@ -156,42 +206,77 @@ class CheckingProxy:
         if row is None:
             return _error(400, "the prompt ids are not those of a merged row this run trains on")
         self.stats.requests += 1
+        if self.stats.fatal is not None:
+            return self._excluded(row, ["stopped"], self.stats.fatal)
         ticket = await self._room(len(row.input_ids))
         try:
             return await self._serve(row, ticket)
-        finally:  # no await since the file was handed: the window never misses it
+        finally:  # no await since the copy was handed: the window never misses it
             del self._flight[ticket]
 
     async def _serve(self, row: ExtractRow, ticket: int) -> web.Response:
-        """Capture ``row`` (its room reserved as ``ticket``), check it, and hand its file over or exclude it."""
+        """Capture ``row`` (its room reserved as ``ticket``), check it, and hand its copy over or exclude it."""
+        n = self.stats.requests
         try:
-            cap, path = await self.backend.capture_one(row, keep_file=True)
-        except PermanentAPIError as exc:  # the server answered this sample wrongly (other ids, a bad file)
-            return self._excluded(row, [exc.kind or "server"])
-        except (APIError, ConfigError) as exc:
-            return _error(502, f"draftgen proxy: {exc}")
-        size = self._landed(ticket, path, len(row.input_ids))
+            got = await self.backend.capture_one(row)
+        except DraftgenError as exc:  # the server answered this sample wrongly, or not in time
+            kind = "bad_hidden_states" if isinstance(exc, StorageError) else \
+                (exc.kind if isinstance(exc, APIError) and exc.kind else "server")
+            return self._excluded(row, [kind], str(exc))
+        size = self._landed(ticket, len(got.data), len(row.input_ids))
         loop = asyncio.get_running_loop()
-        res: CheckResult = await loop.run_in_executor(self._checker, self._check, row, cap)
+        try:
+            res, tmp = await loop.run_in_executor(self._checker, self._check, row, got)
+        except StorageError as exc:  # draftgen's own disk: nothing more can be handed
+            self.stats.fatal = self.stats.fatal or f"train --online: {exc}"
+            return self._excluded(row, ["stopped"], str(exc))
+        if res.teacher is not None and len(self.stats.checked_ids) < _KEPT:
+            self.stats.checked_ids.append(row.sample_id)
         if res.failed:
-            self.backend.folder.remove(path)
-            return self._excluded(row, res.failed)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            self._stop_on(row, got.server, n, res.failed)
+            return self._excluded(row, res.failed, "")
+        path = str(self.handover / f"hs-{uuid.uuid4().hex}.safetensors")
+        os.replace(tmp, path)
         self._handed[path] = size
         self.stats.passed += 1
         self.stats.teacher_checked += res.teacher is not None
         return _json(self._completion(row, {"hidden_states_path": path}))
 
-    def _check(self, row: ExtractRow, cap: Captured) -> CheckResult:
-        from draftgen.phases.extract.checks import teacher_selected
+    def _check(self, row: ExtractRow, got: ServerCapture) -> tuple[CheckResult, str]:
+        """Write the bytes read to a temp copy in ``handover`` (then let them go), and check the states decoded
+        from them; returns the result and the copy's path."""
+        from draftgen.phases.extract.checks import spot_checked
 
-        return check_captured(self.backend, self.hs, row, cap,
-                              teacher=teacher_selected(row.sample_id, self.hs.teacher_fraction))
+        with storage_faults(str(self.handover), "write"):
+            fd, tmp = open_temp(str(self.handover), _TEMP_OF)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(got.data)
+        got.data = b""
+        teacher = spot_checked(self.backend, row.sample_id, self.hs.teacher_fraction)
+        return check_captured(self.backend, self.hs, row, got.captured, teacher=teacher), tmp
 
-    def _excluded(self, row: ExtractRow, failed: list[str]) -> web.Response:
+    def _stop_on(self, row: ExtractRow, server: str, n: int, failed: list[str]) -> None:
+        """A log-prob check failed (``checks.STOPPING``): the server, not the sample, is wrong; stop handing."""
+        from draftgen.phases.extract.checks import STOPPING
+
+        stopping = [c for c in failed if c in STOPPING]
+        if stopping and self.stats.fatal is None:
+            self.stats.fatal = (
+                f"train --online: server {server} failed the log-prob spot check ({', '.join(stopping)}) on sample "
+                f"{row.sample_id}, request {n} of this run: the hidden states it wrote disagree with its own "
+                "prompt_logprobs of the same request (a server altering the states it believes unchecked, or a "
+                "miswired one); no more samples were handed to the trainer and no drafter is published. Fix the "
+                "server or take it out of hidden_states.base_urls, then rerun")
+
+    def _excluded(self, row: ExtractRow, failed: list[str], message: str) -> web.Response:
         s = self.stats
         s.excluded += 1
         s.excluded_by_check.update(failed)
-        if len(s.excluded_ids) < 100:
+        for kind in failed:
+            s.examples.setdefault(kind, message[:400])
+        if len(s.excluded_ids) < _KEPT:
             s.excluded_ids.append(row.sample_id)
         out = self._completion(row, None)
         out["draftgen_excluded"] = failed
@@ -209,30 +294,30 @@ class CheckingProxy:
     # -- the bounded cache --------------------------------------------------------------------------------
 
     def _on_disk(self) -> tuple[int, int]:
-        """Files and bytes the window holds now: the handed files the trainer has not deleted yet, and the
-        reservations of the captures in flight."""
+        """Files and bytes the window holds now: the copies the trainer has not deleted yet, the reservations
+        of the captures in flight, and connector files a server wrote again after they were given up on."""
         self._handed = {p: n for p, n in self._handed.items() if os.path.exists(p)}
-        return len(self._handed) + len(self._flight), sum(self._handed.values()) + sum(self._flight.values())
+        folder = self.backend.folder
+        folder.tidy()
+        files, size = folder.watched()
+        return (len(self._handed) + len(self._flight) + files,
+                sum(self._handed.values()) + sum(self._flight.values()) + size)
 
     async def _room(self, tokens: int) -> int:
         """Wait until a capture of ``tokens`` fits the window; reserve it. Returns its ticket in ``_flight``."""
         while True:
             files, used = self._on_disk()
             need = math.ceil(tokens * self._per_token)
-            alone = files == 0
+            alone = not self._handed and not self._flight  # a server's leftovers never block every request
             if alone or (self._per_token and files < self.max_files and used + need <= self.window_bytes):
                 ticket = next(self._tickets)
                 self._flight[ticket] = need
                 return ticket
             await asyncio.sleep(0.02)
 
-    def _landed(self, ticket: int, path: str, tokens: int) -> int:
-        """A capture's file is on disk: its reservation becomes its size; learn its bytes per token, count the
-        peak (the other captures in flight at their reservations). Returns its size."""
-        try:
-            size = os.path.getsize(path)
-        except FileNotFoundError:  # the folder's rules admitted it; a vanished file is the trainer's to report
-            size = 0
+    def _landed(self, ticket: int, size: int, tokens: int) -> int:
+        """A capture's bytes are in hand (its copy about to be written): its reservation becomes its size; learn
+        its bytes per token, count the peak (the other captures in flight at their reservations). Returns it."""
         self._per_token = max(self._per_token, size / max(tokens, 1))
         self._flight[ticket] = size
         files, used = self._on_disk()

@@ -13,8 +13,9 @@ captures identical batches and writes identical files. ``results``:
    its own index part: no shared writer), returning the ``BatchResult`` (msgpack; the index records, bytes,
    seconds, its wall-clock span, and once per actor the target's ``TargetInfo``);
 3. yields each result as it streams in. A task Ray re-runs (an actor killed mid-task is restarted, and its
-   task retried) writes its samples again, byte for byte, and reports them again: the driver counts each
-   sample once, and ``HiddenStore.done`` lists each once (the last record wins).
+   task retried) writes its samples again, byte for byte, and its index parts under the same names (a part
+   is named by its samples: ``hidden.format.index_part_name``), so the index lists each sample once; it
+   reports them again, and the driver counts each sample once.
 
 Ray: ``ray_address`` unset starts a local instance (``ray.init(num_cpus=…, include_dashboard=False,
 log_to_driver=False)``) in ``start`` that ``close`` shuts down; ``auto`` or ``ray://…`` joins a cluster (left

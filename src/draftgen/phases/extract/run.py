@@ -19,8 +19,12 @@ Imports: run → executor, proc_pool, ray_pool → worker → batches; nothing i
 
 Resume: a kill at any moment loses at most the two batches in flight. A temp file never counts; a published
 file no index part lists is redone (overwritten with the same bytes: capture is deterministic for a batch);
-the manifest lists each sample once. ``limit``/``pilot`` stop after that many new samples and write a
-manifest with ``complete: false`` (``plan`` reads its throughput).
+the manifest lists each sample once, and so does the index: before anything is written, the records that
+no longer count (samples to redo, an older draftgen's second listings) are pruned
+(``HiddenStore.prune_index``). The target is checked first too (``batches.check_weights``: its weights
+digest against the set's; ``force`` accepts other weights of the same final norm and config.json, and the
+set records it). ``limit``/``pilot`` stop after that many new samples and write a manifest with
+``complete: false`` (``plan`` reads its throughput).
 
 More than ``hidden_states.max_flagged_fraction`` flagged samples: the manifest is written, then
 ``ThresholdBroken`` (exit 3). Credentials (storage_options, AWS_* variables) are never echoed.
@@ -28,7 +32,6 @@ More than ``hidden_states.max_flagged_fraction`` flagged samples: the manifest i
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections import Counter
@@ -41,11 +44,14 @@ from draftgen import __version__
 from draftgen.errors import ConfigError, ThresholdBroken
 from draftgen.hidden.format import SCHEMA, HiddenStore
 from draftgen.hidden.lock import destination_lock
+from draftgen.hidden.norm import WeightsDigest
 from draftgen.hidden.stream import Sink, hidden_url
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
 from draftgen.phases.extract.batches import (
     Resume,
     check_settings,
+    check_weights,
+    identity_of,
     read_merged_rows,
     resume_state,
     split_batches,
@@ -58,11 +64,11 @@ from draftgen.phases.extract.worker import TIMING_KEYS, BatchResult
 from draftgen.records import (
     HiddenChecksSummary,
     HiddenCounts,
+    HiddenIdentity,
     HiddenIndexRecord,
     HiddenLayerIds,
     HiddenManifest,
     HiddenSampleEntry,
-    HiddenTarget,
 )
 from draftgen.rundir import HiddenLayout, RunDir, writer
 
@@ -120,25 +126,31 @@ def _summary(done: dict[str, HiddenIndexRecord], fraction: float) -> HiddenCheck
 
 
 def _manifest(cfg: RunConfig, info: TargetInfo, rows: Sequence[ExtractRow], res: Resume,
-              throughput: float | None) -> HiddenManifest:
-    """Every merged row once, in merged order; a weight repeat names its base's file."""
+              throughput: float | None, ident: HiddenIdentity | None) -> HiddenManifest:
+    """Every merged row once, in merged order; a weight repeat names its base's file; the target as
+    ``info`` describes it, with the weights digest and forced differences ``identity.json`` (``ident``)
+    records."""
     aux = list(info.layers.aux)
     held = {r.sample_id: rec for r in rows if (rec := res.record(r.sample_id)) is not None}
     entries = [HiddenSampleEntry(sample_id=sid, file=rec.file, length=rec.length, file_sha256=rec.file_sha256)
                for sid, rec in held.items()]
     flagged = sum(1 for rec in held.values() if rec.failed)
+    mine = identity_of(info)
+    weights = WeightsDigest.of(ident.target) if ident is not None else None
+    target = msgspec.structs.replace(mine.target, weights_sha256=weights and weights.sampled,
+                                     files_sha256=weights and weights.files)
     return HiddenManifest(
-        schema=SCHEMA, target=HiddenTarget(name=info.name, revision=info.revision, config_sha256=info.config_sha256),
+        schema=SCHEMA, target=target,
         layer_ids=HiddenLayerIds(aux=aux, final=info.layers.final, convention=CONVENTION,
                                  sglang_aux=info.layers.sglang_aux, hf_hidden_states_index=aux),
         hidden_size=info.hidden_size, num_layers=info.num_layers, vocab_size=info.vocab_size,
         dtype=cfg.hidden_states.dtype,
-        norm_weight_sha256=hashlib.sha256(info.norm_weight.float().numpy().tobytes()).hexdigest(),
-        norm_eps=info.norm_eps,
+        norm_weight_sha256=mine.norm_weight_sha256, norm_eps=info.norm_eps,
         counts=HiddenCounts(samples=len(entries), tokens=sum(e.length for e in entries), flagged=flagged),
         samples=entries, checks=_summary(held, cfg.hidden_states.teacher_fraction),
         throughput_tokens_per_s=throughput, complete=len(entries) == len(rows),
         backend=cfg.hidden_states.backend, draftgen_version=__version__,
+        forced=list(ident.forced) if ident is not None else [],
     )
 
 
@@ -152,12 +164,12 @@ def run_extract(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None =
     samples. ``backend``: an already loaded backend (tests, benchmarks); else the configured one is loaded."""
     if rd is None:
         with writer(cfg, "extract", force=force) as held:
-            return _extract(cfg, held, echo, limit, pilot, backend)
-    return _extract(cfg, rd, echo, limit, pilot, backend)
+            return _extract(cfg, held, echo, limit, pilot, backend, force)
+    return _extract(cfg, rd, echo, limit, pilot, backend, force)
 
 
 def _extract(cfg: RunConfig, rd: RunDir, echo: Echo, limit: int | None, pilot: int | None,
-             backend: ExtractBackend | None) -> ExtractReport:
+             backend: ExtractBackend | None, force: bool) -> ExtractReport:
     hs = cfg.hidden_states
     for name, value in (("limit", limit), ("pilot", pilot)):
         if value is not None and value < 1:
@@ -174,11 +186,11 @@ def _extract(cfg: RunConfig, rd: RunDir, echo: Echo, limit: int | None, pilot: i
             refresh()  # the owner file on an object store stays fresh while progress lines come
             echo(line)
 
-        return _extract_held(cfg, store, rows, echo_refresh, limit, pilot, backend)
+        return _extract_held(cfg, store, rows, echo_refresh, limit, pilot, backend, force)
 
 
 def _extract_held(cfg: RunConfig, store: HiddenStore, rows: Sequence[ExtractRow], echo: Echo, limit: int | None,
-                  pilot: int | None, backend: ExtractBackend | None) -> ExtractReport:
+                  pilot: int | None, backend: ExtractBackend | None, force: bool) -> ExtractReport:
     """``_extract`` once the destination is held (one writer per destination)."""
     hs = cfg.hidden_states
     store.clean_temps()
@@ -192,6 +204,8 @@ def _extract_held(cfg: RunConfig, store: HiddenStore, rows: Sequence[ExtractRow]
     done_before = sum(1 for r in rows if res.record(r.sample_id) is not None)
     t_start = time.monotonic()
     check_settings(store, done, cfg, None)  # the backend half (and the identity) runs in each worker
+    check_weights(store, cfg, force=force, echo=echo)
+    _prune(store, res, echo)
     if not pending and store.has_manifest():
         m = store.read_manifest()
         if m.complete and m.counts.samples == len(rows):
@@ -213,7 +227,7 @@ def _extract_held(cfg: RunConfig, store: HiddenStore, rows: Sequence[ExtractRow]
     throughput = tally.tokens / tally.seconds if tally.tokens and tally.seconds > 0 else None
     if throughput is None and store.has_manifest():
         throughput = store.read_manifest().throughput_tokens_per_s
-    man = _manifest(cfg, info, rows, res, throughput)
+    man = _manifest(cfg, info, rows, res, throughput, store.read_identity())
     sink: Sink = store
     sink.close(man)  # the stream's end: manifest.json, last
     tally.timings.update(executor.timings)
@@ -320,6 +334,15 @@ def _echo_replaced(echo: Echo, res: Resume) -> None:
                                               (res.corrupt, "whose file changed after extraction")) if n]
     if parts:
         echo(f"extract: redoing {res.replaced:,} stored samples ({'; '.join(parts)})")
+
+
+def _prune(store: HiddenStore, res: Resume, echo: Echo) -> None:
+    """The index lists each sample once, and only by a record that counts: the others (samples about to be
+    redone, earlier records of a sample an older draftgen listed twice) go before this run writes."""
+    keep = res.keep()
+    if store.listed > len(keep):
+        n = store.prune_index(keep)
+        echo(f"extract: index: removed {n:,} record(s) that no longer count (samples to redo, or listed twice)")
 
 
 def _echo_summary(echo: Echo, rep: ExtractReport, man: HiddenManifest, pilot: int | None,

@@ -12,11 +12,13 @@ actor). Per batch:
 
 ``run(batches)`` overlaps the two when the backend allows it (``ExtractCapabilities.overlap``): while one
 thread finishes batch k, the caller's thread captures batch k+1 (the target's forward is the costly part;
-encoding, checks and file writes hide behind it). The teacher check of a sample ``teacher_fraction`` selects
-costs many forwards of that sample (a reference forward, its aux slots run on through the layers); so with
-overlap it runs in a third thread, the teacher lane: ``finish`` leaves the sample out of its batch and hands
-it, encoded and cheaply checked, to the lane, which checks it, then publishes its file and an index part of
-its own, and the rest of the batch does not wait. Batch results come back in batch order, each lane sample's
+encoding, checks and file writes hide behind it). Which samples get the teacher check is
+``checks.spot_checked``'s answer: the backend's own draw after each answer (vllm: ``checks.SpotCheck``, a
+secret no server sees), else the sample id's hash (hf). The teacher check of a selected sample costs many
+forwards of that sample (a reference forward, its aux slots run on through the layers); so with overlap it
+runs in a third thread, the teacher lane: ``finish`` leaves the sample out of its batch and hands it, encoded
+and cheaply checked, to the lane, which checks it, then publishes its file and an index part of its own, and
+the rest of the batch does not wait. Batch results come back in batch order, each lane sample's
 as it lands; at most two batches and ``TEACHER_HELD`` lane samples are in flight (a kill loses at most those:
 a sample is done only once listed). Without overlap the steps run one after the other.
 
@@ -203,7 +205,7 @@ class Worker:
     def finish(self, c: _Captured) -> BatchResult:
         """Encode → check → write the batch to the sink (see the module docstring). With a teacher lane
         (``run`` with overlap) a teacher-selected sample's teacher check and write go to the lane instead."""
-        from draftgen.phases.extract.checks import check_sample, teacher_selected
+        from draftgen.phases.extract.checks import check_sample, spot_checked
 
         hs, be = self.hs, self.backend
         timings = dict.fromkeys(TIMING_KEYS, 0.0)
@@ -219,7 +221,7 @@ class Worker:
             del cap
             t2 = time.monotonic()
             loaded = decode_sample(data)
-            teacher = teacher_selected(row.sample_id, hs.teacher_fraction)
+            teacher = spot_checked(be, row.sample_id, hs.teacher_fraction)
             lane = self._lane is not None and teacher
             res = check_sample(loaded, row, be, hs, teacher=teacher and not lane)
             timings["encode"] += t2 - t

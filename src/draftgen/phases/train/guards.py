@@ -1,8 +1,10 @@
 """What ``draftgen train`` checks so that it cannot publish the wrong drafter, and how it owns its trainer.
 
 - ``check_verifier``: the verifier folder is the target the hidden set was extracted from (its config's
-  hidden_size / num_hidden_layers / vocab_size, the sha256 of its final norm weight as float32 bytes, and the
-  config digest when the manifest records one), else a ``ConfigError`` naming both.
+  hidden_size / num_hidden_layers / vocab_size, the sha256 of its final norm weight as float32 bytes, the
+  config digest when the manifest records one, and its weights digest, ``hidden.norm.weights_digest``, when
+  the manifest records one: a set made before weights digests is checked without it), else a
+  ``ConfigError`` naming both.
 - ``check_complete``: an incomplete hidden set (``manifest.complete`` false) is refused, naming how many
   samples it lacks, unless ``train.allow_partial``.
 - ``check_checkpoint``: a checkpoint folder loads (config.json parses as a speculators config,
@@ -14,7 +16,8 @@
   when draftgen dies (Linux ``PR_SET_PDEATHSIG``, so even ``kill -9`` of draftgen ends it); on an error or
   Ctrl-C the whole group is killed.
 
-Reads the verifier's config.json and safetensors, the checkpoint folder, the run's merged/manifest.json (to
+Reads the verifier's config.json and safetensors (its final norm; every header and sampled bytes of every
+tensor), the checkpoint folder, the run's merged/manifest.json (to
 count the samples an incomplete set lacks) and ``log.jsonl``; writes only ``log.jsonl``.
 """
 
@@ -57,7 +60,7 @@ def _manifest_config_digest(manifest: HiddenManifest) -> str | None:
 
 def check_verifier(verifier: Path, manifest: HiddenManifest, hidden: str) -> None:
     """Refuse a verifier other than the target ``hidden`` was extracted from (see the module docstring)."""
-    from draftgen.hidden.norm import load_final_norm, norm_weight_digest
+    from draftgen.hidden.norm import WeightsDigest, norm_digests, weights_digest
 
     fix = "set train.verifier (or hidden_states.model) to the folder of the model the hidden set was extracted from"
     head = f"train.verifier {str(verifier)!r} is not the target of the hidden set {hidden} ({manifest.target.name!r})"
@@ -71,14 +74,14 @@ def check_verifier(verifier: Path, manifest: HiddenManifest, hidden: str) -> Non
     if want is not None and target_config_digest(verifier) != want:
         raise ConfigError(f"{head}: its config.json sha256 {target_config_digest(verifier)[:12]}… differs from the "
                           f"hidden set's {want[:12]}…; {fix}")
-    import torch
-
-    weight = load_final_norm(verifier).weight
-    # the extractor hashes the weight as the target computed with it: the file's, or rounded to bf16/fp16
-    digests = [norm_weight_digest(w) for w in (weight, weight.to(torch.bfloat16).float(), weight.to(torch.float16).float())]
+    digests = norm_digests(verifier)  # the extractor hashes the weight as the target computed with it
     if manifest.norm_weight_sha256 not in digests:
         raise ConfigError(f"{head}: its final norm weight sha256 {digests[0][:12]}… differs from the hidden set's "
                           f"{manifest.norm_weight_sha256[:12]}…; {fix}")
+    why = WeightsDigest.of(manifest.target).differs(weights_digest(verifier))
+    if why:
+        raise ConfigError(f"{head}: its weights differ from the hidden set's ({why}), though its final norm and "
+                          f"config.json are the same (a fine-tune or merged adapter is another target); {fix}")
 
 
 def _expected_samples(run_root: Path) -> int | None:

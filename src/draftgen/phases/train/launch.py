@@ -16,6 +16,7 @@ and which of its checkpoints a run may resume from.
   one (a kill during the save, on any rank) is moved aside to ``checkpoints/incomplete-<epoch>`` first, so
   speculators resumes from the last complete one too. Checkpoints of a runner that wrote no markers are
   taken as they are (the last one with weights and config).
+- ``samples_seen``: what the drafter of a checkpoint trained on, as the runner counted it into that marker.
 
 Reads speculators' checkpoint folders; writes log.jsonl, speculators.log, and renames incomplete checkpoints.
 """
@@ -42,9 +43,9 @@ if TYPE_CHECKING:
     from draftgen.phases import Echo
     from draftgen.rundir import RunDir
 
-__all__ = ["COMPLETE", "ENV", "NORM_PREFIX", "ONLINE_FLAG", "PREFIX", "RUNNER", "SELECT_FLAG", "TrainerRun",
-           "find_speculators_python", "global_step", "has_gpu", "last_complete", "launch_command", "offline_al",
-           "parse_metrics", "run_trainer", "speculators_args"]
+__all__ = ["COMPLETE", "ENV", "NORM_PREFIX", "ONLINE_FLAG", "PREFIX", "RUNNER", "SELECT_FLAG", "SamplesSeen",
+           "TrainerRun", "find_speculators_python", "global_step", "has_gpu", "last_complete", "launch_command",
+           "offline_al", "parse_metrics", "run_trainer", "samples_seen", "speculators_args"]
 
 ENV = "DRAFTGEN_SPECULATORS"
 RUNNER = Path(__file__).with_name("speculators_runner.py")
@@ -262,3 +263,28 @@ def global_step(epoch_dir: Path | None) -> int:
     if epoch_dir is None or not (epoch_dir / "training_state.json").is_file():
         return 0
     return int(read_json_object(epoch_dir / "training_state.json").get("global_step", 0))
+
+
+class SamplesSeen(NamedTuple):
+    """What the drafter of a checkpoint trained on, from its first step (the runner's count, all ranks): the
+    training split's rows, those its training batches asked for, those with a loss token in one of them."""
+
+    rows: int
+    asked: int
+    trained: int
+
+
+def samples_seen(epoch_dir: Path) -> SamplesSeen | None:
+    """The checkpoint's ``SamplesSeen`` (its ``draftgen-complete.json``); None when it does not say: no marker
+    (a runner that wrote none) or ``samples`` null (not counted: see the runner's docstring)."""
+    marker = epoch_dir / COMPLETE
+    if not marker.is_file():
+        return None
+    got = read_json_object(marker).get("samples")
+    if not isinstance(got, dict):
+        return None
+    try:
+        return SamplesSeen(int(got["rows"]), int(got["asked"]), int(got["trained"]))
+    except (KeyError, TypeError, ValueError):
+        raise DraftgenError(f"{marker}: 'samples' is not the runner's (rows, asked, trained); rerun with "
+                            "--restart") from None

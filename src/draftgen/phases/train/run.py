@@ -12,6 +12,7 @@ under ``<run>/train/`` (``RunDir.train_*``):
     checkpoints/   speculators' own checkpoints (<epoch>/ with optimizer state; it resumes from the last)
     drafter/       the last checkpoint's config.json + model.safetensors: ``vllm serve train/drafter``
     eagle3/        the same drafter in the flat EAGLE-3 format (train.convert): SGLang's draft model path
+    previous/      drafter/, eagle3/ and their train.json as published before a run whose drafter was refused
     log.jsonl      TrainLogRecord lines: loss and per-TTT-step accuracy, every step and every validation
     speculators.log  speculators' own console output
     train.json     TrainReport, written last
@@ -29,6 +30,13 @@ anything is trained (``guards``): the verifier must be the extraction target, th
 built must be the target's; the new checkpoint is loaded before drafter/ (and, for the EAGLE-3 family, eagle3/)
 are swapped in, train.json last.
 
+No drafter from nothing: the runner counts, on every rank, the samples of the training batches (those asked
+for, those with a loss-mask token in a batch) from the drafter's first step into each checkpoint's marker
+(``launch.samples_seen``); train.json carries them (``samples_trained``, ``samples_asked``, ``train_rows``). A
+drafter that trained on fewer than ``train.min_trained_fraction`` of the samples its batches asked for (or on
+none), or one the ``session`` refuses, is not published: the drafter published before moves to previous/ with
+its train.json, train.json says why (exit_code 3, no checkpoint) and the run raises ThresholdBroken (exit 3).
+
 Two ways in: ``run_train`` (a stored hidden set: ``prepare_offline``) and ``phases.online`` (hidden states
 generated on demand: it prepares its own ``Prepared`` and runs ``train_prepared`` with its checking proxy as
 the ``session``).
@@ -42,10 +50,10 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from draftgen.config import RunConfig
-from draftgen.errors import ConfigError, DraftgenError, InputError
+from draftgen.errors import ConfigError, DraftgenError, InputError, ThresholdBroken
 from draftgen.hidden.algorithms import algorithm, select
 from draftgen.phases import Echo
 from draftgen.phases.train.convert import to_eagle3
@@ -63,6 +71,7 @@ from draftgen.phases.train.launch import (
     offline_al,
     parse_metrics,
     run_trainer,
+    samples_seen,
     speculators_args,
 )
 from draftgen.phases.train.vocab import build_vocab_mapping, save_vocab_mapping
@@ -73,18 +82,24 @@ from draftgen.store import atomic_write_json, decode_json, read_json, read_json_
 if TYPE_CHECKING:
     from draftgen.hidden.algorithms import Algorithm
     from draftgen.phases import PhaseContext, PhaseOutcome
-    from draftgen.phases.train.launch import TrainerRun
+    from draftgen.phases.train.launch import SamplesSeen, TrainerRun
     from draftgen.tokens import Profile
 
-__all__ = ["ONLINE_FLAG", "PREFIX", "RUNNER", "Prepared", "Session", "has_gpu", "norm_digest", "offline_al", "parse_metrics",
-           "prepare_offline", "read_report", "run_train", "train_prepared", "verifier_path"]
+__all__ = ["ONLINE_FLAG", "PREFIX", "RUNNER", "Prepared", "Session", "below_floor", "has_gpu", "norm_digest",
+           "offline_al", "parse_metrics", "prepare_offline", "read_report", "run_train", "train_prepared",
+           "trained_line", "verifier_path"]
 
 
 class Session(Protocol):
     """What runs beside the trainer (online: draftgen's checking proxy, started and stopped by its caller);
-    ``report()`` says what it saw, for train.json."""
+    ``report()`` says what it saw, for train.json. ``refusal()`` is asked once training ended, before anything is
+    published: a message (one line naming the figures, the key and where to look) refuses the drafter as the
+    sample floor does (train.json with exit_code 3 and that message, no drafter published, ThresholdBroken);
+    None lets it be published."""
 
     def report(self) -> TrainOnlineReport: ...
+
+    def refusal(self) -> str | None: ...
 
 
 @dataclass
@@ -194,7 +209,9 @@ def _norm_check(prep: Prepared) -> Callable[[str], str | None]:
 def train_prepared(cfg: RunConfig, rd: RunDir, echo: Echo, prep: Prepared, *, restart: bool,
                    session: Session | None = None) -> TrainReport:
     """Train on ``prep`` (resuming from the last complete checkpoint unless ``restart``), with ``session``
-    running beside the trainer; publish the drafter and write train.json."""
+    running beside the trainer; publish the drafter and write train.json. A drafter ``session.refusal()``
+    refuses (it names the cause), or one below the sample floor (``_floor``), is not published (``_refuse``:
+    ThresholdBroken)."""
     tc = cfg.train
     alg = algorithm(tc.algorithm)
     ckpts = rd.train_checkpoints
@@ -224,12 +241,80 @@ def train_prepared(cfg: RunConfig, rd: RunDir, echo: Echo, prep: Prepared, *, re
     if last is None:
         raise DraftgenError(f"speculators train saved no checkpoint in {ckpts}; see {rd.train_speculators_log}")
     check_checkpoint(last)
+    seen = samples_seen(last)
+    why = (session.refusal() if session is not None else None) or _floor(cfg, rd, prep, seen, echo)
+    online = None if session is None else session.report()
+    if why is not None:
+        _refuse(rd, echo, _report(cfg, prep, run, first, last, None, online, seen, refused=why))
     drafter, eagle = _publish(last, rd, eagle=alg.rule == "eagle3" and alg.speculator_type == "eagle3")
-    report = _report(cfg, prep, run, first, last, (drafter, eagle), None if session is None else session.report())
+    report = _report(cfg, prep, run, first, last, (drafter, eagle), online, seen)
     atomic_write_json(rd.train_report, report)  # last: its presence says drafter/ (and eagle3/) are this run's
-    echo(f"train: {run.steps} steps this run (global step {report.last_step}) in {run.seconds:.1f} s; "
-         f"{report.message}")
+    echo(f"train: {run.steps} steps this run (global step {report.last_step}) in {run.seconds:.1f} s"
+         + (f"; {trained_line(seen.trained, seen.asked, seen.rows, prep.samples)}" if seen is not None else "")
+         + f"; {report.message}")
     return report
+
+
+def below_floor(trained: int, asked: int, fraction: float) -> bool:
+    """A drafter that trained on ``trained`` of the ``asked`` samples is under the floor ``fraction``
+    (``train.min_trained_fraction``): fewer than that share, or none at all; 0 is no floor."""
+    return fraction > 0 and (trained == 0 or trained < fraction * asked)
+
+
+def trained_line(trained: int, asked: int, train_rows: int, rows: int) -> str:
+    """How much a drafter trained on, in words (train's refusal and summary, accept's warning)."""
+    share = f"{trained / asked:.0%}" if asked else "none asked"
+    return (f"it trained on {trained} of the {asked} samples its batches asked for ({share}; a training split of "
+            f"{train_rows} of {rows} rows)")
+
+
+def _floor(cfg: RunConfig, rd: RunDir, prep: Prepared, seen: SamplesSeen | None, echo: Echo) -> str | None:
+    """Why the drafter is not published for the sample floor (``train.min_trained_fraction``), or None."""
+    fraction = cfg.train.min_trained_fraction
+    if seen is None:
+        if fraction > 0:
+            echo("train: the checkpoint does not say how many samples its drafter trained on (it resumed one of a "
+                 "draftgen before schema 3, or was saved another way): train.min_trained_fraction is not checked; "
+                 "rerun with --restart to count them")
+        return None
+    if not below_floor(seen.trained, seen.asked, fraction):
+        return None
+    return (f"train: the drafter is not published: {trained_line(seen.trained, seen.asked, seen.rows, prep.samples)}"
+            f", under train.min_trained_fraction {fraction}; a sample is left out when unavailable (online: "
+            f"{rd.train_report}'s online part), dropped by speculators ({rd.train_speculators_log}) or cut by "
+            "train.total_seq_len before its first loss token; fix that and rerun with --restart")
+
+
+def _refuse(rd: RunDir, echo: Echo, report: TrainReport) -> NoReturn:
+    """Publish nothing: the drafter published before (drafter/, eagle3/ and the train.json that describes them)
+    goes to ``train/previous/`` (``_set_aside``), so that nothing serves or measures it as this run's; then
+    train.json says why (exit_code 3, no checkpoint) and ThresholdBroken carries the same line."""
+    if _set_aside(rd):
+        echo(f"train: the drafter published before, with its train.json, is now in {rd.train_previous}; there is "
+             f"no {rd.train_drafter} until a drafter is published")
+    atomic_write_json(rd.train_report, report)
+    raise ThresholdBroken(report.message)
+
+
+def _set_aside(rd: RunDir) -> bool:
+    """Move drafter/, eagle3/ and train.json (draftgen's own) into ``train/previous/``, replacing the one
+    there (set aside by an earlier refusal, and older than these); False when no drafter is published."""
+    out_d, out_e, prev = rd.train_drafter, rd.train_eagle, rd.train_previous
+    if not out_d.exists() and not out_e.exists():
+        return False
+    tmp = Path(tempfile.mkdtemp(dir=out_d.parent, prefix=".previous-"))
+    try:
+        new = tmp / prev.name
+        new.mkdir()
+        for path in (out_d, out_e, rd.train_report):
+            if path.exists():
+                os.replace(path, new / path.name)
+        if prev.exists():
+            os.replace(prev, tmp / f"old-{prev.name}")
+        os.replace(new, prev)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return True
 
 
 def _vocab(cfg: RunConfig, rd: RunDir, prep: Prepared, alg: Algorithm) -> tuple[Path, Path] | None:
@@ -245,7 +330,8 @@ def _vocab(cfg: RunConfig, rd: RunDir, prep: Prepared, alg: Algorithm) -> tuple[
 
 
 def _report(cfg: RunConfig, prep: Prepared, run: TrainerRun, first: int, last: Path | None,
-            published: tuple[Path, Path | None] | None, online: TrainOnlineReport | None) -> TrainReport:
+            published: tuple[Path, Path | None] | None, online: TrainOnlineReport | None,
+            seen: SamplesSeen | None = None, refused: str | None = None) -> TrainReport:
     tc = cfg.train
     alg = algorithm(tc.algorithm)
     latest = run.last_val or run.last_train
@@ -254,12 +340,15 @@ def _report(cfg: RunConfig, prep: Prepared, run: TrainerRun, first: int, last: P
     k = _speculative_tokens(last)
     drafter, eagle = published if published is not None else (None, None)
     serve = alg.serve_line(str(prep.verifier), str(drafter), k or tc.ttt_steps) if drafter is not None else None
-    if drafter is None:
+    if refused is not None:
+        message = refused
+    elif drafter is None:
         message = f"node {tc.node_rank} of {tc.nnodes}: trained; node 0 publishes the drafter"
     else:
         message = f"drafter: {drafter} (vllm serve)" + (f", {eagle} (SGLang)" if eagle is not None else "")
     return TrainReport(
-        exit_code=0, message=message, verifier=str(prep.verifier), hidden=prep.source, samples=prep.samples,
+        exit_code=0 if refused is None else ThresholdBroken.exit_code, message=message, verifier=str(prep.verifier),
+        hidden=prep.source, samples=prep.samples,
         layer_ids=prep.layer_ids, draft_vocab_size=_target_vocab(prep.verifier) if alg.full_vocab else tc.draft_vocab_size,
         ttt_steps=tc.ttt_steps, first_step=first,
         last_step=global_step(last) if last is not None else first + run.steps, steps_this_run=run.steps,
@@ -269,7 +358,9 @@ def _report(cfg: RunConfig, prep: Prepared, run: TrainerRun, first: int, last: P
         offline_al=round(offline_al(acc), 4) if acc else None, partial=prep.missing is not None,
         missing_samples=prep.missing, algorithm=alg.name, speculator_type=alg.speculator_type,
         speculative_tokens=k, offline_eal=round(eal, 4) if eal is not None else None, serve=serve,
-        verifier_norm_sha256=run.norm_sha256, processes=tc.nproc_per_node * tc.nnodes, online=online)
+        verifier_norm_sha256=run.norm_sha256, processes=tc.nproc_per_node * tc.nnodes, online=online,
+        samples_trained=None if seen is None else seen.trained, samples_asked=None if seen is None else seen.asked,
+        train_rows=None if seen is None else seen.rows, min_trained_fraction=tc.min_trained_fraction)
 
 
 def _speculative_tokens(epoch_dir: Path | None) -> int | None:

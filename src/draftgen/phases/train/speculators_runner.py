@@ -43,6 +43,16 @@ things:
   cannot find the norm: TorchSpec#169's class of bug).
 - Checkpoints: after speculators saved an epoch's checkpoint (every rank done), rank 0 writes
   ``<epoch>/draftgen-complete.json`` last; draftgen resumes only from a checkpoint that has it.
+- The samples a drafter saw, counted where the trainer takes its batches: the dataset (``RowDataset``) hands
+  each batch's rows (training-split indices) to the collate function (``RowCollate``), which puts under
+  ``ROWS_KEY`` the rows the batch asked for and those with at least one loss-mask token inside it (a sample
+  speculators left out, unavailable online or dropped by its NaN guard, or one cut before its first loss
+  token, is asked for and not trained); the trainer's batch consumer (``BatchRecoveryCoordinator.consume``,
+  just before the step) takes the key out and adds training batches' rows to ``SeenRows``. At every save all
+  ranks add theirs up (one all-reduce) and the marker holds ``samples``: the training rows, how many were
+  asked for and trained on since the drafter's first step (a resumed checkpoint's own rows carried over), as
+  counts and bitmaps; None when that is not known: the checkpoint resumed from has none (an older
+  draftgen's), or a training batch came without its rows.
 - Several processes on a CPU (``torchrun``, ``LOCAL_RANK`` set, no accelerator): speculators 0.9 initialises
   its process group with the accelerator's backend and refuses without one; here it uses gloo and the
   trainer's DistributedDataParallel runs on the CPU.
@@ -50,11 +60,13 @@ things:
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
 import math
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 PREFIX = "@@draftgen-metrics "
@@ -64,6 +76,7 @@ SELECT_FLAG = "--draftgen-select"
 ONLINE_FLAG = "--draftgen-online"
 COMPLETE = "draftgen-complete.json"
 FETCH_THREADS = 8  # samples generated at once by one trainer process online (a batch holds about as many)
+ROWS_KEY = "__draftgen_rows__"  # a batch's rows; speculators' consume refuses any "__" key left in a batch
 
 
 def _plain(obj: Any) -> Any:
@@ -265,6 +278,127 @@ def _patch_online_fetch(fetch: OnlineFetch) -> None:
     dataloader._setup_dataloader = setup_dataloader
 
 
+def pack_rows(rows: Iterable[int], n: int) -> str:
+    """Rows (0 .. n-1) as a bitmap (bit r of byte r // 8), base64: the marker's form."""
+    bits = bytearray((n + 7) // 8)
+    for r in rows:
+        bits[r >> 3] |= 1 << (r & 7)
+    return base64.b64encode(bytes(bits)).decode("ascii")
+
+
+def unpack_rows(text: str, n: int) -> set[int]:
+    bits = base64.b64decode(text)
+    return {i * 8 + j for i, byte in enumerate(bits) if byte for j in range(8) if byte >> j & 1 and i * 8 + j < n}
+
+
+class RowList(list):  # type: ignore[type-arg]
+    """A batch's samples as the dataset returns them, with the rows (dataset indices) they are of."""
+
+    def __init__(self, items: list[Any], rows: list[int]) -> None:
+        super().__init__(items)
+        self.rows = rows
+
+
+def batch_rows(items: list[Any], rows: list[int], batch: dict[str, Any]) -> dict[str, list[int]]:
+    """The rows a collated ``batch`` asked for, and those with a loss-mask token in it: its samples that
+    arrived (dicts, in order) are its documents 0, 1, ... (``document_ids``; -1 is padding)."""
+    arrived = [r for item, r in zip(items, rows, strict=True) if isinstance(item, dict)]
+    docs = batch["document_ids"][0]
+    keep = docs >= 0
+    if "loss_mask" in batch:
+        keep &= batch["loss_mask"][0].bool()
+    trained = {arrived[d] for d in docs[keep].unique().tolist() if 0 <= d < len(arrived)}
+    return {"asked": list(rows), "trained": sorted(trained)}
+
+
+class RowCollate:
+    """speculators' collate function (``inner``) that also says which rows the batch holds (``ROWS_KEY``).
+    Module-level and holding only picklable state, for the spawned DataLoader workers."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __call__(self, items: list[Any]) -> dict[str, Any]:
+        batch: dict[str, Any] = self.inner(items)
+        rows = getattr(items, "rows", None)
+        if rows is not None:
+            batch[ROWS_KEY] = batch_rows(list(items), rows, batch)
+        return batch
+
+
+def _row_dataset() -> type:
+    """speculators' ArrowDataset whose batches (``__getitems__``) carry their rows (``RowList``). Built on first
+    use (it needs speculators) and kept as this module's ``RowDataset``, so that pickle finds it, in a spawned
+    DataLoader worker too (the module ``__getattr__`` below builds it there)."""
+    from speculators.train import data  # type: ignore[import-not-found]
+
+    class RowDataset(data.ArrowDataset):  # type: ignore[misc]
+        def __getitems__(self, indices: list[int]) -> RowList:
+            base = getattr(super(), "__getitems__", None)  # online: the patched prefetching fetch
+            items = base(list(indices)) if base is not None else [self[i] for i in indices]
+            return RowList(list(items), [int(i) for i in indices])
+
+    RowDataset.__module__, RowDataset.__qualname__ = __name__, "RowDataset"
+    globals()["RowDataset"] = RowDataset
+    return RowDataset
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RowDataset":
+        return _row_dataset()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class SeenRows:
+    """The training rows this process's consumed training batches asked for and trained on, from the
+    drafter's first step (``resume``: the checkpoint resumed from brings its own); ``known`` is False once the
+    history is not counted (an older draftgen's checkpoint)."""
+
+    def __init__(self) -> None:
+        self.asked: set[int] = set()
+        self.trained: set[int] = set()
+        self.batches = 0  # training batches consumed by this process
+        self.counted = 0  # of them, those that said their rows
+        self.known = True
+
+    def add(self, rows: dict[str, list[int]] | None) -> None:
+        self.batches += 1
+        if rows is not None:
+            self.counted += 1
+            self.asked.update(rows["asked"])
+            self.trained.update(rows["trained"])
+
+    def resume(self, folder: Any, n: int) -> None:
+        marker = folder / COMPLETE
+        samples = json.loads(marker.read_text(encoding="utf-8")).get("samples") if marker.is_file() else None
+        if not isinstance(samples, dict) or samples.get("rows") != n:
+            self.known = False
+            return
+        self.asked |= unpack_rows(samples["asked_bits"], n)
+        self.trained |= unpack_rows(samples["trained_bits"], n)
+
+    def gathered(self, n: int, device: Any, distributed: bool) -> dict[str, Any] | None:
+        """Every rank's rows together (a collective: every rank calls it at the same point); None when not
+        known on some rank."""
+        import torch
+        import torch.distributed as dist
+
+        t = torch.zeros(2 * n + 1, dtype=torch.int32)
+        t[list(self.asked)] = 1
+        t[[n + r for r in self.trained]] = 1
+        t[2 * n] = int(not self.known or self.counted < self.batches)
+        if distributed:
+            t = t.to(device)
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            t = t.cpu()
+        if int(t[2 * n]):
+            return None
+        asked = t[:n].nonzero().flatten().tolist()
+        trained = t[n:2 * n].nonzero().flatten().tolist()
+        return {"rows": n, "asked": len(asked), "trained": len(trained), "asked_bits": pack_rows(asked, n),
+                "trained_bits": pack_rows(trained, n)}
+
+
 def _verifier_norm_line(model: Any) -> None:
     import hashlib
 
@@ -297,31 +431,51 @@ def _cpu_distributed(cli: Any) -> None:
     cli.maybe_setup_distributed = setup
 
 
-def _patch(cli: Any) -> None:
-    import torch
-    from speculators.train import checkpointer, trainer  # type: ignore[import-not-found]
+def _patch_rows(seen: SeenRows) -> None:
+    """Every batch says its rows (``RowDataset``, ``RowCollate``); the trainer's consumer counts the training
+    batches' (module docstring)."""
+    from speculators.train import dataloader, recovery, trainer  # type: ignore[import-not-found]
 
-    base = trainer.Trainer
-    cpu = on_cpu()
-    if cpu:
-        trainer.get_local_rank = lambda: "cpu"
-        torch.accelerator.synchronize = lambda *a, **k: None  # nothing to wait for on the CPU
-        checkpointer.get_current_device = lambda: "cpu"
+    dataloader.ArrowDataset = _row_dataset()
+    collate = dataloader.CollateFn
+    dataloader.CollateFn = lambda *args, **kwargs: RowCollate(collate(*args, **kwargs))
+
+    class Consumer(recovery.BatchRecoveryCoordinator):  # type: ignore[misc]
+        def consume(self, batch: dict[str, Any], *, synchronize: bool = False) -> None:
+            rows = batch.pop(ROWS_KEY, None)
+            if self.phase == "training":
+                seen.add(rows)
+            super().consume(batch, synchronize=synchronize)
+
+    trainer.BatchRecoveryCoordinator = Consumer
+
+
+def _trainer(base: type, cpu: bool, seen: SeenRows) -> type:
+    """speculators' Trainer (``base``) with the runner's additions (module docstring): the CPU device type, the
+    completeness marker after each save with the samples seen (all ranks), and no extra epoch past max_steps."""
 
     class Trainer(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             if cpu:
                 self.device_type = "cpu"
+            self.draftgen_rows = len(self.train_loader.dataset)
+            prev = self.checkpointer.prev_path if self.resume_from_checkpoint else None
+            if prev is not None:
+                seen.resume(prev, self.draftgen_rows)
 
         def maybe_save_checkpoint(self, epoch: Any, local_step: int = 0) -> None:
             folder = self.checkpointer.path / str(epoch)
             before = (folder / "model.safetensors").stat().st_mtime_ns if (folder / "model.safetensors").exists() else None
             super().maybe_save_checkpoint(epoch, local_step=local_step)
+            # every rank reaches each save with an epoch number at the same point: one collective
+            samples = seen.gathered(self.draftgen_rows, self.local_rank, self.is_distributed) \
+                if isinstance(epoch, int) else None
             saved = (folder / "model.safetensors").exists() and (
                 before is None or (folder / "model.safetensors").stat().st_mtime_ns != before)
             if saved and self.rank == 0:  # invariant: written after every file of the checkpoint
-                state = {"epoch": epoch, "local_step": local_step, "global_step": self.global_step}
+                state = {"epoch": epoch, "local_step": local_step, "global_step": self.global_step,
+                         "samples": samples}
                 (folder / COMPLETE).write_text(json.dumps(state), encoding="utf-8")
 
         def train_epoch(self, epoch: int, **kwargs: Any) -> None:
@@ -329,7 +483,19 @@ def _patch(cli: Any) -> None:
                 return
             super().train_epoch(epoch, **kwargs)
 
-    cli.Trainer = Trainer
+    return Trainer
+
+
+def _patch(cli: Any, seen: SeenRows) -> None:
+    import torch
+    from speculators.train import checkpointer, trainer  # type: ignore[import-not-found]
+
+    cpu = on_cpu()
+    if cpu:
+        trainer.get_local_rank = lambda: "cpu"
+        torch.accelerator.synchronize = lambda *a, **k: None  # nothing to wait for on the CPU
+        checkpointer.get_current_device = lambda: "cpu"
+    cli.Trainer = _trainer(trainer.Trainer, cpu, seen)
     if cpu:
         _cpu_distributed(cli)
     build = cli.build_draft_model
@@ -378,7 +544,9 @@ def main(argv: list[str]) -> None:
         _patch_transfer(states, select, online)
     if online:
         _patch_online_fetch(OnlineFetch(FETCH_THREADS))
-    _patch(cli)
+    seen = SeenRows()
+    _patch_rows(seen)
+    _patch(cli, seen)
     cli.main(TrainConfig.resolve(argv))
 
 

@@ -22,6 +22,9 @@ An ``ExtractBackend`` loads the target, resolves the layer ids (``extract.layers
 With the ``overlap`` capability the checks' calls (``embed``, ``head_logprobs``, ``reference``) may come from
 another thread while ``capture`` runs.
 
+``model_ref_of(cfg)`` and ``target_folder(cfg)``: what ``hidden_states.model`` names, and its local folder
+(a hub id's cache snapshot), where ``config_digest`` and the weights digest (``batches.target_weights``) read.
+
 Adding a backend is its module plus one ``EXTRACT_BACKENDS.register`` line.
 """
 
@@ -54,7 +57,9 @@ __all__ = [
     "TargetInfo",
     "backend_capabilities",
     "config_digest",
+    "model_ref_of",
     "open_extract_backend",
+    "target_folder",
 ]
 
 
@@ -78,6 +83,33 @@ class TargetInfo:
     norm_weight: torch.Tensor  # float32 [H], CPU
     layers: LayerIds
     config_sha256: str | None = None  # sha256 of the target's config.json bytes (None: not found)
+
+
+def model_ref_of(cfg: RunConfig) -> str:
+    """What ``hidden_states.model`` names: a local path (relative to the config file) made absolute, else
+    the hub id (or URL) as it is."""
+    m = cfg.hidden_states.model
+    if not m:
+        raise ConfigError("hidden_states.model: not set; give the target's folder or hub id "
+                          "(the exact weights that generated the data)")
+    return m if "://" in m or not cfg.path(m).exists() else str(cfg.path(m))
+
+
+def target_folder(cfg: RunConfig) -> str:
+    """The local folder of the target: ``hidden_states.model``'s folder, or for a hub id its snapshot in the
+    Hugging Face cache (``hidden_states.revision``; looked up locally, never downloaded: the backend loads the
+    target first); the id itself when there is none."""
+    ref = model_ref_of(cfg)
+    if os.path.isdir(ref):
+        return ref
+    from draftgen.hidden.format import require
+
+    try:
+        path = require("transformers.utils.hub").cached_file(ref, "config.json", revision=cfg.hidden_states.revision,
+                                                             local_files_only=True)
+    except Exception:  # not in the local cache: no digest recorded
+        return ref
+    return os.path.dirname(path) if path else ref
 
 
 def config_digest(folder: str | os.PathLike[str]) -> str | None:

@@ -1,4 +1,5 @@
-"""The client side of vLLM's ExampleHiddenStatesConnector files: the folder they may be in, the lock, the read.
+"""The client side of vLLM's ExampleHiddenStatesConnector files: the folder they may be in, the lock, the read,
+and which of them are draftgen's to remove.
 
 A server in extract mode names, per request, ``<shared_storage_path>/<request_id>.safetensors`` in its
 response (``kv_transfer_params.hidden_states_path``), with a companion ``<path>.lock`` (held ``LOCK_EX`` by
@@ -9,7 +10,15 @@ with the client's files: ``ConnectorFolder.admit`` accepts a path only when, onc
 ``foreign_hidden_states_path``) naming the path, raised before the path is touched (no lock is opened, no
 file read or removed). ``ConnectorFolder.remove`` unlinks only entries of that folder.
 
-Reads the connector's files; removes the ones the client read. Writes nothing.
+Ownership: a path admitted for a request is draftgen's to remove once that request is answered, whatever the
+answer (read and accepted, refused, or abandoned after a timeout). ``discard`` removes such a file at once or,
+while the server still holds its lock (a write still running), watches it: ``tidy`` removes it once the writer
+lets go, ``close`` in any case, and ``watched`` counts it meanwhile. With a ``claims`` folder (draftgen's own,
+in its run directory) each admitted path is noted there (``claim``: one marker file, named as the connector
+file, holding its real path) until it is removed for good, so ``sweep`` at the next start removes what a
+killed run left: only paths a request of draftgen's named, and only in this connector folder.
+
+Reads the connector's files; removes the ones the client was named; writes only the markers in ``claims``.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from draftgen.errors import ConfigError, InputError, PermanentAPIError, RetryableAPIError, StorageError
-from draftgen.hidden.format import read_safetensors
+from draftgen.hidden.format import require, storage_faults
 
 if TYPE_CHECKING:
     import torch
@@ -41,33 +50,52 @@ _KEY = "hidden_states.connector_dir"
 
 @dataclass
 class ServerFile:
-    """What one connector file held: ``hidden_states`` [T, n_slots, H] and ``token_ids`` int64 [T]."""
+    """What one connector file held: ``hidden_states`` [T, n_slots, H] and ``token_ids`` int64 [T]; ``data``:
+    the very bytes those were decoded from (when the reader was asked to keep them)."""
 
     hidden_states: torch.Tensor
     token_ids: torch.Tensor
+    data: bytes = b""
 
 
 def _inside(child: str, parent: str) -> bool:
     return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
 
 
+def _locked(lock: str) -> bool:
+    """Whether a writer holds ``lock`` (LOCK_EX); False when it is gone."""
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 class ConnectorFolder:
     """The one folder whose connector files the client reads and removes (see the module docstring)."""
 
-    def __init__(self, folder: str, *, destination: str | None = None) -> None:
+    def __init__(self, folder: str, *, destination: str | None = None, claims: str | None = None) -> None:
         """``folder``: the servers' ``shared_storage_path`` as seen here; must be an existing folder.
         ``destination``: the local hidden-state destination, refused when it overlaps the folder (the
-        folder's files are removed; draftgen's own must never be among them)."""
+        folder's files are removed; draftgen's own must never be among them). ``claims``: draftgen's folder of
+        markers of the admitted paths (created when needed; None: nothing is noted)."""
         real = os.path.realpath(folder)
         if not os.path.isdir(real):
             raise ConfigError(f"{_KEY} {folder!r}: not a folder; give the servers' kv_transfer_config "
                               "shared_storage_path as this host sees it (the servers create it when they start)")
-        if destination is not None:
-            dest = os.path.realpath(destination)
-            if _inside(real, dest) or _inside(dest, real):
-                raise ConfigError(f"{_KEY} {folder!r} overlaps hidden_states.output {destination!r}; the "
-                                  "connector's folder is emptied by the client: keep the two apart")
+        for other, what in ((destination, "hidden_states.output"), (claims, "draftgen's run directory")):
+            if other is not None and (_inside(real, os.path.realpath(other)) or _inside(os.path.realpath(other), real)):
+                raise ConfigError(f"{_KEY} {folder!r} overlaps {what} {other!r}; the connector's folder is "
+                                  "emptied by the client: keep the two apart")
         self.root = real
+        self.claims = claims
+        self._watch: set[str] = set()  # discarded while their lock was held: removed again by ``tidy``
 
     def admit(self, path: object, *, sample_id: str, where: str) -> str:
         """The real path of ``path`` when it is a connector file directly in the folder (it need not exist
@@ -82,6 +110,18 @@ class ConnectorFolder:
             self._refuse(path, sample_id, where, "not a connector file name (<request_id>.safetensors)")
         return real
 
+    def claim(self, real: str) -> None:
+        """Note the admitted ``real`` in ``claims`` (a marker named as the file, holding its path) until it is
+        removed for good; a killed run's claims are what ``sweep`` removes."""
+        if self.claims is None:
+            return
+        os.makedirs(self.claims, exist_ok=True)
+        fd = os.open(os.path.join(self.claims, os.path.basename(real)), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, real.encode())
+        finally:
+            os.close(fd)
+
     def check_file(self, real: str, *, sample_id: str, where: str) -> None:
         """After the write: ``real`` is still a regular file (not a link, not a folder) of the folder."""
         try:
@@ -93,14 +133,77 @@ class ConnectorFolder:
             self._refuse(real, sample_id, where, "not a regular file")
 
     def remove(self, real: str) -> None:
-        """Unlink ``real`` and ``real.lock``: entries of the folder only (an entry that is a link loses the
-        link, never its target)."""
+        """Unlink ``real`` and ``real.lock`` (entries of the folder only: an entry that is a link loses the
+        link, never its target) and its claim."""
         name = os.path.basename(real)
         if os.path.dirname(real) != self.root or not CONNECTOR_NAME.fullmatch(name):
             return  # never reached for an admitted path; removing nothing is the safe answer
         for entry in (name + ".lock", name):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.root, entry))
+        self._watch.discard(real)
+        if self.claims is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.claims, name))
+
+    def discard(self, real: str) -> None:
+        """An admitted file its request gave up on (refused, or not complete in time): removed with its lock now,
+        or, while its writer still holds the lock (a write still running), watched until it lets go (``tidy``)."""
+        if _locked(real + ".lock"):
+            self._watch.add(real)
+        else:
+            self.remove(real)
+
+    def tidy(self) -> None:
+        """Remove the watched files whose writer has let go of the lock."""
+        for real in list(self._watch):
+            if not _locked(real + ".lock"):
+                self.remove(real)
+
+    def watched(self) -> tuple[int, int]:
+        """Files and bytes of the watched paths on disk now."""
+        sizes = []
+        for real in self._watch:
+            with contextlib.suppress(OSError):
+                sizes.append(os.lstat(real).st_size)
+        return len(sizes), sum(sizes)
+
+    def close(self, wait_s: float = 2.0) -> None:
+        """Give the watched writers up to ``wait_s`` to let go, then remove every watched file and lock (a writer
+        that still holds its lock keeps its claim, for the next ``sweep``) and forget them."""
+        deadline = time.monotonic() + wait_s
+        while self._watch and time.monotonic() < deadline:
+            self.tidy()
+            if self._watch:
+                time.sleep(0.02)
+        for real in list(self._watch):
+            held = _locked(real + ".lock")
+            self.remove(real)
+            if held:
+                self.claim(real)
+        self._watch.clear()
+
+    def sweep(self) -> tuple[int, int]:
+        """At a start, before any request: remove the files (and locks) ``claims`` names in this folder, left by
+        a run that was killed; drop every claim. Returns (files removed, claims of another folder dropped)."""
+        if self.claims is None or not os.path.isdir(self.claims):
+            return 0, 0
+        removed = elsewhere = 0
+        for name in sorted(os.listdir(self.claims)):
+            marker = os.path.join(self.claims, name)
+            try:
+                with open(marker, "rb") as fh:
+                    real = fh.read().decode("utf-8", "replace")
+            except (IsADirectoryError, FileNotFoundError):
+                continue
+            if os.path.dirname(real) == self.root and os.path.basename(real) == name and CONNECTOR_NAME.fullmatch(name):
+                removed += os.path.lexists(real) or os.path.lexists(real + ".lock")
+                self.remove(real)
+            else:
+                elsewhere += 1
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(marker)
+        return removed, elsewhere
 
     def _refuse(self, path: object, sample_id: str, where: str, why: str) -> None:
         raise PermanentAPIError(
@@ -137,17 +240,24 @@ async def wait_for_lock(path: str, timeout_s: float, poll_s: float = 0.005) -> N
         await asyncio.sleep(poll_s)
 
 
-def read_connector_file(path: str) -> ServerFile:
-    """The two tensors of one connector file (StorageError naming ``path`` when it is missing, truncated or
-    unreadable, or its keys are missing)."""
+def read_connector_file(path: str, *, keep_bytes: bool = False) -> ServerFile:
+    """The two tensors of one connector file, decoded from one read of its bytes (kept in ``data`` with
+    ``keep_bytes``: what was checked is what can be handed on); StorageError naming ``path`` when it is
+    missing, truncated or unreadable, or its keys are missing."""
+    st = require("safetensors.torch")
     try:
-        data = read_safetensors(path)
+        with storage_faults(path):
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as fh:
+                data = fh.read()
+            tensors = st.load(data)
     except InputError as exc:  # the storage boundary's one-line reason, with the connector's fix
         reason = str(exc).removeprefix(f"{path}: ").split(";")[0]
         raise StorageError(f"{path}: cannot read the connector's safetensors file ({reason}); keep "
                            "use_synchronization_lock on in the server's kv_transfer_config and its "
                            "shared_storage_path on a filesystem this host reads whole, then rerun") from None
-    missing = [k for k in ("hidden_states", "token_ids") if k not in data]
+    missing = [k for k in ("hidden_states", "token_ids") if k not in tensors]
     if missing:
         raise StorageError(f"{path}: no {', '.join(missing)} tensor; not an ExampleHiddenStatesConnector file")
-    return ServerFile(hidden_states=data["hidden_states"], token_ids=data["token_ids"])
+    return ServerFile(hidden_states=tensors["hidden_states"], token_ids=tensors["token_ids"],
+                      data=data if keep_bytes else b"")

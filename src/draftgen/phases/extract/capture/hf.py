@@ -36,6 +36,8 @@ from draftgen.phases.extract.capture import (
     Reference,
     TargetInfo,
     config_digest,
+    model_ref_of,
+    target_folder,
 )
 from draftgen.phases.extract.layers import resolve_layer_ids
 
@@ -48,19 +50,6 @@ if TYPE_CHECKING:
 __all__ = ["HFExtractBackend"]
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-
-
-def _config_folder(model_ref: str, revision: str | None) -> str:
-    """The folder holding the target's config.json: ``model_ref`` itself, or the hub cache's snapshot."""
-    import os
-
-    if os.path.isdir(model_ref):
-        return model_ref
-    try:
-        path = require("transformers.utils.hub").cached_file(model_ref, "config.json", revision=revision)
-    except Exception:  # a hub id that cannot be resolved offline: no digest recorded
-        return model_ref
-    return os.path.dirname(path) if path else model_ref
 
 
 def _first(out: Any) -> Any:
@@ -77,7 +66,7 @@ class HFExtractBackend:
         if not hs.model:
             raise ConfigError("hidden_states.model: not set; give the target's folder or hub id "
                               "(the exact weights that generated the data)")
-        model_ref = hs.model if "://" in hs.model or not cfg.path(hs.model).exists() else str(cfg.path(hs.model))
+        model_ref = model_ref_of(cfg)
         device = hs.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -110,7 +99,7 @@ class HFExtractBackend:
             name=hs.model, revision=hs.revision, num_layers=n_layers, hidden_size=int(model.config.hidden_size),
             vocab_size=int(self.head.weight.shape[0]), norm_eps=self.norm_eps,
             norm_weight=norm.weight.detach().float().cpu(), layers=layers,
-            config_sha256=config_digest(_config_folder(model_ref, hs.revision)),
+            config_sha256=config_digest(target_folder(cfg)),
         )
         self.through_layers = hs.teacher_through_layers is not False
         self._grabbed: dict[int, Any] = {}

@@ -6,23 +6,28 @@ protocol on CPU. Per merged row this client:
 
 1. posts ``{base}/v1/completions`` ``{"model": <id from GET /v1/models>, "prompt": [ids], "max_tokens": 1,
    "return_token_ids": true}`` to the least-loaded server (ties round-robin), at most
-   ``hidden_states.concurrency`` requests in flight in all; for a teacher-checked row (``checks.teacher_selected``)
-   also ``"prompt_logprobs": 0``, and the engine's log-prob of each next prompt id (``choices[0].prompt_logprobs``,
-   vLLM's list of None then {id: {logprob, rank, decoded_token}}) is kept for the check's ``reference``
-   (a ``PermanentAPIError`` ``no_prompt_logprobs`` when the server leaves it out);
-2. REJECTS a response whose ``prompt_token_ids`` (``choices[0]``, or top level) differ from the ids sent:
-   a ``PermanentAPIError`` (kind ``ids_mismatch``) naming the sample id and the first differing position,
-   never retried, and the run stops before anything of that batch is published;
-3. takes ``kv_transfer_params.hidden_states_path`` and refuses it unless it names a file of the connector's
+   ``hidden_states.concurrency`` requests in flight in all; with a ``teacher_fraction`` above 0 EVERY request
+   also asks ``"prompt_logprobs": 0`` (so no request says whether it will be checked), and the engine's log-prob
+   of each next prompt id is read from every answer (``answer.engine_logprobs``);
+2. takes ``kv_transfer_params.hidden_states_path`` and refuses it unless it names a file of the connector's
    naming (``<request_id>.safetensors``) directly in ``hidden_states.connector_dir`` once symlinks are
    resolved (``os.path.realpath``): a ``PermanentAPIError`` (kind ``foreign_hidden_states_path``) naming the
-   path, never retried, and that file and its ``.lock`` are never read nor removed;
+   path, never retried, and that file and its ``.lock`` are never read nor removed. An admitted path is
+   draftgen's from here on (claimed in ``claims`` when given: ``connector.ConnectorFolder``);
+3. REJECTS a response whose ``prompt_token_ids`` differ from the ids sent (``answer.check_prompt_ids``:
+   ``ids_mismatch``, never retried; the run stops before anything of that batch is published);
 4. waits for the connector's write (a shared flock on ``<path>.lock``, polled), checks again that the path
-   is a regular file in the folder, reads it (``hidden_states [T, n_slots, H]``, ``token_ids int64 [T]``),
-   checks ``token_ids`` == the ids sent, T, H and ``n_slots`` == configured aux ids + the final id;
+   is a regular file in the folder, reads its bytes once and decodes them (``hidden_states [T, n_slots, H]``,
+   ``token_ids int64 [T]``; a file that cannot be read is a ``StorageError`` naming it), checks ``token_ids``
+   == the ids sent, T and H (``bad_hidden_states``) and ``n_slots`` == configured aux ids + the final id (a
+   ``ConfigError`` naming the ids to serve, until a file of the right count came from that server or
+   ``confirm_layers``; then ``bad_hidden_states``);
 5. turns it into a ``Captured`` (aux = the aux slots concatenated in ascending id order, final = the last
-   slot, layer id L, pre-norm). A file of the folder that was read, accepted or rejected, is removed with its
-   lock (draftgen publishes its own copy); nothing else is ever removed.
+   slot, layer id L, pre-norm). Every admitted file is removed with its lock once its request is answered:
+   read (accepted or rejected), refused (other ids), given up on (not complete within the timeout: once its
+   writer lets go, ``ConnectorFolder.discard``), or landed after its capture was cancelled (the batch
+   stopped); nothing else is ever removed. Then, with the answer in hand, ``SpotCheck`` draws whether this
+   capture gets the teacher check (``teacher_selected``; its engine log-probs are kept for ``reference``).
 
 ``connector_dir`` is the folder the servers' ``kv_transfer_config`` ``shared_storage_path`` names, as this
 host sees it: shared between servers and client (same host or a shared filesystem), and apart from the
@@ -32,6 +37,9 @@ HTTP goes through the backends' layer (``backends.http``: one session per server
 classification and transport translation, body caps, a total deadline per request) and retries follow the
 one policy (``engine.retry``, ``retry.*``): connection errors, timeouts, 5xx/408/429 and a connector file
 that never appears are retried; other 4xx are permanent.
+
+``capture_one`` (the online proxy) also returns the very bytes the states were decoded from, so that what is
+handed on is what was checked, and the server that answered.
 
 For the checks the client needs the target's embedding, final norm and LM head: they are read from
 ``hidden_states.model`` (a local folder; single tensors through the safetensors index). ``reference`` is the
@@ -50,6 +58,7 @@ import contextlib
 import threading
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -66,12 +75,14 @@ from draftgen.phases.extract.capture import (
     TargetInfo,
     config_digest,
 )
+from draftgen.phases.extract.capture.answer import check_prompt_ids, completion_of, engine_logprobs
 from draftgen.phases.extract.capture.connector import (
     ConnectorFolder,
     ServerFile,
     read_connector_file,
     wait_for_lock,
 )
+from draftgen.phases.extract.checks import SpotCheck
 from draftgen.phases.extract.layers import resolve_layer_ids
 from draftgen.store import read_json_object
 
@@ -83,7 +94,8 @@ if TYPE_CHECKING:
     from draftgen.config import RunConfig
     from draftgen.engine.retry import RetryPolicy
 
-__all__ = ["ServerFile", "VllmClientOptions", "VllmExtractBackend", "read_connector_file", "wait_for_lock"]
+__all__ = ["ServerCapture", "ServerFile", "VllmClientOptions", "VllmExtractBackend", "read_connector_file",
+           "wait_for_lock"]
 
 T = TypeVar("T")
 
@@ -101,13 +113,26 @@ class VllmClientOptions:
     base_delay_s: float = 0.5
     multiplier: float = 2.0
     max_delay_s: float = 60.0
-    remove_server_files: bool = True
     #: the local hidden-state destination, kept apart from ``connector_dir``
     destination: str | None = None
-    #: rows whose sha256(sample_id) falls under it ask for the engine's prompt_logprobs (the teacher check)
+    #: share of captures drawn, after their answer, for the teacher check (``checks.SpotCheck``); above 0 every
+    #: request asks for the engine's prompt_logprobs
     teacher_fraction: float = 0.0
     #: load the target here to run aux slots on through its layers (None: when its weights are <= 4 GiB)
     through_layers: bool | None = None
+    #: draftgen's folder of claims on the connector files its requests were named (``ConnectorFolder.claim``);
+    #: None: none kept
+    claims: str | None = None
+
+
+@dataclass
+class ServerCapture:
+    """One row's capture: its states, the bytes of the connector file they were decoded from (empty unless
+    asked for) and the server (its ``/v1`` root) that answered."""
+
+    captured: Captured
+    data: bytes
+    server: str
 
 #: ``through_layers`` None loads the target on the client only up to this many bytes of safetensors
 THROUGH_LAYERS_MAX_BYTES = 4 << 30
@@ -163,9 +188,10 @@ class VllmExtractBackend:
     ``VllmExtractBackend.from_parts(target_folder, options, layer_ids)``."""
 
     def __init__(self, cfg: RunConfig, *, base_urls: Sequence[str] | None = None,
-                 teacher_fraction: float | None = None) -> None:
+                 teacher_fraction: float | None = None, claims: str | None = None) -> None:
         """The configured servers (``base_urls`` overrides them: one server of the set, say) and teacher
-        fraction (``teacher_fraction`` overrides ``hidden_states.teacher_fraction``)."""
+        fraction (``teacher_fraction`` overrides ``hidden_states.teacher_fraction``); ``claims``:
+        ``VllmClientOptions.claims``."""
         hs = cfg.hidden_states
         ep = cfg.endpoint
         urls = [str(u) for u in (base_urls or hs.base_urls)]
@@ -186,7 +212,7 @@ class VllmExtractBackend:
             base_delay_s=cfg.retry.base_delay_s, multiplier=cfg.retry.multiplier, max_delay_s=cfg.retry.max_delay_s,
             destination=_destination(cfg),
             teacher_fraction=hs.teacher_fraction if teacher_fraction is None else teacher_fraction,
-            through_layers=hs.teacher_through_layers)
+            through_layers=hs.teacher_through_layers, claims=claims)
         self._setup(cfg.path(hs.model), opts, hs.layer_ids, name=hs.model, revision=hs.revision)
 
     @classmethod
@@ -206,7 +232,8 @@ class VllmExtractBackend:
             raise ConfigError("hidden_states.connector_dir: not set; the vllm backend reads and removes connector "
                               "files only in that folder: set it to the servers' kv_transfer_config "
                               "shared_storage_path, shared between servers and client")
-        self.folder = ConnectorFolder(opts.connector_dir, destination=opts.destination)
+        self.folder = ConnectorFolder(opts.connector_dir, destination=opts.destination, claims=opts.claims)
+        self.spot = SpotCheck(opts.teacher_fraction)
         self.opts = VllmClientOptions(**{**opts.__dict__, "base_urls": tuple(_v1(u) for u in opts.base_urls)})
         self.policy: RetryPolicy = RetryPolicy(RetryConfig(
             max_attempts=opts.max_attempts, base_delay_s=opts.base_delay_s, multiplier=opts.multiplier,
@@ -227,7 +254,11 @@ class VllmExtractBackend:
         self._sem: asyncio.Semaphore | None = None
         self._inflight = [0] * len(self.opts.base_urls)
         self._models: list[str | None] = [None] * len(self.opts.base_urls)
-        self._engine_lp: dict[str, torch.Tensor] = {}  # sample_id -> the engine's log p(ids[t+1]) [T-1]
+        self._layout_ok = [False] * len(self.opts.base_urls)  # a file of the right layer count came from server i
+        # sample_id -> the engine's log p(ids[t+1]) [T-1], for the captures drawn for the teacher check until
+        # ``reference`` takes them (a drawn sample whose states fail ``shape``/``finite`` keeps its entry)
+        self._engine_lp: dict[str, torch.Tensor] = {}
+        self._posting: set[asyncio.Future[tuple[dict[str, Any], dict[str, Any]]]] = set()  # requests on the wire
         self._target: Any = None  # the whole target, loaded on first use by ``through``
         self._rr = 0
         self.requests = 0
@@ -283,16 +314,15 @@ class VllmExtractBackend:
             self._models[i] = mid
         return mid
 
-    async def _post(self, row: ExtractRow, i: int, sent: list[int]) -> dict[str, Any]:
-        """The completion for ``sent`` from server ``i``, its prompt ids checked (see the module docstring)."""
+    async def _post(self, i: int, sent: list[int]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The completion for ``sent`` from server ``i`` and its first choice (see the module docstring): every
+        request asks the same question (``prompt_logprobs`` whenever a teacher check may be drawn)."""
         from draftgen.backends.http import Bounds, post_json, within_deadline
-        from draftgen.phases.extract.checks import teacher_selected
 
         base = self.opts.base_urls[i]
         request: dict[str, Any] = {"model": await self._model_id(i), "prompt": sent, "max_tokens": 1,
                                    "return_token_ids": True}
-        teacher = teacher_selected(row.sample_id, self.opts.teacher_fraction)
-        if teacher:
+        if self.spot.per_block:
             request["prompt_logprobs"] = 0
         body = orjson.dumps(request)
         where = f"POST {base}/completions"
@@ -300,34 +330,12 @@ class VllmExtractBackend:
         raw = await within_deadline(post_json(self._sessions[i], base + "/completions", body,
                                               cap=Bounds().body_cap(len(sent)), where=where),
                                     self.opts.request_timeout_s, where=where)
-        try:
-            out = orjson.loads(raw)
-            choice = out["choices"][0]
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
-            raise RetryableAPIError(f"bad_response: not a completion ({where})", kind="bad_response") from None
-        got = choice.get("prompt_token_ids")
-        if got is None:
-            got = out.get("prompt_token_ids")
-        if got is None:
-            raise PermanentAPIError(f"sample {row.sample_id}: the server returned no prompt_token_ids ({where}); "
-                                    "the vllm backend needs vLLM >= 0.22 (return_token_ids)", kind="no_prompt_ids")
-        if got != sent:
-            at = next((k for k, (a, b) in enumerate(zip(got, sent, strict=False)) if a != b), min(len(got), len(sent)))
-            raise PermanentAPIError(
-                f"sample {row.sample_id}: the server's prompt_token_ids differ from the ids sent (first at position "
-                f"{at} of {len(sent)}; {len(got)} ids came back) ({where}); its hidden states would belong to other "
-                "tokens, so nothing is stored for it", kind="ids_mismatch")
-        if teacher:
-            self._engine_lp[row.sample_id] = _engine_logprobs(row.sample_id, choice.get("prompt_logprobs"), sent, where)
-        result: dict[str, Any] = out
-        return result
+        return completion_of(raw, where)
 
-    async def _attempt(self, row: ExtractRow, i: int, keep: bool) -> tuple[Captured, str]:
-        await self._ensure_session()
-        sent = [int(t) for t in row.input_ids.tolist()]
-        out = await self._post(row, i, sent)
-        where = f"POST {self.opts.base_urls[i]}/completions"
-        named = (out.get("kv_transfer_params") or {}).get("hidden_states_path")
+    def _taken(self, row: ExtractRow, out: dict[str, Any], where: str) -> str:
+        """The connector file the response names, admitted and claimed: draftgen's to remove from here on."""
+        params = out.get("kv_transfer_params")
+        named = params.get("hidden_states_path") if isinstance(params, dict) else None
         if not named:
             raise PermanentAPIError(
                 f"sample {row.sample_id}: no kv_transfer_params.hidden_states_path in the response ({where}); serve "
@@ -335,19 +343,55 @@ class VllmExtractBackend:
                 "ExampleHiddenStatesConnector (docs/extract.md#the-vllm-backend)", kind="not_extract_mode")
         # invariant: nothing outside the connector folder is opened, read or removed
         path = self.folder.admit(named, sample_id=row.sample_id, where=where)
-        await wait_for_lock(path, self.opts.file_timeout_s)
-        self.folder.check_file(path, sample_id=row.sample_id, where=where)
-        f = await asyncio.to_thread(read_connector_file, path)
-        kept = False
-        try:
-            captured = self._to_captured(row, sent, f, path)
-            kept = keep
-            return captured, path
-        finally:  # read: accepted or rejected, the server's copy goes (unless the caller takes it over)
-            if self.opts.remove_server_files and not kept:
-                self.folder.remove(path)
+        self.folder.claim(path)
+        return path
 
-    def _to_captured(self, row: ExtractRow, sent: list[int], f: ServerFile, path: str) -> Captured:
+    async def _attempt(self, row: ExtractRow, i: int, keep: bool) -> ServerCapture:
+        await self._ensure_session()
+        sent = [int(t) for t in row.input_ids.tolist()]
+        where = f"POST {self.opts.base_urls[i]}/completions"
+        post = asyncio.ensure_future(self._post(i, sent))
+        self._posting.add(post)
+        post.add_done_callback(self._posting.discard)
+        try:
+            out, choice = await asyncio.shield(post)
+        except asyncio.CancelledError:  # the request runs on: the file it names is removed when it lands
+            post.add_done_callback(partial(self._orphan, row, where))
+            raise
+        path = self._taken(row, out, where)
+        try:
+            check_prompt_ids(row.sample_id, sent, out, choice, where)
+            lp = engine_logprobs(row.sample_id, choice.get("prompt_logprobs"), sent, where) \
+                if self.spot.per_block else None
+            await wait_for_lock(path, self.opts.file_timeout_s)
+            self.folder.check_file(path, sample_id=row.sample_id, where=where)
+            f = await asyncio.to_thread(read_connector_file, path, keep_bytes=keep)
+            captured = self._to_captured(row, sent, f, path, i)
+        except BaseException:  # answered: the file is draftgen's to remove, whatever went wrong
+            self.folder.discard(path)
+            raise
+        self.folder.remove(path)
+        self._engine_lp.pop(row.sample_id, None)
+        if lp is not None and self.spot.next():  # chosen after the answer: nothing the server saw tells
+            self._engine_lp[row.sample_id] = lp
+        return ServerCapture(captured=captured, data=f.data, server=self.opts.base_urls[i])
+
+    def _orphan(self, row: ExtractRow, where: str, post: asyncio.Future[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+        """A request whose capture was cancelled (the batch stopped) landed: the file it names is draftgen's."""
+        if post.cancelled() or post.exception() is not None:
+            return
+        try:
+            path = self._taken(row, post.result()[0], where)
+        except PermanentAPIError:  # named nothing, or nothing of the folder's: nothing to remove
+            return
+        self.folder.discard(path)
+
+    async def _settle(self) -> None:
+        """Wait for the requests still running after their captures were cancelled (their files are removed)."""
+        if self._posting:
+            await asyncio.wait(set(self._posting), timeout=self.opts.request_timeout_s)
+
+    def _to_captured(self, row: ExtractRow, sent: list[int], f: ServerFile, path: str, i: int) -> Captured:
         hs = f.hidden_states
         info = self.info
         n_aux = len(info.layers.aux)
@@ -362,22 +406,24 @@ class VllmExtractBackend:
                 kind="bad_hidden_states")
         if hs.shape[1] != want:
             ids = [*info.layers.aux, info.layers.final]
-            raise ConfigError(
-                f"hidden_states.layer_ids: the server captures {hs.shape[1]} layers per token but draftgen expects "
-                f"{want} (aux {list(info.layers.aux)} + final {info.layers.final}); serve with "
-                f"eagle_aux_hidden_state_layer_ids = {ids}")
+            what = (f"{hs.shape[1]} layers per token but draftgen expects {want} (aux {list(info.layers.aux)} + final "
+                    f"{info.layers.final}); serve with eagle_aux_hidden_state_layer_ids = {ids}")
+            if self._layout_ok[i]:  # this server's files had the right count: this one is the server's fault
+                raise PermanentAPIError(f"sample {row.sample_id}: {path} holds {what}", kind="bad_hidden_states")
+            raise ConfigError(f"hidden_states.layer_ids: the server captures {what}")
+        self._layout_ok[i] = True
         T = hs.shape[0]
         return Captured(sample_id=row.sample_id, input_ids=row.input_ids, loss_mask=row.loss_mask,
                         aux=hs[:, :n_aux].reshape(T, n_aux * info.hidden_size).clone(), final=hs[:, n_aux].clone())
 
-    async def _one(self, row: ExtractRow, keep: bool = False) -> tuple[Captured, str]:
+    async def _one(self, row: ExtractRow, keep: bool = False) -> ServerCapture:
         """One row through the one retry policy (``engine.retry.retrying``), within ``concurrency``."""
         from draftgen.engine.retry import retrying
 
         await self._ensure_session()
         assert self._sem is not None
 
-        async def routed() -> tuple[Captured, str]:
+        async def routed() -> ServerCapture:
             i = self._pick()
             self._inflight[i] += 1
             self.requests += 1
@@ -398,11 +444,20 @@ class VllmExtractBackend:
 
     # -- the ExtractBackend protocol and the streaming forms ---------------------------------------------------
 
-    async def capture_one(self, row: ExtractRow, *, keep_file: bool = False) -> tuple[Captured, str]:
-        """One row, run on the caller's loop (as ``capture_stream``): its states and the connector file they
-        came from. With ``keep_file`` an accepted file stays for the caller (the online proxy hands it to the
-        trainer, which removes it); a rejected one is removed all the same."""
-        return await self._one(row, keep_file)
+    async def capture_one(self, row: ExtractRow) -> ServerCapture:
+        """One row, run on the caller's loop (as ``capture_stream``): its states, the very bytes of the connector
+        file they were decoded from (the file itself is removed) and the server that answered."""
+        return await self._one(row, True)
+
+    def confirm_layers(self) -> None:
+        """Every server's layer count is known to be right (the online preflight checked each): from here on a
+        file with another count is that file's fault (``bad_hidden_states``), not a configuration error."""
+        self._layout_ok = [True] * len(self._layout_ok)
+
+    def teacher_selected(self, sample_id: str) -> bool:
+        """Whether ``sample_id``'s last capture was drawn for the teacher check (``checks.SpotChecking``): its
+        engine log-probs are kept until ``reference`` takes them."""
+        return sample_id in self._engine_lp
 
     async def aclose(self) -> None:
         """Close the HTTP sessions from the loop that made them (a caller that ran ``capture_one`` on its
@@ -424,18 +479,19 @@ class VllmExtractBackend:
         async def all_rows() -> list[Captured]:
             tasks = [asyncio.ensure_future(self._one(r)) for r in rows]
             try:
-                return [c for c, _ in await asyncio.gather(*tasks)]
+                return [c.captured for c in await asyncio.gather(*tasks)]
             finally:  # the first error ends the batch: nothing of it goes on being sent or retried
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                await self._settle()
 
         return self._run(all_rows()) if rows else []
 
     async def capture_stream(self, rows: Iterable[ExtractRow] | AsyncIterable[ExtractRow]) -> AsyncIterator[Captured]:
         """Captured samples in completion order, at most ``concurrency`` requests in flight. Run on any loop."""
         await self._ensure_session()
-        pending: set[asyncio.Task[tuple[Captured, str]]] = set()
+        pending: set[asyncio.Task[ServerCapture]] = set()
         limit = max(1, self.opts.concurrency) * 2
 
         async def rows_iter() -> AsyncIterator[ExtractRow]:
@@ -452,14 +508,16 @@ class VllmExtractBackend:
                 if len(pending) >= limit:
                     done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                     for d in done:
-                        yield d.result()[0]
+                        yield d.result().captured
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for d in done:
-                    yield d.result()[0]
+                    yield d.result().captured
         finally:
             for p in pending:
                 p.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            await self._settle()
 
     def capture_all(self, rows: Iterable[ExtractRow]) -> Iterator[Captured]:
         """``capture_stream`` from sync code (the backend's own loop thread)."""
@@ -527,6 +585,8 @@ class VllmExtractBackend:
         return self._target
 
     def close(self) -> None:
+        """Remove the connector files given up on a last time (``ConnectorFolder.close``); stop the loop."""
+        self.folder.close()
         loop = self._loop
         if loop is None:
             return
@@ -539,25 +599,6 @@ class VllmExtractBackend:
             self._thread.join(timeout=10)
         loop.close()
         self._loop = None
-
-
-def _engine_logprobs(sample_id: str, plp: Any, sent: list[int], where: str) -> torch.Tensor:
-    """log p(sent[t+1]) for t = 0..T-2 (float32 [T-1]) from vLLM's ``prompt_logprobs`` (None, then one
-    {token id: {logprob, ...}} per position, JSON keys as strings); a PermanentAPIError when it is missing."""
-    import torch
-
-    if not isinstance(plp, list) or len(plp) != len(sent):
-        raise PermanentAPIError(
-            f"sample {sample_id}: the server returned no prompt_logprobs for the {len(sent)} prompt ids ({where}); "
-            "the log-prob check needs them (vLLM returns them when asked: prompt_logprobs 0)", kind="no_prompt_logprobs")
-    out = []
-    for t in range(1, len(sent)):
-        entry = plp[t].get(str(sent[t])) if isinstance(plp[t], dict) else None
-        if not isinstance(entry, dict) or not isinstance(entry.get("logprob"), int | float):
-            raise PermanentAPIError(f"sample {sample_id}: prompt_logprobs[{t}] has no log-prob for prompt id {sent[t]} "
-                                    f"({where})", kind="no_prompt_logprobs")
-        out.append(float(entry["logprob"]))
-    return torch.tensor(out, dtype=torch.float32)
 
 
 async def _next(agen: AsyncIterator[Captured]) -> Captured:
