@@ -64,8 +64,8 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     from draftgen.backends.openrouter import OpenAIChatBackend
     from draftgen.config import config_from_mapping
     from draftgen.engine import scheduler
-    from draftgen.phases.generate import run_generate
-    from draftgen.phases.prepare import run_prepare
+    from draftgen.phases.generate.run import run_generate
+    from draftgen.phases.prepare.run import run_prepare
     from draftgen.records import ResponseRecord
     from draftgen.store import iter_jsonl
     from draftgen.tokens.profile import Profile

@@ -264,8 +264,9 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from draftgen.config import load_config
-    from draftgen.phases.extract.batches import read_merged_rows, split_batches
+    from draftgen.phases.extract.batches import split_batches
     from draftgen.rundir import RunDir
+    from draftgen.target.rows import read_merged_rows
 
     torch.set_num_threads(1)
     quick = args.quick or quick_mode()

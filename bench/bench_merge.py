@@ -2,7 +2,7 @@
 
 Builds a synthetic run directory (eight short datasets plus one long one, like the reference: 2,800 long
 samples hold 44.9M tokens) by writing JSONL bytes directly from pooled id strings, then runs
-``draftgen.phases.merge.run_merge`` in a subprocess and reads its peak RSS (``ru_maxrss`` of the child) and time.
+``draftgen.phases.merge.run.run_merge`` in a subprocess and reads its peak RSS (``ru_maxrss`` of the child) and time.
 
 The ids are slices of the bundled prompt sets encoded with Qwen3's tokenizer (so decoding costs what real
 text costs); they repeat, so the Parquet files compress far better than real data would.
@@ -47,7 +47,7 @@ THINK, THINK_END, IM_END = 151667, 151668, 151645
 CHILD = r"""
 import json, resource, sys, time
 from draftgen.config import load_config
-from draftgen.phases.merge import run_merge
+from draftgen.phases.merge.run import run_merge
 cfg = load_config(sys.argv[1])
 if sys.argv[2] == "parquet":
     cfg.merge.exports = []

@@ -81,12 +81,11 @@ from draftgen.config import load_config
 from draftgen.drafter import tinylang
 from draftgen.drafter.learned import build_learned_target
 from draftgen.emulator.real.server import ModelServerOptions, start_in_thread
-from draftgen.phases.accept import run_accept
+from draftgen.phases.accept.run import run_accept
 from draftgen.phases.extract.run import run_extract
-from draftgen.phases.generate import run_generate
-from draftgen.phases.merge import run_merge
-from draftgen.phases.online import run_train_online
-from draftgen.phases.prepare import run_prepare
+from draftgen.phases.generate.run import run_generate
+from draftgen.phases.merge.run import run_merge
+from draftgen.phases.prepare.run import run_prepare
 from draftgen.phases.train.run import run_train
 from draftgen.records import AcceptReport
 from draftgen.rundir import MARKER, RunDir
@@ -173,13 +172,14 @@ def online(cfg_path: Path, work: Path, target: Path, window_mb: float) -> tuple[
     data = yaml.safe_load(cfg_path.read_text())
     data["run_dir"] = str(root)
     data["train"]["online_window_mb"] = window_mb
+    data["train"]["online"] = True
     with start_in_thread(ModelServerOptions(model=str(target), port=0, threads=2, extract_dir=str(work / "hs"),
                                             extract_layers=LAYERS, dtype="float32")) as srv:
         data["hidden_states"].update(base_urls=[srv.root_url], connector_dir=str(work / "hs"))
         path = work / "online.yaml"
         path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
         t = time.perf_counter()
-        rep = run_train_online(load_config(path), echo=lambda s: None)
+        rep = run_train(load_config(path), echo=lambda s: None)
         return path, rep, time.perf_counter() - t
 
 

@@ -166,8 +166,8 @@ def worker_draftgen(spec: dict[str, Any]) -> dict[str, Any]:
     import threading
 
     from draftgen.config import load_config
-    from draftgen.phases.generate import run_generate
-    from draftgen.phases.prepare import run_prepare
+    from draftgen.phases.generate.run import run_generate
+    from draftgen.phases.prepare.run import run_prepare
     from draftgen.store import scan_responses
     from draftgen.tokens.profile import Profile
 

@@ -91,8 +91,8 @@ def _makespan(run_dir: Path) -> tuple[float, int]:
 
 
 def _shape(work: Path, shape: str, url: str) -> dict[str, Any]:
-    from draftgen.phases.generate import run_generate
-    from draftgen.phases.plan import run_plan
+    from draftgen.phases.generate.run import run_generate
+    from draftgen.phases.plan.run import run_plan
 
     cfg = _config(work, shape, url)
     lines: list[str] = []

@@ -215,7 +215,7 @@ def _run_policy(work: Path, scale: int, policy: str, credits: float) -> dict[str
     import yaml
 
     from draftgen.config import config_from_mapping
-    from draftgen.phases.generate import run_generate
+    from draftgen.phases.generate.run import run_generate
 
     port = free_port()
     url = f"http://127.0.0.1:{port}/api/v1"
@@ -226,7 +226,7 @@ def _run_policy(work: Path, scale: int, policy: str, credits: float) -> dict[str
         (work / f"config-{policy}.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
         cfg = config_from_mapping(data, where=f"replay-{policy}", base_dir=work)
         os.environ["OPENROUTER_API_KEY"] = KEY
-        from draftgen.phases.prepare import run_prepare
+        from draftgen.phases.prepare.run import run_prepare
 
         run_prepare(cfg, echo=lambda s: None)
         w0 = time.perf_counter()

@@ -114,8 +114,8 @@ def _run(work: Path, mode: str, url: str) -> dict[str, Any]:
     from draftgen.config import config_from_mapping
     from draftgen.engine.batch_journal import load_batches
     from draftgen.phases.audit.run import run_audit
-    from draftgen.phases.generate import run_generate
-    from draftgen.phases.prepare import run_prepare
+    from draftgen.phases.generate.run import run_generate
+    from draftgen.phases.prepare.run import run_prepare
     from draftgen.rundir import RunDir
 
     cfg = config_from_mapping(_config(work, mode, url), where=f"replay-batch-{mode}", base_dir=work)

@@ -3,7 +3,7 @@
 Writes a synthetic raw log (``bench_resume.write_log``: 20,000 records, 69M completion tokens;
 ``--quick``: 2,000 and 6.9M) into a temp folder, deleted afterwards, then times in this process:
 
-- ``draftgen``: ``draftgen.phases.report.metrics.compute_metrics`` (a narrow struct; text and id arrays skipped);
+- ``draftgen``: ``draftgen.runview.metrics.compute_metrics`` (a narrow struct; text and id arrays skipped);
 - ``full_records``: the straightforward way, ``store.iter_responses`` (every field of ``ResponseRecord``
   decoded) with the same aggregation of tokens, cost and providers;
 - ``orjson_loads``: ``orjson.loads`` per line with the same aggregation;
@@ -79,7 +79,7 @@ def _scan(run: Path) -> tuple[int, int]:
 
 
 def _draftgen(run: Path) -> tuple[int, int]:
-    from draftgen.phases.report.metrics import compute_metrics
+    from draftgen.runview.metrics import compute_metrics
 
     m = compute_metrics(run)
     return m.total.done, m.total.completion_tokens
@@ -108,7 +108,7 @@ def main() -> None:
                    (("draftgen", _draftgen), ("full_records", _full_records), ("orjson_loads", _orjson),
                     ("resume_scan", _scan))}
         from draftgen.phases.report.html import render_html
-        from draftgen.phases.report.metrics import compute_metrics
+        from draftgen.runview.metrics import compute_metrics
 
         m = compute_metrics(run)
         t0 = time.perf_counter()

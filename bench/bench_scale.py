@@ -78,8 +78,8 @@ def worker(config: str, base_url: str) -> dict[str, Any]:
     import resource
 
     from draftgen.config import load_config
-    from draftgen.phases.generate import run_generate
-    from draftgen.phases.prepare import run_prepare
+    from draftgen.phases.generate.run import run_generate
+    from draftgen.phases.prepare.run import run_prepare
 
     pin_cpu(1)
     os.environ["OPENROUTER_API_KEY"] = KEY

@@ -59,7 +59,7 @@ def build_target(folder: Path) -> Path:
 def rows(n: int, tokens: int) -> list[Any]:
     import numpy as np
 
-    from draftgen.phases.extract.capture import ExtractRow
+    from draftgen.target import ExtractRow
 
     gen = np.random.default_rng(0)
     mask = np.array([0] * (tokens // 2) + [1] * (tokens - tokens // 2), dtype=np.uint8)
@@ -68,7 +68,7 @@ def rows(n: int, tokens: int) -> list[Any]:
 
 def capture_s(target: Path, url: str, folder: Path, batch: list[Any], fraction: float) -> float:
     """Seconds per sample for the backend's capture of ``batch``, one request at a time."""
-    from draftgen.phases.extract.capture.vllm import VllmClientOptions, VllmExtractBackend
+    from draftgen.target.vllm import VllmClientOptions, VllmExtractBackend
 
     opts = VllmClientOptions(base_urls=(url,), connector_dir=str(folder), concurrency=1, teacher_fraction=fraction)
     be = VllmExtractBackend.from_parts(target, opts, [1, 2, 3])

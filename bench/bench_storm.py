@@ -36,7 +36,8 @@ KEY = "sk-or-v1-" + "ST0RM" * 8
 def _run(work: Path, name: str, n: int, conc: int, storm_s: float, rate_limit_wait_s: float | None) -> dict[str, Any]:
     from draftgen.config import config_from_mapping
     from draftgen.emulator import EmulatorOptions, Provider, builtin_scenario, start_in_thread
-    from draftgen.phases.generate import run_generate
+    from draftgen.phases.generate.run import run_generate
+    from draftgen.phases.prepare.run import run_prepare
     from draftgen.records import AttemptRecord, ResponseRecord
     from draftgen.rundir import RunDir
     from draftgen.store import iter_jsonl
@@ -58,7 +59,7 @@ def _run(work: Path, name: str, n: int, conc: int, storm_s: float, rate_limit_wa
         data["endpoint"] = {"kind": "openrouter", "base_url": emu.base_url}
         cfg = config_from_mapping(data, where=name, base_dir=work)
         t0 = time.perf_counter()
-        rep = run_generate(cfg, echo=lambda s: None)
+        rep = run_generate(cfg, echo=lambda s: None, prepare=run_prepare)
         wall = time.perf_counter() - t0
         storms = emu.state.by_fault["storm"]
     rd = RunDir(cfg.run_path)

@@ -104,8 +104,8 @@ def _at(times: list[float], q: float) -> float:
 
 def _run(work: Path, mode: str) -> dict[str, Any]:
     from draftgen.config import config_from_mapping
-    from draftgen.phases.generate import run_generate
-    from draftgen.phases.prepare import run_prepare
+    from draftgen.phases.generate.run import run_generate
+    from draftgen.phases.prepare.run import run_prepare
 
     port = free_port()
     url = f"http://127.0.0.1:{port}/api/v1"

@@ -153,8 +153,8 @@ def moto_s3(log_dir: Path, bucket: str, secret: str = "testing") -> Iterator[str
 
 
 class AppServer:
-    """A fake HTTP server of a test on a free loopback port, served in a thread by the emulator's own
-    ``emulator.threaded.start_in_thread``: a subclass defines ``routes(app)``; ``with Sub() as srv: srv.port``."""
+    """A fake HTTP server of a test on a free loopback port, served in a thread by draftgen's own harness
+    (``backends.serve.start_in_thread``, the emulator's and the online proxy's): a subclass defines ``routes(app)``; ``with Sub() as srv: srv.port``."""
 
     def __init__(self) -> None:
         self.port = free_port()
@@ -171,7 +171,7 @@ class AppServer:
         return app
 
     def __enter__(self) -> Self:
-        from draftgen.emulator.threaded import ThreadedServer, start_in_thread
+        from draftgen.backends.serve import ThreadedServer, start_in_thread
 
         serving = start_in_thread(self._app, "127.0.0.1", self.port, close=lambda: None, what="test server",
                                   thread_name=type(self).__name__)

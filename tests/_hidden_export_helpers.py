@@ -36,7 +36,6 @@ def make_hidden_set(model_dir: Path, dest: Path, *, n: int = 10, seed: int = 0, 
 
     from draftgen.hidden.format import SCHEMA, Captured, HiddenStore, bytes_digest, encode_sample
     from draftgen.hidden.norm import norm_weight_digest
-    from draftgen.phases.extract.layers import default_aux_ids, to_sglang
     from draftgen.records import (
         HiddenCounts,
         HiddenIndexRecord,
@@ -45,6 +44,7 @@ def make_hidden_set(model_dir: Path, dest: Path, *, n: int = 10, seed: int = 0, 
         HiddenSampleEntry,
         HiddenTarget,
     )
+    from draftgen.target.layers import default_aux_ids, to_sglang
 
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

@@ -12,8 +12,8 @@ from typing import Any
 from _common_helpers import config_dict, load, write_config
 from draftgen import rundir
 from draftgen.config import RunConfig
-from draftgen.phases.importer import run_import
-from draftgen.phases.prepare import run_prepare
+from draftgen.phases.importer.run import run_import
+from draftgen.phases.prepare.run import run_prepare
 from draftgen.provenance import expected_provenance
 from draftgen.records import PromptRecord, ResponseRecord, Usage
 from draftgen.store import JsonlWriter, iter_jsonl

@@ -17,7 +17,8 @@ from click.testing import CliRunner
 from _common_helpers import AppServer, config_dict, free_port, load, write_config
 from draftgen.cli import cli
 from draftgen.errors import APIError, InputError
-from draftgen.phases.accept import (
+from draftgen.phases.accept.heldout import held_out_prompts
+from draftgen.phases.accept.run import (
     SGLangMeta,
     offline_al,
     parse_prometheus,
@@ -26,7 +27,6 @@ from draftgen.phases.accept import (
     vllm_acceptance,
     vllm_counters,
 )
-from draftgen.phases.heldout import held_out_prompts
 from draftgen.records import (
     AcceptReport,
     MergedFile,

@@ -1,9 +1,9 @@
-"""``phases.accept_figures``: bootstrap intervals over prompts, paired comparisons, per-dataset figures, and the
+"""``phases.accept.figures``: bootstrap intervals over prompts, paired comparisons, per-dataset figures, and the
 no-model drafters replayed on a pass's continuations."""
 
 from __future__ import annotations
 
-from draftgen.phases.accept_figures import (
+from draftgen.phases.accept.figures import (
     NO_MODEL_BEST,
     Series,
     compare,

@@ -35,12 +35,27 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rundir", "provenance"),  # every path of a run directory, the lock, run.json; a record's provenance check
     ("tokens", "datasets", "hidden", "drafter"),
     ("backends", "exporters"),
-    ("engine", "emulator"),  # the emulator never imports the engine (one layer)
-    ("phases.audit", "phases.extract", "phases.train", "phases.report"),
-    ("phases", "extensions"),  # the phase table, pipeline, the one-module phases; the registries read in one place
+    ("engine", "emulator", "runview"),  # the emulator never imports the engine; runview: a run read as numbers
+    ("target",),  # the target model, reached and checked: capture backends, checks, layers, merged rows
+    (  # the pipeline's phases, one package each: no door between two of them (PHASE_PACKAGES)
+        "phases.prepare",
+        "phases.generate",
+        "phases.audit",
+        "phases.merge",
+        "phases.extract",
+        "phases.train",
+        "phases.accept",
+        "phases.report",
+    ),
+    ("phases.plan", "phases.status", "phases.probe", "phases.importer", "extensions"),  # commands across phases
+    ("phases",),  # the phase table and the pipeline (which runs plan's gate)
     ("cli",),
     ("docgen",),  # renders docs/cli.md from the cli: the only importer of cli
 )
+
+#: the pipeline's phase packages (their layer above): a module of one never imports another, lazily or by a
+#: registry string (``test_no_phase_imports_another_phase``, independent of the layer table)
+PHASE_PACKAGES = next(group for group in LAYERS if "phases.generate" in group)
 
 # (importing module, imported module) pairs let through, each with the reason. Keep it empty.
 ALLOWED: dict[tuple[str, str], str] = {}
@@ -242,6 +257,34 @@ def test_every_module_has_a_layer() -> None:
     pkg = SRC.name
     loose = [m for m in modules(SRC) if m != pkg and layer_of(m, pkg) is None]
     assert not loose, f"modules in no layer (add their package to LAYERS and docs/architecture.md): {loose}"
+
+
+def _phase_package(mod: str) -> str | None:
+    """``phases.<name>`` of a module inside a package of ``phases/``, else None."""
+    parts = mod.split(".")
+    return ".".join(parts[1:3]) if len(parts) >= 3 and parts[1] == "phases" else None
+
+
+def test_no_phase_imports_another_phase(found: list[Edge]) -> None:
+    """A module of a phase package imports no other phase package (lazy imports and registry strings count):
+    what two phases share lives a floor below (target, runview, hidden, fmt, ...)."""
+    phases = {f"{SRC.name}.{p}" for p in PHASE_PACKAGES}
+    bad = sorted({f"{e.where}: {e.src} → {e.dst}" for e in found
+                  if (a := _phase_package(e.src)) and (b := _phase_package(e.dst)) and a != b
+                  and f"{SRC.name}.{a}" in phases})
+    assert not bad, "a phase imports another phase (move what both need a floor down):\n" + "\n".join(bad)
+
+
+def test_every_package_of_phases_is_on_a_layer_and_no_module_is_loose() -> None:
+    """``phases/`` holds the table (``__init__``), the pipeline and packages; each package has its own entry in
+    LAYERS (a new phase is listed, not let through by its parent's entry)."""
+    folder = SRC / "phases"
+    loose = sorted(p.name for p in folder.glob("*.py") if p.name not in ("__init__.py", "pipeline.py"))
+    assert not loose, f"loose modules in phases/ (fold each into its phase's package): {loose}"
+    listed = {entry for group in LAYERS for entry in group}
+    unlisted = sorted(p.name for p in folder.iterdir() if (p / "__init__.py").is_file()
+                      and f"phases.{p.name}" not in listed)
+    assert not unlisted, f"phase packages with no line of their own in LAYERS: {unlisted}"
 
 
 def test_the_root_package_imports_nothing(found: list[Edge]) -> None:

@@ -15,7 +15,7 @@ from draftgen.cli import cli
 from draftgen.config import load_config
 from draftgen.errors import InputError, RunDirError, ThresholdBroken
 from draftgen.phases.audit.run import first_diff_span, run_audit
-from draftgen.phases.importer import run_import
+from draftgen.phases.importer.run import run_import
 from draftgen.records import AuditReport, ResponseRecord
 from draftgen.store import JsonlWriter, iter_jsonl, read_json
 

@@ -19,7 +19,7 @@ from draftgen.cli import cli
 from draftgen.errors import ThresholdBroken
 from draftgen.phases.audit.run import run_audit
 from draftgen.phases.audit.verdict import exclusion_reason, verdict_line
-from draftgen.phases.merge import run_merge
+from draftgen.phases.merge.run import run_merge
 from draftgen.records import DatasetAudit, ExcludedSample, ResponseRecord, Usage
 from draftgen.store import JsonlWriter, iter_jsonl
 

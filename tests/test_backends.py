@@ -261,7 +261,7 @@ def test_capabilities_drive_the_key_policy(tmp_path: Path, monkeypatch: pytest.M
 
 @pytest.mark.parametrize("needs", [False, True])
 def test_capabilities_drive_prompt_ids(tmp_path: Path, needs: bool) -> None:
-    from draftgen.phases.generate import run_generate
+    from draftgen.phases.generate.run import run_generate
 
     sent: list[list[int] | None] = []
     base = BACKENDS.get("vllm")

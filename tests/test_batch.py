@@ -26,10 +26,10 @@ from draftgen.emulator.batch import with_batch
 from draftgen.emulator.scenarios import Provider, Scenario
 from draftgen.engine.batch_journal import batch_lines, load_batches
 from draftgen.errors import ConfigError
-from draftgen.phases.generate import run_generate
-from draftgen.phases.plan import run_plan
+from draftgen.phases.generate.run import run_generate
+from draftgen.phases.plan.run import run_plan
 from draftgen.phases.report.run import run_report
-from draftgen.phases.status import run_status
+from draftgen.phases.status.run import run_status
 from draftgen.records import AttemptRecord, BatchEvent, BatchItem, fold_batches
 from draftgen.rundir import RunDir
 from draftgen.store import iter_jsonl

@@ -20,7 +20,7 @@ from draftgen.engine.budget import (
     Prices,
     TokenBudget,
 )
-from draftgen.phases.generate import run_generate
+from draftgen.phases.generate.run import run_generate
 
 quiet: dict[str, Any] = {"echo": lambda s: None}
 
@@ -204,8 +204,8 @@ def test_the_stop_names_a_real_key_and_flag() -> None:
 
 def test_plan_states_the_dollar_bound(tmp_path: Path) -> None:
     from draftgen.backends.pricing import PriceEstimate
-    from draftgen.phases.plan import PlanReport, _budget_bound
-    from draftgen.phases.plan_time import PartitionTime
+    from draftgen.phases.plan.run import PlanReport, _budget_bound
+    from draftgen.phases.plan.timing import PartitionTime
 
     cfg = make_config(tmp_path, ["a"], budget={"max_spend_usd": 100.0},
                       partitions={"short": {"concurrency": 2000, "max_tokens": 10240},

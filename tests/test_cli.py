@@ -19,7 +19,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from _common_helpers import free_port
+from _common_helpers import config_dict, free_port, write_config
 from draftgen.cli import (
     BASE_URL_ENV,
     EMULATOR_API_KEY_ENV,
@@ -239,3 +239,17 @@ def test_token_budget_10m_reaches_the_config_and_status_watch_takes_the_config_a
         assert "the run directory does not exist yet" in res.output, (args, res.output)
     res = CliRunner().invoke(cli, ["status", "--watch", "soon", str(cfg)])
     assert res.exit_code == 2 and "'soon' is not a number of seconds" in res.output
+
+
+def test_generate_prepares_the_datasets_not_prepared_yet_first(tmp_path: Path) -> None:
+    """``draftgen generate`` on a run never prepared prepares its datasets first, then generates them: the
+    command hands generate the prepare phase (``run_generate(prepare=run_prepare)``; a phase imports none)."""
+    cfg = write_config(tmp_path, config_dict(tmp_path, [{"name": "chat", "path": "bundled:chat", "max_samples": 4}],
+                                             progress="off"))
+    res = CliRunner().invoke(cli, ["generate", str(cfg)])
+    assert res.exit_code == 0, res.output
+    assert "preparing prompts first (chat not prepared yet)" in res.output
+    run = tmp_path / "run"
+    assert (run / "prepared" / "chat" / "stats.json").is_file()
+    raw = (run / "raw" / "chat" / "raw_responses.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(raw) == 4

@@ -116,7 +116,7 @@ def test_the_vllm_backend_section_the_readme_and_the_error_point_to_is_there() -
                  "Kimi-K2.5", "8 × H200", "--tensor-parallel-size 8", "[2, 30, 58, 61]", "Sources:"):
         assert must in section, must
     assert "docs/extract.md#the-vllm-backend" in (root / "README.md").read_text(encoding="utf-8")
-    vllm = (root / "src" / "draftgen" / "phases" / "extract" / "capture" / "vllm.py").read_text(encoding="utf-8")
+    vllm = (root / "src" / "draftgen" / "target" / "vllm.py").read_text(encoding="utf-8")
     assert re.search(r"docs/extract\.md#the-vllm-backend\)\", kind=\"not_extract_mode\"", vllm)
 
 

@@ -13,7 +13,7 @@ import pytest
 from _merge_helpers import chat_rows, prepared_run
 from draftgen.errors import ConfigError
 from draftgen.exporters import EXPORTERS, MergedRow, file_digest, loss_mask_bytes
-from draftgen.phases.merge import run_merge
+from draftgen.phases.merge.run import run_merge
 from draftgen.records import (
     MergeManifest,
     MergeStats,

@@ -29,7 +29,7 @@ from draftgen.backends.openrouter import OpenAIChatBackend
 from draftgen.config import RunConfig, load_config
 from draftgen.errors import ConfigError
 from draftgen.extensions import check_config
-from draftgen.phases.generate import run_generate
+from draftgen.phases.generate.run import run_generate
 
 # -- the toy backend: what a new module under backends/ would hold -------------------------------------------
 

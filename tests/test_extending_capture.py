@@ -1,6 +1,7 @@
 """Adding a capture backend is its module plus one ``EXTRACT_BACKENDS.register`` line.
 
-A toy ``hidden_states.backend`` is registered here the way a plugin would, as a lazy ``"module:attr"`` entry
+A toy ``hidden_states.backend`` is registered here the way a plugin would, in ``draftgen.target.EXTRACT_BACKENDS``
+(the target package, below the phases: a plugin imports no phase), as a lazy ``"module:attr"`` entry
 naming this module's ``TOY_KIND`` (an hf-backend subclass that records the rows it captures): the config
 check refuses ``backend: toy`` until it is registered, then ``draftgen extract`` on a small merged run
 (a tiny seeded Qwen3 target, the emulator's rows) captures every merged row through it, and every stored
@@ -26,17 +27,17 @@ from _extract_helpers import build_tiny_model, make_merged_run, merged_rows, wit
 from draftgen.cli import cli
 from draftgen.errors import ConfigError
 from draftgen.hidden.format import Captured, open_hidden
-from draftgen.phases.extract.capture import (
+from draftgen.target import (
     EXTRACT_BACKENDS,
     ExtractBackendKind,
     ExtractCapabilities,
     ExtractRow,
 )
-from draftgen.phases.extract.capture.hf import HFExtractBackend
+from draftgen.target.hf import HFExtractBackend
 
 torch.set_num_threads(1)
 
-# -- the toy backend: what a new module under phases/extract/capture/ would hold ----------------------------
+# -- the toy backend: what a plugin's module (or a new module under target/) would hold ---------------------
 
 
 class ToyCapture(HFExtractBackend):

@@ -16,7 +16,7 @@ from _merge_helpers import chat_rows, make_config, prepared_run
 from draftgen.errors import ConfigError
 from draftgen.exporters import EXPORTERS, ExportContext, MergedRow, register_exporter
 from draftgen.extensions import check_config
-from draftgen.phases.merge import run_merge
+from draftgen.phases.merge.run import run_merge
 from draftgen.records import MergeManifest
 from draftgen.rundir import RunDir
 from draftgen.store import iter_jsonl, read_json

@@ -21,8 +21,8 @@ from draftgen.emulator.scenarios import builtin_scenario
 from draftgen.emulator.scripted import EmulatedModel
 from draftgen.errors import ConfigError
 from draftgen.phases.audit.run import run_audit
-from draftgen.phases.generate import run_generate
-from draftgen.phases.prepare import run_prepare
+from draftgen.phases.generate.run import run_generate
+from draftgen.phases.prepare.run import run_prepare
 from draftgen.records import ResponseRecord
 from draftgen.store import iter_jsonl
 from draftgen.tokens import PROFILES, load_profile, profile_class, register_profile

@@ -16,8 +16,8 @@ from draftgen.cli import cli
 from draftgen.errors import ConfigError
 from draftgen.exporters import EXPORTERS
 from draftgen.extensions import CONFIG_KEYS, check_config, registered
-from draftgen.phases.extract.capture import EXTRACT_BACKENDS
 from draftgen.registry import Registry
+from draftgen.target import EXTRACT_BACKENDS
 from draftgen.tokens import PROFILES
 
 REGISTRIES: dict[str, Registry[Any]] = {"endpoint.kind": BACKENDS, "model.profile": PROFILES,

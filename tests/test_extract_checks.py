@@ -20,16 +20,16 @@ from draftgen.config import load_config
 from draftgen.drafter.hf import rms_norm
 from draftgen.errors import ThresholdBroken
 from draftgen.hidden.format import Captured, HiddenStore
-from draftgen.phases.extract.capture import ExtractRow
-from draftgen.phases.extract.capture.hf import HFExtractBackend
-from draftgen.phases.extract.checks import (
+from draftgen.phases.extract.run import run_extract
+from draftgen.target import ExtractRow
+from draftgen.target.checks import (
     LOGPROB_FLOOR,
     SpotCheck,
     logprob_tolerance,
     relative_diff,
     teacher_selected,
 )
-from draftgen.phases.extract.run import run_extract
+from draftgen.target.hf import HFExtractBackend
 
 torch.set_num_threads(1)
 

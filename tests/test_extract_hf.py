@@ -129,7 +129,7 @@ def test_one_line_errors(model_dir: Path, run_cfg: Path, tmp_path: Path) -> None
 
 
 def test_pilot_records_throughput_that_plan_uses(model_dir: Path, run_cfg: Path) -> None:
-    from draftgen.phases.plan import run_plan
+    from draftgen.phases.plan.run import run_plan
 
     out = run_cfg.parent / "h-pilot"
     cfg_path = with_hidden(run_cfg, "cfg-pilot.yaml", model=str(model_dir), output=str(out), teacher_min_margin=None,

@@ -1,11 +1,11 @@
-"""Layer ids: EAGLE-3 defaults, validation naming the field, SGLang/HF equivalents (extract.layers)."""
+"""Layer ids: EAGLE-3 defaults, validation naming the field, SGLang/HF equivalents (target.layers)."""
 
 from __future__ import annotations
 
 import pytest
 
 from draftgen.errors import ConfigError
-from draftgen.phases.extract.layers import (
+from draftgen.target.layers import (
     CONVENTION,
     check_layer_ids,
     default_aux_ids,

@@ -1,4 +1,4 @@
-"""The checking proxy (``phases.extract.proxy``) of ``train --online``.
+"""The checking proxy (``phases.train.proxy``) of ``train --online``.
 
 Its window (``train.online_window_mb``): the files on disk at once, handed to a trainer that has not deleted
 them yet or being captured, stay within the window's bytes; a request waits for room and goes on once the
@@ -44,11 +44,11 @@ from _extract_helpers import build_tiny_model, make_merged_run  # noqa: E402
 from _hostile_extract import ExtractMITM  # noqa: E402
 from draftgen.config import load_config  # noqa: E402
 from draftgen.emulator.real.server import ModelServerOptions, start_in_thread  # noqa: E402
-from draftgen.phases.extract.batches import read_merged_rows  # noqa: E402
-from draftgen.phases.extract.capture import ExtractRow  # noqa: E402
-from draftgen.phases.extract.capture.vllm import VllmClientOptions, VllmExtractBackend  # noqa: E402
-from draftgen.phases.extract.proxy import CheckingProxy  # noqa: E402
+from draftgen.phases.train.proxy import CheckingProxy  # noqa: E402
 from draftgen.rundir import RunDir  # noqa: E402
+from draftgen.target import ExtractRow  # noqa: E402
+from draftgen.target.rows import read_merged_rows  # noqa: E402
+from draftgen.target.vllm import VllmClientOptions, VllmExtractBackend  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -252,9 +252,9 @@ _KILLED = """
 import sys, time
 from pathlib import Path
 from draftgen.config import load_config
-from draftgen.phases.extract.batches import read_merged_rows
-from draftgen.phases.extract.capture.vllm import VllmClientOptions, VllmExtractBackend
-from draftgen.phases.extract.proxy import CheckingProxy
+from draftgen.target.rows import read_merged_rows
+from draftgen.target.vllm import VllmClientOptions, VllmExtractBackend
+from draftgen.phases.train.proxy import CheckingProxy
 from draftgen.rundir import RunDir
 
 cfg_path, url, claims, handover, target, hs, run = sys.argv[1:]

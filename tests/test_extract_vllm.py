@@ -29,8 +29,8 @@ from draftgen.config import RunConfig, load_config  # noqa: E402
 from draftgen.emulator.real.server import ModelServerOptions, RunningModelServer, start_in_thread  # noqa: E402
 from draftgen.errors import PermanentAPIError  # noqa: E402
 from draftgen.hidden.format import HiddenStore, open_hidden  # noqa: E402
-from draftgen.phases.extract.capture.vllm import VllmClientOptions, VllmExtractBackend  # noqa: E402
 from draftgen.phases.extract.run import run_extract  # noqa: E402
+from draftgen.target.vllm import VllmClientOptions, VllmExtractBackend  # noqa: E402
 
 L, H = 8, 64
 
@@ -138,7 +138,7 @@ def test_every_request_asks_the_same_question_and_the_checked_samples_are_drawn_
     man-in-the-middle in front of the emulator sees them all), the samples checked are the backend's draw after
     the answer (``checks.SpotChecking``), each checked against the engine's own log-probs of its request."""
     from _hostile_extract import ExtractMITM
-    from draftgen.phases.extract.checks import SpotChecking
+    from draftgen.target.checks import SpotChecking
 
     cfg_path, model, servers = setup
     with ExtractMITM(servers[0].root_url, lambda *_: None) as mitm:
@@ -178,7 +178,7 @@ def test_the_logprob_check_flags_a_miswired_server(setup: tuple[Path, Path, list
 
 def test_wrong_layer_count_is_a_config_error(setup: tuple[Path, Path, list[RunningModelServer]]) -> None:
     from draftgen.errors import ConfigError
-    from draftgen.phases.extract.capture import ExtractRow
+    from draftgen.target import ExtractRow
 
     _, model, servers = setup
     np = pytest.importorskip("numpy")

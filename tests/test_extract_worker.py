@@ -16,9 +16,9 @@ from _extract_helpers import build_tiny_model
 from draftgen.hidden.format import HiddenStore
 from draftgen.phases.extract import worker as worker_mod
 from draftgen.phases.extract.batches import split_batches
-from draftgen.phases.extract.capture import ExtractRow
-from draftgen.phases.extract.capture.hf import HFExtractBackend
 from draftgen.phases.extract.worker import Worker
+from draftgen.target import ExtractRow
+from draftgen.target.hf import HFExtractBackend
 
 torch.set_num_threads(1)
 

@@ -23,9 +23,9 @@ from _generate_helpers import (
 )
 from draftgen.config import load_config
 from draftgen.emulator import builtin_scenario
-from draftgen.errors import EXIT_FAILURES, AuthError, RunDirError
-from draftgen.phases.generate import run_generate
-from draftgen.phases.importer import run_import
+from draftgen.errors import EXIT_FAILURES, AuthError, InputError, RunDirError
+from draftgen.phases.generate.run import run_generate
+from draftgen.phases.importer.run import run_import
 from draftgen.records import GroundTruthRecord, ResponseRecord, RunManifest, Usage
 from draftgen.secrets import scrub_argv
 from draftgen.store import JsonlWriter, iter_jsonl, read_json
@@ -355,7 +355,7 @@ def test_permanent_failures_print_their_reason_and_only_retryable_ones_are_told_
 
 def test_after_a_run_spent_and_left_add_up_to_the_budget_or_say_what_caps_it() -> None:
     from draftgen.engine import BudgetGovernor
-    from draftgen.phases.generate_summary import budget_lines
+    from draftgen.phases.generate.summary import budget_lines
 
     gov = BudgetGovernor(max_spend=5.0, prior=0.04, session=0.06)
     gov.reserved = 0.49  # an aborted run's requests in flight: cancelled, their reservations do not count as spent
@@ -377,3 +377,17 @@ def test_a_resumed_runs_progress_counts_the_whole_prepared_set(tmp_path: Path, q
     log = (run_dir / "logs" / "generate.log").read_text(encoding="utf-8").splitlines()
     last = [ln for ln in log if "total: done " in ln][-1]  # the display's last line (logged at its stop)
     assert "total: done 5/5 (100%)" in last and "0 remaining" in last, last
+
+
+def test_generate_alone_refuses_a_dataset_not_prepared_and_writes_nothing(tmp_path: Path) -> None:
+    """A phase imports no other phase: ``run_generate`` prepares nothing itself. Without the ``prepare`` a
+    command hands in (``draftgen generate`` hands in ``run_prepare``), a selected dataset not prepared is an
+    InputError naming its file and the fix, before anything is sent or written."""
+    cfg = make_config(tmp_path, ["a", "b"])
+    run_dir = claim(cfg)
+    write_prompts(run_dir, "a", 3)
+    with pytest.raises(InputError) as err:
+        run_generate(cfg, **quiet)
+    assert str(err.value) == (f"{run_dir / 'prepared' / 'b' / 'prompts.jsonl'}: not found (b not prepared yet); "
+                              "run `draftgen prepare CONFIG` first")
+    assert not (run_dir / "raw").exists() and not (run_dir / "logs").exists()

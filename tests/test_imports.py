@@ -12,7 +12,7 @@ import sys
 
 _PROBE = (
     "import json, sys\n"
-    "import draftgen.phases.generate, draftgen.phases.plan, draftgen.cli, draftgen.phases.pipeline, draftgen.phases.probe\n"
+    "import draftgen.phases.generate.run, draftgen.phases.plan.run, draftgen.cli, draftgen.phases.pipeline, draftgen.phases.probe.run\n"
     "print(json.dumps(sorted(sys.modules)))\n"
 )
 

@@ -45,8 +45,8 @@ from draftgen.config import RunConfig
 from draftgen.emulator import RunningEmulator
 from draftgen.emulator.batch import with_batch
 from draftgen.engine.batch_journal import load_batches
-from draftgen.phases.generate import GenerateReport, run_generate
-from draftgen.phases.importer import run_import
+from draftgen.phases.generate.run import GenerateReport, run_generate
+from draftgen.phases.importer.run import run_import
 from draftgen.records import AttemptRecord, ResponseRecord, Usage
 from draftgen.rundir import RunDir
 from draftgen.store import iter_jsonl, scan_attempt_spend, scan_responses

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from _merge_helpers import chat_rows, fake_generate, prepared_run
 from draftgen.cli import cli
 from draftgen.errors import InputError, ThresholdBroken
-from draftgen.phases.merge import run_merge
+from draftgen.phases.merge.run import run_merge
 from draftgen.records import (
     AuditReport,
     DatasetAudit,

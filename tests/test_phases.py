@@ -28,13 +28,13 @@ from draftgen.registry import Registry
 SRC = Path(draftgen.__file__).parent
 
 #: The commands whose entry point is not a row of the table (status is no phase: it reads a run directory
-#: that may have no config, so it takes a path; see ``phases.status.run_status``).
+#: that may have no config, so it takes a path; see ``phases.status.run.run_status``).
 COMMANDS = {
-    "plan": "draftgen.phases.plan:run_plan",
-    "probe": "draftgen.phases.probe:run_probe",
-    "import": "draftgen.phases.importer:run_import",
-    "accept": "draftgen.phases.accept:run_accept",
-    "train": "draftgen.phases.online:run_train",
+    "plan": "draftgen.phases.plan.run:run_plan",
+    "probe": "draftgen.phases.probe.run:run_probe",
+    "import": "draftgen.phases.importer.run:run_import",
+    "accept": "draftgen.phases.accept.run:run_accept",
+    "train": "draftgen.phases.train.run:run_train",
     "report": "draftgen.phases.report.run:run_report",
 }
 
@@ -135,8 +135,8 @@ def test_the_order_of_a_table() -> None:
 
 
 def test_a_lazy_adapter_resolves_to_its_function() -> None:
-    phase = Phase("toy", "draftgen.phases.merge:phase_run")
-    from draftgen.phases.merge import phase_run
+    phase = Phase("toy", "draftgen.phases.merge.run:phase_run")
+    from draftgen.phases.merge.run import phase_run
 
     assert phase.adapter() is phase_run and phase.current() is None
 
@@ -152,9 +152,9 @@ def test_table_mistakes_are_config_errors_naming_the_phase() -> None:
     with pytest.raises(ConfigError, match="a Phase record named 'd'"):
         table.register("d", _toy("e"))
     with pytest.raises(ConfigError, match="a Phase record named 'd'"):
-        table.register("d", "draftgen.phases.merge:phase_run")
+        table.register("d", "draftgen.phases.merge.run:phase_run")
     with pytest.raises(ConfigError, match="is no 'module:attr'"):
-        Phase("x", "draftgen.phases.merge.phase_run")
+        Phase("x", "draftgen.phases.merge.run.phase_run")
     with pytest.raises(ConfigError, match="needs an output"):
         _toy("x", skippable=True)
     assert table.names() == ["a", "b"]

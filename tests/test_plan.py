@@ -19,8 +19,8 @@ from draftgen.cli import cli
 from draftgen.config import RoutingConfig, load_config
 from draftgen.emulator.server import EmulatorOptions, RunningEmulator, start_in_thread
 from draftgen.errors import AuthError
-from draftgen.phases.generate import run_generate
-from draftgen.phases.plan import run_plan
+from draftgen.phases.generate.run import run_generate
+from draftgen.phases.plan.run import run_plan
 from draftgen.records import GroundTruthRecord, ResponseRecord
 from draftgen.store import iter_jsonl
 
@@ -203,7 +203,7 @@ def test_time_comes_in_waves_never_under_one_request_and_rows_add_up(tmp_path: P
     assert any("does not look like a model of profile 'qwen3'" in n for n in rep.notes)  # the profile's fit
     # Many waves: (waves - 1) × mean + the slowest request.
     from draftgen.config import PartitionConfig, PartitionsConfig
-    from draftgen.phases.plan_time import PartitionWork, StreamRates, partition_times
+    from draftgen.phases.plan.timing import PartitionWork, StreamRates, partition_times
 
     narrow = msgspec.structs.replace(cfg, partitions=PartitionsConfig(
         short=PartitionConfig(concurrency=4, max_tokens=1000), long=PartitionConfig(concurrency=2, max_tokens=2000)))

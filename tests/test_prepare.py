@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from _merge_helpers import chat_rows, make_config, write_jsonl
 from draftgen.cli import cli
 from draftgen.errors import InputError
-from draftgen.phases.prepare import run_prepare
+from draftgen.phases.prepare.run import run_prepare
 from draftgen.records import DatasetStats, PromptRecord
 from draftgen.rundir import RunDir
 from draftgen.store import iter_jsonl, read_json
@@ -183,7 +183,7 @@ def test_context_length_comes_from_the_config_then_the_tokenizer_config_then_the
     from types import SimpleNamespace
 
     from draftgen.errors import ConfigError
-    from draftgen.phases.prepare import context_length
+    from draftgen.phases.prepare.run import context_length
 
     cfg = make_config(tmp_path, [{"name": "d", "path": "p.jsonl"}])
     prof: Any = SimpleNamespace(config={"model_max_length": 32768})

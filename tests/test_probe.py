@@ -15,7 +15,7 @@ from draftgen.backends import Completion, EndpointInfo
 from draftgen.cli import cli
 from draftgen.config import load_config
 from draftgen.emulator.server import EmulatorOptions, RunningEmulator, start_in_thread
-from draftgen.phases.probe import _Probe, probe_max_tokens, run_probe
+from draftgen.phases.probe.run import _Probe, probe_max_tokens, run_probe
 from draftgen.records import Usage
 from draftgen.tokens import profile_from_config
 
@@ -248,7 +248,7 @@ def test_the_probe_says_what_it_is_waiting_for() -> None:
     import time
 
     from draftgen.backends import Completion, WireMeter
-    from draftgen.phases.probe import wait_with_progress
+    from draftgen.phases.probe.run import wait_with_progress
 
     meter = WireMeter()
     lines: list[str] = []

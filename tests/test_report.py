@@ -1,4 +1,4 @@
-"""report.metrics and report.html: figures recomputed from the files equal what the page shows."""
+"""runview.metrics and report.html: figures recomputed from the files equal what the page shows."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from _report_helpers import make_config, run_config, write_run_dir
 from draftgen.config import load_config
 from draftgen.fmt import fmt_int, fmt_usd
-from draftgen.phases.importer import run_import
-from draftgen.phases.report.metrics import RunMetrics, compute_metrics
+from draftgen.phases.importer.run import run_import
 from draftgen.phases.report.run import run_report
+from draftgen.runview.metrics import RunMetrics, compute_metrics
 
 
 def _quiet(line: str) -> None:
@@ -144,7 +144,6 @@ def test_report_of_an_empty_run_dir(tmp_path: Path) -> None:
 
 from _report_helpers import T0, response, synthetic_attempts, write_attempts_and_health, write_logs  # noqa: E402
 from draftgen.phases.report.html import audit_rows, example_rows  # noqa: E402
-from draftgen.phases.report.providers import provider_metrics  # noqa: E402
 from draftgen.records import (  # noqa: E402
     AttemptRecord,
     AuditReport,
@@ -158,6 +157,7 @@ from draftgen.records import (  # noqa: E402
     Usage,
 )
 from draftgen.rundir import RunDir  # noqa: E402
+from draftgen.runview.providers import provider_metrics  # noqa: E402
 from draftgen.store import atomic_write_json  # noqa: E402
 
 
@@ -331,7 +331,7 @@ def test_time_axes_count_from_the_start_in_a_unit_that_suits_the_span(tmp_path: 
 
 def test_sequence_lengths_against_max_seq_len(tmp_path: Path) -> None:
     from _merge_helpers import chat_rows, prepared_run
-    from draftgen.phases.merge import run_merge
+    from draftgen.phases.merge.run import run_merge
     from draftgen.phases.report.html import _figures
 
     cfg = prepared_run(tmp_path, {"chat": chat_rows("chat", 30)}, merge={"max_seq_len": 120}, long_every=4)
@@ -356,7 +356,7 @@ def test_sequence_lengths_against_max_seq_len(tmp_path: Path) -> None:
 
 def test_sample_viewer_and_mismatch_context(tmp_path: Path) -> None:
     from _merge_helpers import chat_rows, prepared_run
-    from draftgen.phases.merge import run_merge
+    from draftgen.phases.merge.run import run_merge
     from draftgen.tokens import profile_from_config
 
     cfg = prepared_run(tmp_path, {"chat": chat_rows("chat", 8)})

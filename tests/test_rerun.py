@@ -1,4 +1,4 @@
-"""phases.rerun: a rerun with other generation settings says what differs and what it keeps, and
+"""phases.generate.rerun: a rerun with other generation settings says what differs and what it keeps, and
 ``generate --redo changed|truncated`` regenerates those samples without duplicating a record (issue 23)."""
 
 from __future__ import annotations
@@ -7,10 +7,11 @@ from pathlib import Path
 
 from _generate_helpers import claim, emulator, make_config, responses, write_prompts
 from draftgen.config import RunConfig
-from draftgen.phases.generate import run_generate
-from draftgen.phases.report.metrics import compute_metrics
-from draftgen.phases.status import render_status, render_text, run_status
+from draftgen.fmt import render_text
+from draftgen.phases.generate.run import run_generate
+from draftgen.phases.status.run import render_status, run_status
 from draftgen.records import ResponseRecord
+from draftgen.runview.metrics import compute_metrics
 from draftgen.store import iter_jsonl
 from draftgen.tokens import Profile
 

@@ -23,9 +23,9 @@ from draftgen.config import load_config, resolve_api_key
 from draftgen.engine.progress import RunLog
 from draftgen.errors import ConfigError
 from draftgen.phases.report.html import render_html
-from draftgen.phases.report.metrics import compute_metrics
-from draftgen.phases.status import run_status
+from draftgen.phases.status.run import run_status
 from draftgen.records import RunManifest
+from draftgen.runview.metrics import compute_metrics
 from draftgen.secrets import contains_key, looks_like_key, redact, redact_obj, url_credentials
 from draftgen.store import atomic_write_json
 from reliability._helpers import FAKE_KEY, OTHER_FAKE_KEY

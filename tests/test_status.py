@@ -21,7 +21,7 @@ from _report_helpers import T0, make_config, run_config, write_attempts_and_heal
 from draftgen import rundir
 from draftgen.cli import cli
 from draftgen.errors import RunDirError
-from draftgen.phases.status import CLEAR, StatusSummary, run_status, watch_status
+from draftgen.phases.status.run import CLEAR, StatusSummary, run_status, watch_status
 from draftgen.records import LockHolder, MergeManifest
 from draftgen.store import atomic_write_json
 

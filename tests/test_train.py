@@ -23,12 +23,9 @@ from _hidden_export_helpers import make_hidden_set, run_in_speculators, speculat
 from draftgen.config import load_config  # noqa: E402
 from draftgen.errors import ConfigError  # noqa: E402
 from draftgen.phases.train.convert import EAGLE_ARCH, REQUIRED_TENSORS  # noqa: E402
-from draftgen.phases.train.run import (  # noqa: E402
-    offline_al,
-    parse_metrics,
-    read_report,
-    run_train,
-)
+from draftgen.phases.train.launch import offline_al, parse_metrics  # noqa: E402
+from draftgen.phases.train.run import run_train  # noqa: E402
+from draftgen.phases.train.trainer import read_report  # noqa: E402
 from draftgen.phases.train.vocab import build_vocab_mapping  # noqa: E402
 from draftgen.records import TrainLogRecord, TrainOnlineReport  # noqa: E402
 from draftgen.rundir import RunDir  # noqa: E402
@@ -246,7 +243,7 @@ def test_runner_states_equal_the_speculators_export_byte_for_byte(trained: dict[
     from draftgen.hidden.exports import export_hidden
     from draftgen.hidden.format import open_hidden
     from draftgen.phases.train.inputs import STATES_MAP, build_index
-    from draftgen.phases.train.run import RUNNER
+    from draftgen.phases.train.launch import RUNNER
 
     hidden = trained["hidden"] if dtype == "bf16" else make_hidden_set(trained["model_dir"], tmp_path / "h8",
                                                                        n=4, dtype=dtype)[0]
@@ -281,7 +278,7 @@ def test_the_runner_refuses_a_state_file_changed_after_extraction(tmp_path: Path
 
     from draftgen.hidden.format import open_hidden
     from draftgen.phases.train.inputs import STATES_MAP, build_index
-    from draftgen.phases.train.run import RUNNER
+    from draftgen.phases.train.launch import RUNNER
 
     torch.set_num_threads(1)
     model_dir = build_tiny_model(tmp_path / "target", layers=8, hidden=32)
@@ -414,7 +411,8 @@ def test_a_session_that_refuses_keeps_the_drafter_unpublished(trained: dict[str,
     """train_prepared asks its session once training ended: a refusal is handled as the floor's (train.json
     with exit_code 3 and the session's line, nothing published, ThresholdBroken), though the floor passed."""
     from draftgen.errors import ThresholdBroken
-    from draftgen.phases.train.run import prepare_offline, train_prepared
+    from draftgen.phases.train.offline import prepare_offline
+    from draftgen.phases.train.trainer import train_prepared
     from draftgen.rundir import writer
 
     cfg = load_config(_config(tmp_path, trained["model_dir"], trained["hidden"], max_steps=1, total_seq_len=128))

@@ -173,7 +173,7 @@ print(json.dumps(loaded))
 def test_the_peagle_drafter_is_served_exactly_and_accept_measures_it(capture: dict[str, Any],
                                                                      trained: dict[str, TrainReport]) -> None:
     from draftgen.emulator.real.server import ModelServerOptions, start_in_thread
-    from draftgen.phases.accept import run_accept
+    from draftgen.phases.accept.run import run_accept
 
     drafter = Path(trained["peagle"].checkpoint or "")
     cfg = load_config(capture["cfg"], {"accept.prompts": 2, "accept.max_tokens": 12, "accept.server": "vllm"})

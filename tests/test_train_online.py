@@ -41,13 +41,14 @@ from _hostile_extract import ExtractMITM  # noqa: E402
 from draftgen.config import load_config  # noqa: E402
 from draftgen.emulator.real.server import ModelServerOptions, RunningModelServer, start_in_thread  # noqa: E402
 from draftgen.errors import DraftgenError, ThresholdBroken  # noqa: E402
-from draftgen.phases.extract.capture.connector import ConnectorFolder  # noqa: E402
-from draftgen.phases.extract.checks import teacher_selected  # noqa: E402
-from draftgen.phases.online import MAX_FILES, run_train_online  # noqa: E402
 from draftgen.phases.train.launch import COMPLETE  # noqa: E402
+from draftgen.phases.train.online import MAX_FILES  # noqa: E402
+from draftgen.phases.train.run import run_train  # noqa: E402
 from draftgen.records import TrainLogRecord, TrainReport  # noqa: E402
 from draftgen.rundir import MARKER, RunDir  # noqa: E402
 from draftgen.store import iter_jsonl, read_json  # noqa: E402
+from draftgen.target.checks import teacher_selected  # noqa: E402
+from draftgen.target.connector import ConnectorFolder  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -71,14 +72,14 @@ def _config(s: dict[str, Any], server: RunningModelServer, name: str, **train: A
                              "teacher_min_margin": None, "max_flagged_fraction": 1.0}
     data["train"] = {"speculators": str(speculators_python()), "algorithm": "eagle3.1", "draft_vocab_size": 64,
                      "total_seq_len": 96, "epochs": 1, "online_check_rows": 2, "nproc_per_node": 2,
-                     "master_port": 29641, **train}
+                     "master_port": 29641, "online": True, **train}
     return write_config(s["tmp"], data, name)
 
 
 @pytest.fixture(scope="module")
 def first(served: dict[str, Any]) -> dict[str, Any]:
     lines: list[str] = []
-    rep = run_train_online(load_config(_config(served, served["server"], "online.yaml")), echo=lines.append)
+    rep = run_train(load_config(_config(served, served["server"], "online.yaml")), echo=lines.append)
     return {"report": rep, "lines": lines}
 
 
@@ -114,7 +115,7 @@ def test_a_second_run_resumes_from_the_last_complete_checkpoint(served: dict[str
     weights = broken / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     lines: list[str] = []
-    rep = run_train_online(load_config(_config(served, served["clean"], "online2.yaml", epochs=2)),
+    rep = run_train(load_config(_config(served, served["clean"], "online2.yaml", epochs=2)),
                            echo=lines.append)
     assert rep.first_step == first["report"].last_step > 0 and rep.last_step > rep.first_step
     assert any("never completed" in x and "resuming from 0" in x for x in lines)
@@ -129,14 +130,14 @@ def test_a_miswired_server_is_stopped_by_the_preflight(served: dict[str, Any], t
         shutil.copytree(served["tmp"] / "run" / "merged", tmp_path / "run" / "merged")
         shutil.copy(served["tmp"] / "run" / MARKER, tmp_path / "run" / MARKER)  # a run directory of draftgen's
         with pytest.raises(DraftgenError) as err:
-            run_train_online(cfg, echo=lambda s: None)
+            run_train(cfg, echo=lambda s: None)
     msg = str(err.value)
     assert bad.root_url in msg and "teacher_reference on 2 of 2 rows" in msg and "\n" not in msg
     assert not RunDir(tmp_path / "run").train_checkpoints.exists()  # stopped before any training step
 
 
 def test_the_online_drafter_is_served_and_measured(served: dict[str, Any], first: dict[str, Any]) -> None:
-    from draftgen.phases.accept import run_accept
+    from draftgen.phases.accept.run import run_accept
 
     drafter = RunDir(served["tmp"] / "run").train_drafter
     cfg = load_config(served["cfg"], {"accept.prompts": 2, "accept.max_tokens": 12, "accept.server": "vllm"})
@@ -209,7 +210,7 @@ def test_a_hostile_server_after_a_kill_excludes_every_sample_and_nothing_is_publ
         data["retry"] = {"max_attempts": 1}
         lines: list[str] = []
         with pytest.raises(ThresholdBroken) as err:
-            run_train_online(load_config(write_config(tmp_path, data, "hostile.yaml")), echo=lines.append)
+            run_train(load_config(write_config(tmp_path, data, "hostile.yaml")), echo=lines.append)
     assert any("removed" in x and "an interrupted run left" in x for x in lines), lines
     assert "\n" not in str(err.value)
     rep = read_json(rd.train_report, TrainReport)
@@ -255,7 +256,7 @@ def test_a_server_altering_what_it_believes_unchecked_is_caught_within_100_sampl
         cfg = load_config(_hostile_config(hundred, tmp_path, bad.url, "spot.yaml", total_seq_len=512))
         assert cfg.hidden_states.teacher_fraction == 0.05  # the default
         with pytest.raises(ThresholdBroken) as err:
-            run_train_online(cfg, echo=lambda _s: None)
+            run_train(cfg, echo=lambda _s: None)
     msg = str(err.value)
     assert bad.url in msg and "teacher_reference" in msg and "\n" not in msg
     at = int(msg.split(", request ")[1].split(" ")[0])

@@ -220,11 +220,13 @@ def generate_overrides(kw: dict[str, Any]) -> dict[str, Any]:
 @friendly
 def generate(config: str, redo: tuple[str, ...], **kw: Any) -> None:
     """Send prepared prompts and write raw responses with exact token ids (resumable)."""
-    from draftgen.phases.generate import run_generate
+    from draftgen.phases.generate.run import run_generate
+    from draftgen.phases.prepare.run import run_prepare
 
     cfg = _load(config, generate_overrides(kw))
     report = run_generate(cfg, echo=click.echo, force=kw["force"], datasets=list(kw["datasets"]),
-                          partition=kw["partition"], argv=sys.argv, base_url_flag=kw.get("base_url"), redo=redo)
+                          partition=kw["partition"], argv=sys.argv, base_url_flag=kw.get("base_url"), redo=redo,
+                          prepare=run_prepare)  # the selected datasets not prepared yet are prepared first
     if report.exit_code:
         sys.exit(report.exit_code)
 
@@ -237,7 +239,7 @@ def generate(config: str, redo: tuple[str, ...], **kw: Any) -> None:
 @friendly
 def prepare(config: str, run_dir: str | None, skip_bad: bool, force: bool) -> None:
     """Normalise prompt datasets into prepared/<dataset>/prompts.jsonl."""
-    from draftgen.phases.prepare import run_prepare
+    from draftgen.phases.prepare.run import run_prepare
 
     cfg = _load(config, {"run_dir": run_dir, "prepare.skip_bad": True if skip_bad else None})
     run_prepare(cfg, echo=click.echo, force=force)
@@ -264,7 +266,7 @@ def audit(config: str, run_dir: str | None, reference: str | None, force: bool) 
 @friendly
 def merge(config: str, run_dir: str | None, force: bool) -> None:
     """Filter, dedupe, cap, shuffle and split into merged/ Parquet plus exports."""
-    from draftgen.phases.merge import run_merge
+    from draftgen.phases.merge.run import run_merge
 
     cfg = _load(config, {"run_dir": run_dir})
     run_merge(cfg, echo=click.echo, force=force)
@@ -328,7 +330,7 @@ def train(config: str, run_dir: str | None, hidden: str | None, verifier: str | 
           online: bool, nproc_per_node: int | None, restart: bool, allow_partial: bool, force: bool) -> None:
     """Train a drafter with speculators on hidden/, or online from the vLLM extract servers (resumes; writes a
     vLLM checkpoint, and an SGLang one for the EAGLE-3 family)."""
-    from draftgen.phases.online import run_train
+    from draftgen.phases.train.run import run_train
 
     cfg = _load(config, {"run_dir": run_dir, "train.hidden": hidden, "train.verifier": verifier,
                          "train.speculators": speculators_bin, "train.epochs": epochs, "train.max_steps": max_steps,
@@ -368,7 +370,7 @@ def export_hidden(config: str, run_dir: str | None, formats: tuple[str, ...], ou
 @friendly
 def import_(config: str, file: str, dataset: str, run_dir: str | None, force: bool) -> None:
     """Check and add records made elsewhere (local SGLang {sample_id, output_ids} rows, another run's raw log)."""
-    from draftgen.phases.importer import run_import
+    from draftgen.phases.importer.run import run_import
 
     cfg = _load(config, {"run_dir": run_dir})
     run_import(cfg, echo=click.echo, force=force, dataset=dataset, source=Path(file))
@@ -381,7 +383,7 @@ def import_(config: str, file: str, dataset: str, run_dir: str | None, force: bo
 @friendly
 def probe(config: str, api_key_file: str | None, base_url: str | None, prompt: str | None) -> None:
     """One request that checks key, credits, provider, reasoning field, cost and reconstruction."""
-    from draftgen.phases.probe import run_probe
+    from draftgen.phases.probe.run import run_probe
 
     cfg = _load(config, {**endpoint_overrides(api_key_file, base_url), "probe.prompt": prompt})
     report = run_probe(cfg, echo=click.echo)
@@ -404,7 +406,7 @@ def accept(config: str, run_dir: str | None, api_key_file: str | None, base_url:
            baseline_url: str | None, zero_aux_url: str | None, prompts: int | None) -> None:
     """Measure the served drafter's acceptance length on held-out prompts (vLLM /metrics or SGLang meta_info),
     beside copy-last and n-gram lookup on the same prompts, with 95% intervals and per dataset."""
-    from draftgen.phases.accept import run_accept
+    from draftgen.phases.accept.run import run_accept
 
     cfg = _load(config, {"run_dir": run_dir, **endpoint_overrides(api_key_file, base_url)})
     run_accept(cfg, echo=click.echo, drafter=drafter, baseline_url=baseline_url, zero_aux_url=zero_aux_url,
@@ -422,7 +424,7 @@ def accept(config: str, run_dir: str | None, api_key_file: str | None, base_url:
 def plan(config: str, run_dir: str | None, api_key_file: str | None, base_url: str | None, pilot: int | None,
          force: bool, skip_bad: bool) -> None:
     """Estimate tokens, dollars, time and hidden-state disk before spending."""
-    from draftgen.phases.plan import run_plan
+    from draftgen.phases.plan.run import run_plan
 
     cfg = _load(config, {"run_dir": run_dir, **endpoint_overrides(api_key_file, base_url), "plan.pilot": pilot,
                          "prepare.skip_bad": True if skip_bad else None})
@@ -466,7 +468,7 @@ WATCH_DEFAULT_S = 2.0
 @friendly
 def status(target: str | None, watch: str | None, as_json: bool) -> None:
     """Summarise a run directory (or a config's run directory), during a run or after it."""
-    from draftgen.phases.status import status_command
+    from draftgen.phases.status.run import status_command
 
     target, interval = _watch_args(target, watch)
     status_command(target, watch=interval, as_json=as_json, echo=click.echo)

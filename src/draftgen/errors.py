@@ -22,7 +22,7 @@ Messages never contain an API key: backends pass keys only in headers, never int
 Foreign exceptions (aiohttp, JSON, tokenizers, storage) are translated in one place each: HTTP errors
 (statuses, error envelopes, aiohttp/asyncio/OS exceptions) in ``backends.errors``, chat response bodies in
 ``backends.wire``, JSON files in ``store``, tokenizer loading in ``tokens.loader``, hidden-state storage
-(fsspec/s3fs/botocore, a full disk, truncated safetensors/torch files) in ``hidden.format``.
+(fsspec/s3fs/botocore, a full disk, truncated safetensors/torch files) in ``hidden.files`` (``storage_faults``).
 
 Exit codes are the CLI's contract: ``EXIT_CODES`` below, rendered into docs/cli.md.
 """

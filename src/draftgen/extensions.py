@@ -7,9 +7,9 @@ registers; this module only reads them (docs/extending.md walks through adding t
     tokens.PROFILES                              model.profile            its module + one register line
     backends.BACKENDS                            endpoint.kind            its module + one register line
     exporters.EXPORTERS                          merge.exports            its builder + one decorator line
-    phases.extract.capture.EXTRACT_BACKENDS      hidden_states.backend    its module + one register line
+    target.EXTRACT_BACKENDS                      hidden_states.backend    its module + one register line
     hidden.exports.HIDDEN_EXPORTERS              export-hidden --format   its sink + one decorator line
-    phases.PHASES (the phase table)              (draftgen run)           its module + one register_phase line
+    phases.PHASES (the phase table)              (draftgen run)           its package + one register_phase line
 
 ``check_config(cfg, where)`` is one loop over the registry-backed config keys (``CONFIG_KEYS``): a config
 naming an unregistered profile, backend kind, export format or capture backend is refused with a one-line
@@ -54,7 +54,7 @@ def _exports() -> Registry[Any]:
 
 
 def _capture() -> Registry[Any]:
-    from draftgen.phases.extract.capture import EXTRACT_BACKENDS
+    from draftgen.target import EXTRACT_BACKENDS
 
     return EXTRACT_BACKENDS
 

@@ -1,15 +1,24 @@
 """Number formatting shared by the terminal status, the generate progress line and log, ``plan`` and the
-HTML report (so all print the same).
+HTML report (so all print the same), and ``render_text``, a rich table (or any rich renderable) as the text
+``status``, ``plan`` and ``merge`` print.
 
-A leaf: it imports only the standard library, so any layer (``engine`` included) may import it without
-pulling in the rest of ``report``. Unknown values print as an en dash.
+A leaf: it imports only the standard library (rich inside ``render_text``, when it renders), so any layer
+(``engine`` included) may import it without pulling in the rest of ``report``. Unknown values print as an
+en dash.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import io
+import shutil
+import sys
+from typing import TYPE_CHECKING
 
-__all__ = ["fmt_duration", "fmt_float", "fmt_int", "fmt_pct", "fmt_time", "fmt_usd"]
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+__all__ = ["fmt_duration", "fmt_float", "fmt_int", "fmt_pct", "fmt_time", "fmt_usd", "render_text"]
 
 
 def fmt_int(n: int | None) -> str:
@@ -61,3 +70,18 @@ def fmt_time(epoch: float | None) -> str:
     if epoch is None:
         return "–"
     return _dt.datetime.fromtimestamp(epoch, tz=_dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def render_text(renderable: RenderableType) -> str:
+    """Render to a string at the terminal's width; colour only when stdout is a terminal."""
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(
+        file=buf,
+        width=max(80, shutil.get_terminal_size((110, 24)).columns),
+        force_terminal=sys.stdout.isatty(),
+        highlight=False,
+    )
+    console.print(renderable)
+    return buf.getvalue().rstrip("\n")

@@ -63,7 +63,7 @@ import msgspec
 
 from draftgen.config import RunConfig, config_hash
 from draftgen.errors import InputError, RunDirError
-from draftgen.records import SCHEMA_VERSION, LockHolder, RunManifest
+from draftgen.records import SCHEMA_VERSION, LockHolder, MergeManifest, RunManifest
 from draftgen.secrets import redact, redact_obj, scrub_argv
 from draftgen.store import atomic_write_json, decode_json, encode_json, read_json
 
@@ -216,7 +216,7 @@ class RunDir:
         return self.raw_dir(dataset) / _FAILURES
 
     def replaced(self, dataset: str) -> Path:
-        """Records ``generate --redo`` moved out of the raw log (``phases.rerun``): spent, never merged."""
+        """Records ``generate --redo`` moved out of the raw log (``phases.generate.rerun``): spent, never merged."""
         return self.raw_dir(dataset) / _REPLACED
 
     # -- phase outputs
@@ -243,6 +243,12 @@ class RunDir:
     @property
     def merged_stats(self) -> Path:
         return self.merged / _STATS
+
+    def merged_listed(self, manifest: MergeManifest, path: str) -> Path:
+        """Where a file that ``merged/manifest.json`` lists lies: ``path`` is relative to the run directory
+        (``layout`` 2 and later), or to merged/ (layout 1: manifests without the field, exports inside
+        merged/). The one place that reads ``MergeManifest.layout``."""
+        return (self.root if manifest.layout >= 2 else self.merged) / path
 
     @property
     def exports(self) -> Path:
@@ -557,7 +563,7 @@ def writer(cfg: RunConfig, command: str, *, argv: list[str] | None = None, force
     """Hold the run directory for a writing command (see the module docstring): claim a new or empty folder
     (``run.json``), refuse one made for another target (``model.*``, named) unless ``force``. ``same_config``
     (generate) also refuses another source under a dataset's name and refreshes ``run.json``; the other
-    generation settings are the records' own (``phases.rerun``). A command that fails before its first real
+    generation settings are the records' own (``phases.generate.rerun``). A command that fails before its first real
     write undoes its claim (``_only_stamp``, ``_undo_claim``): the folder is left as it was found."""
     root = cfg.run_path
     _check_owner(root)

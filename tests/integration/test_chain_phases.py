@@ -27,7 +27,7 @@ from draftgen.config import RunConfig
 from draftgen.errors import ConfigError
 from draftgen.phases import PHASES, Phase, PhaseContext, PhaseOutcome
 from draftgen.phases.pipeline import run_pipeline
-from draftgen.phases.status import run_status
+from draftgen.phases.status.run import run_status
 from draftgen.records import AcceptReport, MergeManifest, TrainReport
 from draftgen.rundir import RunDir
 from draftgen.store import atomic_write_json
@@ -56,7 +56,7 @@ def test_train_and_accept_run_after_extract_only_when_enabled(tmp_path: Path) ->
 
 
 def test_accept_without_a_drafter_names_the_keys(tmp_path: Path) -> None:
-    from draftgen.phases.accept import phase_drafter, phase_run
+    from draftgen.phases.accept.run import phase_drafter, phase_run
 
     cfg = load(write_config(tmp_path, config_dict(tmp_path, accept={"enabled": True})))
     rd = RunDir(cfg.run_path)
@@ -105,7 +105,7 @@ def test_status_lists_the_chain_rows_of_the_table_in_its_order(tmp_path: Path) -
     phases = {p.name: p for p in run_status(str(run), echo=lambda s: None).summary.phases}
     assert all(phases[n].detail == "older than merged/manifest.json" for n in ("extract", "train", "accept"))
     # a phase added to the table is a row of status too, in the table's place
-    PHASES.add(Phase("toy", "draftgen.phases.merge:phase_run", output=lambda r: r.root / "toy.json",
+    PHASES.add(Phase("toy", "draftgen.phases.merge.run:phase_run", output=lambda r: r.root / "toy.json",
                      doc="a toy"), after="train")
     try:
         rows = run_status(str(run), echo=lambda s: None).summary.phases

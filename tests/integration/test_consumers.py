@@ -38,7 +38,7 @@ import pytest
 from _merge_helpers import chat_rows, prepared_run
 from draftgen.config import RunConfig
 from draftgen.exporters import parquet as export_parquet
-from draftgen.phases.merge import run_merge
+from draftgen.phases.merge.run import run_merge
 from draftgen.records import MergeManifest
 from draftgen.rundir import RunDir
 from draftgen.store import read_json

@@ -133,7 +133,7 @@ def test_generate_phase_records_the_models_greedy_ids(srv: RunningModelServer, h
     cfg = make_config(tmp_path, ["a"], kind="vllm", base_url=srv.base_url, model=model,
                       partitions={"short": {"concurrency": 6, "max_tokens": 16},
                                   "long": {"concurrency": 2, "max_tokens": 16}})
-    from draftgen.phases.generate import run_generate
+    from draftgen.phases.generate.run import run_generate
 
     rep = run_generate(cfg, echo=lambda s: None)
     recs = responses(run_dir, "a")
@@ -146,7 +146,7 @@ def test_generate_phase_records_the_models_greedy_ids(srv: RunningModelServer, h
 def test_extract_files_match_an_independent_forward(srv: RunningModelServer, hf: Any) -> None:
     from safetensors.torch import load_file
 
-    from draftgen.phases.extract.capture.vllm import wait_for_lock
+    from draftgen.target.vllm import wait_for_lock
 
     bodies = [{"model": NAME, "prompt": p, "max_tokens": 1, "return_token_ids": True, "prompt_logprobs": n}
               for n, p in enumerate(PROMPTS[:3])]

@@ -66,9 +66,10 @@ def test_the_quickstart_routes_no_request_to_an_fp4_provider(tmp_path: Path) -> 
     import yaml
 
     from draftgen.config import config_from_mapping
-    from draftgen.phases.generate import run_generate
-    from draftgen.phases.report.metrics import compute_metrics
+    from draftgen.phases.generate.run import run_generate
+    from draftgen.phases.prepare.run import run_prepare
     from draftgen.records import ResponseRecord
+    from draftgen.runview.metrics import compute_metrics
     from draftgen.store import iter_jsonl
 
     data = yaml.safe_load(QUICKSTART.read_text(encoding="utf-8"))
@@ -76,7 +77,7 @@ def test_the_quickstart_routes_no_request_to_an_fp4_provider(tmp_path: Path) -> 
     data["datasets"] = [{**d, "max_samples": 10} for d in data["datasets"][:2]]
     data["progress"] = "off"
     cfg = config_from_mapping(data, where="quickstart", base_dir=QUICKSTART.parent)
-    rep = run_generate(cfg, echo=lambda s: None)
+    rep = run_generate(cfg, echo=lambda s: None, prepare=run_prepare)
     assert rep.done == 20 and rep.failed == 0
     quants = {r.quantization for d in ("chat", "code")
               for _, r in iter_jsonl(tmp_path / "run" / "raw" / d / "raw_responses.jsonl", ResponseRecord)}

@@ -275,9 +275,10 @@ def test_item14_a_retried_task_lists_each_sample_once(setup: Setup, tmp_path: Pa
     the same batches again, and the index still lists each sample once; a rerun finds the set done."""
     import numpy as np
 
-    from draftgen.phases.extract.batches import read_merged_rows, split_batches
+    from draftgen.phases.extract.batches import split_batches
     from draftgen.phases.extract.worker import PoolWorker, decode_result, encode_batch
     from draftgen.rundir import RunDir
+    from draftgen.target.rows import read_merged_rows
 
     _, run_cfg, common = setup
     out = tmp_path / "h"
@@ -334,8 +335,8 @@ def test_an_error_inside_an_actor_comes_back_as_itself(setup: Setup, tmp_path: P
     hands the RunDirError back as a result; the driver raises that class with that message."""
     import numpy as np
 
-    from draftgen.phases.extract.capture import ExtractRow
     from draftgen.phases.extract.worker import PoolWorker, decode_result, encode_batch, error_class
+    from draftgen.target import ExtractRow
 
     _, run_cfg, common = setup
     out = tmp_path / "h"

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
+import msgspec
 import pytest
 from aiohttp import web
 
@@ -29,7 +29,7 @@ from draftgen.backends.vllm import VLLMBackend
 from draftgen.emulator.envelopes import ApiError
 from draftgen.emulator.routing import ProviderPrefs, parse_prefs
 from draftgen.errors import PermanentAPIError, RetryableAPIError
-from draftgen.phases.generate import run_generate
+from draftgen.phases.generate.run import run_generate
 from draftgen.records import GroundTruthRecord
 from draftgen.store import iter_jsonl
 from draftgen.tokens import Profile
@@ -160,7 +160,7 @@ async def _canned(handler: Callable[[web.Request], Any]) -> AsyncIterator[str]:
 
 def _json(status: int, obj: Any) -> Callable[[web.Request], Any]:
     async def h(request: web.Request) -> web.Response:
-        return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
+        return web.Response(status=status, body=msgspec.json.encode(obj), content_type="application/json")
     return h
 
 
@@ -169,7 +169,7 @@ def _sse(events: list[Any]) -> Callable[[web.Request], Any]:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for ev in events:
-            await resp.write(b"data: " + (ev if isinstance(ev, bytes) else orjson.dumps(ev)) + b"\n\n")
+            await resp.write(b"data: " + (ev if isinstance(ev, bytes) else msgspec.json.encode(ev)) + b"\n\n")
         await resp.write_eof()
         return resp
     return h

@@ -29,12 +29,11 @@ from _hidden_export_helpers import speculators_python  # noqa: E402
 from draftgen.config import load_config  # noqa: E402
 from draftgen.drafter import tinylang  # noqa: E402
 from draftgen.emulator.real.server import ModelServerOptions, start_in_thread  # noqa: E402
-from draftgen.phases.accept import run_accept  # noqa: E402
+from draftgen.phases.accept.run import run_accept  # noqa: E402
 from draftgen.phases.extract.run import run_extract  # noqa: E402
-from draftgen.phases.generate import run_generate  # noqa: E402
-from draftgen.phases.merge import run_merge  # noqa: E402
-from draftgen.phases.online import run_train_online  # noqa: E402
-from draftgen.phases.prepare import run_prepare  # noqa: E402
+from draftgen.phases.generate.run import run_generate  # noqa: E402
+from draftgen.phases.merge.run import run_merge  # noqa: E402
+from draftgen.phases.prepare.run import run_prepare  # noqa: E402
 from draftgen.phases.train.run import run_train  # noqa: E402
 from draftgen.records import AcceptReport  # noqa: E402
 from draftgen.rundir import MARKER, RunDir  # noqa: E402
@@ -96,8 +95,9 @@ def both(tmp_path_factory: pytest.TempPathFactory, learned_target: Path) -> dict
                                                 extract_dir=str(tmp / "hs"), extract_layers=[1, 2, 3, 4],
                                                 dtype="float32")) as srv:
             data["hidden_states"].update(base_urls=[srv.root_url], connector_dir=str(tmp / "hs"))
+            data["train"]["online"] = True
             on_cfg = write_config(tmp, data, "online.yaml")
-            on = run_train_online(load_config(on_cfg), echo=_quiet)
+            on = run_train(load_config(on_cfg), echo=_quiet)
         return {"off": off, "on": on, "hs": tmp / "hs",
                 "al_off": _accept(cfg_path, learned_target, RunDir(tmp / "run").train_drafter),
                 "al_on": _accept(on_cfg, learned_target, RunDir(on_root).train_drafter)}

@@ -20,7 +20,7 @@ import pytest
 from _common_helpers import BROWSER_MISSING
 from _report_helpers import make_config, run_config, write_attempts_and_health, write_run_dir
 from draftgen.config import load_config
-from draftgen.phases.merge import run_merge
+from draftgen.phases.merge.run import run_merge
 from draftgen.phases.report.run import run_report
 
 CHROMIUM = Path(shutil.which("chromium") or "/usr/bin/chromium")

@@ -17,10 +17,10 @@ from aiohttp import web
 
 from _common_helpers import AppServer, config_dict, load, write_config
 from draftgen.datasets import content_hash
-from draftgen.phases.accept import run_accept
-from draftgen.phases.heldout import held_out_prompts
+from draftgen.phases.accept.heldout import held_out_prompts
+from draftgen.phases.accept.run import run_accept
 from draftgen.phases.pipeline import run_pipeline
-from draftgen.phases.status import run_status
+from draftgen.phases.status.run import run_status
 from draftgen.records import AcceptReport, MergeStats, PromptRecord, TrainLogRecord
 from draftgen.rundir import RunDir
 from draftgen.store import atomic_write_json, encode_json, iter_jsonl, read_json

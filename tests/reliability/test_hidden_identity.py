@@ -84,7 +84,7 @@ def test_item04_a_changed_merged_row_is_redone_and_counted(model_a: Path, run_cf
     cap = lengths[len(lengths) // 2]
     data["merge"] = {**(data.get("merge") or {}), "max_seq_len": cap}
     write_config(tmp_path, data, "cfg.yaml")
-    from draftgen.phases.merge import run_merge
+    from draftgen.phases.merge.run import run_merge
 
     run_merge(load_config(base), echo=lambda s: None)
     after = {sid: (ids, mask) for sid, ids, mask in merged_rows(run)}
@@ -283,11 +283,11 @@ def test_item18_the_driver_counts_a_retried_task_once() -> None:
     an actor is killed): each sample counted once, first record kept, tokens and bytes as reported."""
     import numpy as np
 
-    from draftgen.phases.extract.capture import ExtractRow, TargetInfo
-    from draftgen.phases.extract.layers import LayerIds
     from draftgen.phases.extract.run import drive
     from draftgen.phases.extract.worker import BatchResult
     from draftgen.records import HiddenIndexRecord
+    from draftgen.target import ExtractRow, TargetInfo
+    from draftgen.target.layers import LayerIds
 
     info = TargetInfo(name="t", revision=None, num_layers=8, hidden_size=4, vocab_size=10, norm_eps=1e-6,
                       norm_weight=torch.ones(4), layers=LayerIds(aux=(2, 4, 5), final=8))

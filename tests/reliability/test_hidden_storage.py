@@ -153,7 +153,7 @@ def test_item14_truncated_connector_file_named(tmp_path: Path) -> None:
     import torch
     from safetensors.torch import save
 
-    from draftgen.phases.extract.capture.vllm import read_connector_file
+    from draftgen.target.vllm import read_connector_file
 
     data = save({"hidden_states": torch.zeros(6, 4, 8), "token_ids": torch.arange(6)})
     path = tmp_path / "req-1.safetensors"

@@ -25,8 +25,8 @@ from draftgen.emulator import Provider, builtin_scenario
 from draftgen.emulator.scenarios import Scenario
 from draftgen.errors import ThresholdBroken
 from draftgen.phases.audit.run import run_audit
-from draftgen.phases.generate import GenerateReport, run_generate
-from draftgen.phases.merge import run_merge
+from draftgen.phases.generate.run import GenerateReport, run_generate
+from draftgen.phases.merge.run import run_merge
 from draftgen.records import AttemptRecord
 from draftgen.rundir import RunDir
 from draftgen.store import iter_jsonl, scan_attempt_spend, scan_responses

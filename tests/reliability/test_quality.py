@@ -22,7 +22,7 @@ import pytest
 from _generate_helpers import claim, emulator, failures, make_config, responses, write_prompts
 from draftgen.emulator import Provider, builtin_scenario
 from draftgen.emulator.scenarios import Scenario
-from draftgen.phases.generate import GenerateReport, run_generate
+from draftgen.phases.generate.run import GenerateReport, run_generate
 from draftgen.records import AttemptRecord, HealthEvent
 from draftgen.rundir import RunDir
 from draftgen.store import iter_jsonl

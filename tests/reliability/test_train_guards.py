@@ -31,7 +31,9 @@ from _extract_helpers import build_tiny_model, make_merged_run  # noqa: E402
 from _hidden_export_helpers import make_hidden_set, speculators_python  # noqa: E402
 from draftgen.config import load_config  # noqa: E402
 from draftgen.errors import ConfigError, DraftgenError, InputError  # noqa: E402
-from draftgen.phases.train.run import RUNNER, read_report, run_train  # noqa: E402
+from draftgen.phases.train.launch import RUNNER  # noqa: E402
+from draftgen.phases.train.run import run_train  # noqa: E402
+from draftgen.phases.train.trainer import read_report  # noqa: E402
 from draftgen.records import TrainLogRecord  # noqa: E402
 from draftgen.rundir import RunDir  # noqa: E402
 from draftgen.store import iter_jsonl  # noqa: E402
@@ -187,7 +189,7 @@ class cuda:
 
 def test_item13_cuda_build_without_gpu_is_a_cpu(tmp_path: Path) -> None:
     """A python whose torch is a CUDA build on a host without a GPU: both probes say CPU; with a GPU, GPU."""
-    from draftgen.phases.train.run import has_gpu
+    from draftgen.phases.train.launch import has_gpu
 
     (tmp_path / "fake" / "torch").mkdir(parents=True)
     (tmp_path / "fake" / "torch" / "__init__.py").write_text(_FAKE_TORCH)

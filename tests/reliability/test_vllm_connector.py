@@ -28,8 +28,8 @@ st = pytest.importorskip("safetensors.torch")
 from _common_helpers import AppServer  # noqa: E402
 from draftgen.errors import ConfigError, PermanentAPIError  # noqa: E402
 from draftgen.hidden.format import sample_path  # noqa: E402
-from draftgen.phases.extract.capture import ExtractRow  # noqa: E402
-from draftgen.phases.extract.capture.vllm import VllmClientOptions, VllmExtractBackend  # noqa: E402
+from draftgen.target import ExtractRow  # noqa: E402
+from draftgen.target.vllm import VllmClientOptions, VllmExtractBackend  # noqa: E402
 
 L, H, N_SLOTS = 8, 16, 4  # default aux ids [2, 4, 5] + the final id 8
 IDS = [5, 6, 7, 8, 9]

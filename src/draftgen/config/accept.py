@@ -1,5 +1,5 @@
 """The ``accept`` section of the run configuration: how ``draftgen accept`` measures a drafter's acceptance on a
-live server (``draftgen.phases.accept``). Imported by ``draftgen.config`` (the ``RunConfig.accept`` field);
+live server (``draftgen.phases.accept.run``). Imported by ``draftgen.config`` (the ``RunConfig.accept`` field);
 ``docs/config.md`` is generated from these docstrings."""
 
 from __future__ import annotations

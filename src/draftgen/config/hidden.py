@@ -2,7 +2,7 @@
 
 Kept apart from ``config.py`` for size; ``config.RunConfig.hidden_states`` is this class and
 ``docs/config.md`` (``docgen``) reads its key docs from this file too. Layer ids are vLLM-convention ids
-(``draftgen.phases.extract.layers``). Pure data: no I/O.
+(``draftgen.target.layers``). Pure data: no I/O.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class HiddenStatesConfig(Section):
     extract: bool = False
     """``draftgen run`` also runs the extract phase after merge (``draftgen extract`` runs it on its own)."""
     backend: str = "hf"
-    """Capture backend, one of those registered in ``draftgen.phases.extract.capture.EXTRACT_BACKENDS``."""
+    """Capture backend, one of those registered in ``draftgen.target.EXTRACT_BACKENDS``."""
     model: str | None = None
     """The target model for extraction: a local folder or a hub id (the exact weights that generated the data)."""
     revision: str | None = None

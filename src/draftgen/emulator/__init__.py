@@ -8,8 +8,8 @@ Run it with ``draftgen emulate`` or embed it::
     with start_in_thread(EmulatorOptions(scenario_obj=sc, credits=1.0, ground_truth="gt.jsonl")) as emu:
         ...  # POST f"{emu.base_url}/chat/completions"; inspect emu.state
 
-Modules: ``server`` (routes, lifecycle), ``threaded`` (serving an app in a thread or the foreground,
-shared with ``real.server``), ``core`` (options, auth, prompt cache, fault draws), ``openrouter`` (chat
+Modules: ``server`` (routes, lifecycle; served on ``backends.serve``, in a thread or the foreground, as
+``real.server`` is), ``core`` (options, auth, prompt cache, fault draws), ``openrouter`` (chat
 completions), ``responses`` (wire shapes, quirks), ``metadata`` (/key, /credits, /generation, /models,
 /endpoints), ``routing``, ``accounting``, ``envelopes`` (error shapes), ``scripted`` (deterministic
 outputs through a token profile), ``textgen``, ``scenarios``, ``local_servers``, ``local_wire`` (the

@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
+import msgspec
 from aiohttp import web
 
 from draftgen.emulator.accounting import GenerationInfo, cost_of
@@ -139,7 +139,7 @@ BATCHES = web.AppKey("batches", BatchStore)
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
+    return web.Response(status=status, body=msgspec.json.encode(obj), content_type="application/json")
 
 
 def _fail(core: EmulatorCore, err: ApiError) -> web.Response:
@@ -209,12 +209,12 @@ def _requests(obj: Any, model: str) -> list[tuple[str, dict[str, Any]]] | ApiErr
 
 def _parse_submission(core: EmulatorCore, raw: bytes) -> EmuBatch | ApiError:
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
         return _bad(f"request body is not valid JSON ({exc})")
     if not isinstance(body, dict):
         return _bad("request body must be a JSON object")
-    keys = list(body)  # orjson keeps the body's key order
+    keys = list(body)  # the decoder keeps the body's key order
     if "requests" in keys and any(k in keys and keys.index(k) > keys.index("requests") for k in ("endpoint", "model")):
         return _bad("endpoint and model must appear before requests in the request body")
     if body.get("endpoint") != "/v1/chat/completions":

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import orjson
 from aiohttp import web
 
 from draftgen.emulator.accounting import EmulatorState
@@ -154,7 +153,7 @@ class EmulatorCore:
         if not isinstance(messages, list) or not messages:
             return ApiError(400, "messages must be a non-empty array", "invalid_request")
         try:
-            raw = orjson.dumps([messages, tools, thinking])
+            raw = msgspec.json.encode([messages, tools, thinking])
         except TypeError as exc:
             return ApiError(400, f"messages are not valid JSON values ({exc})", "invalid_request")
         digest = hashlib.blake2b(raw, digest_size=16).digest()

@@ -4,7 +4,8 @@
 ``with`` block, configured from the run config (scenario, seed, credits from ``endpoint.emulator``; the
 target's profile and tokenizer from ``model``), writing ground truth to
 ``<run_dir>/emulator/ground_truth.jsonl`` when asked. It yields the API root, or None when the config
-points at a server of its own. generate, probe and plan all start it through here.
+points at a server of its own; ``embedded_endpoint`` yields the same as the list of base URLs a backend takes
+(None: the configured ones). generate, probe and plan all start it through here.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from draftgen.rundir import RunDir
 if TYPE_CHECKING:
     from draftgen.tokens import Profile
 
-__all__ = ["BUILTIN_SCENARIOS", "embedded_emulator"]
+__all__ = ["BUILTIN_SCENARIOS", "embedded_emulator", "embedded_endpoint"]
 
 BUILTIN_SCENARIOS = ("fast", "realistic", "chaos")
 
@@ -67,3 +68,13 @@ def embedded_emulator(
     )
     with start_in_thread(opts) as emu:
         yield emu.base_url
+
+
+@contextlib.contextmanager
+def embedded_endpoint(cfg: RunConfig, *, ground_truth: bool = False,
+                      profile: Profile | None = None) -> Iterator[list[str] | None]:
+    """Base URLs to use: the configured ones (None), or those of the embedded emulator for the block
+    (``probe``, ``plan``: no ground truth unless asked). ``profile``: the command's already loaded profile,
+    handed to the emulator (default: it loads one)."""
+    with embedded_emulator(cfg, ground_truth=ground_truth, profile=profile) as url:
+        yield [url] if url else None

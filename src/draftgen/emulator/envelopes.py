@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
+import msgspec
 from aiohttp import web
 
 __all__ = ["USER_ID", "ApiError", "availability", "error_json", "error_response", "format_retry_after"]
@@ -54,7 +54,7 @@ class ApiError:
 
 
 def error_json(err: ApiError) -> bytes:
-    return orjson.dumps({"error": err.error_obj(), "user_id": USER_ID})
+    return msgspec.json.encode({"error": err.error_obj(), "user_id": USER_ID})
 
 
 def error_response(err: ApiError, headers: dict[str, str] | None = None) -> web.Response:

@@ -49,7 +49,7 @@ import hashlib
 import time
 from typing import Any
 
-import orjson
+import msgspec
 from aiohttp import web
 
 from draftgen.emulator.accounting import GenerationInfo
@@ -89,7 +89,7 @@ def _record(core: EmulatorCore, gen_id: str, out: Output, prompt_ids: list[int],
 async def _sglang_one(core: EmulatorCore, prompt_ids: list[int], sp: dict[str, Any], max_new: int) -> tuple[str, Output]:
     think_end = core.model.profile(True).think_end_id
     thinking = core.opts.thinking and not (think_end is not None and think_end in prompt_ids[-8:])
-    digest = hashlib.blake2b(orjson.dumps(prompt_ids), digest_size=16).hexdigest()
+    digest = hashlib.blake2b(msgspec.json.encode(prompt_ids), digest_size=16).hexdigest()
     key = stable_hash("sample", digest, "sglang", thinking, sp.get("temperature"), sp.get("top_p"),
                       sp.get("sampling_seed"))
     out = await core.output(key, thinking=thinking, max_tokens=max_new)
@@ -146,7 +146,7 @@ def _sglang_events(core: EmulatorCore, rid: str, out: Output, prompt_ids: list[i
             ev["text"], sent_text = text[len(sent_text):], text
             ev["output_ids"] = ev["output_ids"][sent_ids:]
             sent_ids += len(ev["output_ids"])
-        buf += b"data: " + orjson.dumps(ev) + b"\n\n"
+        buf += b"data: " + msgspec.json.encode(ev) + b"\n\n"
     buf += b"data: [DONE]\n\n"
     return bytes(buf)
 

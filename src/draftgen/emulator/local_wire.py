@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
+import msgspec
 from aiohttp import web
 
 __all__ = [
@@ -44,8 +44,8 @@ DEFAULT_MAX_NEW_TOKENS = 128
 async def json_body(request: web.Request) -> dict[str, Any] | str:
     """The request's JSON object, or why it is not one."""
     try:
-        body = orjson.loads(await request.read())
-    except orjson.JSONDecodeError as exc:
+        body = msgspec.json.decode(await request.read())
+    except msgspec.DecodeError as exc:
         return f"request body is not valid JSON ({exc})"
     if not isinstance(body, dict):
         return "request body must be a JSON object"
@@ -53,7 +53,7 @@ async def json_body(request: web.Request) -> dict[str, Any] | str:
 
 
 def json_response(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
+    return web.Response(status=status, body=msgspec.json.encode(obj), content_type="application/json")
 
 
 def vllm_error(status: int, message: str, param: str | None = None, *, legacy: bool = False) -> web.Response:
@@ -80,7 +80,7 @@ def vllm_chunk(gen_id: str, created: int, model: str, choices: list[dict[str, An
     """One ``chat.completion.chunk`` event of a vLLM chat stream."""
     obj = {"id": gen_id, "object": "chat.completion.chunk", "created": created, "model": model,
            "choices": choices, **extra}
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
+    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
 
 
 def vllm_stream_end(body: dict[str, Any], usage: dict[str, Any], gen_id: str, created: int, model: str) -> bytes:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import orjson
+import msgspec
 from aiohttp import web
 
 from draftgen.emulator.accounting import generation_data, key_data
@@ -33,7 +33,7 @@ def per_token(usd_per_million: float) -> str:
 
 
 def _json(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
+    return web.Response(status=status, body=msgspec.json.encode(obj), content_type="application/json")
 
 
 def _fail(core: EmulatorCore, err: ApiError) -> web.Response:

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
+import msgspec
 from aiohttp import web
 
 from draftgen.emulator.accounting import GenerationInfo, check_affordable, cost_of
@@ -170,8 +170,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if isinstance(key, ApiError):
         return _fail(core, key)
     try:
-        body = orjson.loads(await request.read())
-    except orjson.JSONDecodeError as exc:
+        body = msgspec.json.decode(await request.read())
+    except msgspec.DecodeError as exc:
         return _fail(core, _bad(f"request body is not valid JSON ({exc})"))
     if not isinstance(body, dict):
         return _fail(core, _bad("request body must be a JSON object"))
@@ -350,7 +350,7 @@ async def _huge(request: web.Request, core: EmulatorCore, req: ChatRequest, p: P
         body = completion_body(gen_id, created, p, model, view, "stop", usage)
         if p.huge_body_ids:
             body["choices"][0]["token_ids"] = _HUGE_MARK
-        payload = orjson.dumps(body).replace(orjson.dumps(_HUGE_MARK), _huge_json(p.huge_body_bytes, p.huge_body_ids), 1)
+        payload = msgspec.json.encode(body).replace(msgspec.json.encode(_HUGE_MARK), _huge_json(p.huge_body_bytes, p.huge_body_ids), 1)
         return web.Response(body=payload, content_type="application/json", headers=headers)
     resp = web.StreamResponse(status=200, headers={**headers, "Content-Type": "text/event-stream"})
     await resp.prepare(request)
@@ -516,7 +516,7 @@ class _Delivery:
             body = completion_body(self.gen_id, self.created, p, self.model, self.view(pieces=False), out.finish_reason,
                                    usage_obj(n_prompt, len(out.ids), out.reasoning_tokens, p))
         wait = self.ttft + self.per_token * len(out.ids)
-        payload = orjson.dumps(body)
+        payload = msgspec.json.encode(body)
         core.state.by_status[200] += 1
         if p.pad_body:
             resp = web.StreamResponse(status=200, headers={**headers, "Content-Type": "application/json"})

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
+import msgspec
 
 from draftgen.emulator.scenarios import Provider
 from draftgen.emulator.scripted import Output
@@ -207,7 +207,7 @@ def completion_body(gen_id: str, created: int, provider: Provider, model: str, v
 
 
 def sse(obj: Any) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
+    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
 
 
 def chunk(gen_id: str, created: int, provider: Provider, model: str, choices: list[dict[str, Any]],
@@ -242,7 +242,7 @@ def delta_frags(view: View, provider: Provider) -> list[bytes]:
     """The JSON of each piece's choice object, encoded once per view and reasoning field."""
     frags = view.frags.get(provider.reasoning_field)
     if frags is None:
-        frags = [orjson.dumps(delta_choice(p, provider, view.logprobs, view.content_tok0)) for p in view.pieces]
+        frags = [msgspec.json.encode(delta_choice(p, provider, view.logprobs, view.content_tok0)) for p in view.pieces]
         view.frags[provider.reasoning_field] = frags
     return frags
 
@@ -253,7 +253,7 @@ def chunk_prefix(gen_id: str, created: int, provider: Provider, model: str) -> b
                               "object": "chat.completion.chunk", "created": created}
     if provider.echo_tier is not None:
         fields["service_tier"] = provider.echo_tier
-    head = orjson.dumps(fields)
+    head = msgspec.json.encode(fields)
     return b"data: " + head[:-1] + b',"choices":['
 
 

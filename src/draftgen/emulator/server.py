@@ -15,7 +15,7 @@ Routes (API root ``http://HOST:PORT/api/v1``; local-server protocols at the serv
 ``serve_forever(opts, echo)`` blocks (``draftgen emulate``) and stops cleanly on SIGINT/SIGTERM.
 ``start_in_thread(opts)`` runs the server on its own event loop in a daemon thread and returns a
 ``RunningEmulator`` (context manager) with ``base_url``, ``root_url``, ``state`` and ``stop()``. Both run
-on the harness of ``emulator.threaded``.
+on the harness of ``backends.serve``.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from draftgen.emulator import batch, local_servers, metadata, openrouter, threaded
+from draftgen.backends import serve
+from draftgen.backends.serve import Serving, ThreadedServer
+from draftgen.emulator import batch, local_servers, metadata, openrouter
 from draftgen.emulator.accounting import EmulatorState
 from draftgen.emulator.core import CORE, EmulatorCore, EmulatorOptions
-from draftgen.emulator.threaded import Serving, ThreadedServer
 
 __all__ = ["EmulatorOptions", "EmulatorState", "RunningEmulator", "build_app", "serve_forever", "start_in_thread"]
 
@@ -71,7 +72,7 @@ class RunningEmulator(ThreadedServer):
 def start_in_thread(opts: EmulatorOptions) -> RunningEmulator:
     """Start a server on its own event loop in a daemon thread; returns once it is listening."""
     core = EmulatorCore(opts)
-    serving = threaded.start_in_thread(lambda: build_app(core), opts.host, opts.port, close=core.close,
+    serving = serve.start_in_thread(lambda: build_app(core), opts.host, opts.port, close=core.close,
                                        what="emulator", thread_name="draftgen-emulator")
     return RunningEmulator(core, serving)
 
@@ -81,7 +82,7 @@ def serve_forever(opts: EmulatorOptions, echo: Callable[[str], None]) -> None:
     core = EmulatorCore(opts)
 
     def listening(port: int) -> None:
-        root = threaded.root_url(opts.host, port)
+        root = serve.root_url(opts.host, port)
         sc = core.scenario
         echo(f"OpenRouter emulator: {root}/api/v1  (scenario {sc.name}, seed {opts.seed}, profile {opts.profile}, "
              f"credits ${opts.credits:g})")
@@ -90,6 +91,6 @@ def serve_forever(opts: EmulatorOptions, echo: Callable[[str], None]) -> None:
         echo(f"SGLang: {root}/generate ({sglang} streaming)   vLLM: {root}/v1/chat/completions ({vllm} shape)"
              "   Ctrl-C stops")
 
-    threaded.serve_until_signal(lambda: build_app(core), opts.host, opts.port, close=core.close, what="emulator",
+    serve.serve_until_signal(lambda: build_app(core), opts.host, opts.port, close=core.close, what="emulator",
                                 on_listening=listening)
     echo(f"emulator stopped: {core.state.requests} requests, ${core.state.spend_usd:.4f} spent")

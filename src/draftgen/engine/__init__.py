@@ -1,7 +1,7 @@
 """The generation engine: scheduling, retries, adaptive concurrency, budgets, writers, progress.
 
 ``Engine`` (``scheduler``) runs one generation over ``DatasetPlan``s and ``PartitionPlan``s with a
-``Backend`` and one ``EngineOptions``; ``generate.run_generate`` builds those from the config. Modules:
+``Backend`` and one ``EngineOptions``; ``phases.generate.run.run_generate`` builds those from the config. Modules:
 ``plans`` (plans, options, result), ``scheduler`` (producers, shutdown), ``sample`` (one sample's slot,
 reservation, attempts and record), ``sinks`` (the writers of its files), ``limiter`` (AIMD slots),
 ``retry`` (backoff and the retry decision), ``budget`` (tokens and dollars with reservations), ``writer``

@@ -6,7 +6,7 @@ Every way a response arrives goes through ``check_response``, so a new path cann
 - a synchronous response, streamed or not (``engine.sample.SampleRunner.call``); a hedge is a request of its
   own sent through that same ``call`` (``engine.hedge``);
 - a result of an OpenRouter batch (``engine.batch_ingest``), its duplicates included;
-- a record brought in by ``draftgen import`` (``phases.importer``), on the fields the record carries.
+- a record brought in by ``draftgen import`` (``phases.importer.run``), on the fields the record carries.
 
 The checks, in this order (the first that fails raises):
 

@@ -1,6 +1,6 @@
 """What the engine is given and what it returns: partition and dataset plans, its options, its result.
 
-Plain values, built once by the caller (``phases.generate``) from the config and the run directory; the
+Plain values, built once by the caller (``phases.generate.run``) from the config and the run directory; the
 engine (``scheduler``, ``sample``) reads them and never writes them back, except ``DatasetPlan.done``
 and ``pending``, which are the caller's view of the run before it starts.
 """

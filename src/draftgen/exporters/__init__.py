@@ -1,6 +1,8 @@
-"""Writers of the merge output: Parquet shards + dataset card in merged/, peer formats in exports/.
+"""Writers of the merge output: Parquet shards + dataset card in merged/, peer formats in exports/; and the one
+reader of the shards.
 
-One module per format: ``exporters.parquet`` (the shards, and the loop that writes every format of a split),
+One module per format: ``exporters.parquet`` (the shards, the loop that writes every format of a split, and
+``read_merged``: the shards' rows as ``records.MergedParquetRow`` or a view of it, for every phase that reads them),
 ``exporters.card`` (``merged/README.md``), ``exporters.speculators``, ``exporters.specforge``; the registry of
 formats (``EXPORTERS``, a ``draftgen.registry.Registry``) and the row handed over by merge are in
 ``exporters.base``. This face registers the built-in formats as lazy ``"module:attr"`` entries; a plugin's
@@ -29,7 +31,9 @@ from draftgen.exporters.parquet import (
     SHARD_TOKENS,
     file_digest,
     file_entry,
+    merged_shards,
     parquet_schema,
+    read_merged,
     write_split,
 )
 from draftgen.exporters.speculators import speculators_metadata
@@ -61,7 +65,9 @@ __all__ = [
     "file_digest",
     "file_entry",
     "loss_mask_bytes",
+    "merged_shards",
     "parquet_schema",
+    "read_merged",
     "register_exporter",
     "speculators_metadata",
     "write_card",

@@ -4,7 +4,7 @@ Reads the selected, shuffled rows that ``merge`` hands over (``MergedRow``: wher
 one Arrow list array, its lengths and metadata, and the byte offsets of its raw response and prepared
 prompt lines) and writes, per split (``train``, ``validation``), at the paths ``rundir.RunDir`` spells:
 
-- ``merged/<split>-NNNNN-of-MMMMM.parquet``: the columns of ``columns.MERGED_COLUMNS`` (``input_ids``
+- ``merged/<split>-NNNNN-of-MMMMM.parquet``: the columns of ``records.merged.MERGED_COLUMNS`` (``input_ids``
   list<int32>, ``loss_mask`` list<int8>: 0 over the prompt, 1 over the completion, 0 over the reasoning too
   with ``mask_reasoning``; then the row's id, lengths and metadata). The schema, the arrays and the card's
   column list are built from that table. zstd, row groups of at most 2,048 rows, shards of at most 256M tokens.
@@ -36,21 +36,26 @@ prompt lines) and writes, per split (``train``, ``validation``), at the paths ``
   note; every other row is the Parquet row, ids and mask identical, in the same order.
 
 Rows are streamed in chunks (Arrow ``take`` on the shared id array), so memory stays bounded by a chunk.
-Every file is written under a temp name and renamed; the caller writes ``merged/manifest.json`` last."""
+Every file is written under a temp name and renamed; the caller writes ``merged/manifest.json`` last.
+
+The one reader of the shards, for every phase that reads merged rows: ``merged_shards`` (the shards a
+``MergeManifest`` lists, where ``RunDir.merged_listed`` says they lie) and ``read_merged(paths, view)``: the
+rows as ``records.MergedParquetRow`` or one of its views (``records.MERGED_VIEWS``), reading only the view's
+columns, ``CHUNK_ROWS`` rows at a time."""
 
 from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
-from draftgen.errors import StorageError
+from draftgen.errors import InputError, StorageError
 from draftgen.exporters.base import (
     EXPORTERS,
     ExportContext,
@@ -62,7 +67,9 @@ from draftgen.exporters.base import (
     loss_mask_bytes,
 )
 from draftgen.records import (
+    MERGED_VIEWS,
     MergedFile,
+    MergeManifest,
     parquet_columns,
 )
 from draftgen.rundir import RunDir
@@ -70,6 +77,10 @@ from draftgen.store import JsonlWriter, publish
 from draftgen.tokens import Profile
 
 CHUNK_ROWS = 2048
+
+PARQUET = "parquet"  # MergedFile.kind of a shard
+
+V = TypeVar("V", bound=msgspec.Struct)
 
 
 CHUNK_TOKENS = 16 << 20
@@ -110,7 +121,7 @@ def _arrow_type(name: str) -> Any:
 
 
 def parquet_schema() -> Any:
-    """The Arrow schema of the merged Parquet files, from ``columns.MERGED_COLUMNS``."""
+    """The Arrow schema of the merged Parquet files, from ``records.merged.MERGED_COLUMNS``."""
     import pyarrow as pa
 
     return pa.schema([(c.name, _arrow_type(c.arrow)) for c in parquet_columns() if c.arrow is not None])
@@ -206,7 +217,7 @@ def write_split(
                     if outs:
                         _export_chunk(ctx, outs, chunk, table.column("input_ids").to_pylist(), mask_reasoning)
             publish(tmp, final)
-            files.append(file_entry(rd, final, split, "parquet", len(shard)))
+            files.append(file_entry(rd, final, split, PARQUET, len(shard)))
         for out in outs:
             out.writer.close()
             publish(out.tmp, out.final)
@@ -243,3 +254,46 @@ def _export_chunk(ctx: ExportContext, outs: list[_Out], chunk: Sequence[MergedRo
     for out, batch in zip(outs, batches, strict=True):
         out.writer.write_many(batch)
         out.rows += len(batch)
+
+
+def merged_shards(rd: RunDir, manifest: MergeManifest, split: str | None = None) -> list[Path]:
+    """The Parquet shards ``manifest`` lists, of ``split`` (every split when None), in path order, where they
+    lie (``RunDir.merged_listed``: the manifest's layout rule)."""
+    return [rd.merged_listed(manifest, f.path) for f in sorted(manifest.files, key=attrgetter("path"))
+            if f.kind == PARQUET and (split is None or f.split == split)]
+
+
+def read_merged(paths: Iterable[Path], view: type[V]) -> Iterator[V]:
+    """The rows of the merged shards ``paths``, in file then row order, as ``view``: ``MergedParquetRow`` or
+    one of its views (``records.MERGED_VIEWS``), reading only the view's columns, ``CHUNK_ROWS`` rows at a
+    time. A shard that cannot be read (missing, not Parquet, without one of those columns) is an InputError
+    naming it."""
+    import pyarrow as pa
+
+    if view not in MERGED_VIEWS:
+        raise TypeError(f"read_merged: {view.__name__} is not a view of the merged row (records.MERGED_VIEWS)")
+    names = list(view.__struct_fields__)
+    for path in paths:
+        batches = _batches(path, names)
+        while True:
+            try:
+                batch = next(batches, None)
+            except (OSError, pa.ArrowException) as exc:
+                raise InputError(f"{path}: cannot read its {', '.join(names)} column(s) ({exc}); run "
+                                 "`draftgen merge` again") from None
+            if batch is None:
+                break
+            columns = [batch.column(n).to_pylist() for n in names]
+            for values in zip(*columns, strict=True):
+                yield view(**dict(zip(names, values, strict=True)))
+
+
+def _batches(path: Path, names: list[str]) -> Iterator[Any]:
+    import pyarrow.parquet as pq
+
+    shard = pq.ParquetFile(path)
+    missing = [n for n in names if n not in shard.schema_arrow.names]  # iter_batches would leave them out
+    if missing:
+        raise InputError(f"{path}: no {', '.join(missing)} column(s), not a merged shard of this draftgen; run "
+                         "`draftgen merge` again")
+    yield from shard.iter_batches(batch_size=CHUNK_ROWS, columns=names)

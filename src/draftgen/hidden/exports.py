@@ -28,11 +28,10 @@ saying what it repaired; an intact folder is up to date.
   ``input_ids`` [T], ``hidden_states`` [T, H] POST-norm, ``aux_hidden_states`` [T, n_aux*H], ``loss_mask``
   [T], ``conversation_id``); the file name is the sample_id when it is a plain name, else its sample key.
 
-Ownership: a folder is draftgen's once it holds ``.draftgen-export.json`` (``HiddenOwnerMarker``), written
-first; a non-empty folder without it is refused before anything is written or deleted, unless its valid
-``export.json`` shows an export made before markers (adopted). ``export.json`` lists every file its export
-wrote (``files``): the next export removes exactly those and overwrites nothing else. ``.draftgen-export.pending``
-lists what the export in progress began writing, so a rerun after a death removes it, and the death's temps.
+The export folder itself (its ownership marker, the listing the next export removes, the journal of an export
+in progress, and the verification of a rerun) is ``hidden.export_folder``'s; the speculators format's Arrow
+dataset, ``token_freq.pt`` and the ``sample_ids.jsonl`` listing are written by ``hidden.speculators``, the one
+writer of speculators' inputs (``train`` uses it too).
 
 POST-norm = the target's final RMSNorm (``hidden.norm``: ``model.norm`` weight and eps, read from the target
 model folder; the weight's sha256 must equal the manifest's ``norm_weight_sha256``) applied to the stored
@@ -42,12 +41,8 @@ Files are published atomically (temp ``.<name>.<hex>.tmp`` + rename). torch/safe
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
-import os
 import re
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -57,55 +52,54 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 
 from draftgen.errors import ConfigError, InputError, RunDirError
-from draftgen.hidden.files import BytesWriter, atomic_save, file_digest
-from draftgen.hidden.format import (
-    LoadedSample,
-    is_temp,
-    owner_marker,
-    read_owner_marker,
-    require,
-    sample_key,
-    temp_name,
+from draftgen.hidden.export_folder import (
+    EXPORT_JOURNAL,
+    EXPORT_MARKER,
+    EXPORT_REPORT,
+    broken_files,
+    claim_and_clear,
+    describe_broken,
+    inside,
+    keep_up_to_date,
+    publish_report,
+    up_to_date,
 )
+from draftgen.hidden.files import BytesWriter, atomic_save, file_digest
+from draftgen.hidden.format import LoadedSample, require, sample_key
 from draftgen.hidden.norm import FinalNorm, load_final_norm
+from draftgen.hidden.speculators import SAMPLE_IDS, TOKEN_FREQ, SpeculatorsInputs, sample_ids, torch_bytes
 from draftgen.hidden.stream import Sink, Source, StreamSample, hidden_url, open_source
 from draftgen.records import HiddenExportReport, HiddenExportSample, HiddenManifest
-from draftgen.records.hidden import OWNER_HIDDEN_EXPORT
 from draftgen.registry import Registry
-from draftgen.store import encode_json, iter_jsonl, read_json
+from draftgen.store import encode_json, iter_jsonl
 
 if TYPE_CHECKING:
     import torch
 
     from draftgen.config import RunConfig
 
+# The names of an export folder a plugin's sink and its tests read (their homes: export_folder, speculators).
 __all__ = [
     "EXPORT_JOURNAL",
     "EXPORT_MARKER",
     "EXPORT_REPORT",
     "HIDDEN_EXPORTERS",
     "SAMPLE_IDS",
+    "SPECULATORS_STATES",
+    "TOKEN_FREQ",
     "ExportContext",
     "ExportSink",
     "HiddenExporter",
-    "claim_export",
     "default_export_dir",
     "export_hidden",
     "manifest_fingerprint",
+    "modelopt_name",
     "register_hidden_exporter",
 ]
 
-# Names inside an export folder (not run-directory layout names).
-EXPORT_MARKER = ".draftgen-export.json"  # the owner marker, written first
-EXPORT_JOURNAL = ".draftgen-export.pending"  # files the export in progress has begun writing, one a line
-EXPORT_REPORT = "export.json"
-SAMPLE_IDS = "sample_ids.jsonl"
-SPECULATORS_STATES = "hidden_states"
-TOKEN_FREQ = "token_freq.pt"
+SPECULATORS_STATES = "hidden_states"  # the speculators export's folder of per-sample files
 SPECFORGE_GROUP = 2000
 EXPORT_BATCH = 8  # samples a sink gets at a time (their decoded states are held together)
-_ARROW_FILES = ("state.json", "dataset_info.json")  # besides data-NNNNN-of-NNNNN.arrow
-_ARROW_SHARD = re.compile(r"data-\d{5}-of-\d{5}\.arrow")
 
 
 @dataclass
@@ -196,10 +190,7 @@ def register_hidden_exporter(name: str, *, needs_norm: bool = False, doc: str = 
 
 
 def _torch_writer(obj: Any) -> BytesWriter:
-    torch = require("torch")
-    buf = io.BytesIO()
-    torch.save(obj, buf)  # in memory: torch's own file writer reports a full disk as "unexpected pos"
-    return BytesWriter(buf.getvalue())
+    return BytesWriter(torch_bytes(obj))
 
 
 def _split_aux(s: LoadedSample, n_aux: int) -> torch.Tensor:
@@ -226,8 +217,7 @@ def _out_dtype(m: HiddenManifest) -> Any:
 class SpeculatorsSink(ExportSink):
     def __init__(self, ctx: ExportContext) -> None:
         super().__init__(ctx)
-        self.rows: dict[str, list[Any]] = {"input_ids": [], "loss_mask": [], "seq_len": []}
-        self.freq: dict[int, int] = {}
+        self.inputs = SpeculatorsInputs(narrow=False)
 
     def write(self, batch: Sequence[StreamSample]) -> None:
         torch = require("torch")
@@ -241,34 +231,10 @@ class SpeculatorsSink(ExportSink):
             rel = f"{SPECULATORS_STATES}/hs_{item.index}.safetensors"
             ctx.save(rel, BytesWriter(st.save(tensors)))  # bytes in memory, as save_file writes them
             ctx.files.append(rel)
-            mask = s.loss_mask.to(torch.int64)
-            self.rows["input_ids"].append(s.input_ids.tolist())
-            self.rows["loss_mask"].append(mask.tolist())
-            self.rows["seq_len"].append(int(s.input_ids.shape[0]))
-            for tid in s.input_ids[mask.bool()].tolist():
-                self.freq[tid] = self.freq.get(tid, 0) + 1
+            self.inputs.add(s.input_ids.tolist(), s.loss_mask.to(torch.int64).tolist())
 
     def close(self, manifest: HiddenManifest) -> None:
-        datasets = require("datasets", "hub")
-        ctx = self.ctx
-        ctx.save(TOKEN_FREQ, _torch_writer(self.freq))
-        features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int64")),
-                                      "loss_mask": datasets.Sequence(datasets.Value("int64")),
-                                      "seq_len": datasets.Value("int64")})
-        ds = datasets.Dataset.from_dict(self.rows, features=features)
-        ds.set_format(type="torch")
-        tmp = ctx.out / temp_name("arrow")  # a temp folder: the same pattern, removed by a rerun after a death
-        tmp.mkdir()
-        try:
-            ds.save_to_disk(str(tmp))
-            for f in sorted(tmp.iterdir()):
-
-                def move(dst: str, src: Path = f) -> None:
-                    os.replace(src, dst)
-
-                ctx.save(f.name, move)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        self.inputs.write(self.ctx.out, self.ctx.save)  # sample_ids.jsonl: written for every format
 
 
 @register_hidden_exporter("specforge", needs_norm=True, doc="SpecForge offline: rows_{g}-{g+2000}/data_{i}.ckpt "
@@ -336,132 +302,12 @@ def _target_dir(cfg: RunConfig | None, manifest: HiddenManifest, given: str | Pa
     return p if p.is_dir() else None
 
 
-def _read_report(out: Path) -> HiddenExportReport | None:
-    try:
-        return read_json(out / EXPORT_REPORT, HiddenExportReport) if (out / EXPORT_REPORT).is_file() else None
-    except InputError:
-        return None
-
-
-def _up_to_date(out: Path, kind: str, fingerprint: str, include_flagged: bool) -> HiddenExportReport | None:
-    rep = _read_report(out)
-    same = rep is not None and (rep.format == kind and rep.manifest_fingerprint == fingerprint
-                                and rep.include_flagged == include_flagged)
-    return rep if same else None
-
-
-# -- ownership of an export folder (module docstring) -------------------------------------------------------
-
-
-def claim_export(out: Path) -> list[str]:
-    """Make ``out`` an export folder of draftgen's before anything there is written or deleted, and return
-    what earlier exports there wrote (the files the next export removes). Refuses (RunDirError, nothing
-    touched) a file, a folder with another kind of marker, and a non-empty folder without the marker unless
-    its ``export.json`` is valid (an export made before markers: adopted, the marker written)."""
-    marker = out / EXPORT_MARKER
-    if out.exists() and not out.is_dir():
-        raise RunDirError(f"{out}: is a file, not a folder; give --out a new or empty folder")
-    if marker.is_file():
-        read_owner_marker(marker.read_bytes(), OWNER_HIDDEN_EXPORT, str(marker))
-    else:
-        legacy = _read_report(out)
-        # only the temp of a marker whose write died: still empty
-        if legacy is None and out.is_dir() and not all(is_temp(p.name, EXPORT_MARKER) for p in out.iterdir()):
-            raise RunDirError(f"{out}: this folder is not empty and was not made by draftgen (it has no "
-                              f"{EXPORT_MARKER}); export-hidden writes only into its own folders: give --out a "
-                              "new or empty folder")
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_save(marker, BytesWriter(owner_marker(OWNER_HIDDEN_EXPORT, adopted=legacy is not None)))
-    return _previous_files(out)
-
-
-def _previous_files(out: Path) -> list[str]:
-    """The files earlier exports into ``out`` wrote: the last ``export.json``'s listing (for one made
-    before listings: its sample files and the names its format writes), plus the pending journal."""
-    rep = _read_report(out)
-    files: list[str] = []
-    if rep is not None:
-        files = list(rep.files) or _legacy_files(out, rep)
-    journal = out / EXPORT_JOURNAL
-    if journal.is_file():
-        files += [ln for ln in journal.read_text(encoding="utf-8", errors="replace").splitlines() if ln]
-    return list(dict.fromkeys(files))
-
-
-def _legacy_files(out: Path, rep: HiddenExportReport) -> list[str]:
-    files = [SAMPLE_IDS, EXPORT_REPORT]
-    with contextlib.suppress(InputError, OSError):
-        files += [s.file for _, s in iter_jsonl(out / SAMPLE_IDS, HiddenExportSample)]
-    if rep.format == "speculators":
-        files += [TOKEN_FREQ, *_ARROW_FILES, *sorted(p.name for p in out.iterdir() if _ARROW_SHARD.fullmatch(p.name))]
-    return files
-
-
-def _inside(out: Path, rel: str) -> Path | None:
-    """``out/rel`` when ``rel`` is a plain relative path below ``out`` (a listing never reaches outside)."""
-    parts = Path(rel).parts
-    if not parts or Path(rel).is_absolute() or ".." in parts:
-        return None
-    return out / rel
-
-
-def _clean_temps(out: Path, listed: list[str]) -> None:
-    """Remove draftgen's temps (``is_temp``, files or folders) in ``out`` and in the folders of ``listed``."""
-    folders = {out} | {p.parent for p in (_inside(out, r) for r in listed) if p is not None}
-    for folder in folders:
-        if not folder.is_dir():
-            continue
-        for p in folder.iterdir():
-            if not is_temp(p.name):
-                continue
-            with contextlib.suppress(OSError):
-                if p.is_dir() and not p.is_symlink():
-                    shutil.rmtree(p)
-                else:
-                    p.unlink()
-
-
-def _remove_listed(out: Path, listed: list[str]) -> None:
-    """Remove exactly the listed files still present (then their folders, once empty); the listing stays
-    in the journal until they are gone, so a death here leaves nothing unlisted."""
-    journal = out / EXPORT_JOURNAL
-    atomic_save(journal, BytesWriter("".join(f"{r}\n" for r in listed).encode()))
-    folders: set[Path] = set()
-    for rel in listed:
-        path = _inside(out, rel)
-        if path is None or not (path.is_file() or path.is_symlink()):
-            continue
-        path.unlink()
-        folders.update(q for q in path.parents if q != out and out in q.parents)
-    for folder in sorted(folders, key=lambda q: -len(q.parts)):
-        with contextlib.suppress(OSError):
-            folder.rmdir()  # only an empty one: a file draftgen did not write keeps its folder
-    journal.unlink()
-
-
 def _out_folder(cfg: RunConfig | None, out_dir: str | Path | None, kind: str, n_kinds: int) -> Path:
     if out_dir is None:
         if cfg is None:
             raise ConfigError("give --out: where to write the export (no config names a run directory)")
         return default_export_dir(cfg, kind)
     return Path(out_dir) / kind if n_kinds > 1 else Path(out_dir)
-
-
-def _keep_up_to_date(out: Path, done: HiddenExportReport) -> None:
-    """An up-to-date folder is claimed too (an export made before markers is adopted) and loses a death's temps."""
-    _clean_temps(out, claim_export(out))
-    if done.files:  # a death after export.json, before the journal went: all it lists is listed there
-        (out / EXPORT_JOURNAL).unlink(missing_ok=True)
-
-
-def _claim_and_clear(out: Path) -> None:
-    """Before an export writes into ``out``: claim it, remove leftover temps and what earlier exports
-    listed (their ``export.json`` first, so the folder never looks up to date half-cleared)."""
-    listed = claim_export(out)
-    _clean_temps(out, listed)
-    if EXPORT_REPORT in listed:
-        listed = [EXPORT_REPORT] + [r for r in listed if r != EXPORT_REPORT]
-    _remove_listed(out, listed)
 
 
 def export_hidden(source: RunConfig | str, kinds: list[str], out_dir: str | Path | None = None, *,
@@ -497,15 +343,15 @@ def export_hidden(source: RunConfig | str, kinds: list[str], out_dir: str | Path
 
 def _export_one(cfg: RunConfig | None, src: Source, spec: HiddenExporter, kind: str, out: Path, url: str,
                 fingerprint: str, target_dir: str | Path | None, say: Callable[[str], None]) -> HiddenExportReport:
-    """One format into ``out``. A folder whose ``export.json`` matches the set is verified (``_broken``): intact,
+    """One format into ``out``. A folder whose ``export.json`` matches the set is verified (``broken_files``): intact,
     it is up to date; else what is broken is rewritten from the set (``_repair``), or, when that cannot be
     done file by file, the whole export is written again. Any other folder is cleared and written."""
     m = src.manifest
-    done = _up_to_date(out, kind, fingerprint, src.include_flagged)
+    done = up_to_date(out, kind, fingerprint, src.include_flagged)
     broken: dict[str, str] = {}
     if done is not None:
-        _keep_up_to_date(out, done)
-        broken = _broken(out, done)
+        keep_up_to_date(out, done)
+        broken = broken_files(out, done)
         if not broken:
             say(f"export-hidden {kind}: {out} is up to date ({done.samples} samples)")
             return done
@@ -517,7 +363,7 @@ def _export_one(cfg: RunConfig | None, src: Source, spec: HiddenExporter, kind: 
                               "hidden_states.model or pass --target DIR")
         norm = load_final_norm(tdir, m)
     if done is not None:
-        what = _describe_broken(broken, done)
+        what = describe_broken(broken, done)
         fixed = _repair(ExportContext(source=src, manifest=m, out=out, dtype=_out_dtype(m), norm=norm,
                                       written=list(done.files)), spec, done, broken)
         if fixed is not None:
@@ -525,43 +371,9 @@ def _export_one(cfg: RunConfig | None, src: Source, spec: HiddenExporter, kind: 
                 f"({fixed.samples} samples)")
             return fixed
         say(f"export-hidden {kind}: {out}: {what}; writing the whole export again")
-    _claim_and_clear(out)
+    claim_and_clear(out)
     ctx = ExportContext(source=src, manifest=m, out=out, dtype=_out_dtype(m), norm=norm)
     return _write_export(ctx, spec, kind, url, fingerprint, say)
-
-
-def _broken(out: Path, rep: HiddenExportReport) -> dict[str, str]:
-    """The files ``rep`` lists that ``out`` no longer holds as written: rel → ``missing`` or ``changed`` (a
-    link where the file was; another size; or, for a file modified since export.json was written, another
-    sha256: the rule extract's resume follows, so an intact folder is verified without reading its files).
-    An export made before sizes and digests were recorded is checked for existence only."""
-    since = (out / EXPORT_REPORT).stat().st_mtime_ns
-    broken: dict[str, str] = {}
-    for rel in rep.files or _legacy_files(out, rep):
-        path = _inside(out, rel)
-        if rel == EXPORT_REPORT or path is None:
-            continue
-        if path.is_symlink() or (path.exists() and not path.is_file()):
-            broken[rel] = "changed"
-        elif not path.exists():
-            broken[rel] = "missing"
-        else:
-            st, size, sha = path.stat(), rep.sizes.get(rel), rep.sha256.get(rel)
-            if (size is not None and st.st_size != size) or (
-                    sha and st.st_mtime_ns >= since and file_digest(path)[1] != sha):
-                broken[rel] = "changed"
-    return broken
-
-
-def _describe_broken(broken: dict[str, str], rep: HiddenExportReport, most: int = 5) -> str:
-    parts = []
-    for why in ("missing", "changed"):
-        rels = [r for r, w in broken.items() if w == why]
-        if rels:
-            more = f" and {len(rels) - most} more" if len(rels) > most else ""
-            parts.append(f"{why}: {', '.join(rels[:most])}{more}")
-    of = f" of {len(rep.files)}" if rep.files else ""
-    return f"{len(broken)}{of} listed files broken ({'; '.join(parts)})"
 
 
 def _repair(ctx: ExportContext, spec: HiddenExporter, done: HiddenExportReport,
@@ -587,14 +399,8 @@ def _repair(ctx: ExportContext, spec: HiddenExporter, done: HiddenExportReport,
                            "files otherwise than its export did")
     sizes, sha = _recorded(ctx, ctx.files)
     rep = msgspec.structs.replace(done, sizes={**done.sizes, **sizes}, sha256={**done.sha256, **sha})
-    _publish_report(ctx.out, rep)
+    publish_report(ctx.out, rep)
     return rep
-
-
-def _publish_report(out: Path, rep: HiddenExportReport) -> None:
-    """``export.json``, atomically; then the journal goes (every file it names is listed there now)."""
-    atomic_save(out / EXPORT_REPORT, BytesWriter(msgspec.json.format(encode_json(rep), indent=2) + b"\n"))
-    (out / EXPORT_JOURNAL).unlink(missing_ok=True)
 
 
 def _recorded(ctx: ExportContext, files: Sequence[str]) -> tuple[dict[str, int], dict[str, str]]:
@@ -603,7 +409,7 @@ def _recorded(ctx: ExportContext, files: Sequence[str]) -> tuple[dict[str, int],
     sizes: dict[str, int] = {}
     sha: dict[str, str] = {}
     for rel in files:
-        path = _inside(ctx.out, rel)
+        path = inside(ctx.out, rel)
         if rel == EXPORT_REPORT or path is None:
             continue
         got = ctx.digests.get(rel) or (file_digest(path) if path.is_file() else None)
@@ -623,8 +429,7 @@ def _write_export(ctx: ExportContext, spec: HiddenExporter, kind: str, url: str,
         sink.write(batch)
         ctx.tokens += sum(s.length for s in batch)
     sink.close(ctx.manifest)
-    listing = b"".join(encode_json(HiddenExportSample(index=i, sample_id=e.sample_id, file=f)) + b"\n"
-                       for i, (e, f) in enumerate(zip(src.entries, _files_per_sample(ctx, kind), strict=True)))
+    listing = sample_ids((e.sample_id, f) for e, f in zip(src.entries, _files_per_sample(ctx, kind), strict=True))
     ctx.save(SAMPLE_IDS, BytesWriter(listing))
     secs = time.perf_counter() - t0
     files = list(dict.fromkeys([*ctx.written, *ctx.files, EXPORT_REPORT]))  # ctx.files: a plugin's own writes
@@ -635,7 +440,7 @@ def _write_export(ctx: ExportContext, spec: HiddenExporter, kind: str, url: str,
                              include_flagged=src.include_flagged, layer_ids=list(m.layer_ids.aux),
                              final_layer_id=m.layer_ids.final, dtype=str(ctx.dtype).removeprefix("torch."),
                              seconds=round(secs, 3), files=files, sizes=sizes, sha256=sha)
-    _publish_report(ctx.out, rep)
+    publish_report(ctx.out, rep)
     say(f"export-hidden {kind}: {len(src)} samples, {ctx.tokens} tokens -> {ctx.out} ({secs:.1f} s)")
     return rep
 

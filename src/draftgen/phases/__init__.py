@@ -5,7 +5,8 @@ work:
 
 - ``run``: an adapter ``(PhaseContext) -> PhaseOutcome`` that calls the phase's ``run_<phase>`` and turns
   its report into a ``PhaseOutcome`` (an exit code, a message, and what the loop does next); a callable,
-  or its lazy ``"module:attr"`` name (the built-ins: ``phase_run`` in the phase's own module);
+  or its lazy ``"module:attr"`` name (the built-ins: ``phase_run`` in the ``run`` module of the phase's
+  package);
 - ``inputs``: the files whose size and mtime feed its fingerprint, ``digests``: those whose content does,
   ``config``: the config sections in it (``config_hash`` and the dataset names always are);
 - ``output``: the path whose existence means "done" (``draftgen status`` reads it); with ``skippable``,
@@ -24,8 +25,8 @@ work:
 
 ``PHASES`` is the default table, a ``registry.Registry`` of ``Phase`` records in run order: prepare →
 generate → audit → merge → [extract] → [train] → [accept] → report (the bracketed ones only when
-enabled). ``draftgen status`` lists the same rows, in the same order (``phases.status``). Adding a phase
-is its own module plus one line, ``register_phase(Phase(...), after="merge")`` (a plugin, a test); a test
+enabled). ``draftgen status`` lists the same rows, in the same order (``phases.status.run``). Adding a phase
+is its own package plus one line, ``register_phase(Phase(...), after="merge")`` (a plugin, a test); a test
 may copy the table (``PHASES.copy()``) and pass its copy to ``run_pipeline(phases=...)`` instead.
 
 The one phase signature: every phase's entry point is ``run_<phase>(cfg, *, echo=print, profile=None,
@@ -271,17 +272,17 @@ def _accept_inputs(cfg: RunConfig, rd: RunDir) -> list[Path]:
     return [drafter / "config.json", drafter / "model.safetensors", rd.merged_manifest]
 
 
-# The built-in phases; each adapter is ``phase_run`` in the module of the phase's ``run_<phase>``.
+# The built-in phases; each adapter is ``phase_run`` in ``phases.<phase>.run``, beside its ``run_<phase>``.
 PHASES = PhaseTable([
-    Phase("prepare", "draftgen.phases.prepare:phase_run",  # resumable on its own (stats.json fingerprints)
+    Phase("prepare", "draftgen.phases.prepare.run:phase_run",  # resumable on its own (stats.json fingerprints)
           doc="normalise the prompt datasets into prepared/"),
-    Phase("generate", "draftgen.phases.generate:phase_run", spends=True,  # resumes by sample_id
+    Phase("generate", "draftgen.phases.generate.run:phase_run", spends=True,  # resumes by sample_id
           doc="send the prepared prompts; raw responses with exact token ids"),
     Phase("audit", "draftgen.phases.audit.run:phase_run", inputs=_audit_inputs, config=("audit",),
           output=lambda rd: rd.audit_json, skippable=True,
           up_to_date="audit: up to date (no new responses since the last audit)",
           when_current="draftgen.phases.audit.run:phase_current", doc="check the reconstructed ids"),
-    Phase("merge", "draftgen.phases.merge:phase_run", inputs=dataset_logs, digests=_audit_json,
+    Phase("merge", "draftgen.phases.merge.run:phase_run", inputs=dataset_logs, digests=_audit_json,
           config=("merge", "datasets"), output=lambda rd: rd.merged_manifest, skippable=True,
           up_to_date="merge: up to date", doc="filter, dedupe, split into merged/ plus exports"),
     # resumes by sample_id on its own (hidden/ index parts); off unless hidden_states.extract. Its output
@@ -291,14 +292,14 @@ PHASES = PhaseTable([
           doc="capture the target's hidden states into hidden/"),
     # skipped while the hidden set, the train section and train/train.json (written last) stand; a rerun
     # after more extraction resumes from the last checkpoint. Off unless train.enabled.
-    Phase("train", "draftgen.phases.online:phase_run", inputs=_train_inputs, config=("train",),
+    Phase("train", "draftgen.phases.train.run:phase_run", inputs=_train_inputs, config=("train",),
           output=lambda rd: rd.train_report, refused=_train_refused, skippable=True,
           enabled=lambda cfg: cfg.train.enabled,
           up_to_date="train: up to date (its inputs and the train section are those of train/train.json)",
           doc="train a drafter (train.algorithm) with speculators into train/, from hidden/ or online"),
     # skipped while the drafter's files, the merged set and the accept/endpoint sections stand (a newly
     # trained drafter is measured again). Off unless accept.enabled.
-    Phase("accept", "draftgen.phases.accept:phase_run", inputs=_accept_inputs, config=("accept", "endpoint"),
+    Phase("accept", "draftgen.phases.accept.run:phase_run", inputs=_accept_inputs, config=("accept", "endpoint"),
           output=lambda rd: rd.accept_json, skippable=True, enabled=lambda cfg: cfg.accept.enabled,
           up_to_date="accept: up to date (the drafter and the held-out prompts are those measured)",
           doc="measure the served drafter's acceptance into accept/"),

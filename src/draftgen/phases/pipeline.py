@@ -177,7 +177,7 @@ class _Gate:
 
 def _plan_gate(ctx: PhaseContext, gate: _Gate) -> PhaseOutcome | None:
     """Show the plan, then None (go on) or the outcome that ends the run before anything is spent."""
-    from draftgen.phases.plan import estimate_plan
+    from draftgen.phases.plan.run import estimate_plan
 
     cfg, echo = ctx.cfg, ctx.echo
     _banner(echo, "plan")

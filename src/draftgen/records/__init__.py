@@ -10,7 +10,7 @@ Files and the record each line holds:
     emulator ground truth (--ground-truth) GroundTruthRecord           (records.responses)
     audit/audit.json                      AuditReport                  (records.audit)
     run.json                              RunManifest                  (records.run)
-    merged/*.parquet, manifest.json       MERGED_COLUMNS, MergeManifest (records.merged)
+    merged/*.parquet, manifest.json       MERGED_COLUMNS, MergedParquetRow + views, MergeManifest (records.merged)
     exports/<format>/*.jsonl              SpeculatorsRow, SpecForge*   (records.exports)
     <hidden>/index, manifest.json         HiddenIndexRecord, HiddenManifest (records.hidden)
     <hidden>/.draftgen-hidden.json        HiddenOwnerMarker (also <export>/.draftgen-export.json)
@@ -44,6 +44,8 @@ from draftgen.records.drafter import (
     TrainLogRecord,
     TrainOnlineReport,
     TrainReport,
+    below_floor,
+    trained_line,
 )
 from draftgen.records.exports import (
     SpecForgeConversationRow,
@@ -71,11 +73,15 @@ from draftgen.records.hidden import (
 from draftgen.records.merged import (
     MANIFEST_LAYOUT,
     MERGED_COLUMNS,
+    MERGED_VIEWS,
     REPEAT_MARK,
     Column,
     MergedDatasetStats,
     MergedFile,
+    MergedLengths,
     MergedParquetRow,
+    MergedRowId,
+    MergedTokens,
     MergeManifest,
     MergeStats,
     SpeculatorsMetadata,
@@ -121,6 +127,7 @@ from draftgen.records.run import LockHolder, RunManifest
 __all__ = [
     "MANIFEST_LAYOUT",
     "MERGED_COLUMNS",
+    "MERGED_VIEWS",
     "REPEAT_MARK",
     "SCHEMA_VERSION",
     "VIEWS",
@@ -164,7 +171,10 @@ __all__ = [
     "MergeStats",
     "MergedDatasetStats",
     "MergedFile",
+    "MergedLengths",
     "MergedParquetRow",
+    "MergedRowId",
+    "MergedTokens",
     "Message",
     "MismatchExample",
     "PromptAcceptance",
@@ -196,11 +206,13 @@ __all__ = [
     "TrainOnlineReport",
     "TrainReport",
     "Usage",
+    "below_floor",
     "check_ids",
     "fold_batches",
     "parquet_columns",
     "parse_row_id",
     "row_id",
     "spend_usd",
+    "trained_line",
     "view_mismatches",
 ]

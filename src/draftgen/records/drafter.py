@@ -1,4 +1,5 @@
-"""Records of the drafter: ``train/log.jsonl`` (``TrainLogRecord``), ``train/train.json`` (``TrainReport``) and
+"""Records of the drafter: ``train/log.jsonl`` (``TrainLogRecord``), ``train/train.json`` (``TrainReport``, and
+its sample floor read the same way by train and accept: ``below_floor``, ``trained_line``) and
 ``accept/<drafter key>/acceptance.json`` and its latest copy ``accept/acceptance.json`` (``AcceptReport``)."""
 
 from __future__ import annotations
@@ -94,7 +95,20 @@ class TrainReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     schema_version: int = SCHEMA_VERSION
 
 
-# -- accept output: accept/<drafter key>/acceptance.json (draftgen.phases.accept) -------------------------------------
+def below_floor(trained: int, asked: int, fraction: float) -> bool:
+    """A drafter that trained on ``trained`` of the ``asked`` samples is under the floor ``fraction``
+    (``train.min_trained_fraction``): fewer than that share, or none at all; 0 is no floor."""
+    return fraction > 0 and (trained == 0 or trained < fraction * asked)
+
+
+def trained_line(trained: int, asked: int, train_rows: int, rows: int) -> str:
+    """How much a drafter trained on, in words (train's refusal and summary, accept's warning)."""
+    share = f"{trained / asked:.0%}" if asked else "none asked"
+    return (f"it trained on {trained} of the {asked} samples its batches asked for ({share}; a training split of "
+            f"{train_rows} of {rows} rows)")
+
+
+# -- accept output: accept/<drafter key>/acceptance.json (draftgen.phases.accept.run) -------------------------------------
 
 
 class AcceptanceFigures(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -183,7 +197,7 @@ class AcceptReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     the measured acceptance next to the offline estimate from that drafter's training."""
 
     drafter: str
-    drafter_key: str = ""  # its folder under accept/ (phases.accept.drafter_key)
+    drafter_key: str = ""  # its folder under accept/ (phases.accept.run.drafter_key)
     server: str  # "vllm" | "sglang"
     prompts: int
     sample_ids: list[str]

@@ -17,7 +17,7 @@ from draftgen.records.merged import SpeculatorsMetadata
 # (no omit_defaults, "" rather than null, nested lists as JSON text).
 
 
-# SpeculatorsMetadata is generated from the merged columns (``columns.MERGED_COLUMNS``); the type checker
+# SpeculatorsMetadata is generated from the merged columns (``records.merged.MERGED_COLUMNS``); the type checker
 # sees a plain Struct, msgspec (which resolves the annotation at runtime) the generated one.
 if TYPE_CHECKING:
     _SpeculatorsMetadata = msgspec.Struct

@@ -1,4 +1,5 @@
-"""The merged data: the Parquet row's columns (listed once), ``merged/stats.json`` and ``merged/manifest.json``."""
+"""The merged data: the Parquet row's columns (listed once), the row (``MergedParquetRow``) and the views of it
+that readers take (``MERGED_VIEWS``), ``merged/stats.json`` and ``merged/manifest.json``."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ class MergeManifest(msgspec.Struct, omit_defaults=True):
 class Column(NamedTuple):
     """One column. ``arrow``: its Arrow type (``list<int32>``, ``list<int8>``, ``string``, ``int32``,
     ``bool``), None for a metadata-only field. ``doc``: its line in the dataset card (``{reasoning}`` is
-    filled with the run's reasoning masking). ``attr``: the ``export.MergedRow`` attribute holding its
+    filled with the run's reasoning masking). ``attr``: the ``exporters.base.MergedRow`` attribute holding its
     value; None where ``export`` computes it (the ids and the mask). ``meta``: its type in speculators'
     ``metadata`` (None: not there), with ``meta_default`` for a missing value (None becomes it) and
     ``meta_attr`` when the metadata reads another attribute than the Parquet column."""
@@ -137,6 +138,32 @@ class MergedParquetRow(msgspec.Struct, kw_only=True):
     completion_len: int
     reasoning_len: int
     capped: bool
+
+
+class MergedRowId(msgspec.Struct):
+    """A view of ``MergedParquetRow`` (``exporters.parquet.read_merged`` reads only its fields' columns): the
+    row id (accept's held-out prompts)."""
+
+    sample_id: str
+
+
+class MergedTokens(msgspec.Struct):
+    """A view of ``MergedParquetRow``: the row id, its exact ids and loss mask (extract, train --online)."""
+
+    sample_id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+class MergedLengths(msgspec.Struct):
+    """A view of ``MergedParquetRow``: the prompt and completion lengths (the report's length chart)."""
+
+    prompt_len: int
+    completion_len: int
+
+
+MERGED_VIEWS: tuple[type[msgspec.Struct], ...] = (MergedParquetRow, MergedRowId, MergedTokens, MergedLengths)
+"""What ``read_merged`` yields: the whole row or a view, each field one of the row's (a test keeps them so)."""
 
 
 def parquet_columns() -> tuple[Column, ...]:

@@ -51,7 +51,7 @@ class Provenance(msgspec.Struct, omit_defaults=True, kw_only=True):
 class GenerationSettings(msgspec.Struct, omit_defaults=True, kw_only=True, frozen=True):
     """The generation settings a record was made with, besides its ``max_tokens``: the config's ``sampling``,
     ``reasoning`` and ``routing`` sections as plain data, unset fields left out. A rerun compares them with
-    its own (``phases.rerun``): what differs is reported, and ``generate --redo changed`` regenerates it."""
+    its own (``phases.generate.rerun``): what differs is reported, and ``generate --redo changed`` regenerates it."""
 
     sampling: dict[str, Any] = msgspec.field(default_factory=dict)
     reasoning: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -234,7 +234,7 @@ class ResponseMetricsView(msgspec.Struct):
 
 
 class ResponseSettingsView(msgspec.Struct):
-    """``ResponseRecord``: what a rerun compares with its own settings (``phases.rerun``)."""
+    """``ResponseRecord``: what a rerun compares with its own settings (``phases.generate.rerun``)."""
 
     sample_id: str
     partition: str = "short"

@@ -18,7 +18,7 @@ Generation is batched across concurrent requests by ``model_engine.ModelEngine``
 (``message.reasoning``) only when the output holds the template's end-of-think marker.
 
 ``start_in_thread(opts)`` runs it on its own event loop in a daemon thread (tests);
-``serve_forever(opts, echo)`` blocks until SIGINT/SIGTERM (the CLI); both on ``emulator.threaded``.
+``serve_forever(opts, echo)`` blocks until SIGINT/SIGTERM (the CLI); both on ``backends.serve``.
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import orjson
+import msgspec
 from aiohttp import web
 
-from draftgen.emulator import threaded
+from draftgen.backends import serve
+from draftgen.backends.serve import Serving, ThreadedServer
 from draftgen.emulator.local_wire import (
     json_body,
     json_response,
@@ -48,7 +49,6 @@ from draftgen.emulator.local_wire import (
 from draftgen.emulator.real.engine import GenJob, GenResult, LoadedModel, ModelEngine, load_model
 from draftgen.emulator.real.extract import corrupt
 from draftgen.emulator.real.http import Counters, job_of, token_id
-from draftgen.emulator.threaded import Serving, ThreadedServer
 
 if TYPE_CHECKING:
     import torch
@@ -449,7 +449,7 @@ class ModelServer:
             for n in range(step, len(res.ids) + step, step):
                 part = GenResult(ids=res.ids[:min(n, len(res.ids))], finish_reason=res.finish_reason, spec=res.spec)
                 ev = self._sglang_result(prompts[0], part, t0, final=len(part.ids) == len(res.ids))
-                buf += b"data: " + orjson.dumps(ev) + b"\n\n"
+                buf += b"data: " + msgspec.json.encode(ev) + b"\n\n"
             buf += b"data: [DONE]\n\n"
             return await send_sse(request, bytes(buf))
         return json_response(payload if req.batched else payload[0])
@@ -491,7 +491,7 @@ class RunningModelServer(ThreadedServer):
 def start_in_thread(opts: ModelServerOptions) -> RunningModelServer:
     """Load the model, start serving on a daemon thread; returns once listening."""
     server = ModelServer(opts)
-    serving = threaded.start_in_thread(server.app, opts.host, opts.port, close=server.close, what="emulate",
+    serving = serve.start_in_thread(server.app, opts.host, opts.port, close=server.close, what="emulate",
                                        thread_name="draftgen-model-server")
     return RunningModelServer(server, serving)
 
@@ -512,6 +512,6 @@ def serve_forever(opts: ModelServerOptions, echo: Callable[[str], None]) -> None
                  + (", fed zeroed aux states (--zero-aux)" if opts.zero_aux else ""))
         echo("Ctrl-C stops")
 
-    threaded.serve_until_signal(server.app, opts.host, opts.port, close=server.close, what="emulate",
+    serve.serve_until_signal(server.app, opts.host, opts.port, close=server.close, what="emulate",
                                 on_listening=listening)
     echo(f"model server stopped: {server.counters.requests} requests")

@@ -12,7 +12,7 @@ Reads ``raw/<dataset>/raw_responses.jsonl`` (ResponseRecord), ``prepared/<datase
 - BPE audit against reference ids: exact-match, tokenization-only and semantic mismatch rates, with the
   first differing span of each mismatch (``[' NOR']`` vs ``[' N', 'OR']``).
 
-A sample with several records (one the audit excluded, then generated again: ``phases.excluded``) is
+A sample with several records (one the audit excluded, then generated again: ``phases.generate.excluded``) is
 audited on its last record; the earlier ones count as ``duplicates``. Records billed for fewer tokens than
 their ids, which are exact on their own (``verdict.underbilled``), are kept and reported as the provider's
 miscount (``underbilled``, by provider): the audit says which side is wrong.

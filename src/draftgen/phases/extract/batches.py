@@ -1,7 +1,7 @@
 """The rows and settings half of ``draftgen extract``, shared by the driver (``run``) and every worker.
 
-- ``read_merged_rows``: reads ``merged/manifest.json`` and the train shards it lists (``sample_id``,
-  ``input_ids``, ``loss_mask``) → the rows in merged order, each sample once;
+The merged rows themselves come from ``target.rows.read_merged_rows`` (the one reader of merged Parquet).
+
 - ``split_batches``: windows of merged order, sorted by length inside each, cut at ``hidden_states.batch_tokens``
   padded tokens. The driver cuts the pending rows with this one function whatever the executor (this process,
   ``proc_pool``, ``ray_pool``), so every path captures identical batches and writes identical files;
@@ -11,20 +11,18 @@
   ``Resume.keep()`` is what the index keeps (the driver prunes every other record before it writes);
 - ``check_settings``: refuses a destination written with other settings (dtype, layer ids, hidden size) or
   from another target (``identity.json``, written here before the first sample): another final norm or
-  config.json, or other weights (``target_weights``: ``hidden.norm.weights_digest`` of the target's folder,
-  compared where both sides have a digest; a set recorded before weights digests gets this target's);
+  config.json, or other weights (``target.identity.target_weights``: ``hidden.norm.weights_digest`` of the
+  target's folder, compared where both sides have a digest; a set recorded before weights digests gets this
+  target's);
 - ``check_weights``: the driver's weights check before anything is written, where ``--force`` accepts (and
   records) other weights of the same final norm and config.json.
 
-Reads the merged shards (``read_merged_rows``), one stored sample (``check_settings``) and the target's
-safetensors headers and sampled bytes (``target_weights``); writes only ``identity.json`` (``check_identity``).
-numpy and pyarrow are imported on use.
+Reads one stored sample (``check_settings``) and the target's safetensors headers and sampled bytes
+(``target_weights``); writes only ``identity.json`` (``check_identity``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,52 +30,21 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from draftgen.errors import InputError, RunDirError
-from draftgen.hidden.format import (
-    HiddenStore,
-    require,
-    row_digest,
-)
-from draftgen.hidden.norm import WeightsDigest, norm_digests, weights_digest
-from draftgen.records import HiddenIdentity, HiddenIndexRecord, HiddenTarget, MergeManifest, parse_row_id
-from draftgen.store import read_json
+from draftgen.errors import RunDirError
+from draftgen.hidden.format import HiddenStore, row_digest
+from draftgen.hidden.norm import WeightsDigest, norm_digests
+from draftgen.records import HiddenIdentity, HiddenIndexRecord, parse_row_id
+from draftgen.target import config_digest, target_folder
+from draftgen.target.identity import identity_of, target_weights
 
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
-    from draftgen.phases.extract.capture import ExtractBackend, ExtractRow, TargetInfo
-    from draftgen.rundir import RunDir
+    from draftgen.target import ExtractBackend, ExtractRow
 
-__all__ = ["WINDOW", "Resume", "check_identity", "check_settings", "check_weights", "identity_of", "read_merged_rows",
-           "recorded_identity", "repeat_base", "resume_state", "split_batches", "target_weights", "weights_refusal"]
+__all__ = ["WINDOW", "Resume", "check_identity", "check_settings", "check_weights", "recorded_identity",
+           "repeat_base", "resume_state", "split_batches", "weights_refusal"]
 
 WINDOW = 512  # rows of merged order sorted by length together
-
-
-def read_merged_rows(rd: RunDir) -> list[ExtractRow]:
-    """The merged train rows in merged order (merged/manifest.json lists the shards)."""
-    np = require("numpy")
-    pq = require("pyarrow.parquet")
-    from draftgen.phases.extract.capture import ExtractRow
-
-    if not rd.merged_manifest.is_file():
-        raise InputError(f"{rd.merged_manifest}: no merged data; run draftgen merge first")
-    man = read_json(rd.merged_manifest, MergeManifest)
-    files = sorted(f.path for f in man.files if f.split == "train" and f.kind == "parquet")
-    rows: list[ExtractRow] = []
-    seen: set[str] = set()
-    for rel in files:
-        path = (rd.root if man.layout >= 2 else rd.merged) / rel
-        t = pq.read_table(path, columns=["sample_id", "input_ids", "loss_mask"])
-        for sid, ids, mask in zip(t.column("sample_id").to_pylist(), t.column("input_ids").to_pylist(),
-                                  t.column("loss_mask").to_pylist(), strict=True):
-            if sid in seen:
-                continue
-            seen.add(sid)
-            rows.append(ExtractRow(sample_id=sid, input_ids=np.asarray(ids, dtype=np.int64),
-                                   loss_mask=np.asarray(mask, dtype=np.uint8)))
-    if not rows:
-        raise InputError(f"{rd.merged}: no train rows; run draftgen merge first (with some usable data)")
-    return rows
 
 
 def split_batches(rows: Sequence[ExtractRow], batch_tokens: int) -> Iterator[list[ExtractRow]]:
@@ -147,26 +114,6 @@ def resume_state(store: HiddenStore, rows: Sequence[ExtractRow]) -> Resume:
     for sid in store.corrupted(res.others):
         del res.others[sid]
     return res
-
-
-def target_weights(cfg: RunConfig, folder: str | os.PathLike[str] | None = None) -> WeightsDigest:
-    """The digest of the target's weights (``hidden.norm.weights_digest``) in ``folder``, by default the
-    target's own folder (``capture.target_folder``: ``hidden_states.model``, or its hub cache snapshot)."""
-    from draftgen.phases.extract.capture import target_folder
-
-    if folder is None and not cfg.hidden_states.model:
-        return WeightsDigest(sampled=None)  # no target named: the backend refuses to start, naming the key
-    return weights_digest(folder if folder is not None else target_folder(cfg))
-
-
-def identity_of(info: TargetInfo, weights: WeightsDigest | None = None) -> HiddenIdentity:
-    """The identity of the target ``info`` describes (name, revision, config.json and final-norm digests) and
-    whose weights digest ``weights`` is (None: not known)."""
-    norm = hashlib.sha256(info.norm_weight.float().numpy().tobytes()).hexdigest()
-    w = weights or WeightsDigest(sampled=None)
-    return HiddenIdentity(target=HiddenTarget(name=info.name, revision=info.revision, config_sha256=info.config_sha256,
-                                              weights_sha256=w.sampled, files_sha256=w.files),
-                          norm_weight_sha256=norm)
 
 
 def _same_target(a: HiddenIdentity, b: HiddenIdentity) -> bool:
@@ -243,8 +190,6 @@ def check_weights(store: HiddenStore, cfg: RunConfig, *, force: bool, echo: Call
     legacy = not theirs.target.weights_sha256
     if why is None and not legacy:
         return
-    from draftgen.phases.extract.capture import config_digest, target_folder
-
     folder = target_folder(cfg)
     name = str(cfg.hidden_states.model)
     if theirs.target.config_sha256 not in (None, config_digest(folder)) or \

@@ -26,8 +26,8 @@ from draftgen.phases.extract.worker import BatchResult, Worker
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
     from draftgen.hidden.format import HiddenStore
-    from draftgen.phases.extract.capture import ExtractBackend, ExtractRow, TargetInfo
     from draftgen.records import HiddenIndexRecord
+    from draftgen.target import ExtractBackend, ExtractRow, TargetInfo
 
 __all__ = ["Executor", "InProcess"]
 

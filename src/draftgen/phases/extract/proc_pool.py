@@ -41,8 +41,8 @@ from draftgen.phases.extract.worker import (
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
     from draftgen.hidden.format import HiddenStore
-    from draftgen.phases.extract.capture import ExtractRow, TargetInfo
     from draftgen.records import HiddenIndexRecord
+    from draftgen.target import ExtractRow, TargetInfo
 
 __all__ = ["Processes", "validate_devices"]
 

@@ -54,8 +54,8 @@ from draftgen.phases.extract.worker import (
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
     from draftgen.hidden.format import HiddenStore
-    from draftgen.phases.extract.capture import ExtractRow, TargetInfo
     from draftgen.records import HiddenIndexRecord
+    from draftgen.target import ExtractRow, TargetInfo
 
 __all__ = ["BATCHES_PER_BLOCK", "RayPool", "validate_ray_settings"]
 
@@ -64,7 +64,7 @@ BATCHES_PER_BLOCK = 64  # upper bound of batches per Ray block (one actor task),
 
 def _info_task(cfg: RunConfig) -> bytes:
     """Load the target only to describe it (nothing pending, but no manifest yet)."""
-    from draftgen.phases.extract.capture import open_extract_backend
+    from draftgen.target import open_extract_backend
 
     be = open_extract_backend(cfg)
     try:

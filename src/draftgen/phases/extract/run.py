@@ -3,7 +3,7 @@
 merged rows → length-sorted batches → one worker → an executor → a sink:
 
 - reads ``merged/manifest.json`` and the train shards it lists (``sample_id``, ``input_ids``, ``loss_mask``)
-  in merged order (``batches.read_merged_rows``); skips what the destination validly holds
+  in merged order (``target.rows.read_merged_rows``); skips what the destination validly holds
   (``batches.resume_state``: published, indexed, same row and file digests);
 - cuts the pending rows into batches (``batches.split_batches``: rows sorted by length inside windows of
   merged order, up to ``hidden_states.batch_tokens`` padded tokens), the same whatever runs them;
@@ -51,13 +51,10 @@ from draftgen.phases.extract.batches import (
     Resume,
     check_settings,
     check_weights,
-    identity_of,
-    read_merged_rows,
     resume_state,
     split_batches,
 )
 from draftgen.phases.extract.executor import Executor, InProcess
-from draftgen.phases.extract.layers import CONVENTION
 from draftgen.phases.extract.proc_pool import Processes
 from draftgen.phases.extract.ray_pool import RayPool
 from draftgen.phases.extract.worker import TIMING_KEYS, BatchResult
@@ -71,10 +68,13 @@ from draftgen.records import (
     HiddenSampleEntry,
 )
 from draftgen.rundir import HiddenLayout, RunDir, writer
+from draftgen.target.identity import identity_of
+from draftgen.target.layers import CONVENTION
+from draftgen.target.rows import read_merged_rows
 
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
-    from draftgen.phases.extract.capture import ExtractBackend, ExtractRow, TargetInfo
+    from draftgen.target import ExtractBackend, ExtractRow, TargetInfo
     from draftgen.tokens import Profile
 
 __all__ = ["ExtractReport", "Tally", "drive", "phase_run", "run_extract"]

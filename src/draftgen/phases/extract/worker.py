@@ -6,14 +6,14 @@ actor). Per batch:
 
 1. ``capture``: the backend's states of the batch (the target's forward);
 2. ``finish``: each sample encoded once (``encode_sample``: the bytes that are checked, hashed and published),
-   checked on those bytes decoded (``checks``), then the batch written to the sink as ``StreamSample``s (each
-   file published atomically, then ONE index part listing them). Returns a ``BatchResult`` (the index
-   records, bytes written, seconds per step, the wall-clock span).
+   checked on those bytes decoded (``target.checks``), then the batch written to the sink as
+   ``StreamSample``s (each file published atomically, then ONE index part listing them). Returns a
+   ``BatchResult`` (the index records, bytes written, seconds per step, the wall-clock span).
 
 ``run(batches)`` overlaps the two when the backend allows it (``ExtractCapabilities.overlap``): while one
 thread finishes batch k, the caller's thread captures batch k+1 (the target's forward is the costly part;
 encoding, checks and file writes hide behind it). Which samples get the teacher check is
-``checks.spot_checked``'s answer: the backend's own draw after each answer (vllm: ``checks.SpotCheck``, a
+``target.checks.spot_checked``'s answer: the backend's own draw after each answer (vllm: ``SpotCheck``, a
 secret no server sees), else the sample id's hash (hf). The teacher check of a selected sample costs many
 forwards of that sample (a reference forward, its aux slots run on through the layers); so with overlap it
 runs in a third thread, the teacher lane: ``finish`` leaves the sample out of its batch and hands it, encoded
@@ -60,8 +60,8 @@ from draftgen.records import HiddenIndexRecord
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
     from draftgen.hidden.format import Captured, LoadedSample
-    from draftgen.phases.extract.capture import ExtractBackend, ExtractRow, TargetInfo
-    from draftgen.phases.extract.checks import CheckResult
+    from draftgen.target import ExtractBackend, ExtractRow, TargetInfo
+    from draftgen.target.checks import CheckResult
 
 __all__ = ["TIMING_KEYS", "BatchResult", "PoolWorker", "Worker", "decode_batch", "decode_result", "encode_batch",
            "encode_result", "error_class", "info_from_wire", "info_to_wire"]
@@ -121,8 +121,8 @@ def info_to_wire(info: TargetInfo) -> bytes:
 def info_from_wire(data: bytes) -> TargetInfo:
     np = require("numpy")
     torch = require("torch")
-    from draftgen.phases.extract.capture import TargetInfo
-    from draftgen.phases.extract.layers import LayerIds
+    from draftgen.target import TargetInfo
+    from draftgen.target.layers import LayerIds
 
     i = msgspec.msgpack.decode(data, type=_Info)
     weight = torch.from_numpy(np.frombuffer(i.norm_weight, dtype=np.float32).copy())
@@ -137,7 +137,7 @@ def encode_batch(batch: Sequence[ExtractRow]) -> bytes:
 
 def decode_batch(data: bytes) -> list[ExtractRow]:
     np = require("numpy")
-    from draftgen.phases.extract.capture import ExtractRow
+    from draftgen.target import ExtractRow
 
     return [ExtractRow(sample_id=sid, input_ids=np.frombuffer(ids, dtype=np.int64).copy(),
                        loss_mask=np.frombuffer(mask, dtype=np.uint8).copy())
@@ -181,7 +181,7 @@ class Worker:
         given: then no overlap, nothing is known of its threads), the destination checked against it with
         one done sample of ``probe`` (``check_settings``: identity.json is written here on a new set)."""
         from draftgen.phases.extract.batches import check_settings
-        from draftgen.phases.extract.capture import backend_capabilities, open_extract_backend
+        from draftgen.target import backend_capabilities, open_extract_backend
 
         own = backend is None
         be = open_extract_backend(cfg) if backend is None else backend
@@ -205,7 +205,7 @@ class Worker:
     def finish(self, c: _Captured) -> BatchResult:
         """Encode → check → write the batch to the sink (see the module docstring). With a teacher lane
         (``run`` with overlap) a teacher-selected sample's teacher check and write go to the lane instead."""
-        from draftgen.phases.extract.checks import check_sample, spot_checked
+        from draftgen.target.checks import check_sample, spot_checked
 
         hs, be = self.hs, self.backend
         timings = dict.fromkeys(TIMING_KEYS, 0.0)
@@ -250,7 +250,7 @@ class Worker:
 
     def _teacher(self, row: ExtractRow, data: bytes, loaded: LoadedSample, res: CheckResult) -> BatchResult:
         """The teacher lane's job: one sample's teacher check, then its file and an index part of its own."""
-        from draftgen.phases.extract.checks import check_teacher
+        from draftgen.target.checks import check_teacher
 
         try:
             began, t = time.time(), time.monotonic()

@@ -1,3 +1,3 @@
-"""The run's dashboards: ``metrics`` (every figure, from the run directory, with ``datasets``, ``providers``,
-``charts`` and ``grade``), ``html`` (the self-contained ``report.html`` page) and ``run`` (``run_report``,
-the report phase, which writes the page). Imports are per module so ``draftgen status`` stays light."""
+"""The report phase: ``html`` (the self-contained ``report.html`` page, built from ``runview.metrics``'
+figures; ``template`` holds its markup) and ``run`` (``run_report``, which writes the page). The figures
+themselves are ``draftgen.runview``'s, which ``status`` and ``plan`` read too."""

@@ -1,6 +1,6 @@
 """The page of ``draftgen report``: ``render_html`` builds ``report.html``, one self-contained page about a run.
 
-``report.run.run_report`` computes the run's ``RunMetrics`` (``metrics.compute_metrics``, so the page shows
+``report.run.run_report`` computes the run's ``RunMetrics`` (``runview.metrics.compute_metrics``, so the page shows
 exactly what ``status`` would) and writes the page this module builds; nothing here writes a file. It reads
 the run directory only for the sample viewer and the example rows. The page has no external
 resources: plotly's JavaScript is inlined once, styles are inline, fonts are the system's. The computed
@@ -19,6 +19,7 @@ built here and not in ``metrics``; they are left out, with a note, when it does 
 from __future__ import annotations
 
 import codecs
+import itertools
 import re
 import time
 from pathlib import Path
@@ -26,11 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from draftgen.exporters.parquet import PARQUET, read_merged
 from draftgen.fmt import fmt_duration, fmt_float, fmt_int, fmt_pct, fmt_time, fmt_usd
-from draftgen.phases.report.charts import TIME_UNITS, SeqLengths
-from draftgen.phases.report.metrics import RunMetrics
-from draftgen.records import DatasetAudit, MismatchExample, ResponseIdsView
+from draftgen.records import DatasetAudit, MergedParquetRow, MismatchExample, ResponseIdsView
 from draftgen.rundir import RunDir
+from draftgen.runview.charts import TIME_UNITS, SeqLengths
+from draftgen.runview.metrics import RunMetrics
 from draftgen.secrets import redact
 from draftgen.store import first_records
 
@@ -149,7 +151,7 @@ _KINDS = ["#e03131", "#f59f00", "#c2255c", "#1c7ed6", "#5c940d", "#6d5dfc", "#e8
 
 def _time_axis(m: RunMetrics) -> tuple[float, float, str, dict[str, Any]]:
     """(t0, seconds per unit, unit, plotly x axis) shared by every time chart: time since the run's first
-    activity in seconds, minutes or hours (``charts.time_unit``), never epoch floats."""
+    activity in seconds, minutes or hours (``runview.charts.time_unit``), never epoch floats."""
     act = m.activity
     t0 = act.t0 if act.t0 is not None else (m.timeline.start[0] if m.timeline.start else 0.0)
     unit = act.unit
@@ -381,8 +383,7 @@ class SampleView(msgspec.Struct, kw_only=True):
 
 # Tokens shown per segment (head, tail): at most 400 in all.
 _SEGMENT_BUDGET = {"prompt": (40, 80), "reasoning": (130, 40), "content": (80, 30)}
-_VIEW_COLUMNS = ["input_ids", "loss_mask", "sample_id", "dataset", "prompt_len", "completion_len", "reasoning_len",
-                 "capped"]
+_VIEW_ROWS = 256  # the first rows of the shard the shown row is picked from
 
 
 def _token_texts(tok: Tokenizer, ids: list[int]) -> list[tuple[str, bool]]:
@@ -406,41 +407,29 @@ def _token_texts(tok: Tokenizer, ids: list[int]) -> list[tuple[str, bool]]:
     return out
 
 
-def _pick_row(table: Any) -> int:
+def _pick_row(rows: list[MergedParquetRow]) -> MergedParquetRow:
     """A row that shows all three parts (short prompt, some reasoning, some content); else the first."""
-    rows = table.select(["prompt_len", "completion_len", "reasoning_len"]).to_pylist()
-    for i, r in enumerate(rows):
-        if r["reasoning_len"] > 0 and r["completion_len"] > r["reasoning_len"] and r["prompt_len"] <= 300:
-            return i
-    for i, r in enumerate(rows):
-        if r["completion_len"] > 0:
-            return i
-    return 0
+    for r in rows:
+        if r.reasoning_len > 0 and r.completion_len > r.reasoning_len and r.prompt_len <= 300:
+            return r
+    return next((r for r in rows if r.completion_len > 0), rows[0])
 
 
 def sample_view(run_dir: Path, m: RunMetrics, profile: Profile) -> SampleView | None:
     """One row of the merged Parquet (the merge manifest's first shard), decoded with the run's profile
     tokenizer and cut to at most ~400 tokens (the start and end of the prompt, reasoning and content).
     None when nothing is merged."""
-    import pyarrow.parquet as pq
-
-    shards = sorted((f for f in m.merged_files if f.kind == "parquet" and f.rows > 0),
+    shards = sorted((f for f in m.merged_files if f.kind == PARQUET and f.rows > 0),
                     key=lambda f: (f.split != "train", f.path))
-    for f in shards:
-        path = run_dir / f.path
-        if not path.is_file() and (RunDir(run_dir).merged / f.path).is_file():
-            path = RunDir(run_dir).merged / f.path  # a manifest whose paths are relative to merged/
-        if path.is_file():
-            break
-    else:
+    path = next((p for p in (run_dir / f.path for f in shards) if p.is_file()), None)  # paths: run-relative
+    if path is None:
         return None
-    batch = next(pq.ParquetFile(path).iter_batches(batch_size=256, columns=_VIEW_COLUMNS), None)
-    if batch is None or batch.num_rows == 0:
+    rows = list(itertools.islice(read_merged([path], MergedParquetRow), _VIEW_ROWS))
+    if not rows:
         return None
-    row = batch.slice(_pick_row(batch), 1).to_pylist()[0]
-    ids: list[int] = row["input_ids"]
-    mask: list[int] = row["loss_mask"]
-    p, c, r = row["prompt_len"], row["completion_len"], row["reasoning_len"]
+    row = _pick_row(rows)
+    ids, mask = row.input_ids, row.loss_mask
+    p, c, r = row.prompt_len, row.completion_len, row.reasoning_len
     bounds = [("prompt", 0, p), ("reasoning", p, p + r), ("content", p + r, p + c)]
     segments: list[Segment] = []
     shown = 0
@@ -458,9 +447,9 @@ def sample_view(run_dir: Path, m: RunMetrics, profile: Profile) -> SampleView | 
         segments.append(Segment(name=name, start=a, end=b, head=parts[0],
                                 skipped=(b - a) - sum(len(x) for x in parts),
                                 tail=parts[1] if len(parts) > 1 else []))
-    return SampleView(sample_id=row["sample_id"], dataset=row["dataset"], file=str(path.relative_to(run_dir))
+    return SampleView(sample_id=row.sample_id, dataset=row.dataset, file=str(path.relative_to(run_dir))
                       if path.is_relative_to(run_dir) else str(path), prompt_len=p, reasoning_len=r,
-                      completion_len=c, supervised=sum(mask), capped=bool(row["capped"]), segments=segments,
+                      completion_len=c, supervised=sum(mask), capped=row.capped, segments=segments,
                       shown=shown)
 
 

@@ -1,6 +1,6 @@
 """``draftgen report CONFIG``: the report phase, ``run_report``: the run's metrics → ``report.html``.
 
-Reads the run directory through ``metrics.compute_metrics`` (so the page shows exactly what ``status``
+Reads the run directory through ``runview.metrics.compute_metrics`` (so the page shows exactly what ``status``
 would), loads the profile for the token views (the sample viewer and the audit's mismatch chips; left out,
 with a note, when it does not load), has ``html.render_html`` build the page, and writes
 ``<run_dir>/report.html`` (or ``output``) atomically under the run directory's writer lock.
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 from draftgen.config import RunConfig
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
 from draftgen.phases.report.html import SampleView, example_rows, render_html, sample_view
-from draftgen.phases.report.metrics import compute_metrics
 from draftgen.rundir import RunDir, writer
+from draftgen.runview.metrics import compute_metrics
 from draftgen.store import atomic_write_bytes
 
 if TYPE_CHECKING:

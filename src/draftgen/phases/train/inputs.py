@@ -4,15 +4,13 @@ Reads a finished local ``draftgen.hidden/1`` set as a ``hidden.stream.Source`` (
 flagged ones left out; ``Source.token_rows``: only each file's ``input_ids`` and ``loss_mask``, through
 safetensors' lazy ``safe_open``) and writes, under ``out``, only what is small:
 
-    dataset_info.json, state.json, data-*.arrow   speculators' Arrow dataset (``datasets.save_to_disk``:
-                                                  ``input_ids`` int32, ``loss_mask`` int8, ``seq_len``:
-                                                  5 bytes a token on disk, where int64 took 16; the
-                                                  torch format hands speculators int64 tensors as before)
-    token_freq.pt        ``torch.save`` {token id: count} over loss_mask == 1 (the draft vocabulary)
+    token_freq.pt, dataset_info.json, state.json, data-*.arrow, sample_ids.jsonl
+                         speculators' inputs, written by the one writer of them (``hidden.speculators``,
+                         narrow: ``input_ids`` int32, ``loss_mask`` int8): the draft vocabulary's token
+                         counts, the Arrow dataset, and the listing (index, sample_id, state file)
     draftgen_states.json ``StatesMap``: the set's absolute root, the per-sample state files in dataset order
                          with their sha256 (the manifest's), the aux layer count and the dtype speculators
                          gets the states in
-    sample_ids.jsonl     ``HiddenExportSample`` lines (index, sample_id, state file): provenance
     export.json          ``HiddenExportReport`` (format ``speculators-index``), written last
 
 ``speculators_runner.py --draftgen-states draftgen_states.json`` is the rest of the Source, in speculators'
@@ -27,10 +25,8 @@ export (a sink fed by the same Source).
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,19 +34,15 @@ from typing import Any
 import msgspec
 
 from draftgen.errors import InputError
-from draftgen.hidden.exports import (
-    EXPORT_REPORT,
-    SAMPLE_IDS,
-    SPECULATORS_STATES,
-    TOKEN_FREQ,
-    manifest_fingerprint,
-)
+from draftgen.hidden.export_folder import EXPORT_REPORT
+from draftgen.hidden.exports import SPECULATORS_STATES, manifest_fingerprint
 from draftgen.hidden.format import HiddenSet, atomic_write_bytes, require, storage_faults
+from draftgen.hidden.speculators import SpeculatorsInputs
 from draftgen.hidden.stream import Source
-from draftgen.records import HiddenExportReport, HiddenExportSample
+from draftgen.records import HiddenExportReport
 from draftgen.store import atomic_write_json, encode_json, read_json
 
-__all__ = ["INDEX_FORMAT", "STATES_FLAG", "STATES_MAP", "StatesMap", "build_index", "save_dataset", "speculators_dtype"]
+__all__ = ["INDEX_FORMAT", "STATES_FLAG", "STATES_MAP", "StatesMap", "build_index", "speculators_dtype"]
 
 INDEX_FORMAT = "speculators-index"
 STATES_MAP = "draftgen_states.json"
@@ -87,27 +79,6 @@ def _up_to_date(out: Path, fingerprint: str, root: str) -> HiddenExportReport | 
     return rep if same else None
 
 
-def save_dataset(out: Path, rows: dict[str, list[Any]]) -> None:
-    """speculators' Arrow dataset (``input_ids`` int32, ``loss_mask`` int8, ``seq_len``) into ``out`` (earlier
-    shards replaced). The narrow types are the disk train adds per token (bench_train_disk, bench_online); the
-    torch format reads them back as int64 (datasets' default for integers), so speculators sees what it did."""
-    datasets = require("datasets", "hub")
-    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
-                                  "loss_mask": datasets.Sequence(datasets.Value("int8")),
-                                  "seq_len": datasets.Value("int64")})
-    ds = datasets.Dataset.from_dict(rows, features=features)
-    ds.set_format(type="torch")
-    tmp = Path(tempfile.mkdtemp(dir=out, prefix=".arrow."))
-    try:
-        ds.save_to_disk(str(tmp))
-        for old in out.glob("data-*.arrow"):  # an earlier dataset's shards (their count may differ)
-            old.unlink()
-        for f in tmp.iterdir():
-            os.replace(f, out / f.name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def build_index(hset: HiddenSet, out: Path, echo: Any = None) -> HiddenExportReport | None:
     """Write ``out`` (see the module docstring) for the local set ``hset``, read as a ``hidden.stream.Source``;
     None when it is not local."""
@@ -128,27 +99,15 @@ def build_index(hset: HiddenSet, out: Path, echo: Any = None) -> HiddenExportRep
     (out / EXPORT_REPORT).unlink(missing_ok=True)
     shutil.rmtree(out / SPECULATORS_STATES, ignore_errors=True)  # an earlier draftgen's full copy
     t0 = time.perf_counter()
-    rows: dict[str, list[Any]] = {"input_ids": [], "loss_mask": [], "seq_len": []}
-    freq: dict[int, int] = {}
-    for _i, _e, ids, mask in src.token_rows():
-        ids, mask = ids.to(torch.int64), mask.to(torch.int64)
-        rows["input_ids"].append(ids.tolist())
-        rows["loss_mask"].append(mask.tolist())
-        rows["seq_len"].append(int(ids.shape[0]))
-        for tid in ids[mask.bool()].tolist():
-            freq[tid] = freq.get(tid, 0) + 1
+    inputs = SpeculatorsInputs(narrow=True)
+    for _i, e, ids, mask in src.token_rows():
+        inputs.add(ids.to(torch.int64).tolist(), mask.to(torch.int64).tolist(), e.sample_id, e.file)
     with storage_faults(str(out), "write"):
-        save_dataset(out, rows)
-        buf = io.BytesIO()
-        torch.save(freq, buf)
-        atomic_write_bytes(out / TOKEN_FREQ, buf.getvalue())
+        inputs.write(out, listing=True)
         smap = StatesMap(root=root, files=[e.file for e in src.entries], n_aux=len(m.layer_ids.aux),
                          dtype=speculators_dtype(m.dtype), sha256=[e.file_sha256 for e in src.entries])
         atomic_write_bytes(out / STATES_MAP, encode_json(smap))
-        atomic_write_bytes(out / SAMPLE_IDS, b"".join(
-            encode_json(HiddenExportSample(index=i, sample_id=e.sample_id, file=e.file)) + b"\n"
-            for i, e in enumerate(src.entries)))
-    tokens = sum(rows["seq_len"])
+    tokens = inputs.tokens
     secs = time.perf_counter() - t0
     rep = HiddenExportReport(format=INDEX_FORMAT, out=str(out), hidden=hset.store.url,
                              manifest_fingerprint=fingerprint, samples=len(src), tokens=tokens,

@@ -1,0 +1,570 @@
+"""``draftgen accept CONFIG --drafter PATH``: the served drafter's acceptance on held-out prompts.
+
+Reads the prepared prompts (``prepared/<dataset>/prompts.jsonl``), the merged shards' sample ids
+(``merged/manifest.json`` → its Parquet files) and, for a drafter under ``train/``, ``train/log.jsonl``.
+Writes one ``AcceptReport`` per drafter, ``accept/<drafter key>/acceptance.json`` (the key: the drafter
+folder's last two path parts and a digest of its resolved path, ``drafter_key``; measuring the same folder
+again replaces its report), and a copy of the latest one as ``accept/acceptance.json``.
+
+1. Held-out prompts (``accept.heldout``): prepared prompts in no merged row (train or validation) by sample
+   id or by content (merge's prompt dedupe key), ordered by sha256 of the sample id and taken round-robin
+   over ``accept.datasets`` until ``accept.prompts``. With no merge yet, every prepared prompt is eligible
+   (a note says so).
+2. They are sent greedily (temperature 0, ``accept.max_tokens``) to the server that serves the target with
+   the drafter (vLLM: one at a time with ``accept.one_at_a_time``, else ``accept.concurrency`` in flight):
+   The server's kind is ``accept.server``, or with ``auto`` the endpoint's kind when that backend reports
+   acceptance, else vLLM; its ``Capabilities.acceptance`` says how acceptance is read:
+   - ``metrics`` (vLLM): through draftgen's backend of that kind (chat completions); ``GET {root}/metrics``
+     is read before and after (one at a time: around each request, so each prompt's counters are known), and
+     the ``vllm:spec_decode_*`` counters' deltas give AL = 1 + Δaccepted / Δdrafts, per position
+     Δaccepted_per_pos[i] / Δdrafts, acceptance rate Δaccepted / Δdraft_tokens (counters summed over label
+     sets, per position by its ``position`` label; ``accept.counters``);
+   - ``meta_info`` (SGLang): native ``POST {root}/generate`` with the prompt ids rendered by the target's
+     profile; each response's ``meta_info`` gives ``completion_tokens`` and ``spec_verify_ct``, and AL =
+     Σcompletion_tokens / Σspec_verify_ct.
+   A counter that went down between the scrapes (a restarted server) or a run without a single draft is an
+   error naming the fix. Every request goes through the backends' HTTP layer (the backend's one session,
+   ``backends.http`` bounds, ``backends.errors`` classification) and retryable failures are retried by the
+   one policy (``engine.retry``, ``retry.*``), as generate's; the ``/metrics`` scrapes are not retried.
+3. Beside the drafter, on the same prompts (``accept.figures``): copy-last and n-gram lookup, replayed
+   on the target's greedy continuations of this pass (``drafter.baselines``), and with ``--zero-aux-url``
+   (``accept.zero_aux_url``) the same drafter fed zeroed aux states by a second server; every figure with a
+   95% bootstrap interval over the prompts, the paired differences, and per dataset.
+4. With ``--baseline-url`` (``accept.baseline_url``) the same prompts go to a server without the drafter:
+   tokens/s with and without speculation, and their ratio.
+5. Offline estimate: AL ≈ 1 + Σ_k Π_{j≤k} cond_acc_j from the drafter's own training log, the run's
+   ``train/log.jsonl`` when the drafter folder is under ``train/`` but not ``train/previous/`` (its last
+   validation record, else its last step), else ``accept.offline_cond_acc``, else none; shown next to the
+   measured AL.
+6. What the drafter trained on (``_training``): for this run's ``train/drafter`` or ``train/eagle3`` its
+   ``train/train.json``, for a drafter a refused run set aside in ``train/previous/`` the ``train.json`` beside
+   it. One that trained on fewer samples than ``train.min_trained_fraction`` of those its batches asked for (or
+   on none), or whose train.json says that run published no drafter, gets a warning (the report's
+   ``warnings``, one line after the acceptance length). For any other (external) drafter nothing is read: a
+   note says the floor was not checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from draftgen.config import RunConfig
+from draftgen.errors import APIError, ConfigError, InputError
+from draftgen.phases import Echo
+from draftgen.phases.accept.counters import (
+    PromSample,
+    SGLangMeta,
+    SpecCounters,
+    offline_al,
+    parse_prometheus,
+    sglang_acceptance,
+    vllm_acceptance,
+    vllm_counters,
+)
+from draftgen.phases.accept.figures import compare, comparison_lines
+from draftgen.phases.accept.heldout import held_out_prompts
+from draftgen.records import (
+    AcceptanceFigures,
+    AcceptReport,
+    PromptAcceptance,
+    PromptRecord,
+    ThroughputFigures,
+    TrainLogRecord,
+    TrainReport,
+)
+from draftgen.rundir import RunDir
+from draftgen.store import atomic_write_json, iter_jsonl, read_json, read_json_object
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from draftgen.backends import Completion
+    from draftgen.engine.retry import RetryPolicy
+    from draftgen.phases import PhaseContext, PhaseOutcome
+    from draftgen.tokens import Profile
+
+__all__ = [
+    "PromSample",
+    "SGLangMeta",
+    "SpecCounters",
+    "drafter_key",
+    "offline_al",
+    "parse_prometheus",
+    "run_accept",
+    "sglang_acceptance",
+    "vllm_acceptance",
+    "vllm_counters",
+]
+
+
+#: the server kind ``accept.server: auto`` measures when the endpoint's kind reports no acceptance
+_DEFAULT_SERVER = "vllm"
+
+
+# -- sending -----------------------------------------------------------------------------------------------
+
+
+def _root(base_url: str) -> str:
+    from draftgen.backends.sglang import sglang_root
+
+    return sglang_root(base_url)
+
+
+async def _scrape(session: aiohttp.ClientSession, base_url: str) -> SpecCounters:
+    """One scrape of ``{root}/metrics`` through the backends' HTTP layer (``backends.http.get_bytes``); not
+    retried: a scrape that fails says what to fix."""
+    from draftgen.backends.http import get_bytes
+
+    url = _root(base_url) + "/metrics"
+    try:
+        body = await get_bytes(session, url)
+    except APIError as exc:
+        if exc.status is not None:
+            raise APIError(f"GET {url}: HTTP {exc.status}; the server must expose vLLM's /metrics",
+                           status=exc.status) from None
+        raise APIError(f"GET {url}: {exc}; is the server up?") from None
+    c = vllm_counters(body.decode("utf-8", errors="replace"))
+    if not c.seen:
+        raise APIError(f"GET {url}: no vllm:spec_decode_* counters; start vLLM with the drafter "
+                       "(--speculative-config '{\"method\": \"eagle3\", ...}')")
+    return c
+
+
+def _policy(cfg: RunConfig) -> RetryPolicy:
+    """The one retry policy (``retry.*``), as generate's."""
+    from draftgen.engine.retry import RetryPolicy
+
+    return RetryPolicy(cfg.retry)
+
+
+def _greedy_cfg(cfg: RunConfig, server: str) -> RunConfig:
+    """``cfg`` for greedy, unstreamed requests to a server of kind ``server``."""
+    s = msgspec.structs.replace(cfg.sampling, temperature=0.0, top_p=None, seed=None)
+    ep = msgspec.structs.replace(cfg.endpoint, kind=server, stream=False)
+    return msgspec.structs.replace(cfg, sampling=s, endpoint=ep)
+
+
+@dataclass
+class _Pass:
+    """One pass over the held-out prompts: throughput, the acceptance over the pass, and per prompt (same order
+    as the prompts) its counters (``counted``: per-prompt counters are known) and the ids the server returned."""
+
+    throughput: ThroughputFigures
+    figures: AcceptanceFigures | None
+    prompts: list[PromptAcceptance]
+    counted: bool
+    ids: list[tuple[list[int] | None, list[int]] | None]  # (prompt ids if returned, output ids) per prompt
+
+
+def _prompt_row(p: PromptRecord, tokens: int, ended: bool, fig: AcceptanceFigures | None,
+                out: list[int] | None) -> PromptAcceptance:
+    if fig is None:
+        return PromptAcceptance(sample_id=p.sample_id, dataset=p.dataset, completion_tokens=tokens, ended=ended,
+                                output_ids=out)
+    return PromptAcceptance(sample_id=p.sample_id, dataset=p.dataset, drafts=fig.drafts, accepted=fig.accepted,
+                            accepted_per_pos=fig.accepted_per_pos, completion_tokens=tokens, ended=ended,
+                            output_ids=out)
+
+
+def _throughput(url: str, n: int, tokens: int, seconds: float) -> ThroughputFigures:
+    return ThroughputFigures(base_url=url, requests=n, completion_tokens=tokens, seconds=round(seconds, 4),
+                             tokens_per_s=round(tokens / seconds, 3) if seconds > 0 else 0.0)
+
+
+async def _vllm_pass(cfg: RunConfig, server: str, url: str, prompts: Sequence[PromptRecord], *, scrape: bool,
+                     one_at_a_time: bool) -> _Pass:
+    """Chat completions of the prompts at ``url``. ``one_at_a_time``: sequentially, ``/metrics`` scraped around
+    each request (per-prompt counters; the seconds are the requests' own); else ``accept.concurrency`` in
+    flight."""
+    from draftgen.backends import CompletionRequest, api_key_for, open_backend
+    from draftgen.backends.http import HttpBackend
+    from draftgen.engine.retry import retrying
+
+    g = _greedy_cfg(cfg, server)
+    sem = asyncio.Semaphore(1 if one_at_a_time else max(1, cfg.accept.concurrency))
+    policy = _policy(cfg)
+    async with open_backend(g, api_key_for(g), base_urls=[url], connections=cfg.accept.concurrency + 2) as be:
+        assert isinstance(be, HttpBackend)  # one URL: one backend; its session scrapes /metrics too
+
+        async def one(p: PromptRecord) -> tuple[Completion, float]:
+            req = CompletionRequest(sample_id=p.sample_id, messages=p.messages, max_tokens=cfg.accept.max_tokens,
+                                    tools=p.tools)
+            async with sem:
+                t = time.perf_counter()
+                comp = await retrying(lambda: be.complete(req), policy)
+                return comp, time.perf_counter() - t
+
+        first = last = await _scrape(be.session, url) if scrape else None
+        windows: list[AcceptanceFigures | None] = []
+        t0 = time.perf_counter()
+        if scrape and one_at_a_time:
+            done = []
+            for p in prompts:
+                done.append(await one(p))
+                now = await _scrape(be.session, url)
+                windows.append(vllm_acceptance(last, now) if last is not None else None)
+                last = now
+            seconds = sum(d for _, d in done)
+        else:
+            done = list(await asyncio.gather(*(one(p) for p in prompts)))
+            seconds = time.perf_counter() - t0
+            last = await _scrape(be.session, url) if scrape else None
+        figures = vllm_acceptance(first, last) if first is not None and last is not None else None
+    rows: list[PromptAcceptance] = []
+    ids: list[tuple[list[int] | None, list[int]] | None] = []
+    for i, (p, (comp, _)) in enumerate(zip(prompts, done, strict=True)):
+        out = comp.output_ids
+        tokens = int(comp.usage.completion_tokens) if comp.usage is not None and comp.usage.completion_tokens \
+            else len(out or [])
+        rows.append(_prompt_row(p, tokens, comp.finish_reason == "stop", windows[i] if windows else None,
+                                list(out) if out is not None else None))
+        ids.append((list(comp.prompt_ids) if comp.prompt_ids else None, list(out)) if out is not None else None)
+    tokens = sum(r.completion_tokens for r in rows)
+    if figures is not None:
+        figures.completion_tokens = tokens
+    return _Pass(_throughput(url, len(prompts), tokens, seconds), figures, rows, bool(windows), ids)
+
+
+class _GenReply(msgspec.Struct):
+    meta_info: SGLangMeta | None = None
+    output_ids: list[int] | None = None
+
+
+async def _sglang_pass(cfg: RunConfig, server: str, url: str, prompts: Sequence[PromptRecord],
+                       ids: Sequence[list[int]]) -> tuple[_Pass, list[SGLangMeta]]:
+    from draftgen.backends import api_key_for, open_backend
+    from draftgen.backends.sglang import SGLangBackend
+    from draftgen.engine.retry import retrying
+
+    g = _greedy_cfg(cfg, server)
+    sem = asyncio.Semaphore(max(1, cfg.accept.concurrency))
+    policy = _policy(cfg)
+    dec = msgspec.json.Decoder(_GenReply)
+    max_tokens = cfg.accept.max_tokens
+
+    async with open_backend(g, api_key_for(g), base_urls=[url], connections=cfg.accept.concurrency + 2) as be:
+        if not isinstance(be, SGLangBackend):
+            raise ConfigError(f"accept.server {server!r}: acceptance from meta_info needs SGLang's native /generate")
+        target = be.base_url + "/generate"
+
+        async def post(body: dict[str, Any]) -> _GenReply:
+            data = await be.generate_raw(body, max_tokens=max_tokens)
+            try:
+                reply = dec.decode(data)
+            except msgspec.DecodeError as exc:
+                raise APIError(f"POST {target}: not an SGLang /generate reply ({exc})") from None
+            if reply.meta_info is None:
+                raise APIError(f"POST {target}: the reply has no meta_info")
+            return reply
+
+        async def one(p_ids: list[int]) -> _GenReply:
+            body = {"input_ids": p_ids, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0},
+                    "stream": False}
+            async with sem:
+                reply: _GenReply = await retrying(lambda: post(body), policy)
+                return reply
+
+        t0 = time.perf_counter()
+        replies = await asyncio.gather(*(one(list(i)) for i in ids))
+        seconds = time.perf_counter() - t0
+    metas = [r.meta_info for r in replies if r.meta_info is not None]
+    rows = [PromptAcceptance(sample_id=p.sample_id, dataset=p.dataset, drafts=float(m.spec_verify_ct),
+                             accepted=float(m.completion_tokens - m.spec_verify_ct) if m.spec_verify_ct else 0.0,
+                             completion_tokens=m.completion_tokens, verify_calls=m.spec_verify_ct,
+                             ended=m.finished_by_stop(), output_ids=r.output_ids)
+            for p, m, r in zip(prompts, metas, replies, strict=True)]
+    out_ids: list[tuple[list[int] | None, list[int]] | None] = [
+        (list(i), list(r.output_ids)) if r.output_ids is not None else None for i, r in zip(ids, replies, strict=True)]
+    tokens = sum(m.completion_tokens for m in metas)
+    return _Pass(_throughput(url, len(prompts), tokens, seconds), sglang_acceptance(metas), rows, True,
+                 out_ids), metas
+
+
+# -- offline estimate and the drafter ----------------------------------------------------------------------
+
+
+def _from_train(folder: Path, rd: RunDir) -> bool:
+    """The drafter folder is inside this run's ``train/`` (its training log is ``train/log.jsonl``), and not
+    one set aside in ``train/previous/`` (trained before that log's last run)."""
+    resolved = folder.resolve()
+    return resolved.is_relative_to(rd.train.resolve()) and not resolved.is_relative_to(rd.train_previous.resolve())
+
+
+def _train_json(rd: RunDir, folder: Path) -> Path | None:
+    """The train.json that describes the drafter ``folder``: this run's for its train/drafter or train/eagle3,
+    the one beside it for a drafter set aside in train/previous/; None for any other folder."""
+    resolved = folder.resolve()
+    for home in (rd.train, rd.train_previous):
+        if resolved in ((home / rd.train_drafter.name).resolve(), (home / rd.train_eagle.name).resolve()):
+            return home / rd.train_report.name
+    return None
+
+
+def _training(cfg: RunConfig, rd: RunDir, folder: Path) -> tuple[TrainReport | None, list[str], list[str]]:
+    """The drafter's train.json (``_train_json``), the warnings about what it trained on and the notes."""
+    path = _train_json(rd, folder)
+    floor = cfg.train.min_trained_fraction
+    if path is None:
+        return None, [], [f"{folder} is not this run's train/drafter or train/eagle3: how many samples it trained "
+                          "on is not known here (train.min_trained_fraction not checked)"]
+    if not path.is_file():
+        return None, [], [f"{path}: not there; how many samples the drafter trained on is not known"]
+    from draftgen.records import below_floor, trained_line
+
+    rep = read_json(path, TrainReport)
+    if rep.exit_code != 0 or rep.checkpoint is None:
+        return rep, [f"{path} says its run published no drafter ({rep.message}); {folder} is not that run's"], []
+    if rep.samples_trained is None or rep.samples_asked is None:
+        return rep, [], [f"{path} does not say how many samples the drafter trained on (a draftgen before schema "
+                          "3): train.min_trained_fraction not checked"]
+    if below_floor(rep.samples_trained, rep.samples_asked, floor):
+        line = trained_line(rep.samples_trained, rep.samples_asked, rep.train_rows or 0, rep.samples)
+        return rep, [f"the drafter is below the sample floor: {line}, under train.min_trained_fraction {floor} "
+                     f"({path}); its acceptance is not a trained drafter's"], []
+    return rep, [], []
+
+
+def _offline(cfg: RunConfig, rd: RunDir, folder: Path) -> tuple[list[float], str | None]:
+    """The per-step conditional accuracies of the offline estimate and where they come from: the run's training
+    log for a drafter under ``train/``, else ``accept.offline_cond_acc``, else none."""
+    path = rd.train_log
+    if not _from_train(folder, rd):
+        if cfg.accept.offline_cond_acc:
+            return list(cfg.accept.offline_cond_acc), "accept.offline_cond_acc"
+        return [], None
+    last_val: TrainLogRecord | None = None
+    last_train: TrainLogRecord | None = None
+    for _, line in iter_jsonl(path, TrainLogRecord):
+        if line.kind == "val":
+            last_val = line
+        else:
+            last_train = line
+    rec = last_val or last_train
+    if rec is not None and rec.cond_acc_k:
+        which = "validation" if rec is last_val else "train"
+        return list(rec.cond_acc_k), f"{path} ({which}, step {rec.global_step})"
+    if cfg.accept.offline_cond_acc:
+        return list(cfg.accept.offline_cond_acc), "accept.offline_cond_acc"
+    return [], None
+
+
+def drafter_key(folder: Path) -> str:
+    """The drafter's report folder name under ``accept/``: the folder's last two path parts (readable) and the
+    first 10 hex digits of sha256 of its resolved path (two folders of the same name stay apart)."""
+    resolved = folder.resolve()
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(resolved.parts[-2:])).strip("._-") or "drafter"
+    return f"{name}-{hashlib.sha256(str(resolved).encode()).hexdigest()[:10]}"
+
+
+def _write_report(rd: RunDir, report: AcceptReport) -> Path:
+    """The drafter's own report, then the same as the run's latest (``accept/acceptance.json``); returns the
+    drafter's."""
+    out = rd.accept_report(report.drafter_key)
+    atomic_write_json(out, report)
+    atomic_write_json(rd.accept_json, report)
+    return out
+
+
+def _drafter_k(folder: Path) -> int | None:
+    """The drafter's speculative tokens (speculators config), None when it does not say; refuses a folder that
+    is not a drafter checkpoint."""
+    path = folder / "config.json"
+    try:
+        d = read_json_object(path)
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file; --drafter must name the drafter checkpoint the server serves") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: unreadable ({exc})") from None
+    if d.get("speculators_model_type") is None and not any("Eagle" in str(a) for a in d.get("architectures") or []):
+        raise InputError(f"{path}: not an EAGLE drafter config (no speculators_model_type, no *Eagle* architecture)")
+    try:
+        return int(d["speculators_config"]["proposal_methods"][0]["speculative_tokens"])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+
+
+# -- the phase ---------------------------------------------------------------------------------------------
+
+
+def _server(cfg: RunConfig) -> tuple[str, str]:
+    """The kind of the server measured (``accept.server``; ``auto``: the endpoint's kind when its backend
+    reports acceptance, else ``_DEFAULT_SERVER``) and how it reports acceptance (its
+    ``Capabilities.acceptance``: ``metrics`` or ``meta_info``)."""
+    from draftgen.backends import capabilities
+
+    server: str = cfg.accept.server
+    if server == "auto":
+        server = cfg.endpoint.kind if capabilities(cfg.endpoint.kind).acceptance else _DEFAULT_SERVER
+    acceptance = capabilities(server).acceptance
+    if acceptance is None:
+        raise ConfigError(f"accept.server {server!r} does not report a drafter's acceptance; use auto or a backend "
+                          "that does (vllm, sglang)")
+    return server, acceptance
+
+
+def _no_drafts(url: str, acceptance: str, what: str = "the drafter") -> APIError:
+    if acceptance == "meta_info":
+        return APIError(f"{url}: no request reported spec_verify_ct; start SGLang with {what} "
+                        "(--speculative-algorithm EAGLE3 --speculative-draft-model-path ...)")
+    return APIError(f"{url}: vllm:spec_decode_num_drafts did not move during the run; is {what} enabled "
+                    "(--speculative-config '{\"method\": \"eagle3\", ...}')?")
+
+
+def _known_ids(cfg: RunConfig, profile: Profile | None, chosen: Sequence[PromptRecord],
+               raw: Sequence[tuple[list[int] | None, list[int]] | None]) -> list[tuple[list[int], list[int]] | None]:
+    """(prompt ids, output ids) per prompt: the server's, with prompt ids the server did not return rendered by
+    the model's profile (loaded only then)."""
+    out: list[tuple[list[int], list[int]] | None] = []
+    for p, got in zip(chosen, raw, strict=True):
+        if got is None:
+            out.append(None)
+            continue
+        p_ids, o_ids = got
+        if p_ids is None:
+            if profile is None:
+                from draftgen.tokens import profile_from_config
+
+                profile = profile_from_config(cfg)
+            p_ids = profile.prompt_ids(p.messages, p.tools)
+        out.append((list(p_ids), list(o_ids)))
+    return out
+
+
+class _Measure:
+    """One pass of the held-out prompts against a server: SGLang ``/generate`` (``meta_info``, the prompts' ids
+    rendered once by ``profile``) or vLLM chat completions (``/metrics`` read around them when ``scrape``)."""
+
+    def __init__(self, cfg: RunConfig, server: str, acceptance: str, chosen: Sequence[PromptRecord],
+                 profile: Profile | None) -> None:
+        self.cfg, self.server, self.acceptance, self.chosen = cfg, server, acceptance, chosen
+        self.sg_ids = ([profile.prompt_ids(p.messages, p.tools) for p in chosen]
+                       if acceptance == "meta_info" and profile is not None else [])
+
+    def __call__(self, at: str, scrape: bool) -> _Pass:
+        if self.acceptance == "meta_info":
+            return asyncio.run(_sglang_pass(self.cfg, self.server, at, self.chosen, self.sg_ids))[0]
+        return asyncio.run(_vllm_pass(self.cfg, self.server, at, self.chosen, scrape=scrape,
+                                      one_at_a_time=self.cfg.accept.one_at_a_time))
+
+
+def _zero_aux(measure: _Measure, url: str, acceptance: str, echo: Echo) -> _Pass:
+    """The pass against the server that feeds the drafter zeroed aux states (``accept.zero_aux_url``)."""
+    echo(f"accept: the zero-aux ablation → {url}")
+    zero = measure(url, True)
+    if zero.figures is None:
+        raise _no_drafts(url, acceptance, "the drafter (with zeroed aux states)")
+    return zero
+
+
+def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
+               drafter: str | Path, base_url: str | None = None, baseline_url: str | None = None,
+               zero_aux_url: str | None = None, prompts: int | None = None) -> AcceptReport:
+    """Measure the served drafter's acceptance (see the module docstring); write and return the report.
+    ``profile``: the already loaded profile of ``cfg.model``, for prompt ids the server does not return
+    (default: loaded when needed). ``force``: nothing to accept (accept checks no provenance); the one phase
+    signature. ``drafter``: the checkpoint folder the server serves; ``base_url``/``baseline_url``/``zero_aux_url``:
+    the servers with it, without it, and with it fed zeroed aux states (default: the config's); ``prompts``:
+    how many held-out prompts (default ``accept.prompts``)."""
+    rd = RunDir(cfg.run_path)
+    folder = Path(drafter)
+    k = _drafter_k(folder)
+    url = base_url or cfg.endpoint.base_url or (cfg.endpoint.base_urls[0] if cfg.endpoint.base_urls else None)
+    if not url:
+        raise ConfigError("accept needs the server's URL: pass --base-url (or set endpoint.base_url)")
+    baseline = baseline_url or cfg.accept.baseline_url
+    zero_url = zero_aux_url or cfg.accept.zero_aux_url
+    n = prompts if prompts is not None else cfg.accept.prompts
+    if n < 1:
+        raise ConfigError(f"accept.prompts is {n}; it must be 1 or more")
+    held = held_out_prompts(cfg, rd, n)
+    chosen, notes = held.prompts, list(held.notes)
+    server, acceptance = _server(cfg)
+    echo(f"accept: {len(chosen)} held-out prompts → {url} ({server}), max_tokens {cfg.accept.max_tokens}"
+         + (f"; {held.excluded_by_content} left out as their content is in a merged row"
+            if held.excluded_by_content else ""))
+    if acceptance == "meta_info" and profile is None:
+        from draftgen.tokens import profile_from_config
+
+        profile = profile_from_config(cfg)
+    measure = _Measure(cfg, server, acceptance, chosen, profile)
+    main = measure(url, True)
+    if main.figures is None:
+        raise _no_drafts(url, acceptance)
+    figures = main.figures
+    base_fig = measure(baseline, False).throughput if baseline else None
+    zero = _zero_aux(measure, zero_url, acceptance, echo) if zero_url else None
+    if k is None and figures.per_position:
+        k = len(figures.per_position)
+    ids = _known_ids(cfg, profile, chosen, main.ids)
+    cmp = compare(main.prompts, ids, k, counted=main.counted and (zero is None or zero.counted),
+                  zero_rows=zero.prompts if zero is not None else None, zero_url=zero_url)
+    figures.ci95 = cmp.ci95
+    cond, source = _offline(cfg, rd, folder)
+    trained, warnings, trained_notes = _training(cfg, rd, folder)
+    report = AcceptReport(
+        drafter=str(folder), drafter_key=drafter_key(folder), excluded_by_content=held.excluded_by_content,
+        server=server, prompts=len(chosen), sample_ids=[p.sample_id for p in chosen],
+        max_tokens=cfg.accept.max_tokens, acceptance=figures, speculative=main.throughput, baseline=base_fig,
+        speedup=(round(main.throughput.tokens_per_s / base_fig.tokens_per_s, 4)
+                 if base_fig and base_fig.tokens_per_s else None),
+        k=k, offline_al=round(offline_al(cond), 4) if cond else None, offline_cond_acc=cond,
+        offline_source=source, alternatives=cmp.alternatives, comparisons=cmp.comparisons, datasets=cmp.datasets,
+        per_prompt=main.prompts, notes=notes + cmp.notes + trained_notes, created_at=time.time(),
+        samples_trained=trained.samples_trained if trained else None,
+        samples_asked=trained.samples_asked if trained else None, warnings=warnings)
+    out = _write_report(rd, report)
+    for line in summary_lines(report):
+        echo(line)
+    echo(f"accept: report written to {out} (and {rd.accept_json}, the latest)")
+    return report
+
+
+def summary_lines(rep: AcceptReport) -> list[str]:
+    """The report in a few lines: AL measured (with its interval) next to the offline estimate, per position,
+    the alternatives on the same prompts, the comparisons, per dataset, the verdict, tokens/s."""
+    a = rep.acceptance
+    ci = f" [{a.ci95[0]:.3f}, {a.ci95[1]:.3f}]" if a.ci95 else ""
+    lines = [f"acceptance length {a.acceptance_length:.3f}{ci} ({a.source}, {rep.prompts} prompts)"
+             + (f"  offline estimate {rep.offline_al:.3f}" if rep.offline_al is not None else "")]
+    lines.extend(f"warning: {w}" for w in rep.warnings)
+    if a.per_position:
+        lines.append("per position " + " ".join(f"{v:.3f}" for v in a.per_position)
+                     + (f"  acceptance rate {a.acceptance_rate:.3f}" if a.acceptance_rate is not None else ""))
+    lines.extend(comparison_lines(rep.alternatives, rep.comparisons, rep.datasets))
+    s = rep.speculative
+    line = f"tokens/s {s.tokens_per_s:.1f} with the drafter"
+    if rep.baseline is not None:
+        line += f", {rep.baseline.tokens_per_s:.1f} without (×{rep.speedup or 0:.2f})"
+    lines.append(line)
+    lines.extend(f"note: {n}" for n in rep.notes)
+    return lines
+
+
+def phase_drafter(cfg: RunConfig, rd: RunDir) -> Path:
+    """The drafter the ``accept`` phase measures: ``accept.drafter``, else the run's own ``train/drafter``."""
+    return cfg.path(cfg.accept.drafter) if cfg.accept.drafter else rd.train_drafter
+
+
+def phase_run(ctx: PhaseContext) -> PhaseOutcome:
+    """The ``accept`` row of ``phases.PHASES`` (``accept.enabled``): measure ``phase_drafter`` on the server at
+    ``accept.base_url`` (default ``endpoint.base_url``). A drafter folder that is not there is a ConfigError
+    naming the keys (the train phase, or ``accept.drafter``)."""
+    from draftgen.phases import PhaseOutcome
+
+    cfg = ctx.cfg
+    drafter = phase_drafter(cfg, ctx.rd)
+    if not (drafter / "config.json").is_file():
+        raise ConfigError(f"accept.enabled: no drafter checkpoint at {drafter}; enable the train phase "
+                          "(train.enabled: true) or set accept.drafter to the folder the server serves")
+    run_accept(cfg, echo=ctx.echo, profile=ctx.profile, force=ctx.options.force, drafter=drafter,
+               base_url=cfg.accept.base_url)
+    return PhaseOutcome()

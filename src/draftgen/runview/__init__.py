@@ -1,0 +1,8 @@
+"""The run directory read as numbers: every figure ``report``, ``status``, ``plan`` and generate's summary
+show.
+
+Modules: ``metrics`` (``compute_metrics(run_dir) -> RunMetrics``, reading each file of the run once), with
+``datasets`` (the datasets table and the raw-log scan), ``providers`` (the providers table), ``charts``
+(histograms, timeline, activity, sequence lengths) and ``grade`` (the run's verdict). Reads only; writes
+nothing; imports no phase. Imported per module, so ``import draftgen.runview`` loads none of them.
+"""
