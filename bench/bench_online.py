@@ -29,8 +29,9 @@ Each drafter is served by ``draftgen emulate --drafter`` and measured by ``draft
                              "done when"), else 0
     al_eagle3_1, al_peagle   the other algorithms vLLM and the emulator serve, with their intervals (DFlash and
                              DSpark are not emulated; the chain's 4-layer target has no five distinct layers
-                             for them: tests/test_train_algorithms.py trains them, train.json gives their
-                             offline estimate and the ``vllm serve`` line that measures them on a GPU)
+                             for them: tests/phases/train/test_train_algorithms.py trains them, train.json
+                             gives their offline estimate and the ``vllm serve`` line that measures them
+                             on a GPU)
     online_disk_fraction     the disk online training needs besides the drafter, as a fraction of the offline
                              set's state files: what draftgen wrote under train/ outside checkpoints/, drafter/,
                              eagle3/, speculators.log (train/online/, vocab/, log.jsonl, train.json) plus the most

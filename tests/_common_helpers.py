@@ -1,6 +1,7 @@
 """What every test file shares: where the tokenizer assets are, why a test was skipped, one free port,
-one fake API key, and one config factory. Importable from ``tests/`` and ``tests/reliability/`` as
-``from _common_helpers import ...`` (pytest puts ``tests/`` on ``sys.path``, see ``conftest``).
+one fake API key, and one config factory. Importable from every test folder (``tests/<package>/``,
+``tests/reliability/``, ...) as ``from _common_helpers import ...`` (pytest puts ``tests/`` on ``sys.path``,
+see ``conftest``).
 
 Tokenizer assets: ``DRAFTGEN_TEST_ASSETS`` names the folder holding ``qwen3/``, ``deepseek-r1/``, … ;
 unset, it is ``<checkout>/../shared/assets/tokenizers``. Tests that need it skip with

@@ -13,10 +13,16 @@ copy of the config with other ``hidden_states`` keys (same run dir).
 
 ``merged_rows(run_dir)``: the merged train rows (sample_id, input_ids, loss_mask) in merged order.
 Writes only under the folders it is given.
+
+Sets ``HF_HUB_OFFLINE`` and ``TRANSFORMERS_OFFLINE`` for the processes the tests start (their loads are
+local folders). huggingface_hub reads ``HF_HUB_OFFLINE`` once, on its import, so it is imported here first:
+this process keeps the machine's own setting whichever test file pytest collects first, and the hub tests
+of tests/tokens/test_tokens_loader.py see it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import zipfile
@@ -27,6 +33,9 @@ from typing import Any
 import yaml
 
 from _common_helpers import config_dict, write_config
+
+if importlib.util.find_spec("huggingface_hub") is not None:
+    import huggingface_hub.constants  # noqa: F401  (reads HF_HUB_OFFLINE now, before it is set below)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -1,10 +1,13 @@
 """Shared fixtures (the tokenizer assets folder, a loaded Qwen3 profile, a free port, a key file, the learned tiny
-target trained once per session) and the end-of-run line that counts the tests skipped for something missing on
-this machine, with how to provide it.
+target trained once per session) and the end-of-run lines: the tests skipped for something missing on this
+machine, with how to provide it, and the slow tests a plain pytest left out, with how to run them.
 
 The assets folder is ``DRAFTGEN_TEST_ASSETS`` (default ``<checkout>/../shared/assets/tokenizers``); see
 ``_common_helpers``. pytest's default import mode puts this folder (``tests/``) on ``sys.path``, which is
-what lets every test file, ``tests/reliability/`` included, import ``_common_helpers`` and the others.
+what lets every test file, in ``tests/<package>/`` or ``tests/reliability/``, import ``_common_helpers`` and
+the others, also when pytest is given one file. The folders mirroring ``src/draftgen`` have no
+``__init__.py`` (a package ``tests/datasets`` on ``sys.path`` would hide HF's ``datasets``), so each test
+file's name is unique across them (tests/test_architecture.py checks it).
 """
 
 from __future__ import annotations
@@ -76,7 +79,9 @@ def _skip_reason(report: Any) -> str:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """One line per known cause of skips, e.g. ``draftgen: 87 tests skipped: tokenizer assets not found at
-    /x (set DRAFTGEN_TEST_ASSETS ...)``. ``write_line`` prints at any verbosity, ``-q -q`` included."""
+    /x (set DRAFTGEN_TEST_ASSETS ...)``, and one counting the deselected tests marked slow, e.g.
+    ``draftgen: 17 slow tests deselected: the CPU training chains (...)``. ``write_line`` prints at any
+    verbosity, ``-q -q`` included."""
     counts: Counter[str] = Counter()
     for report in terminalreporter.stats.get("skipped", []):
         reason = _skip_reason(report)
@@ -88,3 +93,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         hint = next(h for p, h in SKIP_HINTS.items() if reason.startswith(p))
         noun = "test" if n == 1 else "tests"
         terminalreporter.write_line(f"draftgen: {n} {noun} skipped: {reason} ({hint})")
+    slow = sum(1 for item in terminalreporter.stats.get("deselected", []) if item.get_closest_marker("slow"))
+    if slow:
+        noun = "test" if slow == 1 else "tests"
+        terminalreporter.write_line(
+            f"draftgen: {slow} slow {noun} deselected: the CPU training chains (a plain pytest runs -m 'not slow'; "
+            f"scripts/test runs everything, as CI does; or pass -m slow for these alone, -m '' for all)")

@@ -1,5 +1,5 @@
 """The architecture, enforced: no import cycle, no upward or sideways import between packages, no private
-name imported across modules.
+name imported across modules; and the tests mirror the tree (``tests/<package>/``).
 
 An AST scan of ``src/draftgen`` (nothing is imported). What counts as an import: every ``import`` and
 ``from ... import`` statement, at module level or inside a function (a lazy import is still a dependency),
@@ -321,6 +321,53 @@ def _write(root: Path, files: dict[str, str]) -> Path:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
     return pkg
+
+
+CROSS_MODULE_TESTS = ("integration", "reliability")  # packages of their own: whole commands, hostile peers
+
+
+def mirror_problems(tests: Path, src: Path) -> list[str]:
+    """The tests mirror the tree: each folder of ``tests`` (bar the cross-module ones) names a package of
+    ``src`` at the same path and has no ``__init__.py`` (``tests/datasets`` as a package would hide HF's
+    ``datasets``); so pytest imports those test files by name, and no two may share one."""
+    bad: list[str] = []
+    seen: dict[str, Path] = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        rel = path.relative_to(tests)
+        if rel.parts[0] in CROSS_MODULE_TESTS:
+            continue
+        if rel.name in seen:
+            bad.append(f"{tests.name}/{rel}: named as {tests.name}/{seen[rel.name]}; rename one "
+                       "(pytest imports both by name)")
+        seen.setdefault(rel.name, rel)
+    for folder in sorted(p for p in tests.rglob("*") if p.is_dir()):
+        rel = folder.relative_to(tests)
+        if rel.parts[0] in CROSS_MODULE_TESTS or any(part.startswith((".", "__")) for part in rel.parts):
+            continue
+        if not (src / rel / "__init__.py").is_file():
+            bad.append(f"{tests.name}/{rel}/: no package {src.name}/{rel}/; a folder of tests mirrors the "
+                       "package it tests")
+        if (folder / "__init__.py").exists():
+            bad.append(f"{tests.name}/{rel}/__init__.py: remove it; a folder mirroring a package is not a "
+                       "package")
+    return bad
+
+
+def test_the_tests_mirror_the_tree() -> None:
+    assert mirror_problems(ROOT / "tests", SRC) == []
+
+
+def test_the_mirror_check_finds_a_stray_folder_a_package_and_a_repeated_name(tmp_path: Path) -> None:
+    pkg = _write(tmp_path, {"__init__.py": "", "engine/__init__.py": ""})
+    suite = tmp_path / "suite"
+    for rel in ("engine/test_a.py", "engine/__init__.py", "nowhere/test_b.py", "test_a.py",
+                "integration/test_b.py"):
+        (suite / rel).parent.mkdir(parents=True, exist_ok=True)
+        (suite / rel).write_text("")
+    assert mirror_problems(suite, pkg) == [
+        "suite/test_a.py: named as suite/engine/test_a.py; rename one (pytest imports both by name)",
+        "suite/engine/__init__.py: remove it; a folder mirroring a package is not a package",
+        "suite/nowhere/: no package pkg/nowhere/; a folder of tests mirrors the package it tests"]
 
 
 def test_the_scanner_finds_a_lazy_cycle_an_upward_import_and_a_private_name(tmp_path: Path) -> None:

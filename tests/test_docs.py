@@ -1,4 +1,5 @@
-"""The committed reference docs equal what ``python -m draftgen.docgen`` generates from the code."""
+"""The committed reference docs equal what ``python -m draftgen.docgen`` generates from the code; the sections
+the README and the errors point to are there; every test file named by its path exists."""
 
 from __future__ import annotations
 
@@ -126,3 +127,19 @@ def test_resume_and_reruns_says_what_is_kept_redone_and_refused() -> None:
     for must in ("**Kept.**", "**Redone.**", "**Refused.**", "--redo changed", "--redo truncated", "replaced.jsonl",
                  "--force"):
         assert must in section, must
+
+
+def test_every_test_file_named_by_its_path_exists() -> None:
+    """README, docs, pyproject, scripts, bench and the docstrings and comments of src and tests name tests by
+    their path (``tests/<package>/test_x.py``); each one is there, so a test that moves takes its mentions
+    along."""
+    import re
+
+    root = DOCS.parent
+    files = [root / "README.md", root / "pyproject.toml", *DOCS.glob("*.md"), *(root / "scripts").iterdir(),
+             *(root / "bench").glob("*.py"), *(root / "src").rglob("*.py"), *(root / "tests").rglob("*.py")]
+    named = {(f.relative_to(root), m) for f in files if f.is_file()
+             for m in re.findall(r"(?<![\w/.])tests/[\w/]+\.py\b", f.read_text(encoding="utf-8"))}
+    assert len(named) > 20  # the scan finds the mentions
+    missing = sorted(f"{where}: {path}" for where, path in named if not (root / path).is_file())
+    assert not missing, "test files named but not there (moved? renamed?):\n" + "\n".join(missing)

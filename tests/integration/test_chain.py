@@ -105,8 +105,9 @@ def test_the_target_has_learned_structure_and_its_continuations_do_not_loop(
     _, f = chain
     h, t = f["held_out"], f["target"]
     assert h["prompts"] == 64 and h["looping"] == 0, h
-    # the recipe's target answers walk exactly and follows most of every other answer (tests/test_learned_target.py);
-    # on the held-out prompts its 32-token continuations equal the language's answer on about 58%
+    # the recipe's target answers walk exactly and follows most of every other answer
+    # (tests/drafter/test_learned_target.py); on the held-out prompts its 32-token continuations equal the
+    # language's answer on about 58%
     assert h["target_right"] >= 0.45 and t["accuracy"]["walk"] >= 0.8, (h, t)
     assert t["matches_recorded"] in (True, None), t  # None: the checksum was recorded with another torch
 

@@ -6,7 +6,8 @@ settings are refused at config load; log.jsonl holds each global step once acros
 and the speculators child dies with draftgen, kill -9 included.
 
 Real speculators (``DRAFTGEN_SPECULATORS`` / .venv-speculators) trains a tiny target's real hidden states
-on the CPU, as in tests/test_train.py; the detection test alone uses a fake ``torch`` for the probe.
+on the CPU, as in tests/phases/train/test_train.py; the detection test alone uses a fake ``torch`` for the
+probe.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ Errors inside a 200 body (bare ``{"error":…}`` or ``choices[0].error``) and mi
 Foreign exceptions (``translate_exception``): ``TRANSLATIONS`` maps each foreign exception class to its
 draftgen kind, and an exception takes the entry of the first class of its MRO found there, so the most
 specific class wins (as httpx's ``map_httpcore_exceptions`` does). Every exception class aiohttp's client
-exports has its own entry (``tests/test_backend_errors.py`` checks it); ``aiohttp.ClientError`` and
+exports has its own entry (``tests/backends/test_backend_errors.py`` checks it); ``aiohttp.ClientError`` and
 ``OSError`` themselves are the generic fallback, kind ``transport``. ``TRANSPORT_ERRORS`` is what a
 caller catches around a request to hand to ``translate_exception``.
 

@@ -13,8 +13,8 @@ unknown, while a server counts its last round against them too. ``replay`` then 
 start ``k`` or more tokens before the cut, whatever they accept (a rule on where a round starts, not on its
 outcome, so the tail drops out without favouring failures); a continuation that ended with an end token is
 replayed whole. ``replay(..., max_new=M)`` on a continuation of M + k tokens or more counts exactly
-what the server counts with ``max_tokens`` M (tests/test_baselines.py checks it against the emulator's own
-speculative decoding).
+what the server counts with ``max_tokens`` M (tests/drafter/test_baselines.py checks it against the emulator's
+own speculative decoding).
 
 The proposers (each drafts exactly k tokens every round, as an EAGLE drafter does, so their acceptance
 lengths are tokens per verification like the drafter's):

@@ -11,8 +11,10 @@ of wall time on a two-core machine shared at load 5–8).
 
 The recipe (``RECIPE``, seeds included) is all in code. The child runs with fixed torch threads and fixed CPU
 kernels (``_CHILD_ENV``: torch's and MKL's AVX2 code paths), so that one torch version gives the same weights
-on any x86-64 machine with AVX2: their sha256 is compared with ``RECORDED`` (recorded with one torch version;
-under another the comparison is reported as unknown, not refused).
+on most x86-64 machines with AVX2: their sha256 is compared with ``RECORDED`` (recorded with one torch version;
+under another the comparison is reported as unknown, not refused). Some CPUs still round differently under those
+paths; the weights each known family gives are all in ``RECORDED``, and the chain's tests hold bounds, not
+digits, so they pass on any of them.
 
 Also here, for the chain and its checks: the language's ids (``chat_ids`` renders a prompt as the chat
 template does, ``answer_ids``, ``language_ids``) and ``periodic_tail``, the loop check. No torch at import.
@@ -65,8 +67,13 @@ class LearnedRecipe:
 
 
 RECIPE = LearnedRecipe()
-#: the sha256 of the weights ``RECIPE`` gives, and the torch version it was recorded with
-RECORDED = {"torch": "2.13.0+cpu", "sha256": "7afba66654181662a6883db6baeda2403429c6aea90ab66da4c113dfa429b230"}
+#: the sha256 of the weights ``RECIPE`` gives, and the torch version it was recorded with: ``sha256`` is the one
+#: bench/RESULTS.md's chain was measured with; ``also`` the other weights the same torch gives on CPUs whose AVX2
+#: paths still round differently (one is known: b11419… on AVX-512/AMX Xeons of the Sapphire Rapids family, the
+#: CI machine's and the dev machine's since 2026-12; its chain holds the same bounds, test_chain)
+RECORDED: dict[str, Any] = {"torch": "2.13.0+cpu",
+                            "sha256": "7afba66654181662a6883db6baeda2403429c6aea90ab66da4c113dfa429b230",
+                            "also": ("b11419e0fa2b5d39c5f8055a68d3eab510e8859cdb50e9eb2e2efa57faf96f62",)}
 
 
 class LearnedTargetInfo(msgspec.Struct, kw_only=True):
@@ -161,8 +168,9 @@ def read_info(folder: Path) -> LearnedTargetInfo:
 def compared(info: LearnedTargetInfo) -> LearnedTargetInfo:
     """``info`` with ``recorded_sha256`` and ``matches_recorded`` from ``RECORDED`` (None: another torch)."""
     same_torch = info.torch == RECORDED["torch"]
+    known = (RECORDED["sha256"], *RECORDED["also"])
     return msgspec.structs.replace(info, recorded_sha256=RECORDED["sha256"],
-                                   matches_recorded=(info.sha256 == RECORDED["sha256"]) if same_torch else None)
+                                   matches_recorded=(info.sha256 in known) if same_torch else None)
 
 
 def _cached(out: Path, recipe: LearnedRecipe) -> LearnedTargetInfo | None:

@@ -8,8 +8,8 @@ untied head) over the ids the language uses plus one *other* row, trained with A
 (loss on the answer tokens, a cosine schedule), evaluated on fresh prompts (exact greedy answers per task, and
 how many ran on without ending), then widened (``widen``) into a full-vocabulary ``Qwen3ForCausalLM``:
 embedding and head rows at the language's ids, the other row's head weights at every other id (a logit that
-training pushes below the answers', since no answer holds it). tests/test_learned_target.py checks the widened
-model's logits equal the compact one's. Imports torch at module level (``draftgen[extract]``).
+training pushes below the answers', since no answer holds it). tests/drafter/test_learned_target.py checks the
+widened model's logits equal the compact one's. Imports torch at module level (``draftgen[extract]``).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ and copying the last token or looking the next tokens up earlier in the text pre
 - ``count``: "count: 318 to 331" → "318 319 … 331" (digits are single tokens: the carries matter).
 - ``close``: "close: ( [ { …" (10 to 30 brackets) → the matching closing brackets, innermost first.
 
-Each word of ``WORDS`` is one token with its leading space (tests/test_tinylang.py checks it). Pure Python;
-``write_prompts`` writes JSONL files, nothing else does I/O.
+Each word of ``WORDS`` is one token with its leading space (tests/drafter/test_learned_target.py checks it).
+Pure Python; ``write_prompts`` writes JSONL files, nothing else does I/O.
 """
 
 from __future__ import annotations

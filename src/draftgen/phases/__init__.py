@@ -30,7 +30,7 @@ is its own package plus one line, ``register_phase(Phase(...), after="merge")`` 
 may copy the table (``PHASES.copy()``) and pass its copy to ``run_pipeline(phases=...)`` instead.
 
 The one phase signature: every phase's entry point is ``run_<phase>(cfg, *, echo=print, profile=None,
-force=False, ...) -> <Phase>Report``, its own inputs keyword-only after those (``tests/test_phases.py``
+force=False, ...) -> <Phase>Report``, its own inputs keyword-only after those (``tests/phases/test_phases.py``
 checks it). ``Echo``, the type of ``echo``, is defined here, once.
 
 Layering: this module imports no phase module (the adapters are named, not imported), so importing the

@@ -182,7 +182,7 @@ class GroundTruthRecord(msgspec.Struct, omit_defaults=True):
 # A view decodes a record's lines reading only some fields; the rest are skipped (``msgspec.Raw``: left
 # undecoded). msgspec fills a missing field with its default, so a view whose field no longer matches its
 # record (renamed, retyped) would silently mislabel rows: every view is registered in ``VIEWS`` and
-# ``view_mismatches`` (run by tests/test_records.py) checks each against its record.
+# ``view_mismatches`` (run by tests/records/test_records.py) checks each against its record.
 
 
 class ResponseScanView(msgspec.Struct):

@@ -49,7 +49,8 @@ __all__ = ["COMPLETE", "ENV", "NORM_PREFIX", "ONLINE_FLAG", "PREFIX", "RUNNER", 
 
 ENV = "DRAFTGEN_SPECULATORS"
 RUNNER = Path(__file__).with_name("speculators_runner.py")
-# the runner's own spellings (it imports nothing of draftgen; tests/test_train.py keeps them equal)
+# the runner's own spellings (it imports nothing of draftgen;
+# tests/phases/train/test_train.py keeps them equal)
 PREFIX = "@@draftgen-metrics "
 NORM_PREFIX = "@@draftgen-verifier-norm "
 SELECT_FLAG = "--draftgen-select"

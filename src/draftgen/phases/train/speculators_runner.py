@@ -113,7 +113,7 @@ def on_cpu() -> bool:
 def to_speculators(t: dict[str, Any], n_aux: int, dtype: Any) -> dict[str, Any]:
     """speculators' cached-sample tensors from a ``draftgen.hidden/1`` sample's tensors ``t``: ``hidden_states``
     [T, n_aux+1, H] (aux slots ascending, then the pre-norm final) in ``dtype``, ``token_ids`` int64 [T].
-    Must equal draftgen's speculators export byte for byte (tests/test_train.py checks it)."""
+    Must equal draftgen's speculators export byte for byte (tests/phases/train/test_train.py checks it)."""
     import torch
 
     aux, final = t["aux"].float(), t["final"].float()

@@ -17,10 +17,6 @@ from typing import Any
 import pytest
 import torch
 
-# before _extract_helpers sets HF_HUB_OFFLINE: huggingface_hub reads it once, on import, and the hub tests of
-# test_tokens_loader in the same session need it unset (test_extract_exports imports it first too)
-import transformers  # noqa: F401
-
 from _extract_helpers import build_tiny_model
 from _hidden_export_helpers import make_hidden_set
 from draftgen.errors import ConfigError, InputError

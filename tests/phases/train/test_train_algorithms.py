@@ -3,13 +3,15 @@
 One real extraction (a merged run from the emulator pipeline, a tiny Qwen3 target, the hf backend) stores
 the superset of layers ``[2, 3, 4, 5, 6]`` + 8: EAGLE-3's three and DFlash's five. From that one set,
 ``draftgen train`` trains P-EAGLE, DFlash, DFlash-2, DSpark and XPress with speculators 0.9 on the CPU (one
-step each; eagle3 is tests/test_train.py's, eagle3.1 tests/test_train_online.py's), each taking its own layers;
-speculators' own loader loads every result; draftgen's P-EAGLE drafter reproduces speculators' own P-EAGLE
-forward; and ``draftgen emulate --drafter`` serves the P-EAGLE drafter (exactly plain greedy output) while
-``draftgen accept`` measures it; and speculators' own online client (``generate_hidden_states``, its file
-transfer, ``check_hidden_states``) reads ``draftgen emulate --model``'s extract mode as it reads ``vllm serve``.
-The sizes given to speculators (``extra_args``: one draft layer, blocks of 4,
-few anchors, small heads) only make the CPU steps short; the algorithms are speculators' own.
+step each; eagle3 is tests/phases/train/test_train.py's, eagle3.1 tests/phases/train/test_train_online.py's),
+each taking its own layers; speculators' own loader loads every result; draftgen's P-EAGLE drafter reproduces
+speculators' own P-EAGLE forward; and ``draftgen emulate --drafter`` serves the P-EAGLE drafter (exactly plain
+greedy output) while ``draftgen accept`` measures it; and speculators' own online client
+(``generate_hidden_states``, its file transfer, ``check_hidden_states``) reads ``draftgen emulate --model``'s
+extract mode as it reads ``vllm serve``. The sizes given to speculators (``extra_args``: one draft layer,
+blocks of 4, few anchors, small heads) only make the CPU steps short; the algorithms are speculators' own.
+The tests that train (the ``trained`` fixture) are marked slow: a plain pytest runs only the extraction's
+check; scripts/test runs them all.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def test_extract_says_which_algorithms_the_set_feeds(capture: dict[str, Any]) ->
                for x in capture["extract_lines"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ALGS))
 def test_each_algorithm_trains_on_its_own_layers_of_the_one_set(trained: dict[str, TrainReport], name: str) -> None:
     rep, alg = trained[name], algorithm(name)
@@ -96,6 +99,7 @@ def test_each_algorithm_trains_on_its_own_layers_of_the_one_set(trained: dict[st
         assert rep.draft_vocab_size == 151669  # over the whole target vocabulary
 
 
+@pytest.mark.slow
 def test_speculators_reads_what_draftgen_makes(capture: dict[str, Any], trained: dict[str, TrainReport],
                                               tmp_path: Path) -> None:
     """In speculators' own Python: its loader (``SpeculatorModel.from_pretrained``) loads each checkpoint;
@@ -170,6 +174,7 @@ print(json.dumps(loaded))
     torch.testing.assert_close(logits, want, rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.slow
 def test_the_peagle_drafter_is_served_exactly_and_accept_measures_it(capture: dict[str, Any],
                                                                      trained: dict[str, TrainReport]) -> None:
     from draftgen.emulator.real.server import ModelServerOptions, start_in_thread

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from _common_helpers import free_port
+from _common_helpers import CHECKOUT, free_port
 from _generate_helpers import (
     SECRET_KEY,
     claim,
@@ -271,7 +271,7 @@ def test_exact_id_backends_through_generate(tmp_path: Path, kind: str) -> None:
 
 
 def test_quickstart_example_config_loads() -> None:
-    cfg = load_config(Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml")
+    cfg = load_config(CHECKOUT / "examples" / "quickstart.yaml")
     assert cfg.endpoint.kind == "emulator" and cfg.model.profile == "qwen3"
     assert [d.path for d in cfg.datasets] == ["bundled:chat", "bundled:code", "bundled:tools"]
 

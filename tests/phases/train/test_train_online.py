@@ -8,7 +8,7 @@ Training is EAGLE-3.1 under torchrun with two processes (gloo), both taking samp
 no hidden state is stored; a second run resumes from the last complete checkpoint, setting aside one that
 was never completed; the drafter is served by ``draftgen emulate --drafter`` and measured by ``accept``. A
 server whose final state is taken after the norm is stopped by the preflight, named with the check.
-(speculators' own online client reading the emulator directly: tests/test_train_algorithms.py.)
+(speculators' own online client reading the emulator directly: tests/phases/train/test_train_algorithms.py.)
 
 Sizes are the smallest that exercise each path (ten rows, one epoch, then one more); the CPU time is mostly
 speculators' start-up in each of the two processes.
@@ -177,7 +177,7 @@ def test_a_hostile_server_after_a_kill_excludes_every_sample_and_nothing_is_publ
         served: dict[str, Any], tmp_path: Path) -> None:
     """Items 10, 1, 8, 9, 6 and 7 in one rerun. First ``draftgen train --online`` is killed (kill -9) while it
     waits on a connector file whose lock the server holds (its preflight's first: the same claims as the proxy's;
-    test_extract_proxy.py kills a proxy mid-service). The rerun sweeps what it left, then trains
+    test_train_proxy.py kills a proxy mid-service). The rerun sweeps what it left, then trains
     behind a server that, after an honest preflight, sends only broken samples: unreadable files, files with a
     layer too many or without token_ids, other prompt ids, locks held past the timeout. Every sample is
     excluded and counted (none is a server error), nothing is published (exit 3, train.json says why), and

@@ -2,10 +2,10 @@
 the embeddings), (c) positions shifted by one token, (d) a final state taken after the norm or from the wrong
 layer. Each break is made by wrapping the hf backend's capture in the test (no production flag); a sound
 capture flags nothing. The log-prob check (``teacher_reference`` for the final state, ``teacher_aux`` for the
-aux slots run on through the target) flags every break; tests/test_extract_vllm.py makes the same breaks in
-the vllm backend's server and checks against the engine's own ``prompt_logprobs``. Also the deterministic
-teacher fraction (the hf backend's), the secret spot check a server's samples get (``SpotCheck``: exactly its
-share of every block, drawn anew by each instance) and the log-prob tolerance."""
+aux slots run on through the target) flags every break; tests/target/test_extract_vllm.py makes the same
+breaks in the vllm backend's server and checks against the engine's own ``prompt_logprobs``. Also the
+deterministic teacher fraction (the hf backend's), the secret spot check a server's samples get
+(``SpotCheck``: exactly its share of every block, drawn anew by each instance) and the log-prob tolerance."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """``draftgen.hidden.algorithms``: the layers each drafter algorithm takes from one capture, what a set feeds,
 the disk each choice costs, and the trainer launch (one process or torchrun) and runner spellings that go with
-them. Pure arithmetic and strings: no model, no speculators run (tests/test_train_algorithms.py trains them)."""
+them. Pure arithmetic and strings: no model, no speculators run (tests/phases/train/test_train_algorithms.py
+trains them)."""
 
 from __future__ import annotations
 

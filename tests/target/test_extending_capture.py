@@ -17,10 +17,6 @@ from typing import ClassVar
 
 import pytest
 import torch
-
-# before _extract_helpers sets HF_HUB_OFFLINE: huggingface_hub reads it once, on import, and the hub tests of
-# test_tokens_loader in the same session need it unset (test_extract_exports imports it first too)
-import transformers  # noqa: F401
 from click.testing import CliRunner
 
 from _extract_helpers import build_tiny_model, make_merged_run, merged_rows, with_hidden
