@@ -25,14 +25,20 @@ against the forward with logits, the summed step times (capture, check, encode, 
 tokens/s, ``write_throughput_vs_sequential`` = the store's MB/s / the plain sequential write's MB/s for
 target-sized samples, and ``run_write_throughput_vs_sequential`` the same for this run's small samples.
 
+Then the target-sized, model-free mode (``bench/_extract_host.py``): synthetic staged states of hidden 4,096
+and 7,168 in 8,192-token batches through the real worker (check, encode, hash, publish on its host pool) beside
+a plain copy + write + fsync per file of the same bytes: ``host_pipeline_vs_plain_write_bf16`` / ``_fp8``.
+
     python bench/bench_extract.py            # 64 rows in batches of 4096 tokens, best of 3
     python bench/bench_extract.py --quick    # 16 rows in batches of 2048 tokens, best of 2
+    python bench/bench_extract.py --host-only              # the model-free mode alone
+    python bench/bench_extract.py --device cuda            # the 8B GPU table (bench/_extract_gpu.py)
+    python bench/bench_extract.py --device cpu --size tiny # its rehearsal on a CPU, about a minute
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import random
 import sys
 import tempfile
@@ -40,10 +46,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its own modes: _extract_host, _extract_gpu
 try:
     from bench._common import emit_result, machine_info, quick_mode
 except ImportError:  # python bench/bench_extract.py
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _common import emit_result, machine_info, quick_mode  # type: ignore[no-redef]
 
 VOCAB = 151_669
@@ -69,14 +75,7 @@ def build_model(folder: Path, layers: int, hidden: int) -> Path:
 
 def build_run(root: Path, n: int) -> Path:
     """A run directory with merged/ only (train shard + manifest), and its config; returns the config path."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    import yaml
-
-    from draftgen.config import config_from_mapping
-    from draftgen.records import MANIFEST_LAYOUT, MergedFile, MergeManifest
-    from draftgen.rundir import writer
-    from draftgen.store import atomic_write_json
+    from _merged_run import write_merged_run
 
     rng = random.Random(0)
     ids, masks, sids = [], [], []
@@ -85,23 +84,7 @@ def build_run(root: Path, n: int) -> Path:
         ids.append([rng.randrange(VOCAB) for _ in range(t)])
         masks.append([0] * (t // 2) + [1] * (t - t // 2))
         sids.append(f"bench-{i:05d}")
-    data = {"run_dir": str(root / "run"), "endpoint": "emulator", "progress": "off",
-            "datasets": [{"name": "bench", "path": "bench.jsonl"}]}
-    cfg_path = root / "cfg.yaml"
-    cfg_path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    cfg = config_from_mapping(data, where=str(cfg_path), base_dir=str(root))
-    with writer(cfg, "bench") as rd:
-        rd.merged.mkdir(parents=True, exist_ok=True)
-        shard = rd.merged_shard("train", 0, 1)
-        table = pa.table({"input_ids": pa.array(ids, pa.list_(pa.int32())), "loss_mask": pa.array(masks, pa.list_(pa.int8())),
-                          "sample_id": pa.array(sids, pa.string())})
-        pq.write_table(table, shard)
-        body = shard.read_bytes()
-        atomic_write_json(rd.merged_manifest, MergeManifest(
-            files=[MergedFile(path=str(shard.relative_to(rd.root)), split="train", kind="parquet", rows=n,
-                              bytes=len(body), sha256=hashlib.sha256(body).hexdigest())],
-            seed=0, merge={}, datasets=["bench"], profile="qwen3", layout=MANIFEST_LAYOUT))
-    return cfg_path
+    return write_merged_run(root, "bench", ids, masks, sids)
 
 
 def bare(model: Any, batches: list[list[Any]], full: bool) -> tuple[float, float]:
@@ -254,12 +237,42 @@ def show(f: dict[str, Any]) -> None:
               f"{f[f'{tag}write_throughput_vs_sequential']:.2f}× ({f[f'{tag}write_files']} files)")
 
 
+def host_figures(work: Path, quick: bool, repeats: int | None) -> dict[str, Any]:
+    """The target-sized, model-free mode's figures (``bench/_extract_host.py``)."""
+    from _extract_host import measure
+
+    work.mkdir(parents=True, exist_ok=True)
+    return measure(work, repeats or (3 if quick else 4), 1 if quick else 2)
+
+
+def show_host(f: dict[str, Any]) -> None:
+    from _extract_host import show as show_
+
+    show_(f)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rows", type=int)
     ap.add_argument("--repeats", type=int)
+    ap.add_argument("--host-only", action="store_true", help="only the target-sized, model-free mode")
+    ap.add_argument("--device", choices=("cpu", "cuda"), help="the GPU table's mode (bench/_extract_gpu.py)")
+    ap.add_argument("--size", choices=("8b", "tiny"), default="8b", help="with --device: the target's shape")
+    ap.add_argument("--json", help="with --device: where its figures go (default $OUT/bench_extract_gpu.json)")
     args = ap.parse_args()
+    if args.device:
+        from _extract_gpu import main as gpu_main
+
+        gpu_main(args.size, args.device, args.json, args.rows)
+        return
+    if args.host_only:
+        quick = args.quick or quick_mode()
+        with tempfile.TemporaryDirectory(prefix="dg-bench-extract-") as tmp:
+            host = host_figures(Path(tmp), quick, args.repeats)
+        show_host(host)
+        emit_result("extract", host)
+        return
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -296,7 +309,9 @@ def main() -> None:
         figures.update(write_throughput(big, work, max(3, repeats), ""))
         del big
         figures.update(write_throughput(run_batches(root / "hidden-teacher5-0"), work, max(3, repeats), "run_"))
+        figures.update(host_figures(root / "host", quick, None))
     show(figures)
+    show_host(figures)
     emit_result("extract", figures)
 
 

@@ -140,6 +140,9 @@ def test_the_guarded_names_come_from_rundir() -> None:
                 Path('/r/hidden') / rundir.HiddenLayout.marker]
     spelled += [rd.train_handover, rd.train_connector_claims]
     spelled += [rd.train_previous]
+    spelled += [rd.settlements]
+    spelled += [rd.progress]
+    spelled += [rd.probe]
     names = {part for p in spelled for part in p.relative_to("/r").parts} - {"d"}
     assert names == set(rundir.LAYOUT_NAMES)
     # A pilot is a run directory of its own.

@@ -71,11 +71,27 @@ def friendly(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+#: The flag that sets each config key it overrides: a value the config's checks refuse is blamed on it.
+FLAG_OF: dict[str, str] = {
+    "run_dir": "--run-dir", "budget.token_budget": "--token-budget", "budget.max_spend_usd": "--max-spend",
+    "prepare.skip_bad": "--skip-bad", "partitions.short.concurrency": "--short-concurrency",
+    "partitions.long.concurrency": "--long-concurrency", "partitions.short.max_tokens": "--short-max-tokens",
+    "partitions.long.max_tokens": "--long-max-tokens", "endpoint.api_key_file": "--api-key-file",
+    "endpoint.base_url": "--base-url", "audit.reference": "--reference", "hidden_states.output": "--output",
+    "hidden_states.model": "--model", "hidden_states.backend": "--backend", "hidden_states.dtype": "--dtype",
+    "hidden_states.device": "--device", "hidden_states.ray": "--workers", "hidden_states.workers": "--workers",
+    "train.hidden": "--hidden", "train.verifier": "--verifier", "train.speculators": "--speculators",
+    "train.epochs": "--epochs", "train.max_steps": "--max-steps", "train.draft_vocab_size": "--draft-vocab-size",
+    "train.algorithm": "--algorithm", "train.online": "--online", "train.nproc_per_node": "--nproc-per-node",
+    "train.allow_partial": "--allow-partial", "probe.prompt": "--prompt", "plan.pilot": "--pilot",
+}
+
+
 def _load(config: str, overrides: dict[str, Any] | None = None) -> Any:
     from draftgen.config import load_config
     from draftgen.extensions import check_config
 
-    cfg = load_config(config, overrides)
+    cfg = load_config(config, overrides, flags=FLAG_OF)
     check_config(cfg, config)
     return cfg
 

@@ -13,12 +13,13 @@ import datetime as _dt
 import io
 import shutil
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-__all__ = ["fmt_duration", "fmt_float", "fmt_int", "fmt_pct", "fmt_time", "fmt_usd", "render_text"]
+__all__ = ["fmt_duration", "fmt_float", "fmt_held", "fmt_int", "fmt_pct", "fmt_time", "fmt_usd", "render_text"]
 
 
 def fmt_int(n: int | None) -> str:
@@ -43,6 +44,16 @@ def fmt_usd(x: float | None) -> str:
     if abs(x) < 100:
         return f"${x:,.4f}"
     return f"${x:,.2f}"
+
+
+def fmt_held(billed: float, held: float, abandoned: int, usd: Callable[[float], str] = fmt_usd) -> str:
+    """A booked spend that holds the worst case of requests abandoned on the wire, named apart (the display,
+    generate's summary, ``status`` and the report all say it so): ``billed $1.91 + $2.03 held for 66
+    abandoned requests, worst case``; ``""`` when nothing is held."""
+    if held <= 0 or abandoned <= 0:
+        return ""
+    return (f"billed {usd(billed)} + {usd(held)} held for {abandoned:,} abandoned "
+            f"request{'' if abandoned == 1 else 's'}, worst case")
 
 
 def fmt_duration(seconds: float | None) -> str:

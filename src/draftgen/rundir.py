@@ -19,6 +19,8 @@ Layout (paths relative to the run directory)::
     exports/validation/<format>/       the validation rows in the same format (``merge.val_fraction`` > 0)
     logs/attempts.jsonl                AttemptRecord: every request attempt (provider health, report timelines)
     logs/health.jsonl                  HealthEvent: providers sent to and back from the cool-down
+    logs/settlements.jsonl             SettlementRecord: what requests abandoned on the wire were billed
+    logs/probe.json                    ProbeMeasurement: the stream probe's request measured (plan's rate)
     openrouter-batches/journal.jsonl   BatchEvent: every OpenRouter batch of ``endpoint.mode: batch`` (records.batches)
     report.html, logs/<command>.log, emulator/ground_truth.jsonl, plan/pilot/ (a run directory of its own)
     hidden/                            (coming) the extract phase's hidden states: per-sample files, index, manifest
@@ -88,10 +90,12 @@ MARKER = "run.json"
 LOCK_NAME = ".draftgen.lock"
 _PIPELINE = "pipeline.json"
 _REPORT = "report.html"
-_LOGS, _ATTEMPTS, _HEALTH = "logs", "attempts.jsonl", "health.jsonl"
+_LOGS, _ATTEMPTS, _HEALTH, _SETTLEMENTS = "logs", "attempts.jsonl", "health.jsonl", "settlements.jsonl"
 _PREPARED, _PROMPTS, _STATS = "prepared", "prompts.jsonl", "stats.json"
 _RAW, _RESPONSES, _FAILURES = "raw", "raw_responses.jsonl", "failures.jsonl"
 _REPLACED = "replaced.jsonl"
+_PROGRESS = "progress.json"  # in logs/: generate's latest display figures (records.ProgressRecord)
+_PROBE = "probe.json"  # in logs/: what probe's request measured (records.ProbeMeasurement)
 _AUDIT, _AUDIT_JSON = "audit", "audit.json"
 _MERGED, _CARD, _MANIFEST = "merged", "README.md", "manifest.json"
 _EXPORTS = "exports"
@@ -119,7 +123,7 @@ _BATCHES, _BATCH_JOURNAL = "openrouter-batches", "journal.jsonl"
 LAYOUT_FILES: frozenset[str] = frozenset({
     MARKER, LOCK_NAME, _PIPELINE, _REPORT, _ATTEMPTS, _HEALTH, _PROMPTS, _STATS, _RESPONSES, _FAILURES, _REPLACED,
     _AUDIT_JSON, _CARD, _MANIFEST, _HIDDEN_MARKER, _GROUND_TRUTH, _TRAIN_LOG, _TRAIN_SPEC_LOG, _TRAIN_REPORT, _ACCEPT_JSON,
-    _BATCH_JOURNAL, _TRAIN_ONLINE_JSON,
+    _BATCH_JOURNAL, _TRAIN_ONLINE_JSON, _PROGRESS, _SETTLEMENTS, _PROBE,
 })
 #: every folder name of the layout (some are also ordinary words: ``train`` is a split, ``audit`` a command)
 LAYOUT_DIRS: frozenset[str] = frozenset({
@@ -181,8 +185,23 @@ class RunDir:
         return self.logs / _ATTEMPTS
 
     @property
+    def probe(self) -> Path:
+        """``logs/probe.json``: the stream probe's request measured (``records.ProbeMeasurement``)."""
+        return self.logs / _PROBE
+
+    @property
     def health(self) -> Path:
         return self.logs / _HEALTH
+
+    @property
+    def progress(self) -> Path:
+        """``logs/progress.json``: the live display's latest figures (``ProgressRecord``), for ``status``."""
+        return self.logs / _PROGRESS
+
+    @property
+    def settlements(self) -> Path:
+        """``logs/settlements.jsonl``: what requests abandoned on the wire were billed (``SettlementRecord``)."""
+        return self.logs / _SETTLEMENTS
 
     @property
     def batch_journal(self) -> Path:
@@ -343,21 +362,23 @@ class RunDir:
 
     @property
     def accept(self) -> Path:
-        """``accept/``: one folder per drafter measured, and the latest report."""
+        """``accept/``: one folder per drafter measured (a report per pass in it), and the run's latest."""
         return self.root / _ACCEPT
 
     @property
     def accept_json(self) -> Path:
-        """``accept/acceptance.json``: a copy of the latest ``draftgen accept`` report."""
+        """``accept/acceptance.json``: a copy of the latest report of the run's own drafter
+        (``phases.accept.run``: its measurement over the configured prompts)."""
         return self.accept / _ACCEPT_JSON
 
-    def accept_report(self, key: str) -> Path:
-        """``accept/<key>/acceptance.json``: the report of the drafter whose key is ``key``."""
-        return self.accept / key / _ACCEPT_JSON
+    def accept_report(self, key: str, name: str) -> Path:
+        """``accept/<key>/<name>.json``: the report of one pass (``name``: its server and prompt set) of the
+        drafter whose key is ``key``; a draftgen before schema 4 wrote one ``acceptance.json`` per drafter."""
+        return self.accept / key / f"{name}.json"
 
     def accept_reports(self) -> list[Path]:
-        """Every drafter's report, ordered by key."""
-        return sorted(self.accept.glob(f"*/{_ACCEPT_JSON}"))
+        """Every pass's report, ordered by drafter key, then name."""
+        return sorted(self.accept.glob("*/*.json"))
 
     # -- around the phases
     @property

@@ -28,11 +28,14 @@ from draftgen.errors import InputError, StorageError
 from draftgen.records import (
     SCHEMA_VERSION,
     AttemptRecord,
+    AttemptSpend,
     FailureRecord,
     Provenance,
     ResponseKeyView,
     ResponseRecord,
     ResponseScanView,
+    SettlementRecord,
+    attempt_spend,
     spend_usd,
 )
 
@@ -377,14 +380,13 @@ def superseded_lines(path: Path) -> set[int]:
     return out
 
 
-def scan_attempt_spend(path: Path) -> float:
+def scan_attempt_spend(path: Path, settlements: Path) -> AttemptSpend:
     """What the attempts log (``logs/attempts.jsonl``) booked for attempts that left no record: responses
-    rejected or unusable, and requests abandoned on the wire. Each is spend no raw log carries."""
-    total = 0.0
-    for _, att in iter_jsonl(path, AttemptRecord):
-        if att.outcome != "ok" and att.cost > 0:
-            total += att.cost
-    return total
+    rejected or unusable, and requests abandoned on the wire (held at their worst case until
+    ``logs/settlements.jsonl`` says what they were billed: ``records.attempt_spend``). Each is spend no raw
+    log carries."""
+    return attempt_spend((a for _, a in iter_jsonl(path, AttemptRecord)),
+                         (s for _, s in iter_jsonl(settlements, SettlementRecord)))
 
 
 def scan_failures(path: Path) -> dict[str, FailureRecord]:

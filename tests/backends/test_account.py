@@ -17,7 +17,7 @@ from draftgen.backends.account import AccountSnapshot, read_account_at
 from draftgen.config import RunConfig, load_config
 from draftgen.emulator.scenarios import builtin_scenario
 from draftgen.emulator.server import EmulatorOptions, RunningEmulator, start_in_thread
-from draftgen.errors import AuthError
+from draftgen.errors import AuthError, ConfigError
 
 MGMT = "sk-or-mgmt-account-test"
 
@@ -74,14 +74,13 @@ def test_credits_failure_is_a_reason(tmp_path: Path, emu: RunningEmulator, monke
         assert snap.key is not None and snap.prices is not None  # the rest is read all the same
 
 
-def test_missing_endpoints_are_a_reason(tmp_path: Path) -> None:
-    sc = builtin_scenario("fast")  # a model id it does not list is OpenRouter's 404
-    with start_in_thread(EmulatorOptions(port=0, scenario_obj=sc)) as e:
-        snap = _read(_cfg(tmp_path, e.base_url, model="nobody/no-such-model"))
-    assert snap.key is not None
-    assert snap.endpoints is None and snap.endpoints_error and "not found" in snap.endpoints_error.lower()
-    assert snap.prices is None
-    assert (snap.prices_missing("nobody/no-such-model") or "").startswith("the price list could not be read")
+def test_an_unknown_model_is_a_config_error_naming_model_id(tmp_path: Path) -> None:
+    # A model id it does not list is OpenRouter's 404 (model_not_found): every request would fail the same
+    # way, so it is raised (plan and run stop, exit 2), never a reason to plan around (issue 34).
+    sc = builtin_scenario("fast")
+    with start_in_thread(EmulatorOptions(port=0, scenario_obj=sc)) as e, \
+            pytest.raises(ConfigError, match=r"model.id 'nobody/no-such-model' is not a model .*check model.id"):
+        _read(_cfg(tmp_path, e.base_url, model="nobody/no-such-model"))
 
 
 def test_routing_that_excludes_everything_prices_over_all(tmp_path: Path, emu: RunningEmulator) -> None:

@@ -118,6 +118,10 @@ def test_build_trains_once_reuses_the_folder_and_refuses_a_foreign_one(tmp_path:
     info = learned.read_info(out)
     assert info.recipe == asdict(TINY) and set(info.accuracy) == set(tinylang.TASKS)
     assert info.matches_recorded in (False, None)  # a two-step recipe is not the recorded target
+    # the child's progress reaches the caller while it trains (tiny-chain: no minutes of silence; a3c8820 held
+    # them until the child ended, then dropped them)
+    assert [s.split(" loss ")[0] for s in lines if " step " in s] == ["learned target: step 1/2",
+                                                                     "learned target: step 2/2"], lines
     m = transformers.AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)
     assert m.config.vocab_size == 151669 and m.config.num_hidden_layers == 2
     # a second build in another folder (another child process) writes the same weights, byte for byte

@@ -279,7 +279,7 @@ def _attempts(run: Path) -> list[AttemptRecord]:
 def _booked(run: Path) -> float:
     """What the next run's budget reads as spent: the records' costs and the attempts that left none."""
     rd = RunDir(run)
-    return scan_responses(rd.raw("q")).spend_usd + scan_attempt_spend(rd.attempts)
+    return scan_responses(rd.raw("q")).spend_usd + _attempts_booked(rd)
 
 
 # -- the matrix --------------------------------------------------------------------------------------------
@@ -422,3 +422,9 @@ def test_import_holds_records_to_the_same_intake(tmp_path: Path) -> None:
         gen = run_generate(make_config(tmp_path, ["q"], base_url=emu.base_url, routing={"ignore": ["chutes"]},
                                        partitions={"short": {"concurrency": 4, "max_tokens": MAX_TOKENS}}), **QUIET)
     assert gen.exit_code == 0 and gen.done == 6 and len(responses(run, "q")) == 8
+
+
+def _attempts_booked(rd: RunDir) -> float:
+    """What the attempts booked, abandoned requests' holds included (``store.scan_attempt_spend``)."""
+    spend = scan_attempt_spend(rd.attempts, rd.settlements)
+    return spend.billed + spend.held

@@ -23,7 +23,6 @@ from draftgen.engine.progress import (
     render,
     row_cells,
     snapshot,
-    tokens_left,
     wire_cells,
 )
 from draftgen.errors import RetryableAPIError
@@ -148,6 +147,7 @@ def test_snapshot_of_run_stats_oldest_request_budget_left_and_grace() -> None:
     d.to_do, d.done, d.failed, d.completion_tokens = 10, 4, 1, 4000
     short = stats.partition("short")
     short.planned, short.done, short.failed, short.completion_tokens, short.retries = 10, 4, 1, 4000, 2
+    short.max_tokens = 1000
     stats.in_flight, stats.limit = {"short": 3}, {"short": 8}
     short.flight[("chat", "chat-aaaa")] = Flight(("chat", "chat-aaaa"), "short", 40.0)  # the first is the oldest
     short.flight[("chat", "chat-bbbb")] = Flight(("chat", "chat-bbbb"), "short", 90.0)
@@ -166,7 +166,10 @@ def test_snapshot_of_run_stats_oldest_request_budget_left_and_grace() -> None:
     assert s.oldest == "chat-bbbb" and s.oldest_age_s == pytest.approx(20.0)
     assert total.oldest == "chat-bbbb" and total.in_flight == 3 and total.concurrency == 8
     assert s.remaining == 3 and s.resp_s == pytest.approx(0.2) and s.tok_s == pytest.approx(200.0)
-    assert s.eta_s == pytest.approx(15.0) and s.retries == 2
+    # the stream on the wire at 20 tok/s (100 tokens in 5 s) may run to max_tokens: 900 more tokens, 45 s; the
+    # one with no first token yet and the sample not sent yet stream at the rates seen: 1,000 tokens, 50 s
+    assert s.eta_s == pytest.approx(50.0, rel=0.02) and s.eta_basis == "in flight" and s.retries == 2
+    assert "ETA 50s (in flight)" in plain_line(snapshot(stats)) and total.eta_basis == "in flight"
     # what is left of the budget includes the reservations, and names them
     assert snap.spent == pytest.approx(3.0) and snap.left == pytest.approx(7.0) and snap.reserved == 0.5
     assert "$3.00 spent · $7.00 left ($0.50 reserved)" in plain_line(snap)
@@ -259,30 +262,23 @@ def test_scheduler_tracks_requests_in_flight_per_sample_and_feeds_partition_figu
     assert pc.completion_tokens == stats.completion_tokens > 0 and pc.cost == pytest.approx(stats.spend_session)
 
 
-def test_tokens_left_counts_what_streams_in_flight_have_received() -> None:
-    lengths = [100, 200, 300, 400]  # this run's responses, sorted
-    assert tokens_left([], [50.0], 3) is None  # nothing to go on yet: the display falls back to samples/s
-    assert tokens_left(lengths, [], 2) == pytest.approx(2 * 250)  # queued samples: the mean length each
-    # a stream with 250 tokens: the responses longer than that average 350, so 100 more to come
-    assert tokens_left(lengths, [250.0], 0) == pytest.approx(100)
-    # past every length seen: half as much again
-    assert tokens_left(lengths, [1000.0], 0) == pytest.approx(500)
-
-
 def test_a_stream_in_flight_moves_tok_s_and_the_eta_before_any_response_is_done() -> None:
     t = [0.0]
     stats = RunStats(clock=lambda: t[0], started=0.0)
+    stats.eta_every_s = 0.0  # a fresh ETA at every look
     pc = stats.partition("short")
-    pc.planned, pc.lengths = 2, [400, 400]
+    pc.planned, pc.lengths, pc.max_tokens = 2, [], 400
     stats.in_flight, stats.limit = {"short": 1}, {"short": 4}
     fl = Flight(("chat", "chat-aaaa"), "short", 0.0)
     pc.flight[fl.key] = fl
     stats.sample()
+    assert snapshot(stats).rows[0].eta_s is None  # no rate seen yet, no response: nothing to go on
     for step in range(1, 11):  # 40 characters (10 tokens) a second on the wire, nothing finished
         t[0] = float(step)
         fl.meter.data(40 * step, 0, t[0])
         stats.sample()
     row = snapshot(stats).rows[0]
     assert row.done == 0 and row.tok_s == pytest.approx(10.0)
-    # 300 tokens to come for the stream (400 - 100) and 400 for the sample not started yet: 70 s at 10 tok/s
-    assert row.eta_s == pytest.approx(70.0)
+    # 100 tokens in the 9 s since its first data: 11.1 tok/s. It may run to max_tokens (300 more, 27 s); the
+    # sample not sent yet, at the same rate, 400 tokens: 36 s
+    assert row.eta_s == pytest.approx(36.0, rel=0.02) and row.eta_basis == "waves"

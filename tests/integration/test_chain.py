@@ -32,6 +32,7 @@ pytest.importorskip("transformers")
 
 from _hidden_export_helpers import speculators_python  # noqa: E402
 from draftgen.config import load_config  # noqa: E402
+from draftgen.rundir import RunDir  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "tiny-chain"
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-chain.yaml"
@@ -131,8 +132,17 @@ def test_extract_checks_flag_states_shifted_by_one(chain: tuple[ModuleType, dict
 def test_the_chain_trained_on_every_merged_sample(chain: tuple[ModuleType, dict[str, Any]]) -> None:
     mod, f = chain
     assert f["samples"] == 4 * (mod.PER_TASK - mod.HELD_PER_TASK) and f["train_trained"]["steps"] > 0
-    held = json.loads((Path(f["work"]) / "run" / "accept" / "acceptance.json").read_text())
+    run = Path(f["work"]) / "run"
+    held = json.loads((run / "accept" / "acceptance.json").read_text())
     assert held["prompts"] == 64 and held["k"] == 3
+    # the latest is the run's own drafter's 64-prompt vLLM pass; every pass kept its own file
+    assert held["pass_name"].startswith("vllm-64p-") and held["drafter"].endswith("run/train/drafter"), held
+    assert len(RunDir(run).accept_reports()) == 3
+    # the last line says in words whether the trained drafter won; the page shows acceptance
+    assert mod.summary(f)[-1] == f["verdict"]
+    assert f["verdict"].startswith("The trained drafter beats the no-model drafters by +"), f["verdict"]
+    assert f["report"]["level"] == "green", f["report"]
+    assert '<h2 id="accept">' in (run / "report.html").read_text(encoding="utf-8")
 
 
 def test_example_config_loads_and_is_the_chain() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from _chain_helpers import write_chain
 from _common_helpers import BROWSER_MISSING
 from _report_helpers import make_config, run_config, write_attempts_and_health, write_run_dir
 from draftgen.config import load_config
@@ -50,20 +51,52 @@ def _check_at_1280(browser: Any, cfg: Any, page_path: Path) -> None:
         da.kept_rebuilt_completion_tokens, da.kept_billed_completion_tokens = 91000500, 91000000
         da.billing_mismatched_samples, da.tokenization_mismatch = 12345, 300
     atomic_write_json(aj, rep)
+    write_chain(cfg.run_path)  # the extract, train and accept sections, as tiny-chain leaves them
     run_report(cfg, echo=lambda s: None)
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(page_path.as_uri(), wait_until="load")
     page.wait_for_function("document.querySelectorAll('.chart .main-svg').length >= 9", timeout=20_000)
-    width, room = page.locator("#audit").evaluate("t => [t.scrollWidth, t.parentElement.clientWidth]")
-    assert width <= room, (width, room)
+    for table in ("#audit", "#extract-table", "#train-table", "#accept-table", "#accept-datasets", "#accept-passes"):
+        width, room = page.locator(table).evaluate("t => [t.scrollWidth, t.parentElement.clientWidth]")
+        assert width <= room, (table, width, room)
     charts = page.locator(".chart")
     for i in range(charts.count()):
         chart = charts.nth(i)
         chart.hover()
         bar = chart.locator(".modebar").bounding_box()
         legend = chart.locator(".legend").bounding_box() if chart.locator(".legend").count() else None
-        assert bar is not None
+        caption = page.locator("figure").nth(i).locator("figcaption").bounding_box()
+        assert bar is not None and caption is not None
         assert legend is None or not _overlap(bar, legend), chart.get_attribute("id")
+        # a3c8820: the layouts were 350 px (one 400) tall in 320 px divs: five legends drew over their captions
+        assert legend is None or not _overlap(legend, caption), (chart.get_attribute("id"), legend, caption)
+    page.close()
+    _check_wide_providers_at_1280(browser, cfg)
+
+
+def _check_wide_providers_at_1280(browser: Any, cfg: Any) -> None:
+    """The providers table of a long run (six providers, every optional column, the reference run's numbers)
+    fits at 1280 px: its cells wrap at their spaces (a3c8820 cut it at "completion tokens")."""
+    import time
+
+    from draftgen.phases.report.html import render_html
+    from draftgen.runview.metrics import compute_metrics
+    from draftgen.runview.providers import ProviderMetrics
+
+    m = compute_metrics(cfg.run_path)
+    m.providers_table = [ProviderMetrics(
+        provider=name, quantization="fp8", responses=35314, attempts=41234, retries=5920,
+        failures_by_kind={"rate_limited": 4123, "stream_stalled": 1200, "server_error": 597}, dropped_reasoning=12,
+        completion_tokens=91234567, cost_usd=1234.5678, usd_per_m_output=13.53, latency_p50_s=123.4,
+        latency_p95_s=456.7, ttft_p50_s=12.34, ttft_p95_s=45.67, cooldowns=3, share=0.1666, failure_rate=0.1436,
+        service_tiers="default 90, flex 10")
+        for name in ("DeepInfra", "Together", "Fireworks", "Novita", "Parasail", "unknown (abandoned)")]
+    wide = cfg.run_path.parent / "wide-providers.html"
+    wide.write_text(render_html(m, title="wide", generated_at=time.time(), settings={}), encoding="utf-8")
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(wide.as_uri(), wait_until="load")
+    width, room = page.locator("#providers").evaluate("t => [t.scrollWidth, t.parentElement.clientWidth]")
+    assert width <= room, (width, room)
     page.close()
 
 

@@ -152,7 +152,7 @@ def test_two_drafters_measured_one_after_the_other_leave_two_reports(run_copy: P
     assert rep_b.acceptance.acceptance_length == pytest.approx(1 + 2 / 4)
     assert rep_a.offline_al == pytest.approx(1.75) and str(rd.train_log) in (rep_a.offline_source or "")
     assert rep_b.offline_al is None and rep_b.offline_source is None and rep_b.offline_cond_acc == []
-    assert read_json(rd.accept_json, AcceptReport) == rep_b  # the latest
+    assert read_json(rd.accept_json, AcceptReport) == rep_a  # the latest: the run's own drafter's, not elsewhere's
 
     # the trained drafter measured again (retrained: a new log) replaces its own report only
     _log(rd, [0.5])
@@ -161,6 +161,7 @@ def test_two_drafters_measured_one_after_the_other_leave_two_reports(run_copy: P
     reports = {p.parent.name: read_json(p, AcceptReport) for p in rd.accept_reports()}
     assert reports == {rep_a.drafter_key: rep_a2, rep_b.drafter_key: rep_b}
     assert rep_a2.offline_al == pytest.approx(1.5) and rep_a2.acceptance.acceptance_length == pytest.approx(1.5)
+    assert read_json(rd.accept_json, AcceptReport) == rep_a2
     out: list[Any] = []
     run_status(str(rd.root), echo=out.append)
     assert "2 drafters measured" in out[0]

@@ -359,15 +359,16 @@ def test_item14_s3_endpoint_stops_mid_extract(world: dict[str, Path], moto: tupl
     proc, url = moto
     cfg = with_hidden(world["run_cfg"], "cfg-stop.yaml", output="s3://hidden/stop", batch_tokens=1,
                       storage_options={"endpoint_url": url})
-    real_write = HiddenStore.write
+    real_write = HiddenStore.write_index_part
 
-    def write(self: HiddenStore, batch: Any) -> None:  # the store as extract's sink: one batch, one sample
-        real_write(self, batch)
-        if proc.poll() is None:  # the first sample is stored, then the endpoint goes away
+    def write(self: HiddenStore, records: Any) -> str:  # a batch (one sample) listed: then the endpoint goes away
+        rel = real_write(self, records)
+        if proc.poll() is None:
             proc.terminate()
             proc.wait(timeout=30)
+        return rel
 
-    monkeypatch.setattr(HiddenStore, "write", write)
+    monkeypatch.setattr(HiddenStore, "write_index_part", write)
     res = _invoke(["extract", str(cfg)])
     _one_error_line(res, 1, "s3://hidden/stop/", "the storage endpoint cannot be reached",
                     "storage_options.endpoint_url", "rerun")

@@ -65,7 +65,7 @@ def _attempts(run_dir: Path) -> list[AttemptRecord]:
 def _booked(run_dir: Path) -> float:
     """What the next run's budget sees: the records' spend and the attempts that left no record."""
     rd = RunDir(run_dir)
-    return scan_responses(rd.raw("q")).spend_usd + scan_attempt_spend(rd.attempts)
+    return scan_responses(rd.raw("q")).spend_usd + _attempts_booked(rd)
 
 
 def _worst(concurrency: int) -> float:
@@ -396,3 +396,9 @@ def test_a_key_limit_lowered_mid_run_stops_the_run_naming_it(tmp_path: Path) -> 
                         partitions={"short": {"concurrency": 2, "max_tokens": MAX_TOKENS}})
     assert rep.exit_code == 1 and rep.done < 40
     assert "API key's limit ($10.00) is reached" in (rep.message or "")
+
+
+def _attempts_booked(rd: RunDir) -> float:
+    """What the attempts booked, abandoned requests' holds included (``store.scan_attempt_spend``)."""
+    spend = scan_attempt_spend(rd.attempts, rd.settlements)
+    return spend.billed + spend.held

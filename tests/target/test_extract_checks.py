@@ -19,7 +19,7 @@ from _extract_helpers import build_tiny_model, make_merged_run, with_hidden
 from draftgen.config import load_config
 from draftgen.drafter.hf import rms_norm
 from draftgen.errors import ThresholdBroken
-from draftgen.hidden.format import Captured, HiddenStore
+from draftgen.hidden.format import Captured, HiddenStore, decode_sample, encode_sample
 from draftgen.phases.extract.run import run_extract
 from draftgen.target import ExtractRow
 from draftgen.target.checks import (
@@ -66,9 +66,14 @@ def wrap_capture(be: HFExtractBackend, change: Callable[[Captured, ExtractRow], 
     inner = be.capture
 
     def capture(rows: Sequence[ExtractRow]) -> list[Captured]:
-        caps = inner(rows)
-        for c, r in zip(caps, rows, strict=True):
-            change(c, r)
+        # the backend stages its states on its device; a break is made before that, so each sample is handed
+        # on unstaged (its states as stored, float32): the worker stages it on the CPU, checks the same way
+        caps = []
+        for c, r in zip(inner(rows), rows, strict=True):
+            s = decode_sample(encode_sample(c, c.staged.dtype if c.staged else "fp32"))
+            caps.append(Captured(sample_id=c.sample_id, input_ids=c.input_ids, loss_mask=c.loss_mask,
+                                 aux=s.aux.clone(), final=s.final.clone()))
+            change(caps[-1], r)
         return caps
 
     be.capture = capture  # type: ignore[method-assign]

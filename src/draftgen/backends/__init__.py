@@ -35,6 +35,7 @@ from draftgen.backends.base import (
     CompletionRequest,
     Credits,
     EndpointInfo,
+    GenerationCost,
     KeyInfo,
     LogprobToken,
     WireMeter,
@@ -68,6 +69,7 @@ __all__ = [
     "CompletionRequest",
     "Credits",
     "EndpointInfo",
+    "GenerationCost",
     "KeyInfo",
     "LogprobToken",
     "WireMeter",
@@ -163,6 +165,9 @@ class Balanced:
 
     async def get_credits(self, management_key: str | None = None) -> Credits | None:
         return await self.backends[0].get_credits(management_key)
+
+    async def get_generation(self, generation_id: str) -> GenerationCost | None:
+        return await self.backends[0].get_generation(generation_id)
 
     async def get_model_endpoints(self, model: str) -> list[EndpointInfo] | None:
         return await self.backends[0].get_model_endpoints(model)

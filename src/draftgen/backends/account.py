@@ -10,7 +10,10 @@ prints nothing: each command presents the snapshot in its own way.
 Error rules, the same for every command:
 
 - a rejected API key (``AuthError`` on ``/key`` or on the endpoint list) is raised: nothing the key cannot
-  do is worth planning or probing further;
+  do is worth planning or probing further; when no key was set at all (the backend's placeholder was sent),
+  its message says so and how to set one;
+- a model the endpoint list does not know (404, ``model_not_found``) is a ``ConfigError`` naming
+  ``model.id``: every request would fail, whatever the budget;
 - any other API failure of ``/key``, ``/credits`` or the endpoint list is recorded as the part's reason
   (``key_error``, ``credits_error``, ``endpoints_error``), never raised; a rejected management key is
   such a failure (it says nothing about the API key);
@@ -36,7 +39,7 @@ from draftgen.backends import (
     open_backend,
 )
 from draftgen.backends.pricing import Prices, routed_prices
-from draftgen.errors import APIError, AuthError
+from draftgen.errors import APIError, AuthError, ConfigError
 
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
@@ -90,16 +93,31 @@ class AccountSnapshot(msgspec.Struct, kw_only=True):
         return f"no endpoint serves {model}"
 
 
+def _no_key(cfg: RunConfig, exc: AuthError) -> AuthError:
+    """A rejected key, said as it is: when no key is set at all (the backend's placeholder was sent), that it
+    is not set and how to set it, not that a key was rejected."""
+    from draftgen.config import resolve_api_key
+
+    if resolve_api_key(cfg, required=False) is not None:
+        return exc
+    env = cfg.endpoint.api_key_env
+    return AuthError(f"no API key is set ({env} is empty and there is no --api-key-file), and the server at "
+                     f"{cfg.endpoint.base_url or cfg.endpoint.kind} wants one: export {env}=<your key> (for "
+                     "`draftgen emulate`, the key it was started with), or pass --api-key-file PATH (a file "
+                     "holding only the key)", kind="auth", status=exc.status)
+
+
 async def read_account(backend: Backend, cfg: RunConfig, *, prices: bool = True) -> AccountSnapshot:
     """Read the key, the credits and (``prices``) the model's endpoints and routed prices from an open
-    backend, following the module's error rules. Raises AuthError on a rejected API key only."""
+    backend, following the module's error rules. Raises AuthError on a rejected API key, and ConfigError
+    naming ``model.id`` when the endpoint does not know the model (404, ``model_not_found``)."""
     caps = capabilities(cfg.endpoint.kind)
     snap = AccountSnapshot(backend=backend.name, has_account=caps.account, has_prices=caps.prices)
     if caps.account:
         try:
             snap.key = await backend.get_key_info()
-        except AuthError:
-            raise
+        except AuthError as exc:
+            raise _no_key(cfg, exc) from None
         except APIError as exc:
             snap.key_error = str(exc)
         mgmt = management_key_for(cfg)
@@ -112,9 +130,13 @@ async def read_account(backend: Backend, cfg: RunConfig, *, prices: bool = True)
     if prices and caps.prices:
         try:
             snap.endpoints = await backend.get_model_endpoints(cfg.model.id)
-        except AuthError:
-            raise
+        except AuthError as exc:
+            raise _no_key(cfg, exc) from None
         except APIError as exc:
+            if exc.kind == "model_not_found" or exc.status == 404:
+                # A wrong slug: every request would fail the same way, whatever the budget settings.
+                raise ConfigError(f"model.id {cfg.model.id!r} is not a model {backend.name} knows ({exc}); "
+                                  "check model.id (the model's slug, e.g. moonshotai/kimi-k2.5)") from None
             snap.endpoints_error = str(exc)
         if snap.endpoints is not None:
             routed, used = routed_prices(cfg, snap.endpoints)

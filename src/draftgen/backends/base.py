@@ -33,6 +33,7 @@ __all__ = [
     "Credits",
     "EndpointInfo",
     "EndpointPricing",
+    "GenerationCost",
     "KeyInfo",
     "LogprobToken",
     "WireMeter",
@@ -121,12 +122,15 @@ class WireMeter:
     ``events``: data events (keep-alive comments are no data); ``chars``: characters of reasoning and content
     text; ``ids``: token ids (servers that send them); ``first_at`` / ``last_at``: ``time.monotonic()`` of the
     first data event and of the last one that carried text or ids (None: none yet); ``provider``: who serves
-    it, once the stream said so. A backend that does not stream leaves it untouched until the body is in.
+    it, once the stream said so; ``generation_id``: the server's id of this generation, once its headers or
+    stream named it (what ``GET /generation`` looks up when the request is abandoned). A backend that does not
+    stream leaves it untouched until the body is in.
     """
 
-    __slots__ = ("chars", "events", "first_at", "ids", "last_at", "provider")
+    __slots__ = ("chars", "events", "first_at", "generation_id", "ids", "last_at", "provider")
 
     def __init__(self) -> None:
+        self.generation_id: str | None = None
         self.events = 0
         self.chars = 0
         self.ids = 0
@@ -230,6 +234,20 @@ class KeyInfo(msgspec.Struct, kw_only=True):
     include_byok_in_limit: bool = False
 
 
+class GenerationCost(msgspec.Struct, kw_only=True):
+    """``GET /generation?id=``: what one generation was billed in USD (``total_cost``, plus
+    ``upstream_inference_cost`` on BYOK), and whether the request was cancelled."""
+
+    id: str = ""
+    total_cost: float = 0.0
+    upstream_inference_cost: float | None = None
+    is_byok: bool = False
+    cancelled: bool = False
+    provider_name: str | None = None
+    tokens_prompt: int = 0
+    tokens_completion: int = 0
+
+
 class Credits(msgspec.Struct, kw_only=True):
     """``GET /credits`` (management key only): account credits and usage in USD."""
 
@@ -281,6 +299,11 @@ class Backend(Protocol):
 
     async def get_credits(self, management_key: str | None = None) -> Credits | None:
         """``GET /credits`` with a management key (OpenRouter); None without a key or protocol support."""
+        ...
+
+    async def get_generation(self, generation_id: str) -> GenerationCost | None:
+        """What one generation was billed (``GET /generation?id=``): None where the server keeps no such
+        record (a self-hosted server), or not yet (OpenRouter answers 404 for a while after the end)."""
         ...
 
     async def get_model_endpoints(self, model: str) -> list[EndpointInfo] | None:

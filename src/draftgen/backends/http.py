@@ -29,7 +29,15 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from draftgen.backends.base import Capabilities, Completion, CompletionRequest, Credits, EndpointInfo, KeyInfo
+from draftgen.backends.base import (
+    Capabilities,
+    Completion,
+    CompletionRequest,
+    Credits,
+    EndpointInfo,
+    GenerationCost,
+    KeyInfo,
+)
 from draftgen.backends.errors import TRANSPORT_ERRORS, classify_http, translate_exception
 from draftgen.backends.sse import SSEParser
 from draftgen.errors import ConfigError, RetryableAPIError
@@ -269,6 +277,9 @@ class HttpBackend:
         return None
 
     async def get_credits(self, management_key: str | None = None) -> Credits | None:
+        return None
+
+    async def get_generation(self, generation_id: str) -> GenerationCost | None:
         return None
 
     async def get_model_endpoints(self, model: str) -> list[EndpointInfo] | None:

@@ -30,6 +30,7 @@ import math
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import aiohttp
 import msgspec
@@ -40,6 +41,7 @@ from draftgen.backends.base import (
     CompletionRequest,
     Credits,
     EndpointInfo,
+    GenerationCost,
     KeyInfo,
     reasoning_body,
     sampling_body,
@@ -167,10 +169,12 @@ class OpenAIChatBackend(HttpBackend):
                 if resp.status != 200:
                     raise classify_http(resp.status, await read_error_body(resp), headers=resp.headers,
                                         where=self._where)
+                meter = req.meter
+                if meter is not None:  # known before any text: an abandoned request can be looked up by it
+                    meter.generation_id = resp.headers.get("X-Generation-Id") or meter.generation_id
                 if self.stream and resp.content_type == "text/event-stream":
                     acc = chat = ChatStream(self.name)
                     feed = acc.feed
-                    meter = req.meter
 
                     def on_event(payload: bytes) -> None:
                         now = time.monotonic()
@@ -179,6 +183,7 @@ class OpenAIChatBackend(HttpBackend):
                         feed(payload)
                         if meter is not None:
                             meter.data(chat.chars, len(chat.output_ids) if chat.output_ids else 0, now, chat.provider)
+                            meter.generation_id = meter.generation_id or chat.generation_id
 
                     await read_events(resp, on_event, idle_timeout_s=bounds.idle_timeout_s, max_bytes=cap,
                                       where=self._where)
@@ -217,6 +222,17 @@ class OpenAIChatBackend(HttpBackend):
         if not self.openrouter or not management_key:
             return None
         return decode_credits(await self.get_json("/credits", headers={"Authorization": f"Bearer {management_key}"}))
+
+    async def get_generation(self, generation_id: str) -> GenerationCost | None:
+        if not self.openrouter:
+            return None
+        try:
+            body = await self.get_json(f"/generation?id={quote(generation_id, safe='')}")
+        except APIError as exc:
+            if exc.status == 404:  # not (yet) known: OpenRouter lags about a second behind a generation's end
+                return None
+            raise
+        return decode_generation(body)
 
     async def get_model_endpoints(self, model: str) -> list[EndpointInfo] | None:
         if not self.openrouter:
@@ -261,6 +277,21 @@ def decode_key_info(body: bytes) -> KeyInfo:
             raise RetryableAPIError(f"GET /key: {name} is {value!r}, not a finite number of dollars; the key's "
                                     "limit cannot be read", kind="bad_response")
     return info
+
+
+class _GenerationEnv(msgspec.Struct):
+    data: GenerationCost
+
+
+def decode_generation(body: bytes) -> GenerationCost:
+    """``GET /generation?id=``'s body → its ``GenerationCost``; a cost that is not a finite number is refused."""
+    g: GenerationCost = _decode_lenient(body, _GenerationEnv, "GET /generation").data
+    for name in ("total_cost", "upstream_inference_cost"):
+        value = getattr(g, name)
+        if value is not None and not math.isfinite(value):
+            raise RetryableAPIError(f"GET /generation: {name} is {value!r}, not a finite number of dollars",
+                                    kind="bad_response")
+    return g
 
 
 def decode_credits(body: bytes) -> Credits:

@@ -56,7 +56,7 @@ class HiddenStatesConfig(Section):
     teacher_min_margin: float | None = 1.0
     """Teacher check: the mean log-prob of the completion ids under the target's head on the stored final state must beat chance (log 1/V) by this many nats (null: not checked)."""
     teacher_tolerance: float | None = None
-    """Largest relative difference allowed between stored and plain-forward states (hf backend); unset: the larger of the storage and compute dtypes' (fp32 1e-3, bf16/fp16 3e-2, fp8 8e-2). The log-prob check's tolerance is calibrated per sample from the dtypes (docs/extract.md, Checks)."""
+    """Largest relative difference allowed between stored and plain-forward states (hf backend); unset: calibrated per sample and state, 3 × max(noise, the compute dtype's unit roundoff × √depth) + the storage dtype's, where noise is the difference between the plain forward and a second one of the row right-padded (docs/extract.md, Checks). The log-prob check's tolerance is calibrated per sample too."""
     teacher_through_layers: bool | None = None
     """Teacher check: also run each stored aux slot on through the target's remaining layers and compare the log-probs it gives (``teacher_aux``: an off-by-one layer, aux not captured). The hf backend has the model loaded; the vllm backend loads the target from ``model`` on this host's CPU for it. Unset: on, except a vllm backend whose target's safetensors exceed 4 GiB."""
     min_rel_diff: float = 0.01

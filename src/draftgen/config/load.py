@@ -131,10 +131,20 @@ def _validate(cfg: RunConfig, where: str) -> None:
             raise ConfigError(f"{where}: datasets[{i}] ({d.name}) needs exactly one of 'path' or 'hf'")
     for part in ("short", "long"):
         p = getattr(cfg.partitions, part)
-        if p.concurrency < 1 or p.max_tokens < 1:
-            raise ConfigError(f"{where}: partitions.{part} concurrency and max_tokens must be >= 1")
-    if cfg.budget.max_spend_usd is not None and cfg.budget.max_spend_usd < 0:
-        raise ConfigError(f"{where}: budget.max_spend_usd must be >= 0")
+        for name in ("concurrency", "max_tokens"):
+            if getattr(p, name) < 1:
+                raise ConfigError(f"{where}: partitions.{part}.{name} {getattr(p, name)} must be >= 1")
+    if cfg.budget.max_spend_usd is not None and not cfg.budget.max_spend_usd >= 0:
+        raise ConfigError(f"{where}: budget.max_spend_usd {cfg.budget.max_spend_usd} must be >= 0 (USD)")
+    budgets = [("budget.token_budget", cfg.budget.token_budget)] + [
+        (f"datasets[{i}].token_budget", d.token_budget) for i, d in enumerate(cfg.datasets)]
+    for key, value in budgets:
+        if value is not None and value < 0:
+            raise ConfigError(f"{where}: {key} {value} must be >= 0 (completion tokens)")
+    if cfg.plan.pilot < 0:
+        raise ConfigError(f"{where}: plan.pilot {cfg.plan.pilot} must be >= 0 (prompts per dataset)")
+    if cfg.hidden_states.workers < 1:
+        raise ConfigError(f"{where}: hidden_states.workers {cfg.hidden_states.workers} must be >= 1")
     if cfg.retry.max_attempts < 1:
         raise ConfigError(f"{where}: retry.max_attempts must be >= 1")
     for k, v in (cfg.routing.max_price or {}).items():
@@ -269,8 +279,11 @@ def config_from_mapping(data: Any, *, where: str, base_dir: Path) -> RunConfig:
     return cfg
 
 
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Read and validate a YAML config; ``overrides`` are dotted keys → values from CLI flags."""
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None, *,
+                flags: dict[str, str] | None = None) -> RunConfig:
+    """Read and validate a YAML config; ``overrides`` are dotted keys → values from CLI flags, ``flags`` the
+    flag that sets each key (``{"budget.max_spend_usd": "--max-spend"}``): a value a flag set that the checks
+    refuse is blamed on the flag, not on the file."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -289,9 +302,38 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ru
         raise ConfigError(f"{p}{loc}: {problem}; fix the YAML syntax") from None
     if data is None:
         raise ConfigError(f"{p}: the config file is empty")
-    if overrides:
-        data = apply_overrides(data, overrides, where=str(p))
-    return config_from_mapping(data, where=str(p), base_dir=p.resolve().parent)
+    base_dir = p.resolve().parent
+    if not overrides:
+        return config_from_mapping(data, where=str(p), base_dir=base_dir)
+    try:
+        return config_from_mapping(apply_overrides(data, overrides, where=str(p)), where=str(p), base_dir=base_dir)
+    except ConfigError as exc:
+        raise _blame(exc, data, overrides, flags or {}, str(p), base_dir) from None
+
+
+def _blame(exc: ConfigError, data: Any, overrides: dict[str, Any], flags: dict[str, str], where: str,
+           base_dir: Path) -> ConfigError:
+    """``exc`` (the file with the flags over it refused) blamed on the flag that set the refused value, when
+    the file alone with that flag gives the same refusal and the file alone does not; else ``exc``."""
+    message = str(exc)
+    try:
+        config_from_mapping(data, where=where, base_dir=base_dir)
+    except ConfigError as own:
+        if str(own) == message:
+            return exc  # the file's own value
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        try:
+            config_from_mapping(apply_overrides(data, {key: value}, where=where), where=where, base_dir=base_dir)
+        except ConfigError as one:
+            if str(one) == message:
+                flag = flags.get(key, key)
+                # a number is echoed; a string never is (a key given where a path or URL belongs must not be)
+                shown = f" {value}" if isinstance(value, int | float) else ""
+                rest = message[len(where) + 2:] if message.startswith(f"{where}: ") else message
+                return ConfigError(f"{flag}{shown}: {rest} (the flag sets {key}, over the config file {where})")
+    return exc
 
 
 def apply_overrides(data: Any, overrides: dict[str, Any], *, where: str) -> Any:

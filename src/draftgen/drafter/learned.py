@@ -200,10 +200,7 @@ def build_learned_target(out_dir: str | Path, *, recipe: LearnedRecipe = RECIPE,
         env = {**os.environ, **_CHILD_ENV}
         echo(f"learned target: training in {out} (recipe {recipe.steps} steps of {recipe.batch}, "
              f"{recipe.threads} threads)")
-        res = subprocess.run([sys.executable, "-m", "draftgen.drafter.learned_train", str(out), *_recipe_args(recipe)],
-                             env=env, capture_output=True, text=True, check=False)
-        if res.returncode != 0:
-            raise ConfigError(f"training the learned target failed (exit {res.returncode}): {res.stderr[-800:]}")
+        _train_child(out, recipe, env, echo)
         info = read_info(out)
     echo(f"learned target {out}: sha256 {info.sha256[:16]}… accuracy "
          + ", ".join(f"{t} {a:.2f}" for t, a in info.accuracy.items()) + f"; {info.unended} unended")
@@ -213,6 +210,25 @@ def build_learned_target(out_dir: str | Path, *, recipe: LearnedRecipe = RECIPE,
                               "or the numerics changed; record the new checksum in drafter.learned.RECORDED "
                               "(and rerun python -m bench --only chain)")
     return out
+
+
+def _train_child(out: Path, recipe: LearnedRecipe, env: dict[str, str], echo: Any) -> None:
+    """``learned_train`` in a child process; its progress lines (``learned target: step …``, on its stderr)
+    are echoed as they come, so minutes of training are not minutes of silence."""
+    proc = subprocess.Popen([sys.executable, "-m", "draftgen.drafter.learned_train", str(out), *_recipe_args(recipe)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    tail: list[str] = []
+    with proc.stderr:
+        for raw in proc.stderr:
+            line = raw.rstrip("\n")
+            tail = [*tail[-19:], line]
+            if line.startswith("learned target: step "):
+                echo(line)
+    code = proc.wait()
+    if code != 0:
+        said = "\n".join(tail)[-800:]
+        raise ConfigError(f"training the learned target failed (exit {code}): {said}")
 
 
 def _recipe_args(recipe: LearnedRecipe) -> list[str]:

@@ -41,6 +41,7 @@ class GenerationInfo:
     created_at: float
     completed_mono: float
     upstream_id: str = ""
+    cancelled: bool = False  # the client went away mid-generation: billed for what was generated until then
 
 
 GENERATIONS_KEPT = 200_000  # /generation answers for the most recent generations only
@@ -53,6 +54,7 @@ class EmulatorState:
     in_flight_usd: float = 0.0
     requests: int = 0  # chat/generate requests received (every endpoint that generates)
     responses_ok: int = 0  # generations delivered in full
+    cancelled: int = 0  # generations the client abandoned mid-stream (billed for what was generated)
     tokens_completion: int = 0
     by_provider: Counter[str] = field(default_factory=Counter)  # provider display name → generations served
     by_status: Counter[int] = field(default_factory=Counter)  # HTTP status → responses (200 incl. error bodies)
@@ -69,6 +71,9 @@ class EmulatorState:
             del self.generations[next(iter(self.generations))]  # oldest first (insertion order)
         self.spend_usd += info.total_cost
         self.tokens_completion += info.tokens_completion
+        if info.cancelled:
+            self.cancelled += 1
+            return
         self.responses_ok += 1
         self.by_provider[info.provider_name] += 1
 
@@ -146,7 +151,7 @@ def generation_data(g: GenerationInfo) -> dict[str, Any]:
         "model": g.model,
         "app_id": None,
         "streamed": g.streamed,
-        "cancelled": False,
+        "cancelled": g.cancelled,
         "provider_name": g.provider_name,
         "latency": g.latency_ms,
         "moderation_latency": None,

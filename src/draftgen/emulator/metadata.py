@@ -3,7 +3,9 @@
     GET /api/v1/key                              data{label, limit, usage, limit_remaining, is_free_tier, …}
     GET /api/v1/auth/key                         legacy alias of /key
     GET /api/v1/credits                          data{total_credits, total_usage}; 403 unless management key
-    GET /api/v1/generation?id=gen-…              404 until ``generation_lag_s`` after completion, then data{…}
+    GET /api/v1/generation?id=gen-…              404 until ``generation_lag_s`` after completion, then data{…};
+                                                 a stream the client abandoned too (``cancelled: true``, billed
+                                                 for the tokens sent)
     GET /api/v1/models                           data[], total_count; prices are USD per token, as strings
     GET /api/v1/models/{author}/{slug}/endpoints data{id, name, architecture, endpoints[]}
 

@@ -47,7 +47,8 @@ Every billed response is booked: a record's cost when it is written; ``charge`` 
 no record (rejected as invalid, or unusable), at ``billed_cost``: its reported cost, else its usage at
 the routed prices (a batch result's: the batch prices), else its text length at those prices
 (``TEXT_BYTES_PER_TOKEN``), at most its worst case; the worst case of a request abandoned on the wire (an
-interrupt); and what a batch was billed beyond the costs of its results (``intake.unattributed``:
+interrupt: ``hold_abandoned``, named apart as ``held`` for ``abandoned`` requests until a lookup of its
+generation replaces it by its bill, ``settle_abandoned``; ``spent = billed + held``); and what a batch was billed beyond the costs of its results (``intake.unattributed``:
 duplicates, results it was not submitted with, prices above the batch prices), charged when it ends. A cost is never
 negative (``usage_cost``): a credit from a server is no credit. A sample retried after a billed attempt
 reserves again (``rebook``) before its next attempt, so retries of billed rejections keep
@@ -86,6 +87,7 @@ __all__ = [
     "QUANTILE",
     "RAISE_BUDGET",
     "TEXT_BYTES_PER_TOKEN",
+    "Abandoned",
     "Admission",
     "BudgetGovernor",
     "LengthEstimate",
@@ -174,6 +176,18 @@ class LengthEstimate:
 
 
 @dataclass(frozen=True)
+class Abandoned:
+    """A request abandoned on the wire, booked at its worst case (``held``) until its bill is looked up by its
+    ``generation_id`` (None: the server never said it, so it stays held)."""
+
+    sample_id: str
+    dataset: str
+    held: float
+    generation_id: str | None = None
+    prior: bool = False  # abandoned by an earlier run (its worst case is in ``prior``)
+
+
+@dataclass(frozen=True)
 class Reservation:
     """What one admitted request holds until settled or released."""
 
@@ -210,13 +224,36 @@ class BudgetGovernor:
     #: the wire reserve (in ``reserved`` too)
     hedge_spent: float = 0.0
     hedge_reserved: float = 0.0
+    #: requests abandoned on the wire (an interrupt), this run's and earlier runs' not settled yet: the worst
+    #: cases they hold (in ``spent`` too: ``prior`` or ``session``) until ``settle_abandoned`` books their bill
+    held: float = 0.0
+    abandoned: int = 0
+    #: this run's abandoned requests whose generation id is known, for ``engine.settle`` to look up
+    open_abandoned: list[Abandoned] = field(default_factory=list)
     _waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
     # -- dollars ---------------------------------------------------------------------------------------
 
     @property
     def spent(self) -> float:
+        """Everything booked: what was billed plus what abandoned requests hold (``held``)."""
         return self.prior + self.session
+
+    @property
+    def billed(self) -> float:
+        """What was billed (``spent`` less the worst cases abandoned requests hold)."""
+        return max(0.0, self.spent - self.held)
+
+    @property
+    def left(self) -> float | None:
+        """Dollars of the tightest cap not yet spent, reservations included (``remaining`` + what requests in
+        flight reserve against it); None when uncapped. ``spent + left`` never passes ``max_spend``."""
+        caps = []
+        if self.max_spend is not None:
+            caps.append(self.max_spend - self.spent)
+        if self.session_cap is not None:
+            caps.append(self.session_cap - self.session - max(0.0, self.reserved_worst - self.reserved))
+        return max(0.0, min(caps)) if caps else None
 
     @property
     def remaining(self) -> float | None:
@@ -365,10 +402,33 @@ class BudgetGovernor:
         return msgspec.structs.replace(usage, cost=cost, cost_computed=True)
 
     def charge(self, cost: float) -> None:
-        """Book spend that produced no record (a billed response rejected as invalid, a request abandoned)."""
+        """Book spend that produced no record (a billed response rejected as invalid, a hedge's loser)."""
         if cost > 0 and math.isfinite(cost):
             self.session += cost
             self._notify()
+
+    def hold_abandoned(self, a: Abandoned) -> None:
+        """Book a request abandoned on the wire at its worst case (``a.held``: the provider may finish and
+        bill it in full), held apart from what was billed until ``settle_abandoned``."""
+        if a.held > 0 and math.isfinite(a.held):
+            self.charge(a.held)
+            self.held += a.held
+            self.abandoned += 1
+            if a.generation_id is not None:
+                self.open_abandoned.append(a)
+
+    def settle_abandoned(self, a: Abandoned, billed: float) -> None:
+        """An abandoned request's bill is known: its worst case is replaced by ``billed`` (in ``prior`` when an
+        earlier run abandoned it, else in ``session``)."""
+        billed = billed if billed > 0 and math.isfinite(billed) else 0.0
+        delta = billed - a.held
+        if a.prior:
+            self.prior = max(0.0, self.prior + delta)
+        else:
+            self.session = max(0.0, self.session + delta)
+        self.held = max(0.0, self.held - a.held)
+        self.abandoned = max(0, self.abandoned - 1)
+        self._notify()
 
     def billed_cost(self, b: Billing, worst_usd: float, prompt_tokens: int = 0, *, prices: Prices | None = None) -> float:
         """What a response that produced no record was billed (see the module docstring); never negative.

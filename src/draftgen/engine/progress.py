@@ -5,13 +5,23 @@
 - On a TTY (``progress: auto`` or ``rich``): ``rich.progress`` lines redrawn twice a second over the whole
   terminal width, one per partition and one for the total: a bar of done out of planned samples, remaining
   samples, tokens/s and responses/s, in flight out of concurrency, dollars spent, ETA, retries, failures, the
-  oldest request in flight and its age; then the dollar budget (spent, left, and the part of it reserved by
-  requests in flight), retries and failures by kind, and, while stopping, the grace period and that a second
+  oldest request in flight and its age; then the dollar budget (spent, with what requests abandoned on the
+  wire hold at their worst case named apart, left, and the part of it reserved by requests in flight), retries and failures by kind, and, while stopping, the grace period and that a second
   Ctrl-C aborts.
 - Otherwise (``plain``): one status line every ``interval`` seconds on stderr, with the same figures under the
   same names (``row_cells``, ``footer_lines``).
+- The ETA is ``engine.eta.partition_eta`` (``engine.timemodel``, the time model ``plan`` uses): per
+  partition, the streams in flight all done, each at its own speed with what it still has to produce (this run's lengths, the streams in flight
+  counted as at least as long as what they have received), and the samples not sent yet in waves at the
+  current concurrency; the cell names the part that decides it (``ETA 8m 30s (in flight)``, ``(waves)``),
+  or ``(resp/s)`` before any stream's rate is known (samples left over responses per second). It is computed
+  every ``RunStats.eta_every_s`` seconds (2; it counts down in between). The total's is the longest partition's.
+- The pace, under one definition (``engine.stats``) and labelled so: ``tok/s (30s)`` the live rate on the
+  wire, ``elapsed (this run)`` and ``mean tok/s (this run)``.
 - Always: the same status line every ``interval`` seconds in ``logs/generate.log``, plus every retry and
-  failure with its reason (written by the scheduler through ``RunLog``).
+  failure with its reason (written by the scheduler through ``RunLog``); and, when given a path
+  (``logs/progress.json``), the total's figures as a ``records.ProgressRecord`` (``progress_record``) at the
+  same times and at the end, which ``status`` shows for a run in progress.
 
 The log is UTF-8 text, one ``YYYY-MM-DD HH:MM:SS message`` line per event. Lines pass through
 ``secrets.redact``; nothing that logs here ever holds an API key.
@@ -20,25 +30,31 @@ The log is UTF-8 text, one ``YYYY-MM-DD HH:MM:SS message`` line per event. Lines
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
+import os
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from draftgen.engine.stats import PartitionCounts, RunStats, window_rates
-from draftgen.fmt import fmt_duration  # a leaf (standard library only): one duration format everywhere
+from draftgen.engine.eta import partition_eta
+from draftgen.engine.stats import RATE_WINDOW_S, PartitionCounts, RunStats, window_rates
+from draftgen.fmt import fmt_duration, fmt_held  # a leaf (standard library only): one format everywhere
+from draftgen.records import ProgressRecord
 from draftgen.secrets import redact
-from draftgen.store import storage_error
+from draftgen.store import atomic_write_json, storage_error
 
 __all__ = [
-    "Display", "RowFigures", "RunLog", "Snapshot", "footer_lines", "footer_segments", "main_cells", "make_display",
-    "pack", "plain_line", "render", "row_cells", "snapshot", "status_line", "summary_lines", "tail_line",
-    "tokens_left", "wire_cells",
+    "Display", "RowFigures", "RunLog", "Snapshot", "eta_text", "fit_line", "footer_lines", "footer_segments",
+    "main_cells", "make_display", "pace_text", "pack", "plain_line", "progress_record", "render", "row_cells",
+    "snapshot", "status_line", "summary_lines", "tail_line", "wire_cells",
 ]
+
+#: What the ETA cell calls each basis of ``timemodel.Eta``, and the fallback before any rate is known.
+ETA_BASIS = {"streams": "in flight", "waves": "waves", "resp/s": "resp/s"}
 
 
 class RunLog:
@@ -120,6 +136,7 @@ class RowFigures:
     stalled: int = 0  # requests on the wire with no text for the stall time (``tail``)
     stalled_s: float | None = None  # the longest silence among them
     done_now: int | None = None  # done by this run (None: the same as ``done``)
+    eta_basis: str | None = None  # what decides ``eta_s``: ``ETA_BASIS``'s names
 
     @property
     def remaining(self) -> int:
@@ -134,11 +151,14 @@ class Snapshot:
     spent: float  # dollars spent in this run directory (earlier runs included): what the dollar budget counts
     left: float | None  # dollars of the budget not yet spent, reservations included; None without a cap
     reserved: float  # dollars held by requests in flight (part of ``left``)
+    held: float = 0.0  # part of ``spent``: the worst cases of requests abandoned on the wire, not settled yet
+    abandoned: int = 0  # ... how many requests hold them
     retries: tuple[tuple[str, int], ...] = ()  # by kind, most first
     failures: tuple[tuple[str, int], ...] = ()  # by kind, most first
     providers: tuple[tuple[str, int], ...] = ()
     cooling: tuple[str, ...] = ()
-    elapsed_s: float = 0.0
+    elapsed_s: float = 0.0  # since this run started (``RunStats.elapsed``)
+    mean_tok_s: float = 0.0  # this run's completion tokens over ``elapsed_s``
     stopping: str | None = None
     interrupt: str | None = None  # SIGINT/SIGTERM when the user stopped the run
     grace_left_s: float | None = None  # seconds before what is still in flight is cancelled
@@ -147,25 +167,17 @@ class Snapshot:
     hedges: tuple[int, int, float] = (0, 0, 0.0)  # hedges sent, won, what their losers cost
 
 
-def _eta(remaining: int, per_s: float) -> float | None:
-    return remaining / per_s if per_s > 0 and remaining > 0 else None
-
-
-def tokens_left(lengths: list[int], received: list[float], queued: int) -> float | None:
-    """Tokens still to come: for each request on the wire, the mean length of this run's responses longer
-    than what it has received, less what it has (half as much again when it is past every length seen);
-    for each sample not on the wire, the mean length. None before any response is in."""
-    n = len(lengths)
-    if not n:
-        return None
-    suffix = [0] * (n + 1)  # suffix[i]: the sum of lengths[i:]
-    for i in range(n - 1, -1, -1):
-        suffix[i] = suffix[i + 1] + lengths[i]
-    left = queued * suffix[0] / n
-    for got in received:
-        i = bisect.bisect_right(lengths, got)
-        left += suffix[i] / (n - i) - got if i < n else 0.5 * got
-    return left
+def _eta(pc: PartitionCounts, stats: RunStats, now: float, cpt: float, resp_s: float) -> tuple[float | None, str | None]:
+    """The ETA shown and its basis: ``partition_eta`` every ``stats.eta_every_s`` seconds, counting down in between;
+    samples left over responses per second before any rate is known."""
+    cached = pc.eta_cache
+    if cached is None or now - cached[0] >= stats.eta_every_s or now < cached[0]:
+        cached = pc.eta_cache = (now, partition_eta(pc, stats, now, cpt))
+    at, est = cached
+    if est is not None:
+        return max(est.seconds - (now - at), 0.0), ETA_BASIS[est.basis]
+    left = max(pc.planned - pc.done - pc.failed, 0)
+    return (left / resp_s, ETA_BASIS["resp/s"]) if resp_s > 0 and left else (None, None)
 
 
 def _row(pc: PartitionCounts, stats: RunStats, now: float, cpt: float) -> RowFigures:
@@ -173,27 +185,27 @@ def _row(pc: PartitionCounts, stats: RunStats, now: float, cpt: float) -> RowFig
     tok_s, resp_s = rates if rates is not None else (0.0, 0.0)
     first = pc.oldest()
     label, age = (None, None) if first is None else (first[0][1], max(now - first[1], 0.0))
-    left = max(pc.planned - pc.done - pc.failed, 0)
-    received = [fl.meter.tokens(cpt) for fl in list(pc.flight.values())]
-    todo = tokens_left(pc.lengths, received, max(left - len(received), 0)) if left else 0.0
-    eta = (todo / tok_s if tok_s > 0 and todo else None) if todo is not None else _eta(left, resp_s)
+    eta_s, basis = _eta(pc, stats, now, cpt, resp_s)
     return RowFigures(pc.name, pc.planned + pc.done_before, pc.done + pc.done_before, pc.failed, tok_s, resp_s,
-                      stats.in_flight.get(pc.name, 0), stats.limit.get(pc.name, 0), pc.cost, eta, pc.retries,
-                      label, age, pc.stalled, pc.stalled_s, pc.done)
+                      stats.in_flight.get(pc.name, 0), stats.limit.get(pc.name, 0), pc.cost, eta_s, pc.retries,
+                      label, age, pc.stalled, pc.stalled_s, pc.done, basis)
 
 
 def _total(rows: list[RowFigures], stats: RunStats, now: float) -> RowFigures:
     tok_s, resp_s = stats.rates()
-    etas = [r.eta_s for r in rows if r.remaining]
+    etas = [r for r in rows if r.remaining]
     aged = [r for r in rows if r.oldest_age_s is not None]
     oldest = max(aged, key=lambda r: r.oldest_age_s or 0.0) if aged else None
     silences = [r.stalled_s for r in rows if r.stalled_s is not None]
+    # partitions run side by side: the total's ETA is the longest partition's (none while one has none)
+    last = max(etas, key=lambda r: r.eta_s or 0.0) if etas and all(r.eta_s is not None for r in etas) else None
     return RowFigures(
         "total", sum(r.planned for r in rows), sum(r.done for r in rows), sum(r.failed for r in rows), tok_s, resp_s,
         sum(stats.in_flight.values()), sum(stats.limit.values()), stats.spend_session,
-        max(e for e in etas if e is not None) if etas and None not in etas else None,  # partitions run side by side
+        last.eta_s if last else None,
         sum(stats.retries.values()), oldest.oldest if oldest else None, oldest.oldest_age_s if oldest else None,
         sum(r.stalled for r in rows), max(silences) if silences else None, sum(r.done_now or 0 for r in rows),
+        last.eta_basis if last else None,
     )
 
 
@@ -205,16 +217,20 @@ def snapshot(stats: RunStats) -> Snapshot:
     rows = [_row(stats.partitions.get(n) or PartitionCounts(n), stats, now, cpt)
             for n in sorted(names, key=lambda n: (n != "short", n))]  # short, long, then others
     rows.append(_total(rows, stats, now))
-    # ``stats.remaining`` (the governor's) already takes reservations off; ``left`` shows them as such.
-    usd_left = stats.remaining + stats.reserved if stats.remaining is not None else None
+    gov = stats.governor
+    if gov is not None:  # one reading of the budget: spent + left never passes it
+        spent, usd_left, reserved, held, abandoned = gov.spent, gov.left, gov.reserved, gov.held, gov.abandoned
+    else:  # ``stats.remaining`` already takes reservations off; ``left`` shows them as such
+        spent, reserved, held, abandoned = stats.spend_prior + stats.spend_session, stats.reserved, 0.0, 0
+        usd_left = stats.remaining + stats.reserved if stats.remaining is not None else None
     grace = max(stats.grace_until - now, 0.0) if stats.grace_until is not None else None
     budgets = tuple((d.name, d.tokens_before + d.completion_tokens, d.token_budget)
                     for d in stats.datasets.values() if d.token_budget is not None)
     return Snapshot(
-        rows=tuple(rows), spent=stats.spend_prior + stats.spend_session, left=usd_left, reserved=stats.reserved,
+        rows=tuple(rows), spent=spent, left=usd_left, reserved=reserved, held=held, abandoned=abandoned,
         retries=tuple(stats.retries.most_common()), failures=tuple(stats.failures.most_common()),
         providers=tuple(stats.providers.most_common(3)), cooling=tuple(stats.cooling),
-        elapsed_s=stats.elapsed, stopping=stats.stopping, interrupt=stats.interrupt, grace_left_s=grace,
+        elapsed_s=stats.elapsed, mean_tok_s=stats.mean_tok_s, stopping=stats.stopping, interrupt=stats.interrupt, grace_left_s=grace,
         aborting=stats.aborting, token_budgets=budgets,
         hedges=(stats.hedges, stats.hedges_won, stats.hedge_extra_usd),
     )
@@ -223,10 +239,21 @@ def snapshot(stats: RunStats) -> Snapshot:
 # -- drawing: the same cells, with the same names, on a terminal and in plain lines -------------------------
 
 
+def eta_text(eta_s: float | None, basis: str | None) -> str:
+    """The ETA cell: the time left and what decides it (``ETA 8m 30s (in flight)``)."""
+    return f"ETA {fmt_duration(eta_s)}" + (f" ({basis})" if basis and eta_s is not None else "")
+
+
+def pace_text(elapsed_s: float, mean_tok_s: float) -> str:
+    """This run's pace under its one definition (``engine.stats``), labelled: shared by the display's footer,
+    the final summary and ``status``."""
+    return f"elapsed {fmt_duration(elapsed_s)} · mean {_k(mean_tok_s)} tok/s (this run)"
+
+
 def main_cells(r: RowFigures) -> list[str]:
     """What a row must show whatever the width: progress (the whole run directory's), ETA, spend, failures."""
     pct = f" ({100.0 * r.done / r.planned:.0f}%)" if r.planned else ""
-    return [f"done {r.done:,}/{r.planned:,}{pct}", f"ETA {fmt_duration(r.eta_s)}", f"${r.spent:.2f} spent",
+    return [f"done {r.done:,}/{r.planned:,}{pct}", eta_text(r.eta_s, r.eta_basis), f"${r.spent:.2f} spent",
             f"failed {r.failed:,}"]
 
 
@@ -235,7 +262,7 @@ def wire_cells(r: RowFigures) -> list[str]:
     stalled = f"stalled {r.stalled:,}" + (f" ({fmt_duration(r.stalled_s)})" if r.stalled and r.stalled_s else "")
     return [
         f"{r.remaining:,} remaining",
-        f"{_k(r.tok_s)} tok/s {r.resp_s:.1f} resp/s",
+        f"{_k(r.tok_s)} tok/s {r.resp_s:.1f} resp/s ({RATE_WINDOW_S:g}s)",
         f"in flight {r.in_flight}/{r.concurrency}",
         stalled,
         f"retries {r.retries:,}",
@@ -258,7 +285,8 @@ def footer_segments(snap: Snapshot) -> list[list[str]]:
     lines as it needs; none is ever cut): the dollar budget (what is left includes what requests in flight
     reserve, named as such), failures and retries by kind; the token budgets; the oldest request in flight
     per partition, by id and age, providers, hedges; and a stop in progress."""
-    money = [f"budget: ${snap.spent:.2f} spent"]
+    held = fmt_held(snap.spent - snap.held, snap.held, snap.abandoned, usd=_usd2)
+    money = [f"budget: ${snap.spent:.2f} spent" + (f" ({held})" if held else "")]
     if snap.left is not None:
         money.append(f"${snap.left:.2f} left (${snap.reserved:.2f} reserved)")
     else:
@@ -277,7 +305,7 @@ def footer_segments(snap: Snapshot) -> list[list[str]]:
     sent, won, extra = snap.hedges
     if sent:
         second.append(f"hedged {sent:,} ({won:,} won, ${extra:.4f} extra)")
-    second.append(f"elapsed {fmt_duration(snap.elapsed_s)}")
+    second.append(pace_text(snap.elapsed_s, snap.mean_tok_s))
     lines.append(second)
     stop = stop_line(snap)
     if stop:
@@ -308,6 +336,16 @@ def plain_line(snap: Snapshot) -> str:
     """One status line with the figures of ``render``, under the same names."""
     rows = [f"{r.name}: " + " · ".join(row_cells(r)) for r in (snap.rows[-1], *snap.rows[:-1])]
     return " | ".join([*rows, *footer_lines(snap)])
+
+
+def progress_record(snap: Snapshot, *, finished: bool = False) -> ProgressRecord:
+    """The total row and pace of ``snap`` as the record ``status`` reads."""
+    t = snap.rows[-1]
+    return ProgressRecord(written_at=time.time(), pid=os.getpid(), elapsed_s=round(snap.elapsed_s, 3),
+                          mean_tok_s=round(snap.mean_tok_s, 3), tok_s=round(t.tok_s, 3), done=t.done,
+                          planned=t.planned, failed=t.failed, finished=finished,
+                          eta_s=0.0 if finished else (None if t.eta_s is None else round(t.eta_s, 3)),
+                          eta_basis=None if finished else t.eta_basis)
 
 
 def status_line(stats: RunStats) -> str:
@@ -383,6 +421,15 @@ def _draw(snap: Snapshot, width: int) -> Any:
     return Group(*parts)
 
 
+#: The width the end-of-run lines fit in (a terminal's narrowest usual width).
+SUMMARY_WIDTH = 80
+
+
+def fit_line(line: str, width: int = SUMMARY_WIDTH) -> list[str]:
+    """``line`` broken between words into lines of at most ``width`` characters, the later ones indented."""
+    return textwrap.wrap(line, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False) or [line]
+
+
 def summary_lines(stats: RunStats) -> list[str]:
     lines = []
     for d in stats.datasets.values():
@@ -391,11 +438,14 @@ def summary_lines(stats: RunStats) -> list[str]:
             f"{d.name}: {d.done} done now, {d.done_before} before, {d.failed} failed, "
             f"{_k(d.completion_tokens)} completion tokens, ${d.cost:.4f}{extra}"
         )
-    tok_s = stats.completion_tokens / stats.elapsed if stats.elapsed > 0 else 0.0
+    gov = stats.governor
+    session, spent = (gov.session, gov.spent) if gov is not None else (stats.spend_session,
+                                                                      stats.spend_prior + stats.spend_session)
+    held = fmt_held(gov.billed, gov.held, gov.abandoned, usd=_usd4) if gov is not None else ""
     lines.append(
         f"total: {stats.done} done, {stats.failed} failed, {_k(stats.completion_tokens)} completion tokens "
-        f"({_k(tok_s)} tok/s), ${stats.spend_session:.4f} this run (${stats.spend_prior + stats.spend_session:.4f} "
-        f"in this run dir), {fmt_duration(stats.elapsed)}"
+        f"({pace_text(stats.elapsed, stats.mean_tok_s)}), ${session:.4f} this run (${spent:.4f} in this run dir"
+        + (f": {held}" if held else "") + ")"
     )
     if stats.failures:
         lines.append(f"failures by kind: {_top(stats.failures, 8)}")
@@ -406,7 +456,15 @@ def summary_lines(stats: RunStats) -> list[str]:
     tail = tail_line(stats)
     if tail:
         lines.append(tail)
-    return lines
+    return [part for line in lines for part in fit_line(line)]
+
+
+def _usd2(x: float) -> str:
+    return f"${x:.2f}"
+
+
+def _usd4(x: float) -> str:
+    return f"${x:.4f}"
 
 
 def tail_line(stats: RunStats) -> str | None:
@@ -430,11 +488,13 @@ class Display:
 
     tick = 0.5
 
-    def __init__(self, stats: RunStats, log: RunLog, *, interval: float = 10.0, echo: Callable[[str], None] | None = None) -> None:
+    def __init__(self, stats: RunStats, log: RunLog, *, interval: float = 10.0, echo: Callable[[str], None] | None = None,
+                 record: Path | None = None) -> None:
         self.stats = stats
         self.log = log
         self.interval = interval
         self.echo = echo
+        self.record = record  # logs/progress.json: written with each status line and at the end
         self.snap: Snapshot | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -453,12 +513,22 @@ class Display:
             if now - last >= self.interval:
                 last = now
                 self.emit(plain_line(snap))
+                self.write_record(snap)
 
     def emit(self, line: str) -> None:
         line = redact(line)
         self.log.write(line)
         if self.echo is not None:
             self.echo(line)
+
+    def write_record(self, snap: Snapshot, *, finished: bool = False) -> None:
+        """The total's figures to ``record`` (atomically), for ``status``."""
+        if self.record is None:
+            return
+        try:
+            atomic_write_json(self.record, progress_record(snap, finished=finished))
+        except OSError as exc:
+            raise storage_error(self.record, exc) from None
 
     def print(self, line: str) -> None:
         """A one-off message for the user (and the log)."""
@@ -470,7 +540,7 @@ class Display:
         print(line, file=sys.stderr, flush=True)
 
     def start(self) -> None:
-        self.refresh()
+        self.write_record(self.refresh())
         self._task = asyncio.get_running_loop().create_task(self._tick())
 
     async def stop(self) -> None:
@@ -481,15 +551,17 @@ class Display:
             except asyncio.CancelledError:
                 pass
             self._task = None
-        self.log.write(plain_line(self.refresh()))
+        snap = self.refresh()
+        self.log.write(plain_line(snap))
+        self.write_record(snap, finished=True)
 
 
 class RichDisplay(Display):
     """A ``rich.progress`` display (``render``) on stderr, redrawn twice a second from the latest snapshot, over
     the whole width of the terminal."""
 
-    def __init__(self, stats: RunStats, log: RunLog, *, interval: float = 10.0) -> None:
-        super().__init__(stats, log, interval=interval)
+    def __init__(self, stats: RunStats, log: RunLog, *, interval: float = 10.0, record: Path | None = None) -> None:
+        super().__init__(stats, log, interval=interval, record=record)
         from rich.console import Console
 
         self.console = Console(stderr=True)
@@ -517,12 +589,15 @@ class RichDisplay(Display):
             self._live = None
 
 
-def make_display(mode: str, stats: RunStats, log: RunLog, *, interval: float = 10.0) -> Display:
-    """``auto``: rich on a TTY, plain otherwise; ``off``: log file only."""
+def make_display(mode: str, stats: RunStats, log: RunLog, *, interval: float = 10.0,
+                 record: Path | None = None) -> Display:
+    """``auto``: rich on a TTY, plain otherwise; ``off``: log file only. ``record``: where the progress record
+    goes (``logs/progress.json``; None: nowhere)."""
     if mode == "auto":
         mode = "rich" if sys.stderr.isatty() else "plain"
     if mode == "rich":
-        return RichDisplay(stats, log, interval=interval)
+        return RichDisplay(stats, log, interval=interval, record=record)
     if mode == "plain":
-        return Display(stats, log, interval=interval, echo=lambda line: print(line, file=sys.stderr, flush=True))
-    return Display(stats, log, interval=interval)
+        return Display(stats, log, interval=interval, echo=lambda line: print(line, file=sys.stderr, flush=True),
+                       record=record)
+    return Display(stats, log, interval=interval, record=record)

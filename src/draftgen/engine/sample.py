@@ -23,8 +23,9 @@ through ``Sinks``. Three layers, each owning one thing:
 Invariants: the slot is freed as soon as a response is in, before its record is built, and taken again
 before a further attempt; a response that is not written as a record still has its billed cost booked
 (``_charge``: a rejected completion, or an error whose body said what it was billed, ``errors.billing_of``),
-and a request abandoned on the wire (cancelled: an interrupt) is booked at its worst case, as an
-``abandoned`` attempt in ``logs/attempts.jsonl`` that the next run's budget reads; an attempt after a
+and a request abandoned on the wire (cancelled: an interrupt) is held at its worst case
+(``BudgetGovernor.hold_abandoned``), as an ``abandoned`` attempt in ``logs/attempts.jsonl``, with its generation
+id when known, that the next run's budget reads and ``engine.settle`` settles; an attempt after a
 billed one first reserves again (``BudgetGovernor.rebook``); a kept unusable response writes no
 ``AttemptRecord`` of its own (its attempt has one already) and feeds no provider health; at most one record
 per sample reaches its sink (``Sinks.claim`` is the last word), however many requests of it answered. Rate
@@ -42,7 +43,7 @@ from typing import Any, Literal
 from draftgen.backends.base import Backend, Billing, Completion, CompletionRequest
 from draftgen.backends.errors import attribute, billing_of, provider_of
 from draftgen.engine.assemble import Assembler, UnusableResponse, check_record_tokens
-from draftgen.engine.budget import BudgetGovernor, Reservation, usage_cost
+from draftgen.engine.budget import Abandoned, BudgetGovernor, Reservation, usage_cost
 from draftgen.engine.flight import Flight
 from draftgen.engine.health import ProviderHealth
 from draftgen.engine.hedge import HedgeRace
@@ -201,7 +202,7 @@ class SampleRunner:
             self.judge(prov, exc)
             return Rejected(exc)
         except asyncio.CancelledError:  # abandoned on the wire (an interrupt): it may be billed in full
-            self._abandon(s, started)
+            self._abandon(s, started, fl)
             raise
         finally:
             fl.close()
@@ -392,9 +393,11 @@ class SampleRunner:
     # -- records and books ---------------------------------------------------------------------------------
 
     def record(self, s: Sample, started: float, outcome: str, provider: str | None, comp: Completion | None = None,
-                cost: float = 0.0, ended: float | None = None, *, hedge: bool = False) -> None:
+                cost: float = 0.0, ended: float | None = None, *, hedge: bool = False,
+                generation_id: str | None = None, streamed_tokens: int = 0) -> None:
         """One ``AttemptRecord`` (wall-clock times; ``ended``: when the response was in, default now; ``hedge``:
-        the request was a hedge)."""
+        the request was a hedge; ``generation_id``: the server's, default the response's; ``streamed_tokens``:
+        what arrived of a request that left no response)."""
         sink = self.sinks.attempts
         if sink is None:
             return
@@ -405,6 +408,8 @@ class SampleRunner:
             quantization=self.health.guard.quantization(provider) if self.health is not None else None,
             ttft_s=comp.ttft_s if comp is not None else None,
             completion_tokens=u.completion_tokens if u is not None else 0, cost=cost, hedge=hedge,
+            generation_id=generation_id or (comp.generation_id if comp is not None else None),
+            streamed_tokens=streamed_tokens,
         ))
 
     def _charge(self, s: Sample, billing: Billing) -> float:
@@ -418,13 +423,15 @@ class SampleRunner:
             self.stats.remaining = self.governor.remaining
         return cost
 
-    def _abandon(self, s: Sample, started: float) -> None:
-        """A request cancelled on the wire: booked at its worst case (the provider may finish and bill it),
-        as an ``abandoned`` attempt the next run's budget reads."""
-        cost = s.lease.res.worst_usd
-        self.governor.charge(cost)
+    def _abandon(self, s: Sample, started: float, fl: Flight) -> None:
+        """A request cancelled on the wire: held at its worst case (the provider may finish and bill it), as an
+        ``abandoned`` attempt the next run's budget reads, with its generation id when the server sent one (a
+        lookup of it settles the hold: ``engine.settle``)."""
+        gid = fl.meter.generation_id
+        self.governor.hold_abandoned(Abandoned(s.prompt.sample_id, s.dataset, s.lease.res.worst_usd, gid))
         self.stats.spend_session = self.governor.session
-        self.record(s, started, "abandoned", None, cost=cost)
+        self.record(s, started, "abandoned", fl.meter.provider, cost=s.lease.res.worst_usd, hedge=fl.hedge,
+                    generation_id=gid, streamed_tokens=round(fl.meter.tokens(self.stats.chars_per_token)))
 
     async def _rebook(self, s: Sample) -> bool:
         """Reserve again before an attempt that follows a billed one; False (the run stops, the sample is

@@ -177,7 +177,7 @@ class Engine:
                     if any(p.name == pname for p in self.partitions):
                         self.stats.partition(pname).planned += n
             for part in self.partitions:
-                self.stats.partition(part.name)
+                self.stats.partition(part.name).max_tokens = part.max_tokens  # what the ETA's lengths end at
                 lim = AdaptiveLimiter(part.concurrency, adaptive=self.options.adaptive)
                 self.limiters[part.name] = lim
                 self.stats.limit[part.name] = lim.current

@@ -14,6 +14,16 @@ Tokens count when they arrive, not when a response is done: the throughput windo
 tokens received on the wire (``wire_tokens``: those of attempts that ended, plus what each request in flight
 has received so far, estimated from its text at the run's characters per token, ``chars_per_token``, until the
 server's own count replaces it), so tok/s and the ETA move while long streams are still running.
+
+What the ETA (``engine.timemodel.eta``) reads beside the streams in flight: per partition its ``max_tokens``,
+this run's finished lengths (``lengths``) and the decode rates of its finished streams (``rates``: completion
+tokens over the time from first to last data, for responses of at least ``timemodel.MIN_RATE_TOKENS``), and
+the run's recent times to first data (``first_data``).
+
+One definition of a run's pace, shared by the display, the final summary and ``status`` (through the
+progress record the display writes): ``elapsed`` is the time since this run (this ``generate`` process)
+started, ``mean_tok_s`` this run's completion tokens over it; the live rate (``rates``) is the tokens received
+on the wire over the last ``RATE_WINDOW_S`` seconds.
 """
 
 from __future__ import annotations
@@ -24,9 +34,14 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from draftgen.engine.budget import BudgetGovernor
 from draftgen.engine.flight import Flight
+from draftgen.engine.timemodel import MIN_RATE_TOKENS, Eta
 
-__all__ = ["DatasetCounts", "PartitionCounts", "RunStats", "window_rates"]
+__all__ = ["RATE_WINDOW_S", "DatasetCounts", "PartitionCounts", "RunStats", "window_rates"]
+
+#: The live rate (tokens and responses per second) is taken over this many seconds.
+RATE_WINDOW_S = 30.0
 
 
 @dataclass
@@ -47,7 +62,7 @@ class DatasetCounts:
 Window = deque[tuple[float, int, int]]  # (time, cumulative tokens received on the wire, cumulative done)
 
 
-def window_rates(w: Window, period: float = 30.0) -> tuple[float, float] | None:
+def window_rates(w: Window, period: float = RATE_WINDOW_S) -> tuple[float, float] | None:
     """(tokens/s, samples/s) over the last ``period`` seconds of ``w``; None with fewer than two samples."""
     if len(w) < 2:
         return None
@@ -82,6 +97,9 @@ class PartitionCounts:
     lengths: list[int] = field(default_factory=list)  # completion lengths of this run's records, sorted
     stalled: int = 0  # requests in flight with no text for the stall time (set by ``tail.TailGuard``)
     stalled_s: float | None = None  # how long the most silent of them has been silent
+    max_tokens: int | None = None  # the partition's max_tokens (set by the scheduler)
+    rates: deque[float] = field(default_factory=lambda: deque(maxlen=512))  # decode rates of finished streams
+    eta_cache: tuple[float, Eta | None] | None = None  # (clock, the ETA computed then): the display's, see progress
 
     def oldest(self) -> tuple[tuple[str, str], float] | None:
         """The request longest on the wire and when it went out (None when none is)."""
@@ -122,6 +140,9 @@ class RunStats:
     spend_session: float = 0.0
     reserved: float = 0.0
     remaining: float | None = None
+    #: the run's dollar budget, read live by the display and the summary (spent, billed, held, left, reserved
+    #: in one consistent reading); None: the figures above
+    governor: BudgetGovernor | None = None
     stopping: str | None = None
     cooling: list[str] = field(default_factory=list)  # providers in the run's cool-down now
     cooldowns: Counter[str] = field(default_factory=Counter)  # provider → cool-downs this run
@@ -136,6 +157,7 @@ class RunStats:
     text_chars: int = 0  # characters of text of this run's streamed responses ...
     text_tokens: int = 0  # ... and their completion tokens: the run's characters per token
     first_data: deque[float] = field(default_factory=lambda: deque(maxlen=256))  # recent times to first data
+    eta_every_s: float = 2.0  # the display's ETA is computed at most this often (a run scaled down scales it)
     _window: Window = field(default_factory=lambda: deque(maxlen=120))
 
     def dataset(self, name: str) -> DatasetCounts:
@@ -168,7 +190,14 @@ class RunStats:
 
     @property
     def elapsed(self) -> float:
+        """Seconds since this run started (the one definition of elapsed: see the module docstring)."""
         return self.clock() - self.started
+
+    @property
+    def mean_tok_s(self) -> float:
+        """This run's completion tokens per second of ``elapsed``."""
+        el = self.elapsed
+        return self.completion_tokens / el if el > 0 else 0.0
 
     @property
     def chars_per_token(self) -> float:
@@ -187,8 +216,13 @@ class RunStats:
     def attempt_ended(self, fl: Flight, completion_tokens: int | None = None) -> None:
         """An attempt left the wire: what it received counts in the wire tokens for good (the server's
         count when it answered, else what arrived)."""
-        got = fl.meter.tokens(self.chars_per_token)
-        self.partition(fl.partition).wire_done += float(completion_tokens) if completion_tokens else got
+        m = fl.meter
+        got = m.tokens(self.chars_per_token)
+        pc = self.partition(fl.partition)
+        pc.wire_done += float(completion_tokens) if completion_tokens else got
+        if completion_tokens and completion_tokens >= MIN_RATE_TOKENS and m.first_at is not None \
+                and m.last_at is not None and m.last_at > m.first_at:
+            pc.rates.append(completion_tokens / (m.last_at - m.first_at))
 
     def wire_tokens(self, partition: str | None = None) -> float:
         """Tokens received on the wire so far, in ``partition`` or in all."""
@@ -208,17 +242,10 @@ class RunStats:
             p.window.append((now, int(wire), p.done))
         self._window.append((now, int(total), self.done))
 
-    def rates(self, period: float = 30.0) -> tuple[float, float]:
+    def rates(self, period: float = RATE_WINDOW_S) -> tuple[float, float]:
         """(tokens/s, samples/s) over the last ``period`` seconds of samples."""
         got = window_rates(self._window, period)
         if got is None:
             el = self.elapsed
-            return (self.completion_tokens / el, self.done / el) if el > 0 else (0.0, 0.0)
+            return (self.mean_tok_s, self.done / el) if el > 0 else (0.0, 0.0)
         return got
-
-    def eta(self) -> float | None:
-        _, per_s = self.rates()
-        left = self.to_do - self.done - self.failed
-        if per_s <= 0 or left <= 0:
-            return None
-        return left / per_s

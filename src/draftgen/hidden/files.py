@@ -2,7 +2,7 @@
 
 draftgen's one temp-file pattern (``TEMP_PATTERN``: ``.<name>.<16 hex>.tmp``, made by ``temp_name`` /
 ``open_temp``, recognised by ``is_temp``), the one local atomic writer (``atomic_save``: a temp file filled by a
-writer such as ``BytesWriter``, then renamed; ``atomic_write_bytes`` for bytes), ``file_digest``, the readers of
+writer such as ``BytesWriter`` or ``PartsWriter``, then renamed; ``atomic_write_bytes`` for bytes), ``file_digest``, the readers of
 other safetensors and torch files (``read_safetensors``, ``read_torch``: connector files, checkpoints), and
 ``_FAULTS``: the ONE table that turns foreign storage exceptions (fsspec/s3fs/botocore/aiohttp, safetensors,
 torch, OSError) into one-line draftgen errors naming the path or URL and the fix (``storage_faults`` applies
@@ -27,6 +27,7 @@ __all__ = [
     "REDO_HINT",
     "TEMP_PATTERN",
     "BytesWriter",
+    "PartsWriter",
     "atomic_save",
     "atomic_write_bytes",
     "file_digest",
@@ -238,10 +239,23 @@ class BytesWriter:
     data: bytes
 
     def __call__(self, tmp: str) -> None:
+        PartsWriter([self.data])(tmp)
+
+
+@dataclass(frozen=True)
+class PartsWriter:
+    """An ``atomic_save`` writer of the buffers a file is made of, in order, each written as it is (no join
+    copy), fsynced."""
+
+    parts: list[Any]
+
+    def __call__(self, tmp: str) -> None:
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as fh:  # the file open_temp made
-            fh.write(self.data)
+            for part in self.parts:
+                fh.write(part)
             fh.flush()
             os.fsync(fh.fileno())
+
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """``atomic_save`` of ``data`` (the store's and export-hidden's one local atomic writer)."""

@@ -67,6 +67,9 @@ from draftgen.errors import ConfigError, InputError, RunDirError
 from draftgen.hidden.files import (
     REDO_HINT,
     TEMP_PATTERN,
+    BytesWriter,
+    PartsWriter,
+    atomic_save,
     atomic_write_bytes,
     is_temp,
     missing_bucket,
@@ -99,6 +102,7 @@ __all__ = [
     "HiddenSet",
     "HiddenStore",
     "LoadedSample",
+    "Staged",
     "atomic_write_bytes",
     "bytes_digest",
     "decode_sample",
@@ -114,8 +118,10 @@ __all__ = [
     "require",
     "row_digest",
     "sample_key",
+    "sample_parts",
     "sample_path",
     "storage_faults",
+    "storage_tensors",
     "temp_name",
     "translate_storage_error",
 ]
@@ -146,14 +152,37 @@ def read_owner_marker(data: bytes, kind: str, where: str) -> HiddenOwnerMarker:
 
 
 @dataclass
+class Staged:
+    """A sample's states as they will be stored, staged where they were captured: ``tensors`` is
+    ``storage_tensors``' output (aux, final; fp8 also aux_scale, final_scale) in host memory, and ``stats``
+    (float32, host) the numbers ``target.checks.state_stats`` computed on those same values on the capture
+    device. The host copies may still be in flight (a GPU's non-blocking copy into pinned memory): ``wait()``
+    before reading either; it also lets go of the device tensors the copies read."""
+
+    dtype: str
+    tensors: dict[str, torch.Tensor]
+    stats: torch.Tensor
+    pending: Any = None  # what the copies wait on (a ``torch.cuda.Event``), None once done
+    keep: Any = None  # the device tensors the copies read, held until they are done
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            self.pending.synchronize()
+        self.pending = self.keep = None
+
+
+@dataclass
 class Captured:
-    """What a backend hands to the core, one per sample (CPU tensors, any float dtype)."""
+    """What a backend hands to the core, one per sample (CPU tensors, any float dtype). With ``staged`` (a
+    backend that stages on its device, ``target.staging``), ``aux`` and ``final`` are ``staged.tensors``'
+    (in the storage dtype; fp8 before its scales) and ``encode_sample`` writes exactly those."""
 
     sample_id: str
     input_ids: np.ndarray  # int64 [T]
     loss_mask: np.ndarray  # uint8 [T]
     aux: torch.Tensor  # [T, n_aux*H]
     final: torch.Tensor  # [T, H] pre-norm
+    staged: Staged | None = None
 
 
 @dataclass
@@ -188,9 +217,15 @@ def row_digest(input_ids: Any, loss_mask: Any) -> str:
     return h.hexdigest()
 
 
-def bytes_digest(data: bytes) -> str:
-    """sha256 of a stored file's bytes (index record and manifest entry ``file_sha256``)."""
-    return hashlib.sha256(data).hexdigest()
+def bytes_digest(data: bytes | list[Any]) -> str:
+    """sha256 of a stored file's bytes (index record and manifest entry ``file_sha256``): ``data``, or the
+    buffers it is made of in order (``sample_parts``)."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        return hashlib.sha256(data).hexdigest()
+    h = hashlib.sha256()
+    for part in data:
+        h.update(part)
+    return h.hexdigest()
 
 
 def _torch_dtype(dtype: str) -> Any:
@@ -211,37 +246,55 @@ def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.contiguous(), scale.contiguous()
 
 
+def storage_tensors(aux: torch.Tensor, final: torch.Tensor, dtype: str) -> dict[str, torch.Tensor]:
+    """``aux`` and ``final`` as stored in ``dtype``, on their own device (rows independent: a batch's packed
+    rows give each sample's exactly): fp8 ``quantize_fp8``'s values and scales, else the rounded tensors."""
+    tdt = _torch_dtype(dtype)
+    if dtype == "fp8":
+        (qa, sa), (qf, sf) = quantize_fp8(aux.detach()), quantize_fp8(final.detach())
+        return {"aux": qa, "aux_scale": sa, "final": qf, "final_scale": sf}
+    return {"aux": aux.detach().to(tdt).contiguous(), "final": final.detach().to(tdt).contiguous()}
+
+
 def encode_sample(c: Captured, dtype: str) -> bytes:
-    """The safetensors bytes of one sample in storage dtype ``dtype``."""
+    """The safetensors bytes of one sample in storage dtype ``dtype`` (a staged sample: its staged tensors):
+    ``sample_parts`` joined."""
+    return b"".join(sample_parts(c, dtype))
+
+
+def sample_parts(c: Captured, dtype: str) -> list[Any]:
+    """``encode_sample``'s bytes as the buffers they are made of, in order, uncopied: the header, then each
+    tensor's own memory (``bytes_digest`` hashes them and ``HiddenStore.publish`` writes them as one file)."""
     torch = require("torch")
     np_ = require("numpy")
-    tdt = _torch_dtype(dtype)
     ids = torch.from_numpy(np_.ascontiguousarray(c.input_ids, dtype=np_.int64))
     mask = torch.from_numpy(np_.ascontiguousarray(c.loss_mask, dtype=np_.uint8))
     t = int(ids.shape[0])
     if tuple(c.final.shape[:1]) != (t,) or tuple(c.aux.shape[:1]) != (t,) or c.aux.dim() != 2 or c.final.dim() != 2:
         raise ValueError(f"{c.sample_id}: aux {tuple(c.aux.shape)} / final {tuple(c.final.shape)} do not match "
                          f"{t} tokens")
-    tensors: dict[str, Any] = {"input_ids": ids, "loss_mask": mask}
-    if dtype == "fp8":
-        tensors["aux"], tensors["aux_scale"] = quantize_fp8(c.aux.detach().cpu())
-        tensors["final"], tensors["final_scale"] = quantize_fp8(c.final.detach().cpu())
+    if c.staged is not None:
+        if c.staged.dtype != dtype:
+            raise ValueError(f"{c.sample_id}: staged as {c.staged.dtype}, asked for {dtype}")
+        c.staged.wait()
+        stored = c.staged.tensors
     else:
-        tensors["aux"] = c.aux.detach().cpu().to(tdt).contiguous()
-        tensors["final"] = c.final.detach().cpu().to(tdt).contiguous()
-    return _safetensors_bytes(tensors, {"schema": SCHEMA, "sample_id": c.sample_id, "dtype": dtype})
+        stored = {k: v.cpu() for k, v in storage_tensors(c.aux.detach().cpu(), c.final.detach().cpu(), dtype).items()}
+    return _safetensors_parts({"input_ids": ids, "loss_mask": mask, **stored},
+                              {"schema": SCHEMA, "sample_id": c.sample_id, "dtype": dtype})
 
 
 _ST_DTYPES = {"int64": "I64", "uint8": "U8", "bfloat16": "BF16", "float16": "F16", "float32": "F32",
               "float8_e4m3fn": "F8_E4M3"}
 
 
-def _safetensors_bytes(tensors: dict[str, Any], metadata: dict[str, str]) -> bytes:
+def _safetensors_parts(tensors: dict[str, Any], metadata: dict[str, str]) -> list[Any]:
     """The safetensors serialisation with a deterministic header (keys sorted; the library's own writer
-    orders ``__metadata__`` differently from one process to the next, and resume compares bytes)."""
+    orders ``__metadata__`` differently from one process to the next, and resume compares bytes), as the
+    header's bytes then views of the tensors' own bytes (no copy)."""
     torch = require("torch")
     header: dict[str, Any] = {"__metadata__": dict(sorted(metadata.items()))}
-    blobs: list[Any] = []  # views of the tensors' own bytes: the join below is the one copy
+    blobs: list[Any] = []
     offset = 0
     for name in sorted(tensors):
         t = tensors[name].contiguous()
@@ -252,7 +305,7 @@ def _safetensors_bytes(tensors: dict[str, Any], metadata: dict[str, str]) -> byt
         offset += raw.nbytes
     head = encode_json(header)
     head += b" " * (-len(head) % 8)
-    return struct.pack("<Q", len(head)) + head + b"".join(blobs)
+    return [struct.pack("<Q", len(head)) + head, *blobs]
 
 
 def _header_metadata(data: bytes, where: str) -> dict[str, str]:
@@ -336,15 +389,16 @@ class HiddenStore:
         return f"{self.url.rstrip('/')}/{rel}" if rel else self.url
 
     # -- writing
-    def _put(self, rel: str, data: bytes) -> None:
+    def _put(self, rel: str, data: bytes | list[Any]) -> None:
+        """Publish ``data`` (bytes, or the buffers a file is made of, in order) at ``rel`` atomically."""
         if self.local:
-            atomic_write_bytes(self.path(rel), data)
+            atomic_save(self.path(rel), BytesWriter(data) if isinstance(data, bytes) else PartsWriter(data))
             return
-        with storage_faults(self.where(rel), "write"):
-            self.fs.pipe_file(self.path(rel), data)  # one put: the object appears whole or not at all
+        with storage_faults(self.where(rel), "write"):  # one put: the object appears whole or not at all
+            self.fs.pipe_file(self.path(rel), data if isinstance(data, bytes) else b"".join(data))
 
-    def publish(self, sample_id: str, data: bytes) -> str:
-        """Publish one sample's bytes atomically; returns its path relative to the root."""
+    def publish(self, sample_id: str, data: bytes | list[Any]) -> str:
+        """Publish one sample's bytes (or ``sample_parts``) atomically; returns its path relative to the root."""
         rel = sample_path(sample_id)
         self._put(rel, data)
         return rel

@@ -14,6 +14,7 @@ Files and the record each line holds:
     exports/<format>/*.jsonl              SpeculatorsRow, SpecForge*   (records.exports)
     <hidden>/index, manifest.json         HiddenIndexRecord, HiddenManifest (records.hidden)
     <hidden>/.draftgen-hidden.json        HiddenOwnerMarker (also <export>/.draftgen-export.json)
+    logs/progress.json                    ProgressRecord               (records.progress)
     train/, accept/                       TrainLogRecord, TrainReport (+ TrainOnlineReport), AcceptReport (records.drafter)
 
 Every record carries ``SCHEMA_VERSION`` (``records.base``). Encoding and decoding happen only in
@@ -89,6 +90,7 @@ from draftgen.records.merged import (
     parse_row_id,
     row_id,
 )
+from draftgen.records.progress import ProgressRecord
 from draftgen.records.prompts import (
     DatasetStats,
     FunctionCall,
@@ -103,11 +105,13 @@ from draftgen.records.prompts import (
 from draftgen.records.responses import (
     VIEWS,
     AttemptRecord,
+    AttemptSpend,
     FailureRecord,
     GenerationSettings,
     GroundTruthRecord,
     HealthEvent,
     IdsSource,
+    ProbeMeasurement,
     Provenance,
     ReferenceRow,
     ResponseFields,
@@ -118,7 +122,9 @@ from draftgen.records.responses import (
     ResponseRecord,
     ResponseScanView,
     ResponseSettingsView,
+    SettlementRecord,
     Usage,
+    attempt_spend,
     spend_usd,
     view_mismatches,
 )
@@ -135,6 +141,7 @@ __all__ = [
     "AcceptanceFigures",
     "AlternativeFigures",
     "AttemptRecord",
+    "AttemptSpend",
     "AuditReport",
     "BatchEvent",
     "BatchItem",
@@ -177,6 +184,8 @@ __all__ = [
     "MergedTokens",
     "Message",
     "MismatchExample",
+    "ProbeMeasurement",
+    "ProgressRecord",
     "PromptAcceptance",
     "PromptIdView",
     "PromptRecord",
@@ -191,6 +200,7 @@ __all__ = [
     "ResponseScanView",
     "ResponseSettingsView",
     "RunManifest",
+    "SettlementRecord",
     "SpecForgeConversationRow",
     "SpecForgeMessage",
     "SpecForgePromptRow",
@@ -206,6 +216,7 @@ __all__ = [
     "TrainOnlineReport",
     "TrainReport",
     "Usage",
+    "attempt_spend",
     "below_floor",
     "check_ids",
     "fold_batches",

@@ -1,6 +1,6 @@
 """Records of the drafter: ``train/log.jsonl`` (``TrainLogRecord``), ``train/train.json`` (``TrainReport``, and
 its sample floor read the same way by train and accept: ``below_floor``, ``trained_line``) and
-``accept/<drafter key>/acceptance.json`` and its latest copy ``accept/acceptance.json`` (``AcceptReport``)."""
+``accept/<drafter key>/<pass>.json`` and the run's latest copy ``accept/acceptance.json`` (``AcceptReport``)."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def trained_line(trained: int, asked: int, train_rows: int, rows: int) -> str:
             f"{train_rows} of {rows} rows)")
 
 
-# -- accept output: accept/<drafter key>/acceptance.json (draftgen.phases.accept.run) -------------------------------------
+# -- accept output: accept/<drafter key>/<pass>.json (draftgen.phases.accept.run) -------------------------------------
 
 
 class AcceptanceFigures(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -193,11 +193,13 @@ class DatasetAcceptance(msgspec.Struct, omit_defaults=True, kw_only=True):
 
 
 class AcceptReport(msgspec.Struct, omit_defaults=True, kw_only=True):
-    """``accept/<drafter key>/acceptance.json`` (one per drafter; ``accept/acceptance.json`` is the latest):
-    the measured acceptance next to the offline estimate from that drafter's training."""
+    """``accept/<drafter key>/<pass name>.json`` (one per drafter, server and prompt set; never replaced by
+    another pass; ``accept/acceptance.json`` is the latest of the run's own drafter): the measured acceptance
+    next to the offline estimate from that drafter's training."""
 
     drafter: str
     drafter_key: str = ""  # its folder under accept/ (phases.accept.run.drafter_key)
+    pass_name: str = ""  # its file in that folder: "<server>-<prompts>p-<digest of the sample ids>" (schema 4)
     server: str  # "vllm" | "sglang"
     prompts: int
     sample_ids: list[str]

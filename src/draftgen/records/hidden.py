@@ -57,6 +57,14 @@ class TeacherResult(msgspec.Struct, omit_defaults=True):
     logprob_tol: float | None = None
     aux_logprob_err: float | None = None
     reference_source: str | None = None
+    # the state comparison (hf): each aux slot's relative difference from the plain forward's state and its
+    # tolerance (layer order), the final's tolerance, and the noise that calibrated them: the relative
+    # difference between the plain forward and a second one of another shape (aux slots, then the final);
+    # schema version 4, None in an index written before
+    aux_rel_err: list[float] | None = None
+    aux_rel_tol: list[float] | None = None
+    final_rel_tol: float | None = None
+    state_noise: list[float] | None = None
 
 
 class HiddenIndexRecord(msgspec.Struct, omit_defaults=True, kw_only=True):

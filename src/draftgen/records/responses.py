@@ -3,6 +3,7 @@ provider health events, the emulator's ground truth, and the partial views used 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import msgspec
@@ -155,6 +156,73 @@ class AttemptRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
     #: a hedge: a second request for a sample already on the wire (``tail``); its loser's outcome is
     #: ``hedge_lost``, with what it cost (extra spend)
     hedge: bool = False
+    #: tokens received before an attempt ended without a response (``abandoned``: an interrupt), counted
+    #: from the text at the run's characters per token where the server sends no ids; the sample is at
+    #: least this long (``plan`` counts it as a censored length)
+    streamed_tokens: int = 0
+    #: the server's generation id (``X-Generation-Id``), where it was known: what a later ``GET /generation``
+    #: settles an ``abandoned`` attempt's worst case by (``SettlementRecord``)
+    generation_id: str | None = None
+
+
+class SettlementRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """What a request abandoned on the wire was really billed, looked up after the fact (``GET /generation``),
+    in ``logs/settlements.jsonl``: it replaces the worst case its ``abandoned`` attempt held (``attempt_spend``)."""
+
+    generation_id: str
+    sample_id: str
+    dataset: str
+    held_usd: float  # the worst case the abandoned attempt booked
+    billed_usd: float  # what the server says it billed
+    at: float
+    source: str = "generation"  # how it was learnt: GET /generation
+    schema_version: int = SCHEMA_VERSION
+
+
+class AttemptSpend(msgspec.Struct, kw_only=True):
+    """The spend ``logs/attempts.jsonl`` books beyond the raw logs' records (``attempt_spend``): ``billed``
+    (responses rejected or unusable, hedges' losers, abandoned requests whose bill was looked up) and
+    ``held`` (the worst cases of the ``abandoned`` requests not settled yet, ``abandoned`` of them)."""
+
+    billed: float = 0.0
+    held: float = 0.0
+    abandoned: int = 0
+    settled: int = 0  # abandoned requests whose bill replaced their worst case
+
+
+def attempt_spend(attempts: Iterable[AttemptRecord], settlements: Iterable[SettlementRecord]) -> AttemptSpend:
+    """The attempts' spend, the one rule every reader uses (the budget at resume, ``status``, the report): each
+    attempt that left no record is booked at its ``cost``, except an ``abandoned`` one with a settlement for its
+    generation id, booked at what that settlement says was billed (never negative)."""
+    bills = {s.generation_id: max(0.0, s.billed_usd) for s in settlements}
+    out = AttemptSpend()
+    for a in attempts:
+        if a.outcome == "ok" or not a.cost > 0:
+            continue
+        if a.outcome != "abandoned":
+            out.billed += a.cost
+        elif a.generation_id is not None and a.generation_id in bills:
+            out.billed += bills[a.generation_id]
+            out.settled += 1
+        else:
+            out.held += a.cost
+            out.abandoned += 1
+    return out
+
+
+class ProbeMeasurement(msgspec.Struct, kw_only=True):
+    """What ``draftgen probe``'s one request measured of a stream, in ``logs/probe.json``: ``plan`` takes its
+    rate and first-token time while the run has no response of its own."""
+
+    model: str
+    provider: str | None = None
+    completion_tokens: int
+    latency_s: float
+    ttft_s: float | None = None
+    tokens_per_s: float
+    """Completion tokens per second after the first token (over the whole latency when unstreamed)."""
+    at: float
+    schema_version: int = SCHEMA_VERSION
 
 
 class HealthEvent(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -231,6 +299,7 @@ class ResponseMetricsView(msgspec.Struct):
     quantization: str | None = None
     created_at: float = 0.0
     service_tier: str | None = None
+    backend: str | None = None  # the server's kind (a self-hosted server names no provider)
 
 
 class ResponseSettingsView(msgspec.Struct):

@@ -3,6 +3,7 @@ show.
 
 Modules: ``metrics`` (``compute_metrics(run_dir) -> RunMetrics``, reading each file of the run once), with
 ``datasets`` (the datasets table and the raw-log scan), ``providers`` (the providers table), ``charts``
-(histograms, timeline, activity, sequence lengths) and ``grade`` (the run's verdict). Reads only; writes
+(histograms, timeline, activity, sequence lengths), ``grade`` (the run's verdict) and ``chain`` (the drafter
+chain's files: the hidden set, train.json, the accept passes and the accept verdict sentence). Reads only; writes
 nothing; imports no phase. Imported per module, so ``import draftgen.runview`` loads none of them.
 """

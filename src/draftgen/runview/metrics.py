@@ -10,6 +10,7 @@ Reads (all optional; a partial run directory is fine, and an unterminated last l
     audit/audit.json                      AuditReport      the audit's figures
     logs/attempts.jsonl                   AttemptRecord    attempts, retries by kind, TTFT, requests in flight, hedges
     logs/health.jsonl                     HealthEvent      provider cool-downs
+    logs/settlements.jsonl                SettlementRecord what abandoned requests were billed (``spend``)
     merged/stats.json                     MergeStats       the merged split, drops, hidden-state estimate
     merged/manifest.json                  MergeManifest    every file merge wrote, merged/ and exports/ (written last)
     report.html                           (marker)         a report was written
@@ -40,6 +41,8 @@ from draftgen.records import (
     MergeStats,
     ResponseMetricsView,
     RunManifest,
+    SettlementRecord,
+    attempt_spend,
 )
 from draftgen.rundir import RunDir
 from draftgen.runview.charts import (
@@ -67,7 +70,7 @@ from draftgen.runview.grade import Verdict, grade_run
 from draftgen.runview.providers import ProviderAcc, ProviderMetrics
 from draftgen.store import iter_jsonl, raw_ids_len, read_json
 
-__all__ = ["RunMetrics", "TailMetrics", "compute_metrics", "tail_metrics"]
+__all__ = ["RunMetrics", "SpendMetrics", "TailMetrics", "compute_metrics", "tail_metrics"]
 
 
 class TailMetrics(msgspec.Struct, kw_only=True):
@@ -92,6 +95,20 @@ def tail_metrics(attempts: list[AttemptRecord]) -> TailMetrics:
                        slow_streams=sum(1 for a in attempts if a.outcome == "slow_stream"))
 
 
+class SpendMetrics(msgspec.Struct, kw_only=True):
+    """The run directory's booked spend, as generate's budget books it (``store.scan_responses`` and
+    ``records.attempt_spend``): ``booked_usd`` = ``billed_usd`` + ``held_usd``. Billed: every record (done,
+    duplicate, orphan, replaced; a record kept unusable is booked by its attempt instead) and every attempt
+    that left no record (rejected, unusable, a hedge's loser, an abandoned request whose bill was looked up);
+    held: the worst cases of the ``abandoned`` requests (cancelled on the wire) not settled yet."""
+
+    booked_usd: float = 0.0
+    billed_usd: float = 0.0
+    held_usd: float = 0.0
+    abandoned: int = 0
+    settled: int = 0
+
+
 class RunMetrics(msgspec.Struct, kw_only=True):
     run_dir: str
     model: str | None = None
@@ -113,6 +130,7 @@ class RunMetrics(msgspec.Struct, kw_only=True):
     seq_lengths: SeqLengths = msgspec.field(default_factory=SeqLengths)
     verdict: Verdict = msgspec.field(default_factory=Verdict)
     tail: TailMetrics = msgspec.field(default_factory=TailMetrics)
+    spend: SpendMetrics = msgspec.field(default_factory=SpendMetrics)
 
 
 def compute_metrics(run_dir: Path, configured: list[str] | None = None) -> RunMetrics:
@@ -129,6 +147,7 @@ def compute_metrics(run_dir: Path, configured: list[str] | None = None) -> RunMe
     providers = ProviderAcc()
     seq_lens: list[int] = []
     fail_events: list[tuple[float, str]] = []
+    duplicate_usd = unbooked = 0.0  # the records the datasets table leaves out, and those their attempts book
 
     for name in dataset_names(run_dir, configured):
         acc = DatasetAcc(name)
@@ -136,8 +155,11 @@ def compute_metrics(run_dir: Path, configured: list[str] | None = None) -> RunMe
         prepared_ids = read_prepared_ids(run_dir, name)
         done: set[str] = set()
         for status, row in scan_raw(rd.raw(name), prepared_ids, done):
+            if _kept_unusable(row):  # its attempt booked it (``spend``)
+                unbooked += row_cost(row.usage)
             if status == "duplicate":
                 acc.m.duplicates += 1
+                duplicate_usd += row_cost(row.usage)
                 continue
             if status == "orphan":
                 acc.m.orphans += 1
@@ -216,7 +238,20 @@ def compute_metrics(run_dir: Path, configured: list[str] | None = None) -> RunMe
         seq_lengths=seq,
         verdict=grade_run(total_m, audit, merged, phases, providers_table),
         tail=tail_metrics(attempts),
+        spend=_spend(total_m.spent_usd + duplicate_usd - unbooked, attempts, rd),
     )
+
+
+def _kept_unusable(row: ResponseMetricsView) -> bool:
+    return any(f.startswith("unusable:") for f in row.recon_flags)
+
+
+def _spend(records_usd: float, attempts: list[AttemptRecord], rd: RunDir) -> SpendMetrics:
+    """The booked spend: what the records cost, plus the attempts' (``records.attempt_spend``)."""
+    att = attempt_spend(attempts, (r for _, r in iter_jsonl(rd.settlements, SettlementRecord)))
+    billed = max(0.0, records_usd) + att.billed
+    return SpendMetrics(booked_usd=round(billed + att.held, 6), billed_usd=round(billed, 6),
+                        held_usd=round(att.held, 6), abandoned=att.abandoned, settled=att.settled)
 
 
 def _manifest_files(manifest: MergeManifest | None) -> list[MergedFile]:

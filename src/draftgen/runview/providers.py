@@ -120,11 +120,23 @@ class _Provider:
         self.tiers: Counter[str] = Counter()
 
 
+#: the row of an attempt that names no provider, by its outcome: a request cancelled on the wire before the
+#: stream named its provider
+_UNNAMED = {"abandoned": "abandoned"}
+
+
 class ProviderAcc:
-    """Per-provider accumulator: responses fed one by one, then the attempts and health logs."""
+    """Per-provider accumulator: responses fed one by one, then the attempts and health logs. A response
+    that names no provider is a self-hosted server's: its row is the server's kind (the record's
+    ``backend``), and so is that of an attempt naming none when the responses came from that one server alone;
+    a request abandoned before its provider was known is ``abandoned``."""
 
     def __init__(self) -> None:
         self.by: dict[str, _Provider] = {}
+        self.servers: set[str] = set()  # the self-hosted servers' kinds the responses named
+
+    def _only_server(self) -> str | None:
+        return next(iter(self.servers)) if len(self.servers) == 1 and len(self.by) == 1 else None
 
     def _get(self, name: str | None) -> _Provider:
         key = name or "unknown"
@@ -134,7 +146,9 @@ class ProviderAcc:
         return p
 
     def add(self, row: ResponseMetricsView, completion: int, reasoning: int) -> None:
-        p = self._get(row.provider)
+        if not row.provider and row.backend:  # a self-hosted server names no provider: its kind
+            self.servers.add(row.backend)
+        p = self._get(row.provider or row.backend)
         p.responses += 1
         p.completion += completion
         p.cost += row_cost(row.usage)
@@ -151,9 +165,10 @@ class ProviderAcc:
 
     def finish(self, attempts: list[AttemptRecord], health: list[HealthEvent]) -> list[ProviderMetrics]:
         for a in attempts:
-            p = self._get(a.provider)
+            p = self._get(a.provider or _UNNAMED.get(a.outcome) or self._only_server())
             p.attempts += 1
-            if a.outcome not in ("ok", "hedge_lost"):  # a request cancelled because its hedge won is no failure
+            # a request cancelled because its hedge won, or by the user's interrupt, is no failure of its provider
+            if a.outcome not in ("ok", "hedge_lost", "abandoned"):
                 p.retries += 1
                 p.kinds[a.outcome] += 1
             if a.ttft_s is not None:

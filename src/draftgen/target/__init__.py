@@ -136,7 +136,12 @@ class Reference:
     at the i-th checked position t as the target itself gives it (float32 [len(positions)]): its serving
     engine's ``prompt_logprobs`` (``source`` "engine": the vllm backend) or a plain forward pass (``source``
     "forward": hf). A plain forward also gives ``hidden[k]`` = HF ``output_hidden_states[k]`` for each aux id
-    (float32 [T, H]) and ``post_norm`` = ``output_hidden_states[L]`` (after the final norm). ``through(layer,
+    and its neighbours k-1, k+1 (up to L-1; and L-1 itself) and ``post_norm`` = ``output_hidden_states[L]`` (after
+    the final norm), [T, H] on the model's device, and ``twin``: the aux ids' states and (under L) the post-norm
+    final from a second plain forward of the row in another shape (right-padded with an attention mask), whose
+    difference from the first is the noise the state comparison's tolerance is calibrated on; that forward runs
+    only when a check asks for it (``twin_states``: a state outside the tolerance the rounding floor alone
+    gives), so a sample within the floor costs one forward. ``through(layer,
     state)``: the same log-probs when the target runs on from ``state`` [T, H] fed in as the input of decoder
     layer ``layer`` (``drafter.hf.logprobs_through``; a batch [B, T, H] of states gives [B, N] in one forward);
     None when the backend cannot run the target's layers."""
@@ -146,6 +151,14 @@ class Reference:
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
     post_norm: torch.Tensor | None = None
     through: Callable[[int, torch.Tensor], torch.Tensor] | None = None
+    twin: dict[int, torch.Tensor] = field(default_factory=dict)
+    twin_forward: Callable[[], dict[int, torch.Tensor]] | None = None
+
+    def twin_states(self) -> dict[int, torch.Tensor]:
+        """``twin``, running ``twin_forward`` on the first call that needs it (then kept)."""
+        if not self.twin and self.twin_forward is not None:
+            self.twin, self.twin_forward = self.twin_forward(), None
+        return self.twin
 
 
 class ExtractBackend(Protocol):

@@ -10,8 +10,11 @@ would keep every layer):
 
 Only the base model runs (``model.model``), so no logits are computed while capturing. Rows are batched by
 the caller's order (``run`` sorts by length); each batch is right-padded with an attention mask and every
-sample is sliced back to its own length. ``reference`` is a separate plain forward per row (batch of one,
-no padding, ``output_hidden_states=True``), and runs stored states on through the model's remaining layers
+sample is sliced back to its own length, then staged on the device (``target.staging.stage_batch``: rounded to
+the storage dtype, the cheap checks' numbers computed there, copied to pinned host memory asynchronously). ``reference`` is a separate plain forward per row (batch of one,
+no padding, ``output_hidden_states=True``) and a second one of the row right-padded by a quarter of its length
+with an attention mask (another shape: the noise its state comparison is calibrated on; states kept on the
+model's device), and runs stored states on through the model's remaining layers
 for the teacher check (``drafter.hf.logprobs_through``: on a shallow copy of the base model, so neither the
 model nor its hooks change under a capture running meanwhile); the hooks take only the capturing thread's
 forward, so a reference forward the checks run in another thread meanwhile (capability ``overlap``) is never
@@ -40,6 +43,7 @@ from draftgen.target import (
     target_folder,
 )
 from draftgen.target.layers import resolve_layer_ids
+from draftgen.target.staging import stage_batch
 
 if TYPE_CHECKING:
     import numpy as np
@@ -73,6 +77,7 @@ class HFExtractBackend:
         if device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("hidden_states.device: cuda was asked for but torch sees no GPU; use cpu or auto")
         self.dtype = getattr(torch, _DTYPES[hs.compute_dtype])
+        self.storage_dtype = hs.dtype
         kw: dict[str, Any] = {"dtype": self.dtype}
         if hs.revision:
             kw["revision"] = hs.revision
@@ -144,14 +149,19 @@ class HFExtractBackend:
         finally:
             self._armed = None
         aux_ids, final_id = self.info.layers.aux, self.info.layers.final
-        aux_b = [self._grabbed[k].to("cpu") for k in aux_ids]  # each [B, W, H]
-        fin_b = self._grabbed[final_id].to("cpu")
+        aux_b = [self._grabbed[k] for k in aux_ids]  # each [B, W, H], on the device
+        fin_b = self._grabbed[final_id]
         self._grabbed = {}
-        # one copy per sample: its own rows of each aux layer, side by side [T, n_aux*H]; its final [T, H]
-        return [Captured(sample_id=r.sample_id, input_ids=r.input_ids, loss_mask=r.loss_mask,
-                         aux=torch.cat([a[i, :lengths[i]] for a in aux_b], dim=-1),
-                         final=fin_b[i, :lengths[i]].clone())
-                for i, r in enumerate(rows)]
+        # each sample's own rows: its aux layers side by side [T, n_aux*H], its final [T, H]
+        with torch.inference_mode():
+            aux = [torch.cat([a[i, :n] for a in aux_b], dim=-1) for i, n in enumerate(lengths)]
+            final = [fin_b[i, :n] for i, n in enumerate(lengths)]
+            if fin_b.device.type == "cpu":  # the host pool stages them (stage_host), beside the next forward
+                return [Captured(sample_id=r.sample_id, input_ids=r.input_ids, loss_mask=r.loss_mask, aux=a,
+                                 final=f.clone()) for r, a, f in zip(rows, aux, final, strict=True)]
+            # an accelerator: staged there (storage dtype, check numbers), then copied to host (target.staging)
+            return stage_batch(rows, aux, final, lambda ids: self.embedding(ids.to(self.input_device)),
+                               len(aux_ids), self.storage_dtype)
 
     def embed(self, ids: np.ndarray) -> torch.Tensor:
         th = require("torch")
@@ -176,17 +186,32 @@ class HFExtractBackend:
     def reference(self, row: ExtractRow, positions: torch.Tensor) -> Reference:
         torch = require("torch")
         ids = torch.from_numpy(row.input_ids)[None].to(self.input_device)
-        with torch.inference_mode():
-            out = self.model.model(input_ids=ids, output_hidden_states=True, use_cache=False)
-        hs = out.hidden_states
         L = self.info.num_layers
-        post = hs[L][0].float().cpu()
+        aux = self.info.layers.aux
+        with torch.inference_mode():
+            hs = self.model.model(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states
+            keep = {j for k in aux for j in (k - 1, k, k + 1) if 0 <= j < L} | {L - 1}
+            hidden = {j: hs[j][0] for j in sorted(keep)}
+            post = hs[L][0]
+            del hs
         # log-probs only at the checked positions: the lm_head is the costly part
-        logprobs = self._logprobs(post[positions], torch.from_numpy(row.input_ids[1:])[positions])
+        logprobs = self._logprobs(post[positions.to(post.device)], torch.from_numpy(row.input_ids[1:])[positions])
         through = partial(logprobs_through, self.model, torch.from_numpy(row.input_ids), positions=positions)
         return Reference(logprobs=logprobs, source="forward", post_norm=post,
-                         through=through if self.through_layers else None,
-                         hidden={k: hs[k][0].float().cpu() for k in self.info.layers.aux})
+                         through=through if self.through_layers else None, hidden=hidden,
+                         twin_forward=partial(self._twin, ids, [*aux, L]))
+
+    def _twin(self, ids: torch.Tensor, layers: list[int]) -> dict[int, torch.Tensor]:
+        """The states ``layers`` of a second plain forward of ``ids`` [1, T] in another shape: right-padded by
+        T//4+1 with an attention mask (``Reference.twin``)."""
+        torch = require("torch")
+        T = ids.shape[1]
+        wide = torch.nn.functional.pad(ids, (0, T // 4 + 1))
+        mask = (torch.arange(wide.shape[1], device=ids.device) < T).long()[None]
+        with torch.inference_mode():
+            hs = self.model.model(input_ids=wide, attention_mask=mask, output_hidden_states=True,
+                                  use_cache=False).hidden_states
+            return {j: hs[j][0, :T] for j in layers}
 
     def close(self) -> None:
         for h in self._hooks:

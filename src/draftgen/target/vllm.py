@@ -244,6 +244,7 @@ class VllmExtractBackend:
         layers = resolve_layer_ids(n_layers, layer_ids)
         norm_w = self.weights.tensor("model.norm.weight").float()
         self._embed: torch.Tensor | None = None
+        self._loading = threading.Lock()  # the lazy loads below: checks run on several threads at once
         self._head: torch.Tensor | None = None
         self.info = TargetInfo(name=name, revision=revision, num_layers=n_layers, hidden_size=int(c["hidden_size"]),
                                vocab_size=int(c["vocab_size"]), norm_eps=float(c.get("rms_norm_eps", 1e-6)),
@@ -365,8 +366,7 @@ class VllmExtractBackend:
                 if self.spot.per_block else None
             await wait_for_lock(path, self.opts.file_timeout_s)
             self.folder.check_file(path, sample_id=row.sample_id, where=where)
-            f = await asyncio.to_thread(read_connector_file, path, keep_bytes=keep)
-            captured = self._to_captured(row, sent, f, path, i)
+            f, captured = await asyncio.to_thread(self._read, row, sent, path, i, keep)
         except BaseException:  # answered: the file is draftgen's to remove, whatever went wrong
             self.folder.discard(path)
             raise
@@ -390,6 +390,12 @@ class VllmExtractBackend:
         """Wait for the requests still running after their captures were cancelled (their files are removed)."""
         if self._posting:
             await asyncio.wait(set(self._posting), timeout=self.opts.request_timeout_s)
+
+    def _read(self, row: ExtractRow, sent: list[int], path: str, i: int, keep: bool) -> tuple[ServerFile, Captured]:
+        """A connector file read and turned into a ``Captured``, in a thread (the loop's default pool: the
+        machine's cores), so the loop and the other requests do not wait on the copy."""
+        f = read_connector_file(path, keep_bytes=keep)
+        return f, self._to_captured(row, sent, f, path, i)
 
     def _to_captured(self, row: ExtractRow, sent: list[int], f: ServerFile, path: str, i: int) -> Captured:
         hs = f.hidden_states
@@ -531,8 +537,9 @@ class VllmExtractBackend:
     def embed(self, ids: np.ndarray) -> torch.Tensor:
         import torch
 
-        if self._embed is None:
-            self._embed = self.weights.tensor("model.embed_tokens.weight")
+        with self._loading:
+            if self._embed is None:
+                self._embed = self.weights.tensor("model.embed_tokens.weight")
         out: torch.Tensor = self._embed[torch.from_numpy(ids).long()].float()
         return out
 
@@ -541,9 +548,10 @@ class VllmExtractBackend:
 
         from draftgen.drafter.hf import rms_norm
 
-        if self._head is None:
-            names = ("lm_head.weight", "model.embed_tokens.weight") if self.weights.tie else ("lm_head.weight",)
-            self._head = self.weights.tensor(*names)
+        with self._loading:
+            if self._head is None:
+                names = ("lm_head.weight", "model.embed_tokens.weight") if self.weights.tie else ("lm_head.weight",)
+                self._head = self.weights.tensor(*names)
         post = rms_norm(final_pre, self.info.norm_weight, self.info.norm_eps)
         out = []
         for s in range(0, post.shape[0], 256):
@@ -578,11 +586,12 @@ class VllmExtractBackend:
         return allowed
 
     def _load_target(self) -> Any:
-        if self._target is None:
-            transformers = require("transformers")
-            self._target = transformers.AutoModelForCausalLM.from_pretrained(
-                str(self.weights.folder), dtype="auto", local_files_only=True).eval()
-        return self._target
+        with self._loading:
+            if self._target is None:
+                transformers = require("transformers")
+                self._target = transformers.AutoModelForCausalLM.from_pretrained(
+                    str(self.weights.folder), dtype="auto", local_files_only=True).eval()
+            return self._target
 
     def close(self) -> None:
         """Remove the connector files given up on a last time (``ConnectorFolder.close``); stop the loop."""

@@ -6,6 +6,7 @@ against a loopback server (aiohttp) that serves vLLM's chat completions and ``/m
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -250,7 +251,7 @@ def test_run_accept_vllm_with_baseline_and_train_log(tmp_path: Path, drafter_dir
     assert all(r["temperature"] == 0.0 and r["max_tokens"] == 10 and not r.get("stream") for r in spec.requests)
     assert len(base.requests) == 6
     saved = read_json(rd.root / "accept" / "acceptance.json", AcceptReport)
-    assert saved == rep and read_json(rd.accept_report(rep.drafter_key), AcceptReport) == rep
+    assert saved == rep and read_json(rd.accept_report(rep.drafter_key, rep.pass_name), AcceptReport) == rep
     assert rep.drafter_key.startswith("train-drafter-")
     assert any("acceptance length 2.500" in ln and "offline estimate 1.750" in ln for ln in lines)
 
@@ -290,6 +291,44 @@ def test_accept_warns_when_the_drafter_trained_on_fewer_samples_than_the_floor(
     rep = run_accept(load(cfg_path), drafter=outside, echo=lambda _s: None)
     assert rep.warnings == [] and rep.samples_trained is None
     assert any("how many samples it trained on is not known here" in n for n in rep.notes)
+
+
+def test_every_pass_keeps_its_file_and_the_latest_is_the_runs_own_drafter_over_the_configured_prompts(
+        tmp_path: Path, drafter_dir: Path, servers: tuple[FakeServer, FakeServer]) -> None:
+    """issue 34, finding 6: tiny-chain's order of passes. The run's trained drafter over the configured 6
+    prompts (vLLM), then again over 2 of them through SGLang, then an untrained drafter of another run folder
+    measured with this run's config: three files, none overwritten, and accept/acceptance.json is still the
+    trained drafter's 6-prompt vLLM pass (on a3c8820 the SGLang pass replaced the trained drafter's only file and
+    the untrained drafter became the latest)."""
+    spec, _ = servers
+    cfg_path = _run_dir(tmp_path, merged=["chat-0"], endpoint={"kind": "vllm", "base_url": spec.url},
+                        accept={"prompts": 6, "max_tokens": 10})
+    rd = RunDir(tmp_path / "run")
+    rd.train.mkdir(parents=True)
+    trained = drafter_dir.rename(rd.train_drafter)
+    untrained = tmp_path / "untrained" / "train" / "drafter"
+    untrained.parent.mkdir(parents=True)
+    shutil.copytree(trained, untrained)
+    cfg = load(cfg_path)
+    lines: list[str] = []
+    main = run_accept(cfg, drafter=trained, echo=lines.append)
+    sg = run_accept(load(cfg_path, {"accept.server": "sglang"}), drafter=trained, prompts=2, echo=lines.append)
+    other = run_accept(cfg, drafter=untrained, echo=lines.append)
+    files = {p.relative_to(rd.accept).as_posix(): read_json(p, AcceptReport) for p in rd.accept_reports()}
+    assert files == {f"{main.drafter_key}/{main.pass_name}.json": main, f"{sg.drafter_key}/{sg.pass_name}.json": sg,
+                     f"{other.drafter_key}/{other.pass_name}.json": other}
+    assert main.pass_name.startswith("vllm-6p-") and sg.pass_name.startswith("sglang-2p-")
+    assert main.drafter_key == sg.drafter_key != other.drafter_key
+    assert read_json(rd.accept_json, AcceptReport) == main
+    written = [x for x in lines if x.startswith("accept: report written to ")]
+    assert written[0].endswith(f"{main.pass_name}.json (and {rd.accept_json}, the run's latest)")
+    assert written[1].endswith(f"{rd.accept_json} (the run's latest) left as it is: 2 prompts, fewer than "
+                               "accept.prompts (6)")
+    assert written[2].endswith(f"left as it is: {untrained} is not the run's own drafter ({rd.train_drafter})")
+    # the same drafter, server and prompts measured again replace that pass's file only; it is the latest again
+    again = run_accept(cfg, drafter=trained, echo=lambda _s: None)
+    assert len(rd.accept_reports()) == 3 and read_json(rd.accept_json, AcceptReport) == again != main
+    assert read_json(rd.accept_report(sg.drafter_key, sg.pass_name), AcceptReport) == sg
 
 
 def test_run_accept_sglang_meta_info(tmp_path: Path, drafter_dir: Path,
@@ -375,7 +414,9 @@ def test_cli_accept_prints_the_baselines_and_the_intervals_for_a_users_drafter(
             "[2.500, 2.500]") in out, out
     assert "drafter minus: copy-last +1.500 [+1.500, +1.500]  lookup +1.000 [+1.000, +1.000]" in out, out
     assert "zero-aux +0.000 [+0.000, +0.000]  max(copy-last, lookup) +1.000 [+1.000, +1.000]" in out, out
-    assert "verdict: the drafter beats the no-model drafters" in out
+    assert ("verdict: The drafter beats the no-model drafters by +1.000 (95% interval +1.000 to +1.000): acceptance "
+            "length 2.500 [2.500, 2.500] against 1.500 for lookup, the better no-model drafter, over 8 held-out "
+            "prompts.") in out, out
     assert "dataset chat: 2.500 [2.500, 2.500] over 4 prompts (copy-last 1.000, lookup 1.500, zero-aux 2.500)" in out
     assert len(zero.requests) == 8
 

@@ -72,7 +72,7 @@ def test_compare_replays_the_no_model_drafters_and_says_what_it_cannot_do() -> N
     best = next(c for c in out.comparisons if c.versus == NO_MODEL_BEST)
     assert best.difference < 0
     lines = comparison_lines(out.alternatives, out.comparisons, out.datasets)
-    assert any(ln.startswith("verdict: on these prompts the drafter does not beat") for ln in lines)
+    assert not any("verdict" in ln for ln in lines)  # the verdict is runview.chain.verdict's, after these
     assert any("dataset y:" in ln for ln in lines)
 
     missing = compare(rows, [ids[0], None, ids[2]], 3, counted=True)

@@ -231,7 +231,8 @@ def test_status_and_the_provider_table_show_batches_and_tiers(tmp_path: Path) ->
     printed: list[str] = []
     with emulator(_scenario()) as emu:
         run_generate(_cfg(tmp_path, emu.base_url), echo=printed.append)
-    head = next(i for i, ln in enumerate(printed) if ln.startswith("provider "))
+    # the table fits 80 columns: its last columns (tier last) come in the last block, under its own header
+    head = max(i for i, ln in enumerate(printed) if ln.startswith("provider "))
     assert printed[head].split()[-1] == "tier" and printed[head + 1].split()[-1] == "batch"
     shown: list[str] = []
     run_status(str(run), echo=shown.append)
@@ -257,7 +258,8 @@ def test_service_tier_is_sent_recorded_priced_and_shown(tmp_path: Path) -> None:
     u = recs[0].usage
     assert u is not None and u.cost == pytest.approx((u.prompt_tokens * 0.2 + u.completion_tokens * 1.0) / 1e6)
     assert sum(r.usage.cost for r in recs if r.usage) == pytest.approx(billed)
-    head = next(i for i, ln in enumerate(printed) if ln.startswith("provider "))
+    # the table fits 80 columns: its last columns (tier last) come in the last block, under its own header
+    head = max(i for i, ln in enumerate(printed) if ln.startswith("provider "))
     assert printed[head + 1].split()[-1] == "flex"
     with pytest.raises(ConfigError, match="service_tier"):
         run_generate(make_config(tmp_path, ["chat"], kind="vllm", base_url="http://127.0.0.1:9",

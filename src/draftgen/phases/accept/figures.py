@@ -23,14 +23,13 @@ from dataclasses import dataclass, field
 
 from draftgen.drafter.baselines import NO_MODEL, replay
 from draftgen.records import AlternativeFigures, Comparison, DatasetAcceptance, PromptAcceptance
+from draftgen.runview.chain import NO_MODEL as NO_MODEL_BEST
 
 __all__ = ["BOOT_REPS", "BOOT_SEED", "NO_MODEL_BEST", "Compared", "Series", "alternative_figures", "compare",
            "comparison_lines", "comparisons", "dataset_figures", "interval", "no_model_series", "resamples"]
 
 BOOT_REPS = 2000
 BOOT_SEED = 0
-#: the comparison against the better of the no-model drafters in each resample
-NO_MODEL_BEST = "no-model"
 
 
 @dataclass
@@ -186,7 +185,8 @@ def compare(rows: Sequence[PromptAcceptance], ids: Sequence[tuple[Sequence[int],
 
 def comparison_lines(alternatives: Sequence[AlternativeFigures], comps: Sequence[Comparison],
                      datasets: Sequence[DatasetAcceptance]) -> list[str]:
-    """The console lines of the alternatives, the comparisons, the per-dataset figures and the verdict."""
+    """The console lines of the alternatives, the comparisons and the per-dataset figures (the verdict after
+    them: ``runview.chain.verdict``)."""
     lines = []
     if alternatives:
         parts = [f"{a.name} {a.acceptance_length:.3f}{_ci(a.ci95)}" for a in alternatives]
@@ -201,14 +201,6 @@ def comparison_lines(alternatives: Sequence[AlternativeFigures], comps: Sequence
         alts = ", ".join(f"{n} {v:.3f}" for n, v in d.alternatives.items())
         lines.append(f"  dataset {d.dataset}: {d.acceptance_length:.3f}{_ci(d.ci95)} over {d.prompts} prompts"
                      + (f" ({alts})" if alts else ""))
-    best = next((c for c in comps if c.versus == NO_MODEL_BEST), None)
-    if best is not None and best.ci95[0] <= 0:
-        lines.append(f"verdict: on these prompts the drafter does not beat the no-model drafters (drafter − "
-                     f"max(copy-last, lookup) {best.difference:+.3f}, 95% interval [{best.ci95[0]:+.3f}, "
-                     f"{best.ci95[1]:+.3f}]); prompt lookup (vLLM's ngram method) needs no drafter: do not deploy it")
-    elif best is not None:
-        lines.append("verdict: the drafter beats the no-model drafters on these prompts (the interval of drafter − "
-                     "max(copy-last, lookup) is above 0)")
     return lines
 
 

@@ -2,9 +2,14 @@
 
 Reads the prepared prompts (``prepared/<dataset>/prompts.jsonl``), the merged shards' sample ids
 (``merged/manifest.json`` → its Parquet files) and, for a drafter under ``train/``, ``train/log.jsonl``.
-Writes one ``AcceptReport`` per drafter, ``accept/<drafter key>/acceptance.json`` (the key: the drafter
-folder's last two path parts and a digest of its resolved path, ``drafter_key``; measuring the same folder
-again replaces its report), and a copy of the latest one as ``accept/acceptance.json``.
+Writes one ``AcceptReport`` per pass, ``accept/<drafter key>/<pass name>.json`` (the key: the drafter folder's
+last two path parts and a digest of its resolved path, ``drafter_key``; the name: the server's kind, the number
+of prompts and a digest of their sample ids, ``pass_name``): a pass of another server or prompt set never
+replaces it; the same drafter, server and prompts measured again do. ``accept/acceptance.json``, the run's
+latest (what ``status``, the report and the pipeline's up-to-date check read), is a copy of the latest pass of
+the run's own drafter (``phase_drafter``: ``accept.drafter``, else ``train/drafter``, or its ``train/eagle3``;
+any drafter while the run has none) over the configured prompts (a ``--prompts`` pass of fewer than
+``accept.prompts`` keeps its own file only); ``latest_reason`` says why a pass is not.
 
 1. Held-out prompts (``accept.heldout``): prepared prompts in no merged row (train or validation) by sample
    id or by content (merge's prompt dedupe key), ordered by sha256 of the sample id and taken round-robin
@@ -82,6 +87,7 @@ from draftgen.records import (
     TrainReport,
 )
 from draftgen.rundir import RunDir
+from draftgen.runview.chain import beats, verdict
 from draftgen.store import atomic_write_json, iter_jsonl, read_json, read_json_object
 
 if TYPE_CHECKING:
@@ -97,8 +103,10 @@ __all__ = [
     "SGLangMeta",
     "SpecCounters",
     "drafter_key",
+    "latest_reason",
     "offline_al",
     "parse_prometheus",
+    "pass_name",
     "run_accept",
     "sglang_acceptance",
     "vllm_acceptance",
@@ -365,13 +373,37 @@ def drafter_key(folder: Path) -> str:
     return f"{name}-{hashlib.sha256(str(resolved).encode()).hexdigest()[:10]}"
 
 
-def _write_report(rd: RunDir, report: AcceptReport) -> Path:
-    """The drafter's own report, then the same as the run's latest (``accept/acceptance.json``); returns the
-    drafter's."""
-    out = rd.accept_report(report.drafter_key)
+def pass_name(server: str, sample_ids: Sequence[str]) -> str:
+    """The pass's report name in its drafter's folder: the server's kind, the number of prompts and the first
+    10 hex digits of sha256 of their sample ids in order (another prompt set, another file)."""
+    digest = hashlib.sha256("\n".join(sample_ids).encode()).hexdigest()[:10]
+    return f"{server}-{len(sample_ids)}p-{digest}"
+
+
+def latest_reason(cfg: RunConfig, rd: RunDir, folder: Path, prompts: int | None) -> str | None:
+    """Why a pass of ``folder`` over ``prompts`` prompts (None: ``accept.prompts``) does not become the run's
+    latest (``accept/acceptance.json``), or None when it does: the latest is the run's own drafter
+    (``phase_drafter``, or its ``train/eagle3`` twin; any drafter while the run has none) over at least
+    ``accept.prompts`` prompts."""
+    own = phase_drafter(cfg, rd)
+    twins = {own.resolve()} | (set() if cfg.accept.drafter else {rd.train_eagle.resolve()})
+    if (own / "config.json").is_file() and folder.resolve() not in twins:
+        return f"{folder} is not the run's own drafter ({own})"
+    if prompts is not None and prompts < cfg.accept.prompts:
+        return f"{prompts} prompts, fewer than accept.prompts ({cfg.accept.prompts})"
+    return None
+
+
+def _write_report(cfg: RunConfig, rd: RunDir, report: AcceptReport, folder: Path, prompts: int | None) -> list[str]:
+    """The pass's own report, and a copy as the run's latest when it is that (``latest_reason``); returns the
+    line saying where it went."""
+    out = rd.accept_report(report.drafter_key, report.pass_name)
     atomic_write_json(out, report)
-    atomic_write_json(rd.accept_json, report)
-    return out
+    why = latest_reason(cfg, rd, folder, prompts)
+    if why is None:
+        atomic_write_json(rd.accept_json, report)
+        return [f"accept: report written to {out} (and {rd.accept_json}, the run's latest)"]
+    return [f"accept: report written to {out}; {rd.accept_json} (the run's latest) left as it is: {why}"]
 
 
 def _drafter_k(folder: Path) -> int | None:
@@ -512,6 +544,7 @@ def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
     trained, warnings, trained_notes = _training(cfg, rd, folder)
     report = AcceptReport(
         drafter=str(folder), drafter_key=drafter_key(folder), excluded_by_content=held.excluded_by_content,
+        pass_name=pass_name(server, [p.sample_id for p in chosen]),
         server=server, prompts=len(chosen), sample_ids=[p.sample_id for p in chosen],
         max_tokens=cfg.accept.max_tokens, acceptance=figures, speculative=main.throughput, baseline=base_fig,
         speedup=(round(main.throughput.tokens_per_s / base_fig.tokens_per_s, 4)
@@ -521,16 +554,16 @@ def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
         per_prompt=main.prompts, notes=notes + cmp.notes + trained_notes, created_at=time.time(),
         samples_trained=trained.samples_trained if trained else None,
         samples_asked=trained.samples_asked if trained else None, warnings=warnings)
-    out = _write_report(rd, report)
-    for line in summary_lines(report):
+    written = _write_report(cfg, rd, report, folder, prompts)
+    for line in summary_lines(report) + written:
         echo(line)
-    echo(f"accept: report written to {out} (and {rd.accept_json}, the latest)")
     return report
 
 
 def summary_lines(rep: AcceptReport) -> list[str]:
     """The report in a few lines: AL measured (with its interval) next to the offline estimate, per position,
-    the alternatives on the same prompts, the comparisons, per dataset, the verdict, tokens/s."""
+    the alternatives on the same prompts, the comparisons, per dataset, the verdict (``runview.chain.verdict``),
+    tokens/s."""
     a = rep.acceptance
     ci = f" [{a.ci95[0]:.3f}, {a.ci95[1]:.3f}]" if a.ci95 else ""
     lines = [f"acceptance length {a.acceptance_length:.3f}{ci} ({a.source}, {rep.prompts} prompts)"
@@ -540,6 +573,10 @@ def summary_lines(rep: AcceptReport) -> list[str]:
         lines.append("per position " + " ".join(f"{v:.3f}" for v in a.per_position)
                      + (f"  acceptance rate {a.acceptance_rate:.3f}" if a.acceptance_rate is not None else ""))
     lines.extend(comparison_lines(rep.alternatives, rep.comparisons, rep.datasets))
+    said = verdict(rep)
+    if said is not None:
+        lines.append(f"verdict: {said}" + ("" if beats(rep) else " Prompt lookup (vLLM's ngram method) needs no "
+                                                              "drafter: do not deploy this one."))
     s = rep.speculative
     line = f"tokens/s {s.tokens_per_s:.1f} with the drafter"
     if rep.baseline is not None:

@@ -17,7 +17,7 @@ merged rows → length-sorted batches → one worker → an executor → a sink:
 
 Imports: run → executor, proc_pool, ray_pool → worker → batches; nothing imports run back.
 
-Resume: a kill at any moment loses at most the two batches in flight. A temp file never counts; a published
+Resume: a kill at any moment loses at most the batches in flight (``worker.FINISHING`` + 1). A temp file never counts; a published
 file no index part lists is redone (overwritten with the same bytes: capture is deterministic for a batch);
 the manifest lists each sample once, and so does the index: before anything is written, the records that
 no longer count (samples to redo, an older draftgen's second listings) are pruned

@@ -4,14 +4,19 @@
 every executor runs it (``executor.InProcess`` here, ``proc_pool`` in each device process, ``ray_pool`` in each
 actor). Per batch:
 
-1. ``capture``: the backend's states of the batch (the target's forward);
-2. ``finish``: each sample encoded once (``encode_sample``: the bytes that are checked, hashed and published),
-   checked on those bytes decoded (``target.checks``), then the batch written to the sink as
-   ``StreamSample``s (each file published atomically, then ONE index part listing them). Returns a
-   ``BatchResult`` (the index records, bytes written, seconds per step, the wall-clock span).
+1. ``capture``: the backend's states of the batch (the target's forward), staged where they are (the hf
+   backend, ``target.staging``: rounded to the storage dtype, the cheap checks' numbers computed on those
+   values on the device, copied to pinned host memory asynchronously; a backend that hands them unstaged is
+   staged on the CPU in step 2);
+2. ``finish``: each sample, on the host pool (``host_threads()`` threads, one job per sample): its cheap checks
+   read from its staged numbers (``check_staged``: the result ``check_sample`` gives on the file), encoded once
+   (``encode_sample``: exactly the staged tensors; the bytes that are hashed and published; decoded again only
+   for the teacher check), its ``HiddenIndexRecord`` (``file_sha256``) made, its file published atomically;
+   once EVERY job of the batch has ended, ONE index part listing them. Returns a ``BatchResult`` (the index
+   records, bytes written, seconds per step summed over the pool's threads, the wall-clock span).
 
-``run(batches)`` overlaps the two when the backend allows it (``ExtractCapabilities.overlap``): while one
-thread finishes batch k, the caller's thread captures batch k+1 (the target's forward is the costly part;
+``run(batches)`` overlaps the two when the backend allows it (``ExtractCapabilities.overlap``): while
+threads finish batches k, k-1, … (``FINISHING`` at most), the caller's thread captures batch k+1 (the target's forward is the costly part;
 encoding, checks and file writes hide behind it). Which samples get the teacher check is
 ``target.checks.spot_checked``'s answer: the backend's own draw after each answer (vllm: ``SpotCheck``, a
 secret no server sees), else the sample id's hash (hf). The teacher check of a selected sample costs many
@@ -19,8 +24,9 @@ forwards of that sample (a reference forward, its aux slots run on through the l
 runs in a third thread, the teacher lane: ``finish`` leaves the sample out of its batch and hands it, encoded
 and cheaply checked, to the lane, which checks it, then publishes its file and an index part of its own, and
 the rest of the batch does not wait. Batch results come back in batch order, each lane sample's
-as it lands; at most two batches and ``TEACHER_HELD`` lane samples are in flight (a kill loses at most those:
-a sample is done only once listed). Without overlap the steps run one after the other.
+as it lands; at most ``FINISHING`` + 1 batches (one captured, up to ``FINISHING`` finishing on the shared host
+pool) and ``TEACHER_HELD`` lane samples are in flight (a kill loses at most those: a sample is done only once
+listed). Without overlap the steps run one after the other.
 
 ``PoolWorker`` is a Worker in another process: it opens its own store and backend from the config, checks
 the destination against them (``batches.check_settings``), takes batches as msgpack (``encode_batch``) and
@@ -37,7 +43,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,13 +55,14 @@ from draftgen.hidden.format import (
     HiddenStore,
     bytes_digest,
     decode_sample,
-    encode_sample,
     require,
     row_digest,
+    sample_parts,
     sample_path,
 )
 from draftgen.hidden.stream import Sink, StreamSample
 from draftgen.records import HiddenIndexRecord
+from draftgen.target.staging import host_threads
 
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
@@ -68,6 +75,10 @@ __all__ = ["TIMING_KEYS", "BatchResult", "PoolWorker", "Worker", "decode_batch",
 
 TIMING_KEYS = ("capture", "check", "encode", "publish")
 TEACHER_HELD = 4  # samples waiting in the teacher lane at most (each holds its bytes and decoded states)
+#: batches finishing at once on the host pool while the next is captured: a batch holds only a few samples (8,192
+#: tokens of 1-4k-token rows), so one at a time leaves most of the pool idle and the disk waiting (H200, 8B, bf16:
+#: 0.68x the forward + copy with one, the host lane's pace)
+FINISHING = 3
 
 
 class BatchResult(msgspec.Struct, kw_only=True):
@@ -159,6 +170,27 @@ class _Captured:
     seconds: float
 
 
+@dataclass
+class _Done:
+    """A sample's host job ended: published (its ``record`` and ``size``) or, for the teacher lane, encoded
+    and decoded (``data``, ``loaded``) with its cheap checks' result; seconds per step."""
+
+    row: ExtractRow
+    data: bytes
+    res: CheckResult
+    timings: dict[str, float]
+    loaded: LoadedSample | None = None
+    record: HiddenIndexRecord | None = None
+    size: int = 0
+
+
+def _all(jobs: list[Future[_Done]]) -> list[_Done]:
+    """Every job's result, in order, once ALL have ended: the first failure raised only then, so no job of a
+    failed batch is still writing when its error reaches the caller."""
+    wait(jobs)
+    return [j.result() for j in jobs]
+
+
 class Worker:
     """See the module docstring. ``Worker.open`` loads the configured backend (or takes one) and checks the
     destination; ``close`` closes a backend it loaded."""
@@ -171,6 +203,7 @@ class Worker:
         self.overlap = overlap
         self.own = own
         self._lane: ThreadPoolExecutor | None = None  # the teacher lane, while ``run`` overlaps
+        self._pool: ThreadPoolExecutor | None = None  # the host pool (``host_threads``), while ``run`` runs
         self._held: deque[Future[BatchResult]] = deque()  # samples in the lane, oldest first
         self._room = threading.BoundedSemaphore(TEACHER_HELD)  # a place in the lane
 
@@ -203,40 +236,73 @@ class Worker:
         return _Captured(rows=rows, caps=caps, began=began, seconds=time.monotonic() - t)
 
     def finish(self, c: _Captured) -> BatchResult:
-        """Encode → check → write the batch to the sink (see the module docstring). With a teacher lane
-        (``run`` with overlap) a teacher-selected sample's teacher check and write go to the lane instead."""
-        from draftgen.target.checks import check_sample, spot_checked
+        """Check → encode → hash → publish each sample on the host pool, then ONE index part listing the batch
+        (see the module docstring). With a teacher lane (``run`` with overlap) a teacher-selected sample's
+        teacher check and write go to the lane instead."""
+        from draftgen.target.checks import spot_checked
 
-        hs, be = self.hs, self.backend
-        timings = dict.fromkeys(TIMING_KEYS, 0.0)
-        timings["capture"] = c.seconds
-        samples: list[StreamSample] = []
         if len(c.caps) != len(c.rows):
             raise RuntimeError(f"capture returned {len(c.caps)} samples for {len(c.rows)} rows")
-        for i, row in enumerate(c.rows):
-            cap, c.caps[i] = c.caps[i], None  # held: this batch's encoded bytes, not also its float states
-            assert cap is not None
-            t = time.monotonic()
-            data = encode_sample(cap, hs.dtype)
-            del cap
-            t2 = time.monotonic()
-            loaded = decode_sample(data)
-            teacher = spot_checked(be, row.sample_id, hs.teacher_fraction)
-            lane = self._lane is not None and teacher
-            res = check_sample(loaded, row, be, hs, teacher=teacher and not lane)
-            timings["encode"] += t2 - t
-            timings["check"] += time.monotonic() - t2
-            if lane:
-                self._to_lane(row, data, loaded, res)
-            else:
-                samples.append(_sample(row, data, res))
+        pool = self._pool or ThreadPoolExecutor(host_threads(), thread_name_prefix="draftgen-extract-host")
+        try:
+            jobs: list[Future[_Done]] = []
+            for i, row in enumerate(c.rows):
+                cap, c.caps[i] = c.caps[i], None  # held by its job only: let go once encoded
+                assert cap is not None
+                teacher = spot_checked(self.backend, row.sample_id, self.hs.teacher_fraction)
+                jobs.append(pool.submit(self._sample_job, row, cap, teacher, self._lane is not None and teacher))
+            done = _all(jobs)  # every job ended (a failure: its files may be published, none is listed)
+        finally:
+            if pool is not self._pool:
+                pool.shutdown(wait=True)
+        timings = dict.fromkeys(TIMING_KEYS, 0.0)
+        timings["capture"] = c.seconds
+        records: list[HiddenIndexRecord] = []
+        written = 0
+        for d in done:
+            for k, v in d.timings.items():
+                timings[k] += v
+            if d.loaded is not None:  # to the lane, in batch order: it publishes and lists it
+                self._to_lane(d.row, d.data, d.loaded, d.res)
+            elif d.record is not None:
+                records.append(d.record)
+                written += d.size
         t = time.monotonic()
-        sink: Sink = self.store
-        sink.write(samples)
-        timings["publish"] = time.monotonic() - t
-        return BatchResult(records=[s.record for s in samples if s.record is not None],
-                           written=sum(len(s.data) for s in samples), timings=timings, began=c.began,
-                           ended=time.time())
+        self.store.write_index_part(records)  # the batch's samples are done from here on
+        timings["publish"] += time.monotonic() - t
+        return BatchResult(records=records, written=written, timings=timings, began=c.began, ended=time.time())
+
+    def _sample_job(self, row: ExtractRow, cap: Captured, teacher: bool, lane: bool) -> _Done:
+        """One sample on the host pool: staged (a backend that did not stage it: here, on the CPU), its cheap
+        checks read from its staged numbers, encoded, hashed and published, unless it goes to the ``lane``
+        (then it comes back encoded and decoded, unpublished). A teacher sample is decoded for the teacher
+        check; no other is decoded."""
+        from draftgen.target.checks import check_staged, check_teacher
+        from draftgen.target.staging import stage_host
+
+        hs, be = self.hs, self.backend
+        t = time.monotonic()
+        if cap.staged is None:
+            cap = stage_host(cap, be.embed, len(be.info.layers.aux), hs.dtype)
+        res = check_staged(cap, row, be, hs)
+        t2 = time.monotonic()
+        parts = sample_parts(cap, hs.dtype)  # the file's buffers, uncopied: hashed and written as they are
+        del cap
+        t3 = time.monotonic()
+        if lane:
+            data = b"".join(parts)
+            loaded = decode_sample(data)
+            timings = {"check": t2 - t + time.monotonic() - t3, "encode": t3 - t2}
+            return _Done(row=row, data=data, res=res, loaded=loaded, timings=timings)
+        if teacher and "shape" not in res.failed and "finite" not in res.failed:
+            check_teacher(decode_sample(b"".join(parts)), row, be, hs, res)
+        t4 = time.monotonic()
+        rec = _record(row, bytes_digest(parts), res)
+        t5 = time.monotonic()
+        self.store.publish(row.sample_id, parts)
+        timings = {"check": t2 - t + t4 - t3, "encode": t3 - t2 + t5 - t4, "publish": time.monotonic() - t5}
+        return _Done(row=row, data=b"", res=res, record=rec, size=sum(memoryview(b).nbytes for b in parts),
+                     timings=timings)
 
     def _to_lane(self, row: ExtractRow, data: bytes, loaded: LoadedSample, res: CheckResult) -> None:
         """Hand a sample to the teacher lane: at most ``TEACHER_HELD`` wait or run there (this waits for room)."""
@@ -276,24 +342,31 @@ class Worker:
     def run(self, batches: Iterable[Sequence[ExtractRow]]) -> Iterator[BatchResult]:
         """Each batch's result, in batch order, and each teacher-lane sample's as it lands (see the module
         docstring for the overlap)."""
-        if not self.overlap:
-            for rows in batches:
-                yield self.finish(self.capture(rows))
-            return
-        with (ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftgen-extract-finish") as pool,
+        with ThreadPoolExecutor(host_threads(), thread_name_prefix="draftgen-extract-host") as host:
+            self._pool = host
+            try:
+                if not self.overlap:
+                    for rows in batches:
+                        yield self.finish(self.capture(rows))
+                    return
+                yield from self._overlapped(batches)
+            finally:
+                self._pool = None
+
+    def _overlapped(self, batches: Iterable[Sequence[ExtractRow]]) -> Iterator[BatchResult]:
+        with (ThreadPoolExecutor(max_workers=FINISHING, thread_name_prefix="draftgen-extract-finish") as pool,
               ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftgen-extract-teacher") as lane):
             self._lane = lane
             try:
-                ahead: Future[BatchResult] | None = None
+                ahead: deque[Future[BatchResult]] = deque()
                 for rows in batches:
                     captured = self.capture(rows)
-                    done = ahead.result() if ahead is not None else None
-                    ahead = pool.submit(self.finish, captured)  # the thread starts on it before we hand back done
-                    if done is not None:
-                        yield done
+                    ahead.append(pool.submit(self.finish, captured))
+                    while len(ahead) > FINISHING or (ahead and ahead[0].done()):  # in batch order
+                        yield ahead.popleft().result()
                     yield from self._landed(wait=False)
-                if ahead is not None:
-                    yield ahead.result()
+                while ahead:
+                    yield ahead.popleft().result()
                 yield from self._landed(wait=True)
             finally:
                 self._lane = None
@@ -303,13 +376,17 @@ class Worker:
                 self._room = threading.BoundedSemaphore(TEACHER_HELD)
 
 
+def _record(row: ExtractRow, file_sha256: str, res: CheckResult) -> HiddenIndexRecord:
+    """A checked sample's index record."""
+    return HiddenIndexRecord(sample_id=row.sample_id, file=sample_path(row.sample_id), length=len(row.input_ids),
+                             n_loss=int(row.loss_mask.sum()), failed=res.failed, teacher=res.teacher,
+                             row_sha256=row_digest(row.input_ids, row.loss_mask), file_sha256=file_sha256)
+
+
 def _sample(row: ExtractRow, data: bytes, res: CheckResult) -> StreamSample:
     """A checked sample as the sink takes it: its bytes and its index record."""
-    file = sample_path(row.sample_id)
-    rec = HiddenIndexRecord(sample_id=row.sample_id, file=file, length=len(row.input_ids),
-                            n_loss=int(row.loss_mask.sum()), failed=res.failed, teacher=res.teacher,
-                            row_sha256=row_digest(row.input_ids, row.loss_mask), file_sha256=bytes_digest(data))
-    return StreamSample(sample_id=row.sample_id, file=file, data=data, length=len(row.input_ids), record=rec)
+    rec = _record(row, bytes_digest(data), res)
+    return StreamSample(sample_id=row.sample_id, file=rec.file, data=data, length=len(row.input_ids), record=rec)
 
 
 class PoolWorker:

@@ -28,8 +28,9 @@ InputError naming the fix (``draftgen run`` has prepared every dataset before ge
 
 Spend: the run directory's spend before this run (``prior``) is what its raw logs' records cost plus what
 ``logs/attempts.jsonl`` booked for attempts that left no record (responses rejected or unusable, requests
-abandoned on an interrupt: ``store.scan_attempt_spend``), so a resumed run's budget sees every billed
-response. The API key's limit is read again during the run (``engine.keywatch``). Samples whose last
+abandoned on an interrupt, held at their worst case: ``store.scan_attempt_spend``), so a resumed run's budget
+sees every billed response. An abandoned request's hold is settled by its bill (``engine.settle``: ``GET
+/generation``) at the end of the run that abandoned it, and again at the start of the next while one is held. The API key's limit is read again during the run (``engine.keywatch``). Samples whose last
 record the audit excluded are generated again (``generate.excluded``), elsewhere when the provider was at
 fault.
 """
@@ -85,6 +86,7 @@ from draftgen.engine import (
     watch_key,
 )
 from draftgen.engine.intake import IntakeRules
+from draftgen.engine.settle import SETTLE_WAIT_S, open_abandoned, settle
 from draftgen.engine.signals import install_signal_handlers
 from draftgen.errors import (
     EXIT_FAILURES,
@@ -259,8 +261,8 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
     _raise_fd_limit(2 * sum(p.concurrency for p in partitions) + 256)
 
     log = RunLog(rd.log("generate"))
-    stats = RunStats()
     governor = BudgetGovernor(max_spend=cfg.budget.max_spend_usd, token_policy=cfg.budget.token_policy)
+    stats = RunStats(governor=governor)
     plans: list[DatasetPlan] = []
     table: list[str] = []
     failed_lines: list[str] = []
@@ -307,7 +309,9 @@ def _resume(cfg: RunConfig, rd: rundir.RunDir, names: list[str], parts: list[str
     plans: list[DatasetPlan] = []
     avoid: dict[tuple[str, str], list[str]] = {}
     if rd.attempts.is_file():
-        governor.prior += scan_attempt_spend(rd.attempts)
+        spend = scan_attempt_spend(rd.attempts, rd.settlements)
+        governor.prior += spend.billed + spend.held
+        governor.held, governor.abandoned = spend.held, spend.abandoned
     excluded = excluded_samples(rd)
     for d in cfg.datasets:
         excl = excluded.get(d.name, {}) if d.name in names else {}
@@ -531,11 +535,14 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
                 provenance: Provenance, plans: list[DatasetPlan], partitions: list[PartitionPlan], governor: BudgetGovernor, stats: RunStats,
                 log: RunLog, rd: rundir.RunDir,
                 avoid: dict[tuple[str, str], list[str]]) -> tuple[int, str | None]:
-    display = make_display(cfg.progress, stats, log)
+    display = make_display(cfg.progress, stats, log, record=rd.progress)  # status reads logs/progress.json
     conns = sum(p.concurrency for p in partitions) + 16
     caps = capabilities(cfg.endpoint.kind)
     async with open_backend(cfg, api_key, base_urls=base_urls, connections=conns) as backend:
         key_usage, credits_usage, eps, credits_cap = await _account(backend, cfg, governor, log)
+        if governor.abandoned:  # earlier runs' abandoned requests: their bills may be known by now
+            await settle(backend, governor, open_abandoned(rd.attempts, rd.settlements), rd.settlements, wait_s=0.0,
+                         log=log)
         stats.remaining = governor.remaining
         if governor.remaining is not None and governor.remaining <= 0:
             return 1, governor.stop_message()
@@ -576,6 +583,9 @@ async def _main(cfg: RunConfig, api_key: str | None, mgmt: str | None, base_urls
                 watch.cancel()
             uninstall()
             await display.stop()
+        if governor.open_abandoned:
+            await settle(backend, governor, list(governor.open_abandoned), rd.settlements,
+                         wait_s=0.0 if stats.aborting else SETTLE_WAIT_S, log=log)
         await _reconcile(backend, mgmt, key_usage, credits_usage, stats, log)
     return result.exit_code, result.stop_reason
 

@@ -9,14 +9,16 @@ and logs the lines).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from draftgen import rundir
 from draftgen.engine import BudgetGovernor
 from draftgen.errors import DraftgenError
+from draftgen.fmt import fmt_held
 from draftgen.store import scan_failures
 
-__all__ = ["budget_lines", "failure_lines", "overshoot_lines", "provider_table"]
+__all__ = ["WIDTH", "budget_lines", "failure_lines", "fit_columns", "overshoot_lines", "provider_table"]
 
 
 def failure_lines(rd: rundir.RunDir, names: list[str], since: float) -> tuple[list[str], str]:
@@ -50,14 +52,16 @@ def failure_lines(rd: rundir.RunDir, names: list[str], since: float) -> tuple[li
 
 def budget_lines(governor: BudgetGovernor) -> list[str]:
     """The dollar budget at the end, spent + left adding up to it (requests in flight have settled or been
-    cancelled by now: nothing is reserved), and what else caps the spend when the key's account does."""
+    cancelled by now: nothing is reserved; what abandoned requests hold at their worst case is named apart),
+    and what else caps the spend when the key's account does."""
     cap = governor.max_spend
     if cap is None:
         return []
     spent = governor.spent
     if spent > cap:
         return []  # overshoot_lines says by how much
-    line = f"budget: ${spent:.4f} spent + ${cap - spent:.4f} left = ${cap:g}"
+    held = fmt_held(governor.billed, governor.held, governor.abandoned, usd=lambda x: f"${x:.4f}")
+    line = f"budget: ${spent:.4f} spent" + (f" ({held})" if held else "") + f" + ${cap - spent:.4f} left = ${cap:g}"
     if governor.session_cap is not None and governor.session_cap - governor.session < cap - spent:
         line += (f"; the key's account allows ${max(0.0, governor.session_cap - governor.session):.4f} more, "
                  "which caps the next run first")
@@ -93,10 +97,31 @@ def provider_table(run_dir: Path, datasets: list[str]) -> list[str]:
     body = [(m.provider, str(m.responses), num(m.usd_per_m_output, ".3f"), num(m.latency_p50_s, ".2f"),
              num(m.latency_p95_s, ".2f"), num(m.ttft_p50_s, ".2f"), num(m.ttft_p95_s, ".2f"), str(m.retries),
              str(m.dropped_reasoning), m.quantization or "-", str(m.cooldowns), m.service_tiers or "-") for m in rows]
+    return ["per provider (raw/, logs/attempts.jsonl, logs/health.jsonl; latency, TTFT in s):",
+            *fit_columns(head, body, WIDTH)]
+
+
+#: The width the end-of-run lines fit in (a terminal's narrowest usual width).
+WIDTH = 80
+
+
+def fit_columns(head: tuple[str, ...], body: Sequence[tuple[str, ...]], width: int) -> list[str]:
+    """A table of ``head`` and ``body`` as lines of at most ``width`` characters: the columns that fit beside
+    the first one, then (after a blank line) the first column again with the next ones, and so on; nothing
+    cut (a single column wider than ``width`` keeps its own width)."""
     widths = [max(len(r[i]) for r in (head, *body)) for i in range(len(head))]
-
-    def line(r: tuple[str, ...]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-
-    return ["per provider (from raw/, logs/attempts.jsonl and logs/health.jsonl; latency and TTFT in s):",
-            line(head), *(line(r) for r in body)]
+    groups: list[list[int]] = []
+    used = width + 1
+    for i in range(1, len(head)):
+        if used + 2 + widths[i] > width:
+            groups.append([0])
+            used = widths[0]
+        groups[-1].append(i)
+        used += 2 + widths[i]
+    out: list[str] = []
+    for g in groups:
+        if out:
+            out.append("")
+        for r in (head, *body):
+            out.append("  ".join(r[i].ljust(widths[i]) if i == 0 else r[i].rjust(widths[i]) for i in g).rstrip())
+    return out

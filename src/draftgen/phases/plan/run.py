@@ -17,14 +17,19 @@ says which).
 Where the numbers come from, best first:
 
 - output tokens, latency and cost per sample: responses already in ``raw/<dataset>/raw_responses.jsonl``,
-  including the pilot's; else ``plan.avg_output_tokens`` / ``plan.avg_latency_s`` and the routed prices;
+  including the pilot's; after an interrupt, with the samples cut off mid-stream counted as censored
+  lengths (``plan.lengths``: the finished ones are the short ones), the cost and latency scaled to the
+  longer samples left; else ``plan.avg_output_tokens`` / ``plan.avg_latency_s`` and the routed prices;
   else the partition's ``max_tokens`` (an upper bound);
+- a stream's rate and first-token time: those responses; else what ``draftgen probe`` measured
+  (``logs/probe.json``, the same model); else ``timing.ASSUMED_TOKENS_PER_S``;
 - prices: the model's endpoints (``GET /models/{model}/endpoints``) filtered by ``routing``
   (``draftgen.backends.pricing``).
 
-The pilot (``plan.pilot`` = N) sends the first N pending prompts of each dataset through the normal
-generate path into a side run directory (``<run_dir>/plan/pilot``), then appends its records to the run's
-raw logs (and its emulator ground truth to the run's), so ``draftgen run`` does not send them again.
+The pilot (``plan.pilot`` = N, ``plan.pilot``'s module) sends the first N pending prompts of each dataset
+through the normal generate path into a side run directory (``<run_dir>/plan/pilot``), with generate's plain
+status line on stderr every 10 s (unless ``progress: off``), then appends its records to the run's raw logs
+(and its emulator ground truth to the run's), so ``draftgen run`` does not send them again.
 """
 
 from __future__ import annotations
@@ -42,33 +47,31 @@ from draftgen.config import RunConfig
 from draftgen.fmt import fmt_duration, fmt_int, fmt_usd, render_text
 from draftgen.hidden.estimate import DatasetTokens, format_bytes, format_hidden_report, hidden_states_report
 from draftgen.phases import Echo
+from draftgen.phases.plan.lengths import describe, lengths_left
 from draftgen.phases.plan.modes import ModeLine, mode_lines, mode_table, read_batch_endpoints
+from draftgen.phases.plan.pilot import send_pilot
 from draftgen.phases.plan.timing import (
     ASSUMED_TOKENS_PER_S,
+    ASSUMED_TTFT_S,
     PartitionTime,
     PartitionWork,
+    StreamRates,
     dataset_shares,
     partition_times,
     stream_rates,
 )
 from draftgen.records import (
     DatasetStats,
-    GroundTruthRecord,
     HiddenStatesReport,
-    PromptRecord,
+    ProbeMeasurement,
     ResponseScanView,
 )
 from draftgen.rundir import RunDir, writer
 from draftgen.runview.datasets import DatasetMetrics
 from draftgen.runview.metrics import compute_metrics
 from draftgen.store import (
-    JsonlWriter,
-    atomic_write_bytes,
-    encode_json,
     iter_jsonl,
-    iter_responses,
     read_json,
-    scan_responses,
 )
 from draftgen.tokens import Profile, profile_fit, profile_from_config
 
@@ -137,96 +140,6 @@ class PlanReport(msgspec.Struct, kw_only=True):
     """Sync, flex and batch side by side (``plan.modes``)."""
 
 
-# -- pilot -----------------------------------------------------------------------------------------------
-
-
-def _pilot_prompts(cfg: RunConfig, name: str, n: int) -> list[PromptRecord]:
-    rd = RunDir(cfg.run_path)
-    done = scan_responses(rd.raw(name)).done
-    need = n - len(done)
-    picked: list[PromptRecord] = []
-    if need <= 0:
-        return picked
-    for _, rec in iter_jsonl(rd.prepared(name), PromptRecord):
-        if rec.sample_id not in done:
-            picked.append(rec)
-            if len(picked) == need:
-                break
-    return picked
-
-
-def _adopt(pilot: RunDir, run: RunDir, names: list[str]) -> int:
-    """Append the pilot's records (and ground truth) to the run's logs, each sample once."""
-    added = 0
-    for name in names:
-        src = pilot.raw(name)
-        if not src.is_file():
-            continue
-        dst = run.raw(name)
-        done = scan_responses(dst).done
-        new = []
-        for r in iter_responses(src):
-            if r.sample_id not in done:
-                done.add(r.sample_id)
-                new.append(r)
-        if new:
-            with JsonlWriter(dst) as w:
-                w.write_many(new)
-            added += len(new)
-    gt_src = pilot.ground_truth
-    if gt_src.is_file():
-        gt_dst = run.ground_truth
-        have = {g.generation_id for _, g in iter_jsonl(gt_dst, GroundTruthRecord)}
-        gts = [g for _, g in iter_jsonl(gt_src, GroundTruthRecord) if g.generation_id not in have]
-        if gts:
-            with JsonlWriter(gt_dst) as w:
-                w.write_many(gts)
-    return added
-
-
-def send_pilot(cfg: RunConfig, n: int, *, echo: Echo = print, profile: Profile | None = None,
-               force: bool = False) -> tuple[int, str | None]:
-    """Generate up to ``n`` responses per dataset through ``run_generate`` and keep them in the run's raw
-    logs. Returns the number of records added to the run, and why the pilot stopped early (or None).
-    ``profile``: the command's already loaded profile of ``cfg.model`` (default: generate loads it).
-    ``force``: plan's ``--force``, handed to the pilot's run directory and generate."""
-    pilot_dir = RunDir(cfg.run_path).pilot
-    pilot_cfg = msgspec.structs.replace(cfg, run_dir=str(pilot_dir.resolve()), progress="off")
-    with writer(pilot_cfg, "plan --pilot", force=force):
-        return _pilot(cfg, pilot_cfg, RunDir(pilot_dir), n, echo, profile, force)
-
-
-def _pilot(cfg: RunConfig, pilot_cfg: RunConfig, pilot: RunDir, n: int, echo: Echo,
-           profile: Profile | None, force: bool) -> tuple[int, str | None]:
-    from draftgen.phases.generate.run import run_generate
-
-    run = RunDir(cfg.run_path)
-    names: list[str] = []
-    stopped: str | None = None
-    for d in cfg.datasets:
-        prompts = _pilot_prompts(cfg, d.name, n)
-        if not prompts:
-            continue
-        atomic_write_bytes(pilot.prepared(d.name), b"".join(encode_json(p) + b"\n" for p in prompts))
-        names.append(d.name)
-    if names:
-        if cfg.budget.max_spend_usd is not None:
-            # The pilot's own governor sees only the pilot's spend; leave it what the run has not spent.
-            spent_run = sum(scan_responses(run.raw(d.name)).spend_usd for d in cfg.datasets)
-            spent_pilot = sum(scan_responses(pilot.raw(d.name)).spend_usd for d in cfg.datasets)
-            left = max(0.0, cfg.budget.max_spend_usd - max(0.0, spent_run - spent_pilot))
-            pilot_cfg = msgspec.structs.replace(
-                pilot_cfg, budget=msgspec.structs.replace(cfg.budget, max_spend_usd=left))
-        echo(f"pilot: {n} prompts per dataset ({', '.join(names)})")
-        rep = run_generate(pilot_cfg, echo=lambda line: echo(f"  pilot: {line}"), profile=profile, datasets=names,
-                           argv=["draftgen", "plan", "--pilot", str(n)], force=force)
-        if rep.exit_code:
-            stopped = rep.message or f"exit code {rep.exit_code}"
-            echo("  pilot: planning with what came back")
-    # Adopt also what an interrupted earlier pilot left behind.
-    return _adopt(pilot, run, [d.name for d in cfg.datasets]), stopped
-
-
 # -- estimate --------------------------------------------------------------------------------------------
 
 
@@ -248,7 +161,12 @@ def _line(cfg: RunConfig, name: str, obs: DatasetMetrics, prices: PriceEstimate 
     line.remaining = max(0, stats.samples - obs.done)
     line.avg_prompt_tokens = stats.prompt_tokens / stats.samples if stats.samples else 0.0
     parts = cfg.partitions
-    if obs.done and obs.mean_completion_tokens is not None:
+    cut = lengths_left(cfg, name) if obs.done else None
+    if cut is not None and cut.left:
+        line.avg_output_tokens = cut.mean_left
+        line.output_basis = f"observed ({obs.done}) + {cut.cut} cut off, censored fit"
+        notes.append(describe(cut, name))
+    elif obs.done and obs.mean_completion_tokens is not None:
         line.avg_output_tokens = obs.mean_completion_tokens
         line.output_basis = f"observed ({obs.done})"
     elif cfg.plan.avg_output_tokens is not None:
@@ -265,8 +183,11 @@ def _line(cfg: RunConfig, name: str, obs: DatasetMetrics, prices: PriceEstimate 
         expected = min(expected, max(0, budget - obs.completion_tokens))
     line.expected_output_tokens = round(expected)
     new_samples = expected / line.avg_output_tokens if line.avg_output_tokens else float(line.remaining)
+    # The observed per-sample figures are the finished samples'; with a censored fit the samples left are
+    # longer: cost and latency scale with their expected length.
+    longer = line.avg_output_tokens / obs.mean_completion_tokens if cut is not None and obs.mean_completion_tokens else 1.0
     if obs.done and obs.cost_usd > 0:
-        line.cost_usd = obs.cost_usd / obs.done * new_samples
+        line.cost_usd = obs.cost_usd / obs.done * new_samples * longer
         line.cost_basis = "observed"
     elif prices is not None:
         per = line.avg_prompt_tokens * prices.prompt + line.avg_output_tokens * prices.completion + prices.request
@@ -276,15 +197,26 @@ def _line(cfg: RunConfig, name: str, obs: DatasetMetrics, prices: PriceEstimate 
         line.cost_usd = 0.0
         line.cost_basis = "local server"
     if obs.done and obs.mean_latency_s is not None:
-        line.latency_s = obs.mean_latency_s
+        line.latency_s = obs.mean_latency_s * longer
     elif cfg.plan.avg_latency_s is not None:
         line.latency_s = cfg.plan.avg_latency_s
     else:
-        line.latency_s = 1.0 + line.avg_output_tokens / ASSUMED_TOKENS_PER_S
+        probe = probed(cfg)
+        ttft, rate = (probe.ttft_s or ASSUMED_TTFT_S, probe.tokens_per_s) if probe else (ASSUMED_TTFT_S, ASSUMED_TOKENS_PER_S)
+        line.latency_s = ttft + line.avg_output_tokens / rate
     line.requests = min(float(line.remaining), new_samples)
     long_left = min(stats.long, line.remaining)
     line.long_requests = line.requests * long_left / line.remaining if line.remaining else 0.0
     return line
+
+
+def probed(cfg: RunConfig) -> ProbeMeasurement | None:
+    """What ``draftgen probe`` measured of a stream of this model (``logs/probe.json``), if it did."""
+    path = RunDir(cfg.run_path).probe
+    if not path.is_file():
+        return None
+    m = read_json(path, ProbeMeasurement)
+    return m if m.model == cfg.model.id and m.tokens_per_s > 0 else None
 
 
 def _basis(ln: DatasetPlanLine) -> str:
@@ -302,6 +234,11 @@ def _time(cfg: RunConfig, rep: PlanReport) -> None:
                       latency_s=ln.latency_s),
         PartitionWork(dataset=ln.dataset, partition="long", requests=ln.long_requests, latency_s=ln.latency_s))]
     rates = stream_rates(RunDir(cfg.run_path).raw(ln.dataset) for ln in rep.datasets)
+    probe = probed(cfg) if not rates.responses else None
+    basis = rates.basis
+    if probe is not None:  # no response yet: the stream the probe measured, not an assumed rate
+        rates = StreamRates(ttft_s=probe.ttft_s or ASSUMED_TTFT_S, slowest_tokens_per_s=probe.tokens_per_s)
+        basis = f"measured by draftgen probe, {RunDir(cfg.run_path).probe}"
     rep.partitions = partition_times(cfg, work, rates)
     rep.time_s = max((p.time_s for p in rep.partitions), default=0.0)
     shares = dataset_shares(work, rep.time_s)
@@ -310,8 +247,26 @@ def _time(cfg: RunConfig, rep: PlanReport) -> None:
     if rep.partitions:
         rep.notes.append("time: partitions run side by side, each in waves of its concurrency; "
                          + "; ".join(p.describe() for p in rep.partitions)
-                         + f"; slowest stream {rates.slowest_tokens_per_s:,.0f} tokens/s ({rates.basis}); "
+                         + f"; slowest stream {rates.slowest_tokens_per_s:,.0f} tokens/s ({basis}); "
                          "no rate limiting assumed")
+
+
+def _as_batch(rep: PlanReport) -> None:
+    """``endpoint.mode: batch``: the headline, the rows and the budget line at the Batch API's cost and time
+    (``plan.modes``' batch line), not the synchronous ones; a note when it is not known."""
+    batch = next((m for m in rep.modes if m.mode == "batch"), None)
+    if batch is None or not batch.available or batch.cost_usd is None or batch.vs_sync is None or batch.time_s is None:
+        why = batch.note if batch is not None else "no batch line"
+        rep.notes.append(f"endpoint.mode is batch but the Batch API's cost is not known ({why}); "
+                         "cost and time above are the synchronous ones")
+        return
+    for ln in rep.datasets:
+        if ln.cost_usd is not None:
+            ln.cost_usd *= batch.vs_sync
+        ln.time_s = ln.time_s * batch.time_s / rep.time_s if rep.time_s else 0.0
+    rep.expected_cost_usd, rep.time_s = batch.cost_usd, batch.time_s
+    rep.notes.append(f"endpoint.mode is batch: cost and time are the Batch API's ({batch.vs_sync:.2f} × the "
+                     f"synchronous cost; {batch.time_text}); the sync and flex lines are for comparison")
 
 
 def _fit_budget(rep: PlanReport, lines: list[DatasetPlanLine], done_tokens: dict[str, int]) -> None:
@@ -586,9 +541,11 @@ def estimate_plan(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None
     fit = profile_fit(cfg.model.id, cfg.model.profile)
     if fit is not None:
         notes.append(fit)
-    _fit_budget(rep, lines, {d.name: d.completion_tokens for d in m.datasets})
-    _hidden(cfg, lines, rep)
     rep.modes = mode_lines(cfg, lines=list(lines), sync_cost=rep.expected_cost_usd, sync_time_s=rep.time_s,
                            sync_prices=prices, endpoints=eps, batch_endpoints=batch_eps, batch_error=batch_error)
+    if cfg.endpoint.mode == "batch":
+        _as_batch(rep)
+    _fit_budget(rep, lines, {d.name: d.completion_tokens for d in m.datasets})
+    _hidden(cfg, lines, rep)
     _print(rep, cfg, echo)
     return rep

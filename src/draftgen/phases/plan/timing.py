@@ -7,15 +7,18 @@ as its slowest request, one that runs to the partition's ``max_tokens`` at the s
     partition time = (waves - 1) × mean latency + slowest request
     slowest request = time to first token + max_tokens ÷ slowest rate
 
-so a partition never takes less than one request's latency, however many slots it has. Partitions run side
+so a partition never takes less than one request's latency, however many slots it has. The formulas are
+``engine.timemodel``'s (``wave_time``, ``last_wave_s`` with ``Lengths.unknown``: before a run no length is
+known, so the slowest request runs to ``max_tokens``), the same model the live ETA uses during the run with
+the lengths and rates it sees. Partitions run side
 by side: the run takes as long as the longest of them. A dataset's row is its share of the run's time (the
 slot-seconds of its requests over every dataset's), so the rows add up to the total.
 
 Rates and latencies come from responses already in the raw logs (the pilot's included): the mean latency per
 dataset, the mean time to first token, and the slowest stream rate (completion tokens per second after the
 first token, over responses of at least ``MIN_RATE_TOKENS``). A pilot sees a few streams of the many the run
-will: the slowest rate is the ``SLOW_SIGMAS``-sigma low end of a log-normal fit of the rates seen (about the
-slowest in 40), and never faster than the slowest one seen. Without responses: ``plan.avg_latency_s`` or
+will: the slowest rate is the ``timemodel.SLOW_SIGMAS``-sigma low end of a log-normal fit of the rates seen (about
+the slowest in 40, ``timemodel.slowest_rate``), and never faster than the slowest one seen. Without responses: ``plan.avg_latency_s`` or
 ``1 s + output ÷ ASSUMED_TOKENS_PER_S``, and the slowest request at that assumed rate.
 
 Reads only the raw logs it is given (``ResponseMetricsView``); writes nothing. Other ways of sending
@@ -24,13 +27,13 @@ Reads only the raw logs it is given (``ResponseMetricsView``); writes nothing. O
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import msgspec
 
 from draftgen.config import RunConfig
+from draftgen.engine.timemodel import MIN_RATE_TOKENS, Lengths, Stream, last_wave_s, slowest_rate, wave_time
 from draftgen.records import ResponseMetricsView
 from draftgen.store import iter_jsonl
 
@@ -41,12 +44,6 @@ __all__ = ["ASSUMED_TOKENS_PER_S", "ASSUMED_TTFT_S", "MIN_RATE_TOKENS", "Partiti
 ASSUMED_TOKENS_PER_S = 50.0
 #: Time to first token assumed when no response has been seen.
 ASSUMED_TTFT_S = 1.0
-#: A response shorter than this says little about its stream's rate; it is left out of the slowest rate.
-MIN_RATE_TOKENS = 64
-#: The slowest stream: this many standard deviations under the mean of the log rates seen.
-SLOW_SIGMAS = 2.0
-#: Rates seen needed to fit their spread (fewer: the slowest one seen).
-MIN_RATES_FIT = 5
 
 
 class StreamRates(msgspec.Struct, kw_only=True):
@@ -78,17 +75,8 @@ def stream_rates(raw_logs: Iterable[Path]) -> StreamRates:
                 rates.append(u.completion_tokens / decode)
     if not rates:
         return StreamRates()
-    return StreamRates(ttft_s=sum(ttfts) / len(ttfts), slowest_tokens_per_s=_slowest(rates), responses=len(rates))
-
-
-def _slowest(rates: list[float]) -> float:
-    """The low end of the rates' log-normal fit (``SLOW_SIGMAS`` under the mean), at most the slowest seen."""
-    if len(rates) < MIN_RATES_FIT:
-        return min(rates)
-    logs = [math.log(r) for r in rates]
-    mean = sum(logs) / len(logs)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
-    return min(min(rates), math.exp(mean - SLOW_SIGMAS * sd))
+    return StreamRates(ttft_s=sum(ttfts) / len(ttfts), slowest_tokens_per_s=slowest_rate(rates),
+                       responses=len(rates))
 
 
 class PartitionWork(msgspec.Struct, kw_only=True):
@@ -133,11 +121,12 @@ def partition_times(cfg: RunConfig, work: Sequence[PartitionWork], rates: Stream
         if not requests:
             continue
         mean = sum(w.requests * w.latency_s for w in mine) / requests
-        slowest = max(mean, rates.ttft_s + part.max_tokens / rates.slowest_tokens_per_s)
-        waves = max(1.0, requests / part.concurrency)
+        # the last wave's slowest request: no length known yet, so one at max_tokens at the slowest rate
+        last = last_wave_s([Stream(0.0, (rates.slowest_tokens_per_s,), rates.ttft_s)], Lengths.unknown(part.max_tokens))
+        waves, time_s = wave_time(requests, part.concurrency, mean, last)
         out.append(PartitionTime(partition=name, requests=requests, concurrency=part.concurrency,
-                                 max_tokens=part.max_tokens, waves=waves, mean_latency_s=mean, slowest_s=slowest,
-                                 time_s=(waves - 1.0) * mean + slowest))
+                                 max_tokens=part.max_tokens, waves=waves, mean_latency_s=mean,
+                                 slowest_s=max(mean, last), time_s=time_s))
     return out
 
 

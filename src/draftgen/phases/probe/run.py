@@ -9,11 +9,15 @@ reasoning-token share, and whether the target profile rebuilds as many token ids
 
 Failures (``ok`` false, the CLI exits 1): the tokenizer or profile does not load, the key is missing or
 rejected, no credits or limit left, the model is unknown, the request fails, the served provider is one the
-routing excludes (``ignore``, ``only``, ``quantizations``). Every problem found is listed in one pass: a
+routing excludes (``ignore``, ``only``, ``quantizations``), the rebuilt token count is off the billed one
+beyond ``quality.billing_tolerance`` (``engine.health.HealthPolicy.billing_off``, the audit's ``billing_off``
+rule: the wrong profile or tokenizer). Every problem found is listed in one pass: a
 tokenizer that does not load still lets the key and the endpoints be checked, a missing key the endpoint
-list; the request is sent only when nothing found so far rules it out. Warnings (``ok`` stays true): a model id that does not look like the profile's family
-(``tokens.profile_fit``), missing reasoning on a thinking model, truncation of
-the answer, a rebuilt count that differs from the billed one, an ambiguous quantization, a provider serving
+list; the request is sent only when nothing found so far rules it out (a tokenizer that did not load
+included: its answer could not be checked). Warnings (``ok`` stays true): a model id that does not look like
+the profile's family (``tokens.profile_fit``), missing reasoning on a thinking model, truncation of
+the answer, a rebuilt count off the billed one within the tolerance (a provider's end token), an ambiguous
+quantization, a provider serving
 a quantization known to change outputs (``fp4``, ``nvfp4``) that ``routing.quantizations`` does not list.
 A thinking model cut inside its reasoning is no warning: one neutral ``note`` line says so.
 
@@ -23,8 +27,11 @@ what has arrived (``wait_with_progress``: no data yet, or the tokens streamed so
 The last line is the verdict: ``probe OK``, ``probe OK with N warnings`` or ``probe FAILED (N problems)``;
 the CLI exits non-zero only on failure.
 
-With ``endpoint: emulator`` and no ``base_url`` the embedded emulator is started for the probe. Reads
-and writes no run-directory files. The API key is never printed.
+With ``endpoint: emulator`` and no ``base_url`` the embedded emulator is started for the probe. A probe
+that passes records what its answer's stream measured (tokens per second after the first token, the time to
+it) in the run directory's ``logs/probe.json`` (``records.ProbeMeasurement``; the run directory claimed as
+every writing command claims it): ``plan`` uses that rate while the run has no response of its own. It
+writes nothing else. The API key is never printed.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from draftgen.backends import (
 from draftgen.backends.account import AccountSnapshot, read_account
 from draftgen.backends.pricing import eligible_endpoints, endpoint_matches, matching_endpoints
 from draftgen.config import RunConfig
+from draftgen.engine.health import HealthPolicy
 from draftgen.errors import APIError, AuthError, DraftgenError, PaymentRequired
 from draftgen.phases import Echo
 from draftgen.records import Message
@@ -136,6 +144,8 @@ class ProbeReport(msgspec.Struct, kw_only=True):
     rebuilt_reasoning_tokens: int | None = None
     recon_flags: list[str] = msgspec.field(default_factory=list)
     latency_s: float | None = None
+    ttft_s: float | None = None
+    """Seconds to the first data of the answer's stream (None: not streamed)."""
     warnings: list[str] = msgspec.field(default_factory=list)
     errors: list[str] = msgspec.field(default_factory=list)
 
@@ -262,7 +272,7 @@ class _Probe:
 
     def response(self, comp: Completion, latency: float) -> None:
         rep = self.rep
-        rep.latency_s = latency
+        rep.latency_s, rep.ttft_s = latency, comp.ttft_s
         rep.reasoning_field, rep.reasoning, rep.content = comp.reasoning_field, comp.reasoning, comp.content
         rep.finish_reason = comp.finish_reason
         if comp.reasoning:
@@ -319,9 +329,17 @@ class _Probe:
         diff = rep.rebuilt_tokens - billed
         mark = "= billed ✓" if diff == 0 else f"vs {billed:,} billed ({diff:+d})"
         self.line("rebuild", f"{rep.rebuilt_tokens:,} ids {how} {mark}{flags}")
-        if diff:
+        if not diff:
+            return
+        policy = HealthPolicy(billing_tolerance=self.cfg.quality.billing_tolerance)
+        if policy.billing_off(rep.rebuilt_tokens, billed):
+            self.fail(f"rebuilt {rep.rebuilt_tokens} ids but {billed} completion tokens were billed ({diff:+d}, beyond "
+                      f"quality.billing_tolerance {self.cfg.quality.billing_tolerance:g}): the audit would exclude such "
+                      f"samples; check model.profile ({self.cfg.model.profile}) and model.tokenizer against "
+                      f"{self.cfg.model.id}")
+        else:
             self.warn(f"rebuilt {rep.rebuilt_tokens} ids but {billed} completion tokens were billed; "
-                      "check model.profile/tokenizer (a difference of 1-2 can be a provider's end token)")
+                      "within the tolerance (a difference of 1-2 can be a provider's end token)")
 
     async def run(self, base_urls: list[str] | None, profile: Profile | None, key: str | None) -> None:
         """Everything the endpoint can tell: the key and credits, the model's endpoints, then (when nothing
@@ -334,6 +352,10 @@ class _Probe:
             eps, send = await self._account_and_endpoints(backend, key)
             if not send:
                 self.line("request", "not sent (fix the problems above first)")
+                return
+            if profile is None:  # its answer could not be checked: not worth the wait, nor the money
+                self.line("request", "not sent: the tokenizer did not load (fix it first; the answer could "
+                          "not be checked without it)")
                 return
             got = await self._request(backend)
         if got is None:
@@ -350,7 +372,7 @@ class _Probe:
         """The key, the credits and the model's endpoints; returns the endpoints and whether the probe's
         request is worth sending (not without a key, credits or an endpoint the routing allows)."""
         cfg = self.cfg
-        before = len(self.rep.errors)  # a profile that did not load does not stop the request
+        before = len(self.rep.errors)  # the problems found before (a profile that did not load is the run's)
         if key is None:
             snap = await self._endpoints_only(backend)
             send = False
@@ -405,8 +427,8 @@ def run_probe(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = N
     """Send one request and report what came back; ``ok`` is false on any failure. Every problem found is
     listed in one pass: the profile's fit to the model id, a tokenizer that does not load, a missing key,
     then what the endpoint says (``_Probe.run``). ``profile``: the already loaded profile of ``cfg.model``
-    (default: loaded here, once: the embedded emulator and the rebuild share it). ``force``: nothing to
-    accept (the probe writes no run directory); the one phase signature."""
+    (default: loaded here, once: the embedded emulator and the rebuild share it). ``force``: record the
+    measured rate in a run directory made with another target (``rundir.writer``)."""
     probe = _Probe(cfg, echo)
     rep = probe.rep
     rep.max_tokens = probe_max_tokens(cfg)
@@ -431,8 +453,37 @@ def run_probe(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = N
     for w in rep.warnings:
         echo(f"  ! warning: {w}")
     rep.ok = not rep.errors
+    if rep.ok:
+        _record(cfg, rep, echo, force)
     echo(verdict(rep))
     return rep
+
+
+def _record(cfg: RunConfig, rep: ProbeReport, echo: Echo, force: bool) -> None:
+    """The answer's stream rate into the run directory's ``logs/probe.json`` (claimed as every writing command
+    claims it), for ``plan`` while the run has no response of its own; a run directory that cannot be
+    claimed (another target's, held by a running command) is said, and nothing is written."""
+    from draftgen.errors import RunDirError
+    from draftgen.records import ProbeMeasurement
+    from draftgen.rundir import writer
+    from draftgen.store import atomic_write_json
+
+    if rep.latency_s is None or not rep.completion_tokens:
+        return
+    decode = rep.latency_s - (rep.ttft_s or 0.0)
+    if decode <= 0:
+        return
+    m = ProbeMeasurement(model=rep.model, provider=rep.provider, completion_tokens=rep.completion_tokens,
+                         latency_s=round(rep.latency_s, 4), ttft_s=rep.ttft_s,
+                         tokens_per_s=round(rep.completion_tokens / decode, 3), at=round(time.time(), 3))
+    try:
+        with writer(cfg, "probe", force=force) as rd:
+            rd.logs.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(rd.probe, m)
+    except RunDirError as exc:
+        echo(f"  {'rate':<12} {m.tokens_per_s:,.0f} tokens/s, not recorded for plan: {exc}")
+        return
+    echo(f"  {'rate':<12} {m.tokens_per_s:,.0f} tokens/s after the first token; recorded in {rd.probe} for plan")
 
 
 def _local_checks(cfg: RunConfig, probe: _Probe, profile: Profile | None) -> tuple[Profile | None, str | None]:

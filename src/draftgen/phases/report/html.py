@@ -13,7 +13,11 @@ on one time axis counted from the run's first activity; lengths, sequence length
 ``merge.max_seq_len``, reasoning share, provider mix, failures), the audit with the rows that break a
 threshold highlighted and the BPE mismatch chips in their context, the merge, and a sample viewer. The last
 two decode token ids with the run's profile tokenizer (``tokens.profile_from_config``), which is why they are
-built here and not in ``metrics``; they are left out, with a note, when it does not load.
+built here and not in ``metrics``; they are left out, with a note, when it does not load. After merge, when the
+run has them (``runview.chain.read_chain``, embedded as ``#draftgen-chain``): the hidden set (extract), the
+trained drafter (train) and its acceptance (accept: the run's latest pass, with its intervals beside copy-last,
+lookup and zero-aux, the paired differences, per position and per dataset, the verdict sentence, and every pass
+under ``accept/``).
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from draftgen.exporters.parquet import PARQUET, read_merged
-from draftgen.fmt import fmt_duration, fmt_float, fmt_int, fmt_pct, fmt_time, fmt_usd
+from draftgen.fmt import fmt_duration, fmt_float, fmt_held, fmt_int, fmt_pct, fmt_time, fmt_usd
 from draftgen.records import DatasetAudit, MergedParquetRow, MismatchExample, ResponseIdsView
 from draftgen.rundir import RunDir
+from draftgen.runview.chain import ChainView, beats, verdict
 from draftgen.runview.charts import TIME_UNITS, SeqLengths
 from draftgen.runview.metrics import RunMetrics
 from draftgen.secrets import redact
@@ -119,6 +124,10 @@ def audit_rows(m: RunMetrics) -> list[AuditRow]:
     return out
 
 
+#: a chart's height in px unless its layout says another; its div takes the same (a layout taller than its div drew
+#: the legend over the caption below it)
+CHART_HEIGHT = 350
+
 #: every chart's legend: one row at the bottom of the figure (the toolbar takes its top right corner)
 _LEGEND: dict[str, Any] = {"orientation": "h", "x": 0, "xanchor": "left", "y": 0, "yanchor": "bottom",
                            "yref": "container", "traceorder": "normal"}
@@ -129,7 +138,7 @@ def _layout(title: str, **extra: Any) -> dict[str, Any]:
         "title": {"text": title, "font": {"size": 15}, "x": 0.01, "xanchor": "left"},
         # the legend sits in the bottom margin, under the axis: the chart toolbar (top right) never covers it
         "margin": {"l": 56, "r": 18, "t": 44, "b": 84},
-        "height": 350,
+        "height": CHART_HEIGHT,
         "paper_bgcolor": "rgba(0,0,0,0)",
         "plot_bgcolor": "rgba(0,0,0,0)",
         "font": {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 12, "color": "#343a40"},
@@ -520,9 +529,26 @@ def _secs(x: float | None) -> str:
     return fmt_duration(x)
 
 
+def _ci(ci: list[float] | None, signed: bool = False) -> str:
+    """A 95% interval cell: "[low, high]" (signed: "[+low, +high]"), "–" without one."""
+    if not ci:
+        return "–"
+    return f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if signed else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def _chain_context(chain: ChainView | None) -> dict[str, Any]:
+    """The extract, train and accept sections' values: the chain, its JSON, the accept verdict sentence and
+    the comparisons by name."""
+    rep = chain.accept if chain is not None else None
+    return {"chain": chain, "chain_json": _embed_json(chain) if chain is not None else "",
+            "accept_verdict": verdict(rep) if rep is not None else None,
+            "accept_beats": beats(rep) if rep is not None else None,
+            "comparisons": {c.versus: c for c in rep.comparisons} if rep is not None else {}}
+
+
 def render_html(m: RunMetrics, *, title: str, generated_at: float, settings: dict[str, str],
                 sample: SampleView | None = None, examples: list[ExampleRow] | None = None,
-                notes: list[str] | None = None) -> str:
+                notes: list[str] | None = None, chain: ChainView | None = None) -> str:
     import jinja2
     from plotly.offline import get_plotlyjs
 
@@ -532,14 +558,16 @@ def render_html(m: RunMetrics, *, title: str, generated_at: float, settings: dic
     from draftgen.hidden.estimate import format_bytes
 
     env.filters.update(int=fmt_int, pct=fmt_pct, usd=fmt_usd, dur=fmt_duration, time=fmt_time, num=fmt_float,
-                       bytes=format_bytes, tok=_token, secs=_secs,
+                       bytes=format_bytes, tok=_token, secs=_secs, ci=_ci,
                        ctx=lambda text: text.replace("\n", "↵").replace("\t", "⇥"))
     figs = _figures(m)
     t = m.total
     kpis = [
         ("samples done", f"{fmt_int(t.done)}", f"of {fmt_int(t.prepared)} prepared ({fmt_pct(t.progress)})"),
         ("completion tokens", fmt_int(t.completion_tokens), f"{fmt_float(t.mean_completion_tokens, 0)} per response"),
-        ("spend", fmt_usd(t.cost_usd), f"{fmt_usd(t.usd_per_m_output)} per M output tokens"),
+        ("spend", fmt_usd(m.spend.booked_usd),
+         fmt_held(m.spend.billed_usd, m.spend.held_usd, m.spend.abandoned)
+         or f"{fmt_usd(t.usd_per_m_output)} per M output tokens"),
         ("reasoning share", fmt_pct(t.reasoning_share), f"{fmt_int(t.reasoning_tokens)} reasoning tokens"),
         ("tokens / second", _compact(m.tokens_per_s), f"{fmt_int(t.completion_tokens)} tokens over {fmt_duration(m.elapsed_s)}"),
         ("failed", fmt_int(t.failed), f"{fmt_int(t.truncated)} truncated responses"),
@@ -561,9 +589,10 @@ def render_html(m: RunMetrics, *, title: str, generated_at: float, settings: dic
         examples=examples if examples is not None else example_rows(Path(m.run_dir), m, None),
         sample=sample,
         notes=notes or [],
-        figures=[(div, cap, _embed_json(fig)) for div, cap, fig in figs],
+        figures=[(div, cap, _embed_json(fig), fig["layout"].get("height", CHART_HEIGHT)) for div, cap, fig in figs],
         metrics_json=_embed_json(m),
         plotly_js=plotly_js,
+        **_chain_context(chain),
     )
     return _redact_page(page, plotly_js)
 

@@ -1,7 +1,8 @@
 """``draftgen report CONFIG``: the report phase, ``run_report``: the run's metrics → ``report.html``.
 
 Reads the run directory through ``runview.metrics.compute_metrics`` (so the page shows exactly what ``status``
-would), loads the profile for the token views (the sample viewer and the audit's mismatch chips; left out,
+would) and the chain's files through ``runview.chain.read_chain`` (the hidden set at ``hidden_states.output``
+when that is a local path, else the run's ``hidden/``; train/train.json; accept/), loads the profile for the token views (the sample viewer and the audit's mismatch chips; left out,
 with a note, when it does not load), has ``html.render_html`` build the page, and writes
 ``<run_dir>/report.html`` (or ``output``) atomically under the run directory's writer lock.
 """
@@ -14,9 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftgen.config import RunConfig
+from draftgen.hidden.stream import hidden_url
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
 from draftgen.phases.report.html import SampleView, example_rows, render_html, sample_view
 from draftgen.rundir import RunDir, writer
+from draftgen.runview.chain import read_chain
 from draftgen.runview.metrics import compute_metrics
 from draftgen.store import atomic_write_bytes
 
@@ -79,8 +82,10 @@ def _report(cfg: RunConfig, rd: RunDir, output: Path | None, echo: Echo, loaded:
         except Exception as exc:  # a sample viewer must never cost the report
             notes.append(f"sample viewer left out: {exc}")
     examples = example_rows(run_dir, m, profile)
+    hidden = hidden_url(cfg)
+    chain = read_chain(run_dir, Path(hidden) if "://" not in hidden else None)
     page = render_html(m, title=f"draftgen report · {run_dir.name}", generated_at=time.time(), settings=settings,
-                       sample=sample, examples=examples, notes=notes)
+                       sample=sample, examples=examples, notes=notes, chain=chain)
     atomic_write_bytes(out, page.encode("utf-8"))
     echo(f"report: {out}")
     return ReportReport(path=out, notes=notes)

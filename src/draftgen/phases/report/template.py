@@ -64,6 +64,9 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-
 tr.broken td { background: #fff5f5; } td.broken { color: var(--bad); font-weight: 650; }
 tr.warn td { background: #fff9db; }
 #providers th, #providers td { padding: 7px 7px; }
+/* at 1280 px the providers table fits: its cells wrap at their spaces (a figure and its share, p50 / p95) */
+#providers td { white-space: normal; } #providers td.kinds { min-width: 9em; }
+#accept-table td:first-child .mono { display: block; white-space: normal; word-break: break-all; }
 #audit th, #audit td { padding: 7px 6px; } #audit td.pair { white-space: normal; min-width: 7em; }
 .sv { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12.5px; line-height: 1.9; white-space: pre-wrap;
   word-break: break-word; padding: 10px 12px; }
@@ -158,7 +161,7 @@ footer { color: var(--muted); font-size: 12px; margin-top: 40px; }
 <td>{{ p.provider }}</td><td class="mono">{{ p.quantization or '–' }}</td>{% if tiers %}<td class="mono">{{ p.service_tiers or '–' }}</td>{% endif %}
 <td>{{ p.responses | int }} <span class="muted">({{ p.share | pct }})</span></td>
 {% if att %}<td>{{ p.retries | int }} / {{ p.attempts | int }}{% if p.failure_rate %} <span class="muted">({{ p.failure_rate | pct }})</span>{% endif %}</td>
-<td class="mono" style="white-space: normal; min-width: 150px">{% for k, n in p.failures_by_kind.items() %}{{ k }} {{ n }}{% if not loop.last %}, {% endif %}{% else %}–{% endfor %}</td>{% endif %}
+<td class="mono kinds">{% for k, n in p.failures_by_kind.items() %}{{ k }} {{ n }}{% if not loop.last %}, {% endif %}{% else %}–{% endfor %}</td>{% endif %}
 <td{% if p.dropped_reasoning %} class="broken"{% endif %}>{{ p.dropped_reasoning | int }}</td>
 <td{% if p.cooldowns %} class="broken"{% endif %}>{{ p.cooldowns | int }}</td>
 <td>{{ p.completion_tokens | int }}</td><td>{{ p.cost_usd | usd }}</td><td>{{ p.usd_per_m_output | usd }}</td>
@@ -178,8 +181,8 @@ Service tier: the tier each response says served it (<code>batch</code>: OpenRou
 
 <h2>Charts</h2>
 <div class="grid">
-{% for div, caption, fig in figures %}
-<figure><div id="{{ div }}" class="chart" style="height:320px"></div><figcaption>{{ caption }}</figcaption></figure>
+{% for div, caption, fig, height in figures %}
+<figure><div id="{{ div }}" class="chart" style="height:{{ height }}px"></div><figcaption>{{ caption }}</figcaption></figure>
 {% endfor %}
 </div>
 
@@ -288,13 +291,81 @@ bf16 {{ h.by_dtype['bf16'] | bytes }}){% if h.cap_saved %}; the length cap of {{
 <p class="muted">Not merged yet: run <code>draftgen merge CONFIG</code> (or <code>draftgen run CONFIG</code>).</p>
 {% endif %}
 
+{% if chain and not chain.empty %}{% set h = chain.hidden %}{% set tr = chain.train %}{% set ac = chain.accept %}
+<h2 id="extract">Hidden states (extract)</h2>
+{% if h %}<div class="card"><table id="extract-table">
+<thead><tr><th>hidden set</th><th>samples</th><th>tokens</th><th>flagged</th><th>layers (vLLM ids)</th><th>dtype</th>
+<th>backend</th><th>tokens / s</th><th>teacher-checked</th></tr></thead>
+<tbody><tr><td class="mono" style="white-space: normal">{{ chain.hidden_path }}{% if not h.complete %} <span class="bad">(incomplete)</span>{% endif %}</td>
+<td>{{ h.counts.samples | int }}</td><td>{{ h.counts.tokens | int }}</td>
+<td{% if h.counts.flagged %} class="bad"{% endif %}>{{ h.counts.flagged | int }}{% for k, n in h.checks.failed_by_check.items() %}{% if loop.first %} <span class="muted">({% endif %}{{ k }} {{ n }}{% if not loop.last %}, {% else %})</span>{% endif %}{% endfor %}</td>
+<td>{{ h.layer_ids.aux | join(', ') }} + final {{ h.layer_ids.final }}</td><td>{{ h.dtype }}</td><td>{{ h.backend }}</td>
+<td>{{ h.throughput_tokens_per_s | num(0) }}</td><td>{{ h.checks.teacher_checked | int }}</td></tr></tbody>
+</table></div>
+{% else %}<p class="muted">No hidden set of this run.</p>{% endif %}
+
+<h2 id="train">Drafter training (train)</h2>
+{% if tr %}<div class="card"><table id="train-table">
+<thead><tr><th>drafter</th><th>algorithm</th><th>samples trained / asked</th><th>steps</th><th>time</th>
+<th>final validation loss</th><th>offline AL estimate</th></tr></thead>
+<tbody><tr{% if tr.exit_code %} class="broken"{% endif %}><td class="mono" style="white-space: normal">{{ tr.checkpoint or 'not published' }}</td>
+<td>{{ tr.algorithm }}, k {{ tr.ttt_steps }}</td>
+<td>{% if tr.samples_trained is not none %}{{ tr.samples_trained | int }} / {{ tr.samples_asked | int }}{% else %}–{% endif %}</td>
+<td>{{ tr.last_step | int }}</td><td>{{ tr.seconds | dur }}</td>
+<td>{% if tr.final_val %}{{ tr.final_val.loss | num(4) }}{% else %}–{% endif %}</td><td>{{ tr.offline_al | num(3) }}</td></tr></tbody>
+</table></div>
+<p class="muted">{{ tr.message }}</p>
+{% else %}<p class="muted">No train/train.json in this run.</p>{% endif %}
+
+<h2 id="accept">Acceptance (accept)</h2>
+{% if ac %}{% set a = ac.acceptance %}
+<p id="accept-verdict"{% if accept_beats is sameas false %} class="bad"{% endif %}><b>{{ accept_verdict or 'No verdict: this pass has no paired comparison with the no-model drafters.' }}</b></p>
+<div class="card"><table id="accept-table">
+<thead><tr><th>drafter, same {{ ac.prompts | int }} held-out prompts</th><th>how</th><th>acceptance length</th><th>95% interval</th>
+<th>drafter minus it</th><th>95% interval</th>{% for i in range(ac.k or (a.per_position | length)) %}<th>position {{ i + 1 }}</th>{% endfor %}</tr></thead>
+<tbody>
+<tr data-drafter="drafter" class="total"><td>the drafter <span class="muted mono">{{ ac.drafter }}</span></td><td>{{ a.source }}</td>
+<td>{{ a.acceptance_length | num(3) }}</td><td>{{ a.ci95 | ci }}</td><td></td><td></td>
+{% for v in a.per_position %}<td>{{ v | num(3) }}</td>{% endfor %}</tr>
+{% for alt in ac.alternatives %}{% set c = comparisons.get(alt.name) %}
+<tr data-drafter="{{ alt.name }}"><td>{{ alt.name }}</td><td>{{ alt.how }}</td><td>{{ alt.acceptance_length | num(3) }}</td><td>{{ alt.ci95 | ci }}</td>
+<td>{% if c %}{{ '%+.3f' % c.difference }}{% endif %}</td><td>{% if c %}{{ c.ci95 | ci(True) }}{% endif %}</td>
+{% for v in alt.per_position %}<td>{{ v | num(3) }}</td>{% endfor %}</tr>
+{% endfor %}
+{% set best = comparisons.get('no-model') %}{% if best %}
+<tr data-drafter="no-model"><td>max(copy-last, lookup)</td><td>in each resample</td><td></td><td></td>
+<td>{{ '%+.3f' % best.difference }}</td><td>{{ best.ci95 | ci(True) }}</td></tr>{% endif %}
+</tbody></table></div>
+{% if ac.datasets %}<div class="card" style="margin-top: 12px"><table id="accept-datasets">
+<thead><tr><th>dataset</th><th>prompts</th><th>drafter</th><th>95% interval</th>{% for alt in ac.alternatives %}<th>{{ alt.name }}</th>{% endfor %}</tr></thead>
+<tbody>{% for d in ac.datasets %}<tr data-dataset="{{ d.dataset }}"><td>{{ d.dataset }}</td><td>{{ d.prompts | int }}</td>
+<td>{{ d.acceptance_length | num(3) }}</td><td>{{ d.ci95 | ci }}</td>
+{% for alt in ac.alternatives %}<td>{{ d.alternatives.get(alt.name) | num(3) }}</td>{% endfor %}</tr>{% endfor %}</tbody>
+</table></div>{% endif %}
+<p class="muted">Acceptance length: 1 + accepted / drafts over the prompts ({{ ac.server }}, max_tokens {{ ac.max_tokens | int }});
+per position: the share of drafts whose token at that position was accepted. copy-last and lookup need no model: they are
+replayed on the target's greedy output of the same pass; zero-aux is the same drafter fed zeroed aux states. Intervals:
+95% bootstrap over the prompts, the differences paired by prompt.{% if ac.offline_al is not none %} Offline estimate from
+training: {{ ac.offline_al | num(3) }}.{% endif %}</p>
+{% for w in ac.warnings %}<div class="alert">{{ w }}</div>{% endfor %}
+{% else %}<p class="muted">No accept/acceptance.json (the run's own drafter over accept.prompts prompts) yet.</p>{% endif %}
+{% if chain.passes %}<div class="card"><table id="accept-passes">
+<thead><tr><th>pass (accept/…)</th><th>server</th><th>prompts</th><th>acceptance length</th><th>95% interval</th><th>measured</th></tr></thead>
+<tbody>{% for p in chain.passes %}<tr{% if p.latest %} class="total"{% endif %} data-latest="{{ 'yes' if p.latest else 'no' }}">
+<td class="mono" style="white-space: normal">{{ p.path }}{% if p.latest %} (the latest){% endif %}</td><td>{{ p.server }}</td><td>{{ p.prompts | int }}</td>
+<td>{{ p.acceptance_length | num(3) }}</td><td>{{ p.ci95 | ci }}</td><td>{{ p.created_at | time }}</td></tr>{% endfor %}</tbody>
+</table></div>{% endif %}
+{% for n in chain.notes %}<p class="muted">note: {{ n }}</p>{% endfor %}
+{% endif %}
+
 <footer>
 Every number on this page is computed from the files of <code>{{ m.run_dir }}</code> and embedded below as JSON
 (<code>#draftgen-metrics</code>); <code>draftgen status {{ m.run_dir }}</code> shows the same figures in a terminal.
 </footer>
 </main>
 <script type="application/json" id="draftgen-metrics">{{ metrics_json | safe }}</script>
-{% for div, caption, fig in figures %}
+{% if chain and not chain.empty %}<script type="application/json" id="draftgen-chain">{{ chain_json | safe }}</script>{% endif %}
+{% for div, caption, fig, height in figures %}
 <script type="application/json" id="{{ div }}-data">{{ fig | safe }}</script>
 {% endfor %}
 <script>

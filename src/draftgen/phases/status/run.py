@@ -22,6 +22,11 @@ Each row is one phase of the phase table (``phases.PHASES``: the same names, in 
     any       running: a live process holds ``.draftgen.lock`` for this phase (``draftgen <phase>``, or
               ``draftgen run``, whose running phase is the first one not done); pending: nothing yet
 
+While ``generate`` runs, its ETA and pace as the run records them (``logs/progress.json``, written by the
+live display with each status line: ``engine.timemodel``'s ETA, counted down from when it was written, and
+this run's elapsed time and mean tok/s under the display's one definition and labels); once the run is over,
+its last figures. The span from the first response to the last (over every run) is labelled as such.
+
 After the table: OpenRouter batches (``endpoint.mode: batch``, the batch journal): how many wait to be
 submitted, are submitted, in progress and done, each open one's age and the dollars it reserves.
 
@@ -46,12 +51,13 @@ from rich.table import Table
 from rich.text import Text
 
 from draftgen.engine.batch_journal import batch_lines, load_batches
-from draftgen.engine.progress import pack
+from draftgen.engine.progress import eta_text, pace_text, pack
 from draftgen.errors import InputError, RunDirError
-from draftgen.fmt import fmt_duration, fmt_int, fmt_pct, fmt_time, fmt_usd, render_text
+from draftgen.fmt import fmt_duration, fmt_held, fmt_int, fmt_pct, fmt_time, fmt_usd, render_text
 from draftgen.phases import PHASES, Echo, Phase, PhaseTable
-from draftgen.records import LockHolder, RunManifest
+from draftgen.records import LockHolder, ProgressRecord, RunManifest
 from draftgen.rundir import RunDir, live_holder
+from draftgen.runview.chain import accept_status
 from draftgen.runview.datasets import DatasetMetrics
 from draftgen.runview.metrics import RunMetrics, compute_metrics
 from draftgen.runview.providers import ProviderMetrics
@@ -128,8 +134,12 @@ class StatusSummary(msgspec.Struct, kw_only=True):
     datasets: list[DatasetStatus]
     tokens: TokenTotals
     spend_usd: float
-    """Everything spent (``DatasetMetrics.spent_usd``): the done samples, the orphans, and the records a
-    ``--redo`` set aside in ``replaced.jsonl``."""
+    """Everything booked, as generate's budget books it (``RunMetrics.spend``): ``billed_usd`` (the records, done,
+    orphaned or set aside by ``--redo``, and the attempts that left none) plus ``held_usd``."""
+    billed_usd: float = 0.0
+    held_usd: float = 0.0
+    """The worst cases of the ``abandoned`` requests (cancelled on the wire) whose bill is not known yet."""
+    abandoned: int = 0
     lock: LockHolder | None
     """The live holder of the writer lock, or None."""
     latest_activity: float | None
@@ -141,6 +151,10 @@ class StatusSummary(msgspec.Struct, kw_only=True):
     """What the losing requests of hedged samples cost (part of ``spend_usd``)."""
     slow_streams: int = 0
     """Streams cancelled under ``tail.min_tokens_per_s`` and retried on another provider."""
+    progress: ProgressRecord | None = None
+    """generate's latest figures (``logs/progress.json``): its ETA and pace; ``finished`` once it ended."""
+    live: bool = False
+    """``progress`` was written by the process that holds the writer lock now (a run in progress)."""
 
 
 class StatusReport(msgspec.Struct, kw_only=True):
@@ -235,8 +249,7 @@ def _output_state(phase: Phase, out: Path, rd: RunDir, newer_than: int | None, *
     why = phase.refused(rd) if phase.refused is not None else None
     if why is not None:
         return PhaseStatus(name=phase.name, state="incomplete", detail=why)
-    n = len(rd.accept_reports()) if phase.name == "accept" else 0
-    return PhaseStatus(name=phase.name, state="done", detail=f"{n} drafters measured" if n > 1 else None)
+    return PhaseStatus(name=phase.name, state="done", detail=accept_status(rd.root) if phase.name == "accept" else None)
 
 
 def _counted(m: RunMetrics, selected: list[str] | None) -> tuple[PhaseStatus, PhaseStatus]:
@@ -307,7 +320,8 @@ def summarize(m: RunMetrics, run_dir: Path, selected: list[str] | None, holder: 
                                 token_budget=budgets.get(d.name))
                   for d in m.datasets],
         tokens=TokenTotals(prompt=t.prompt_tokens, completion=t.completion_tokens, reasoning=t.reasoning_tokens),
-        spend_usd=round(t.spent_usd, 6),
+        spend_usd=m.spend.booked_usd, billed_usd=m.spend.billed_usd, held_usd=m.spend.held_usd,
+        abandoned=m.spend.abandoned,
         lock=holder,
         latest_activity=m.latest_activity,
         verdict=m.verdict.level,
@@ -388,6 +402,27 @@ def _provider_segments(p: ProviderMetrics) -> list[str]:
     return parts
 
 
+def progress_segments(pr: ProgressRecord, live: bool, now: float) -> list[str]:
+    """generate's own figures (``logs/progress.json``) under the display's labels: the ETA counted down from
+    when it was written, while the run goes on; this run's elapsed time and mean tok/s, and the live rate."""
+    ago = max(0.0, now - pr.written_at)
+    if live and not pr.finished:
+        eta = None if pr.eta_s is None else max(pr.eta_s - ago, 0.0)
+        head = [f"generate running: {eta_text(eta, pr.eta_basis)}", f"as of {fmt_duration(ago)} ago"]
+        return [*head, pace_text(pr.elapsed_s, pr.mean_tok_s), f"{pr.tok_s:,.0f} tok/s (30s)"]
+    how = "finished" if pr.finished else "stopped"
+    return [f"last generate {how} {fmt_duration(ago)} ago", pace_text(pr.elapsed_s, pr.mean_tok_s)]
+
+
+def read_progress(run_dir: Path, holder: LockHolder | None) -> tuple[ProgressRecord | None, bool]:
+    """generate's latest figures, and whether the process that wrote them holds the writer lock now."""
+    path = RunDir(run_dir).progress
+    if not path.is_file():
+        return None, False
+    pr = read_json(path, ProgressRecord)
+    return pr, holder is not None and holder.pid == pr.pid
+
+
 def render_status(m: RunMetrics, summary: StatusSummary, *, now: float) -> RenderableType:
     head = Text()
     head.append("draftgen status ", style="bold")
@@ -429,8 +464,14 @@ def render_status(m: RunMetrics, summary: StatusSummary, *, now: float) -> Rende
     t = m.total
     lines: list[RenderableType] = [head, meta, activity, verdict, Text(""), table]
     lines.append(Packed([f"prompt tokens {fmt_int(t.prompt_tokens)}", f"completion tokens {fmt_int(t.completion_tokens)}",
-                         f"{fmt_usd(t.usd_per_m_output)}/M output", f"elapsed {fmt_duration(m.elapsed_s)}"]
-                        + ([f"{m.tokens_per_s:,.0f} tok/s"] if m.tokens_per_s else [])))
+                         f"{fmt_usd(t.usd_per_m_output)}/M output"]
+                        + ([f"first to last response {fmt_duration(m.elapsed_s)} (every run)"] if m.elapsed_s else [])))
+    if summary.progress is not None:
+        lines.append(Packed(progress_segments(summary.progress, summary.live, now)))
+    sp = m.spend
+    if sp.booked_usd:
+        held = fmt_held(sp.billed_usd, sp.held_usd, sp.abandoned)
+        lines.append(Packed([f"spend {fmt_usd(sp.booked_usd)}", *([held] if held else [])], style="yellow" if held else ""))
     budgets = [d for d in summary.datasets if d.token_budget is not None]
     if budgets:
         lines.append(Packed([f"token budget {d.name}: {fmt_int(d.completion_tokens)} / {fmt_int(d.token_budget)} "
@@ -481,6 +522,7 @@ def _status(target: str, *, now: float | None) -> tuple[StatusReport, str, str]:
     selected = _selected(run_dir, names)
     metrics = compute_metrics(run_dir, selected)
     summary = summarize(metrics, run_dir, selected, live_holder(run_dir), token_budgets(run_dir, target))
+    summary.progress, summary.live = read_progress(run_dir, summary.lock)
     at = time.time() if now is None else now
     batches = batch_lines(load_batches(RunDir(run_dir).batch_journal).values(), at)  # endpoint.mode: batch
     text = redact("\n".join([render_text(render_status(metrics, summary, now=at)), *batches]))

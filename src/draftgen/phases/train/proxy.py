@@ -69,6 +69,7 @@ import msgspec
 
 from draftgen.errors import APIError, DraftgenError, StorageError
 from draftgen.hidden.format import is_temp, open_temp, storage_faults
+from draftgen.target.staging import host_threads
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -125,7 +126,8 @@ class CheckingProxy:
         self._flight: dict[int, int] = {}  # captures in flight -> the bytes reserved for each
         self._per_token = 0.0  # the most bytes per token a connector file has taken (0: none seen yet)
         self._tickets = itertools.count()
-        self._checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftgen-online-check")
+        # each request's copy + checks, several at once (``host_threads``: the machine's cores, not one lane)
+        self._checker = ThreadPoolExecutor(max_workers=host_threads(), thread_name_prefix="draftgen-online-check")
         self._server: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------------------

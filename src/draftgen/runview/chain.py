@@ -1,0 +1,161 @@
+"""The drafter chain's results read as numbers: the hidden set, the trained drafter and its acceptance, for
+report.html's extract, train and accept sections and ``status``'s accept row.
+
+Reads (each when it is there; nothing else):
+
+    <hidden>/manifest.json          ``HiddenManifest``  what was extracted (the run's ``hidden/`` by default)
+    train/train.json                ``TrainReport``     what ``draftgen train`` published
+    accept/acceptance.json          ``AcceptReport``    the run's latest: its own drafter over the configured prompts
+    accept/<drafter key>/<pass>.json ``AcceptReport``   every pass (drafter, server, prompt set), none overwritten
+
+``verdict`` is the one sentence that says whether a drafter beat the no-model drafters (copy-last, lookup) on
+its held-out prompts and by how much; ``accept`` prints it, tiny-chain ends with it, the report shows it.
+Writes nothing; imports no phase.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import msgspec
+
+from draftgen.errors import InputError
+from draftgen.records import AcceptReport, AlternativeFigures, Comparison, HiddenManifest, TrainReport
+from draftgen.rundir import HiddenLayout, RunDir
+from draftgen.store import read_json
+
+__all__ = ["NO_MODEL", "AcceptPass", "ChainView", "accept_line", "accept_status", "beats", "read_chain", "verdict"]
+
+T = TypeVar("T")
+
+#: the comparison against the better of the no-model drafters in each resample (``phases.accept.figures``)
+NO_MODEL = "no-model"
+
+
+class AcceptPass(msgspec.Struct, kw_only=True):
+    """One pass's file under ``accept/``, in short (the report's list of passes)."""
+
+    path: str  # relative to the run directory
+    drafter: str
+    server: str
+    prompts: int
+    acceptance_length: float
+    ci95: list[float] | None = None
+    created_at: float = 0.0
+    latest: bool = False  # the same figures as accept/acceptance.json
+
+
+class ChainView(msgspec.Struct, kw_only=True):
+    """What the run directory holds of the chain after merge (each None when not there), and the notes on
+    files that did not read."""
+
+    hidden: HiddenManifest | None = None
+    hidden_path: str | None = None
+    train: TrainReport | None = None
+    accept: AcceptReport | None = None
+    passes: list[AcceptPass] = msgspec.field(default_factory=list)
+    drafters: int = 0  # distinct drafters measured (folders under accept/)
+    notes: list[str] = msgspec.field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return self.hidden is None and self.train is None and self.accept is None and not self.passes
+
+
+def _read(path: Path, kind: type[T], notes: list[str]) -> T | None:
+    if not path.is_file():
+        return None
+    try:
+        return read_json(path, kind)
+    except InputError as exc:  # one unreadable file costs its section, with a note, not the page
+        notes.append(str(exc))
+        return None
+
+
+def read_chain(run_dir: Path, hidden: Path | None = None) -> ChainView:
+    """The chain's files of ``run_dir`` (``hidden``: the hidden set's folder, default the run's ``hidden/``)."""
+    rd = RunDir(run_dir)
+    out = ChainView()
+    folder = hidden if hidden is not None else rd.hidden
+    out.hidden = _read(folder / HiddenLayout.manifest, HiddenManifest, out.notes)
+    out.hidden_path = str(folder) if out.hidden is not None else None
+    out.train = _read(rd.train_report, TrainReport, out.notes)
+    out.accept = _read(rd.accept_json, AcceptReport, out.notes)
+    for path in rd.accept_reports():
+        rep = _read(path, AcceptReport, out.notes)
+        if rep is None:
+            continue
+        a = rep.acceptance
+        out.passes.append(AcceptPass(path=str(path.relative_to(rd.root)), drafter=rep.drafter, server=rep.server,
+                                     prompts=rep.prompts, acceptance_length=a.acceptance_length, ci95=a.ci95,
+                                     created_at=rep.created_at, latest=rep == out.accept))
+    out.passes.sort(key=lambda p: p.created_at)
+    out.drafters = len({Path(p.path).parent for p in out.passes})
+    return out
+
+
+def _ci(ci: Sequence[float] | None, signed: bool = False) -> str:
+    if not ci:
+        return ""
+    return f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if signed else f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def _best_no_model(alternatives: Sequence[AlternativeFigures]) -> AlternativeFigures | None:
+    replayed = [a for a in alternatives if a.how == "replay"]
+    return max(replayed, key=lambda a: a.acceptance_length) if replayed else None
+
+
+def _no_model(rep: AcceptReport) -> Comparison | None:
+    return next((x for x in rep.comparisons if x.versus == NO_MODEL), None)
+
+
+def beats(rep: AcceptReport) -> bool | None:
+    """The drafter beat the no-model drafters: the 95% interval of drafter − max(copy-last, lookup) is above 0
+    (None: the report has no such comparison)."""
+    c = _no_model(rep)
+    return None if c is None else c.ci95[0] > 0
+
+
+def verdict(rep: AcceptReport, who: str = "the drafter") -> str | None:
+    """One plain sentence: did ``who`` beat the no-model drafters on the report's prompts (``beats``), and by
+    how much; None when the report has no such comparison (per-prompt counters unknown, or no copy-last /
+    lookup figures)."""
+    c = _no_model(rep)
+    best = _best_no_model(rep.alternatives)
+    if c is None or best is None:
+        return None
+    lo, hi = c.ci95
+    a = rep.acceptance
+    figures = (f"acceptance length {a.acceptance_length:.3f}{_ci(a.ci95)} against {best.acceptance_length:.3f} "
+               f"for {best.name}, the better no-model drafter, over {rep.prompts} held-out prompts")
+    by = f"{c.difference:+.3f} (95% interval {lo:+.3f} to {hi:+.3f})"
+    if lo > 0:
+        return f"{who[0].upper()}{who[1:]} beats the no-model drafters by {by}: {figures}."
+    if hi < 0:
+        return f"{who[0].upper()}{who[1:]} does not beat the no-model drafters; it is behind by {by}: {figures}."
+    return (f"{who[0].upper()}{who[1:]} does not beat the no-model drafters: the difference, {by}, may be 0: "
+            f"{figures}.")
+
+
+def accept_line(rep: AcceptReport) -> str:
+    """The latest acceptance in one line (``status``'s accept row): AL with its interval, the prompts and the
+    server, and the difference to the better no-model drafter with its interval."""
+    a = rep.acceptance
+    line = f"AL {a.acceptance_length:.3f}{_ci(a.ci95)} over {rep.prompts} prompts ({rep.server})"
+    c = _no_model(rep)
+    if c is not None:
+        line += f", {c.difference:+.3f}{_ci(c.ci95, signed=True)} over max(copy-last, lookup)"
+    return line
+
+
+def accept_status(run_dir: Path) -> str | None:
+    """``status``'s note on a done accept row: the latest (``accept_line``), and how many drafters and passes
+    ``accept/`` holds when more than one."""
+    view = read_chain(run_dir)
+    parts = [accept_line(view.accept)] if view.accept is not None else []
+    if len(view.passes) > 1:
+        parts.append(f"{view.drafters} drafter{'s' if view.drafters > 1 else ''} measured "
+                     f"({len(view.passes)} passes)")
+    return "; ".join(parts) or None
