@@ -121,7 +121,7 @@ def plain(files: list[bytes], dest: Path) -> float:
 
 def measure(work: Path, repeats: int, n_batches: int, hiddens: Sequence[int] = HIDDENS) -> dict[str, Any]:
     """Every figure of the mode (see the module docstring), for bf16 and fp8 storage."""
-    from draftgen.hidden.format import encode_sample
+    from draftgen.hidden.codec import encode_sample
 
     out: dict[str, Any] = {"host_batch_tokens": BATCH_TOKENS, "host_sample_tokens": SAMPLE_TOKENS,
                            "host_batches": n_batches, "host_repeats": repeats, "host_threads": _threads()}

@@ -17,7 +17,7 @@ def write_merged_run(root: Path, name: str, ids: list[list[int]], masks: list[li
 
     from draftgen.config import config_from_mapping
     from draftgen.records import MANIFEST_LAYOUT, MergedFile, MergeManifest
-    from draftgen.rundir import writer
+    from draftgen.rundir.claim import writer
     from draftgen.store import atomic_write_json
 
     data = {"run_dir": str(root / "run"), "endpoint": "emulator", "progress": "off",

@@ -171,7 +171,8 @@ def target_sized_batches(n: int, per_batch: int) -> list[list[Any]]:
     import numpy as np
     import torch
 
-    from draftgen.hidden.format import Captured, bytes_digest, encode_sample, sample_path
+    from draftgen.hidden.codec import Captured, bytes_digest, encode_sample
+    from draftgen.hidden.format import sample_path
     from draftgen.hidden.stream import StreamSample
     from draftgen.records import HiddenIndexRecord
 

@@ -34,7 +34,7 @@ import msgspec
 
 from draftgen.config import load_config
 from draftgen.provenance import expected_provenance
-from draftgen.rundir import writer
+from draftgen.rundir.claim import writer
 from draftgen.tokens import profile_from_config
 
 REF_SAMPLES = 40_114

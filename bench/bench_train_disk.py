@@ -38,7 +38,8 @@ except ModuleNotFoundError:  # python bench/bench_train_disk.py
 import numpy as np
 import torch
 
-from draftgen.hidden.format import SCHEMA, Captured, HiddenStore, encode_sample, open_hidden
+from draftgen.hidden.codec import SCHEMA, Captured, encode_sample
+from draftgen.hidden.format import HiddenStore, open_hidden
 from draftgen.phases.train.inputs import build_index
 from draftgen.phases.train.vocab import build_vocab_mapping, save_vocab_mapping
 from draftgen.records import (

@@ -106,7 +106,7 @@ def stored(x: Any, dtype: str) -> Any:
     """``x`` as the storage dtype holds it, float32."""
     import torch
 
-    from draftgen.hidden.format import quantize_fp8
+    from draftgen.hidden.codec import quantize_fp8
 
     if dtype == "fp8":
         q, scale = quantize_fp8(x)
@@ -156,7 +156,7 @@ def main() -> None:
     import torch
 
     from draftgen.config import config_from_mapping
-    from draftgen.hidden.format import LoadedSample
+    from draftgen.hidden.codec import LoadedSample
     from draftgen.phases.extract.batches import split_batches
     from draftgen.target import ExtractRow
     from draftgen.target.checks import CheckResult, check_teacher

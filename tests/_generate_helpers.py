@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from _common_helpers import FAKE_KEY, config_dict
-from draftgen import rundir
 from draftgen.config import RunConfig, config_from_mapping
 from draftgen.emulator import EmulatorOptions, RunningEmulator, Scenario, builtin_scenario, start_in_thread
 from draftgen.provenance import expected_provenance
@@ -21,6 +20,7 @@ from draftgen.records import (
     Tool,
     ToolFunction,
 )
+from draftgen.rundir.claim import writer
 from draftgen.store import JsonlWriter, iter_jsonl
 from draftgen.tokens import profile_from_config
 
@@ -39,12 +39,12 @@ def prompt(dataset: str, i: int, partition: str = "short", tools: bool = False) 
 
 
 def claim(cfg: RunConfig) -> Path:
-    """Claim ``cfg``'s run directory the way every writing phase does (``rundir.writer`` writes run.json)
+    """Claim ``cfg``'s run directory the way every writing phase does (``rundir.claim.writer`` writes run.json)
     and return it, so prompts written into it by hand land in a folder that is draftgen's.
 
     generate refuses a run made by another config: claim with one whose model, reasoning, sampling and
     datasets are the ones the test then runs (endpoint, routing, budgets and the like may differ)."""
-    with rundir.writer(cfg, "test") as rd:
+    with writer(cfg, "test") as rd:
         return rd.root
 
 

@@ -34,7 +34,8 @@ def make_hidden_set(model_dir: Path, dest: Path, *, n: int = 10, seed: int = 0, 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from draftgen.hidden.format import SCHEMA, Captured, HiddenStore, bytes_digest, encode_sample
+    from draftgen.hidden.codec import SCHEMA, Captured, bytes_digest, encode_sample
+    from draftgen.hidden.format import HiddenStore
     from draftgen.hidden.norm import norm_weight_digest
     from draftgen.records import (
         HiddenCounts,

@@ -16,6 +16,7 @@ from draftgen.phases.importer.run import run_import
 from draftgen.phases.prepare.run import run_prepare
 from draftgen.provenance import expected_provenance
 from draftgen.records import PromptRecord, ResponseRecord, Usage
+from draftgen.rundir.claim import writer
 from draftgen.store import JsonlWriter, iter_jsonl
 from draftgen.tokens import profile_from_config
 
@@ -47,7 +48,7 @@ def fake_generate(cfg: RunConfig, *, seed: int = 0, truncate_every: int = 0, wit
 
     ``legacy``: local-SGLang rows (``sample_id`` and ``output_ids`` only), brought in the one way they come
     in, ``draftgen import`` (which stamps them); the records returned are the imported ones."""
-    with rundir.writer(cfg, "test"):
+    with writer(cfg, "test"):
         return _fake_generate(cfg, seed=seed, truncate_every=truncate_every, with_prompt_ids=with_prompt_ids,
                               legacy=legacy, long_every=long_every)
 

@@ -25,6 +25,7 @@ from draftgen.records import (
     ResponseRecord,
     Usage,
 )
+from draftgen.rundir.claim import writer
 from draftgen.store import JsonlWriter, atomic_write_json
 from draftgen.tokens import profile_from_config
 
@@ -59,13 +60,13 @@ def write_run_dir(
 ) -> dict[str, list[ResponseRecord]]:
     """prepared/, raw/ (responses + failures), audit/audit.json. Returns the responses written.
 
-    ``manifest``: claim the folder first, as draftgen does (``rundir.writer`` writes run.json), and write
+    ``manifest``: claim the folder first, as draftgen does (``rundir.claim.writer`` writes run.json), and write
     under its lock; without it the folder has no run.json (one that only readers such as status accept).
     Responses carry the provenance of ``run_config``.
     """
     datasets = datasets or {"chat": 40, "code": 25}
     cfg = run_config(run_dir, tuple(datasets))
-    with rundir.writer(cfg, "test") if manifest else contextlib.nullcontext():
+    with writer(cfg, "test") if manifest else contextlib.nullcontext():
         return _write_run_dir(cfg, datasets, done_fraction=done_fraction, seed=seed, audit=audit,
                               failures=failures)
 
@@ -162,7 +163,7 @@ def write_logs(cfg: RunConfig, *, prompts: dict[str, int] | None = None,
     """Write exactly these rows (under the run directory's writer): ``prompts`` maps a dataset to how many
     prepared samples ``<dataset>-NNNN`` it has; responses and failures go to their dataset's raw logs."""
     rd = rundir.RunDir(cfg.run_path)
-    with rundir.writer(cfg, "test"):
+    with writer(cfg, "test"):
         for name, n in (prompts or {}).items():
             rows = [PromptRecord(sample_id=f"{name}-{i:04d}", dataset=name,
                                  messages=[Message(role="user", content=f"q{i}")], prompt_tokens=10) for i in range(n)]

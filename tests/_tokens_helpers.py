@@ -13,10 +13,10 @@ from typing import Any
 import yaml
 
 from _common_helpers import ASSETS, need_assets
-from draftgen import rundir
 from draftgen.config import RunConfig, load_config
 from draftgen.provenance import expected_provenance
 from draftgen.records import GroundTruthRecord, Message, PromptRecord, ResponseRecord, Usage
+from draftgen.rundir.claim import writer
 from draftgen.store import JsonlWriter
 from draftgen.tokens import LoadedTokenizer, Profile, load_tokenizer, profile_class
 from draftgen.tokens.kimi_tiktoken import write_synthetic_kimi_folder
@@ -165,7 +165,7 @@ def write_synthetic_run(
 ) -> SyntheticRun:
     """A run directory whose raw records are what generate writes (ids rebuilt from the returned text,
     stamped with the config's provenance) and whose ground truth is what the model 'sampled'. The folder
-    is claimed (run.json) and written under ``rundir.writer``. Deliberate deviations, each with its label:
+    is claimed (run.json) and written under ``rundir.claim.writer``. Deliberate deviations, each with its label:
 
     - noncanonical: the true ids split one token in two (same text)      → tokenization mismatch
     - trim: the provider trimmed junction whitespace (canonical truth)   → exact, flagged junction_restored
@@ -192,7 +192,7 @@ def write_synthetic_run(
         data["audit"] = {**NO_THRESHOLDS, **audit}
     (tmp / "cfg.yaml").write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
     cfg = load_config(tmp / "cfg.yaml")
-    with rundir.writer(cfg, "test"):
+    with writer(cfg, "test"):
         return _write_synthetic_run(cfg, prof, rng, n, noncanonical_rate=noncanonical_rate,
                                     trim_rate=trim_rate, drop_rate=drop_rate, junction_rate=junction_rate,
                                     corrupt_rate=corrupt_rate)

@@ -1,4 +1,4 @@
-"""rundir.writer: no dead end on the first command (issue 23, item 1).
+"""rundir.claim.writer: no dead end on the first command (issue 23, item 1).
 
 A command that fails before its first real write leaves the run directory as it found it; a run directory
 holding only the stamp of a failed start says how to reset it; every command that can say "pass --force"
@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from _common_helpers import config_dict, load, write_config
 from draftgen.cli import cli
 from draftgen.errors import RunDirError
-from draftgen.rundir import writer
+from draftgen.rundir.claim import writer
 
 
 def _cfg(tmp: Path, run: Path, **model: str) -> Path:

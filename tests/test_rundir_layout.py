@@ -1,6 +1,6 @@
-"""The run directory has one owner: no module but ``rundir.py`` spells a file or folder name of its layout.
+"""The run directory has one owner: no module but ``rundir/__init__.py`` spells a file or folder name of its layout.
 
-An AST scan of every ``src/draftgen/**/*.py`` except ``rundir.py``. The guarded names come from
+An AST scan of every ``src/draftgen/**/*.py`` except ``rundir/__init__.py`` (``rundir.claim`` included). The guarded names come from
 ``rundir.LAYOUT_FILES`` and ``rundir.LAYOUT_DIRS`` (built from the constants ``RunDir`` joins), so a name
 added to the layout is guarded at once. Flagged:
 
@@ -23,7 +23,8 @@ from pathlib import Path
 
 from draftgen import rundir
 
-SRC = Path(rundir.__file__).resolve().parent
+LAYOUT = Path(rundir.__file__).resolve()  # rundir/__init__.py, the one module that spells them
+SRC = LAYOUT.parent.parent
 FILES = rundir.LAYOUT_FILES
 DIRS = rundir.LAYOUT_DIRS
 NAMES = rundir.LAYOUT_NAMES
@@ -95,7 +96,7 @@ def layout_literals(source: str, filename: str) -> Iterator[tuple[int, str]]:
 def _scan() -> list[str]:
     found = []
     for path in sorted(SRC.rglob("*.py")):
-        if path.name == "rundir.py" and path.parent == SRC:
+        if path == LAYOUT:
             continue
         rel = path.relative_to(SRC.parent)
         for line, s in layout_literals(path.read_text(encoding="utf-8"), str(path)):
@@ -105,7 +106,7 @@ def _scan() -> list[str]:
 
 def test_no_layout_name_outside_rundir() -> None:
     found = _scan()
-    assert not found, ("run-directory names spelled outside rundir.py (use a RunDir property instead):\n  "
+    assert not found, ("run-directory names spelled outside rundir/__init__.py (use a RunDir property instead):\n  "
                        + "\n  ".join(found))
 
 

@@ -3,7 +3,7 @@ a record made by another (unless ``--force``).
 
 Pure functions over ``records.Provenance`` and the config; reads and writes nothing. ``generate``,
 ``import``, ``audit`` and ``merge`` check every record they read with ``check_provenance``; the run's own
-config is checked against ``run.json`` by ``rundir.writer``.
+config is checked against ``run.json`` by ``rundir.claim.writer``.
 """
 
 from __future__ import annotations

@@ -12,18 +12,8 @@ import pytest
 import torch
 
 from draftgen.errors import InputError
-from draftgen.hidden.format import (
-    FP8_MAX,
-    SCHEMA,
-    Captured,
-    HiddenStore,
-    decode_sample,
-    encode_sample,
-    open_hidden,
-    sample_key,
-    sample_path,
-    temp_name,
-)
+from draftgen.hidden.codec import FP8_MAX, SCHEMA, Captured, decode_sample, encode_sample
+from draftgen.hidden.format import HiddenStore, open_hidden, sample_key, sample_path, temp_name
 from draftgen.records import (
     HiddenCounts,
     HiddenIndexRecord,

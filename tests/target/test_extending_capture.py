@@ -22,7 +22,8 @@ from click.testing import CliRunner
 from _extract_helpers import build_tiny_model, make_merged_run, merged_rows, with_hidden
 from draftgen.cli import cli
 from draftgen.errors import ConfigError
-from draftgen.hidden.format import Captured, open_hidden
+from draftgen.hidden.codec import Captured
+from draftgen.hidden.format import open_hidden
 from draftgen.target import (
     EXTRACT_BACKENDS,
     ExtractBackendKind,

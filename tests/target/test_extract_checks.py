@@ -19,7 +19,8 @@ from _extract_helpers import build_tiny_model, make_merged_run, with_hidden
 from draftgen.config import load_config
 from draftgen.drafter.hf import rms_norm
 from draftgen.errors import ThresholdBroken
-from draftgen.hidden.format import Captured, HiddenStore, decode_sample, encode_sample
+from draftgen.hidden.codec import Captured, decode_sample, encode_sample
+from draftgen.hidden.format import HiddenStore
 from draftgen.phases.extract.run import run_extract
 from draftgen.target import ExtractRow
 from draftgen.target.checks import (

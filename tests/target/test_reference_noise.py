@@ -20,7 +20,8 @@ import torch
 from _extract_helpers import build_tiny_model, make_merged_run, with_hidden
 from draftgen.config import load_config
 from draftgen.errors import ThresholdBroken
-from draftgen.hidden.format import Captured, HiddenStore
+from draftgen.hidden.codec import Captured
+from draftgen.hidden.format import HiddenStore
 from draftgen.phases.extract.run import run_extract
 from draftgen.records import HiddenIndexRecord
 from draftgen.target import ExtractRow

@@ -17,7 +17,7 @@ import torch
 
 from _extract_helpers import build_tiny_model, make_merged_run, with_hidden
 from draftgen.config import load_config
-from draftgen.hidden.format import Captured, decode_sample, encode_sample, quantize_fp8
+from draftgen.hidden.codec import Captured, decode_sample, encode_sample, quantize_fp8
 from draftgen.store import encode_json
 from draftgen.target import ExtractRow
 from draftgen.target.checks import check_staged, relative_diff

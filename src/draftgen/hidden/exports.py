@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 
 from draftgen.errors import ConfigError, InputError, RunDirError
+from draftgen.hidden.codec import LoadedSample
 from draftgen.hidden.export_folder import (
     EXPORT_JOURNAL,
     EXPORT_MARKER,
@@ -65,7 +66,7 @@ from draftgen.hidden.export_folder import (
     up_to_date,
 )
 from draftgen.hidden.files import BytesWriter, atomic_save, file_digest
-from draftgen.hidden.format import LoadedSample, require, sample_key
+from draftgen.hidden.format import require, sample_key
 from draftgen.hidden.norm import FinalNorm, load_final_norm
 from draftgen.hidden.speculators import SAMPLE_IDS, TOKEN_FREQ, SpeculatorsInputs, sample_ids, torch_bytes
 from draftgen.hidden.stream import Sink, Source, StreamSample, hidden_url, open_source

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from draftgen.errors import RunDirError
 from draftgen.hidden.format import HiddenStore, atomic_write_bytes, storage_faults
 from draftgen.records import HiddenLockHolder
-from draftgen.rundir import pid_runs, wait_for_name
+from draftgen.rundir.claim import pid_runs, wait_for_name
 from draftgen.store import decode_json, encode_json
 
 __all__ = ["LOCK_STALE_S", "destination_lock", "read_holder"]
@@ -72,7 +72,7 @@ def _alive(h: HiddenLockHolder, now: float | None) -> bool:
 
 
 def _live_holder(store: HiddenStore) -> HiddenLockHolder | None:
-    """The local flock's holder as its ``.lock.json`` names it (``rundir.wait_for_name``); a file left by a dead
+    """The local flock's holder as its ``.lock.json`` names it (``rundir.claim.wait_for_name``); a file left by a dead
     holder names nobody. A local holder never refreshes its file: the flock is its lease, so age is not
     checked."""
     h = read_holder(store)

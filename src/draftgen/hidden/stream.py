@@ -1,7 +1,7 @@
 """The hidden-state set as a stream: a ``Sink`` takes batches of samples, a ``Source`` yields them back.
 
 A sample on the stream is a ``StreamSample``: its id, its file (relative to the set's root), the file's
-``draftgen.hidden/1`` bytes (``format.encode_sample``: what is published and hashed, encoded once) and its
+``draftgen.hidden/1`` bytes (``codec.encode_sample``: what is published and hashed, encoded once) and its
 position; ``decode()`` gives its tensors (``LoadedSample``, float32). Samples extract makes also carry their
 ``HiddenIndexRecord`` (length, loss tokens, failed checks, teacher result, row and file digests).
 
@@ -27,15 +27,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from draftgen.errors import InputError
-from draftgen.hidden.format import (
-    SCHEMA,
-    HiddenSet,
-    HiddenStore,
-    LoadedSample,
-    decode_sample,
-    require,
-    storage_faults,
-)
+from draftgen.hidden.codec import SCHEMA, LoadedSample, decode_sample
+from draftgen.hidden.format import HiddenSet, HiddenStore, require, storage_faults
 from draftgen.records import HiddenIndexRecord, HiddenManifest, HiddenSampleEntry, parse_row_id
 
 if TYPE_CHECKING:

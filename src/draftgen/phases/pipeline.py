@@ -12,7 +12,7 @@ inputs (config hash, its config sections, the dataset names, the size and mtime 
 the content of its digested ones): such a phase is skipped when its output exists and the fingerprint is
 unchanged.
 
-The whole run holds the run directory's writer lock (``rundir.writer``); each phase re-enters it. The
+The whole run holds the run directory's writer lock (``rundir.claim.writer``); each phase re-enters it. The
 target's profile is loaded once here and handed to every phase.
 
 Outcomes (exit codes in ``errors``), as the default phases return them: generate stopping early (budget,
@@ -46,7 +46,8 @@ from draftgen.config import RunConfig, config_hash
 from draftgen.errors import EXIT_ERROR, ConfigError
 from draftgen.fmt import fmt_usd
 from draftgen.phases import PHASES, Echo, Phase, PhaseContext, PhaseOutcome, PhaseTable, RunOptions
-from draftgen.rundir import RunDir, writer
+from draftgen.rundir import RunDir
+from draftgen.rundir.claim import writer
 from draftgen.store import atomic_write_json, read_json
 
 __all__ = ["Confirm", "PhaseMark", "PipelineReport", "PipelineState", "fingerprint", "run_pipeline",

@@ -76,7 +76,7 @@ class HiddenIndexRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
     n_loss: int
     failed: list[str] = msgspec.field(default_factory=list)
     teacher: TeacherResult | None = None
-    # sha256 of the row's input_ids (int64) + loss_mask (uint8) bytes (format.row_digest) and of the published
+    # sha256 of the row's input_ids (int64) + loss_mask (uint8) bytes (codec.row_digest) and of the published
     # file's bytes; "" on records written before they were recorded (extract redoes those samples)
     row_sha256: str = ""
     file_sha256: str = ""

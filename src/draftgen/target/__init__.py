@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     import torch
 
     from draftgen.config import RunConfig
-    from draftgen.hidden.format import Captured
+    from draftgen.hidden.codec import Captured
     from draftgen.target.layers import LayerIds
 
 __all__ = [

@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     import torch
 
     from draftgen.config.hidden import HiddenStatesConfig
-    from draftgen.hidden.format import Captured, LoadedSample
+    from draftgen.hidden.codec import Captured, LoadedSample
     from draftgen.target import ExtractBackend, ExtractRow, Reference, TargetInfo
 
 __all__ = ["CHECKS", "LOGPROB_FLOOR", "LOGPROB_MARGIN", "SPOT_BLOCK", "STATE_MARGIN", "STOPPING", "CheckResult", "SpotCheck",
@@ -272,7 +272,7 @@ def check_sample(s: LoadedSample, row: ExtractRow, backend: ExtractBackend, hs: 
 
 
 def check_staged(c: Captured, row: ExtractRow, backend: ExtractBackend, hs: HiddenStatesConfig) -> CheckResult:
-    """``check_sample``'s cheap checks of a staged sample (``hidden.format.Staged``: its states as stored and
+    """``check_sample``'s cheap checks of a staged sample (``hidden.codec.Staged``: its states as stored and
     their ``state_stats`` from the capture device), without encoding or decoding it: the same result as
     ``check_sample`` on the file ``encode_sample`` makes of it, teacher check aside."""
     torch = require("torch")

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from draftgen.drafter.hf import decoder_layers, logprobs_through, rms_norm, token_logprobs
 from draftgen.errors import ConfigError
-from draftgen.hidden.format import Captured, require
+from draftgen.hidden.codec import Captured
+from draftgen.hidden.format import require
 from draftgen.target import (
     ExtractBackendKind,
     ExtractCapabilities,

@@ -1,12 +1,12 @@
 """Per-sample host work taken off the critical path: states staged where they were captured.
 
 ``stage_batch`` takes a batch's captured states where they are (the hf backend: on its GPU, before they leave
-it) and, there, for every sample: rounds them to the storage dtype (``hidden.format.storage_tensors``: fp8
+it) and, there, for every sample: rounds them to the storage dtype (``hidden.codec.storage_tensors``: fp8
 quantised with its per-token scales; rows are independent, so the batch's rows are packed and converted at
 once), computes the cheap checks' numbers on those stored values decoded (``target.checks.state_stats``, the
 same numbers ``check_sample`` computes on the file's bytes), and copies the stored tensors and the numbers to
 host memory: on a GPU into pinned buffers, asynchronously on a side stream (the next batch's forward is
-launched meanwhile; ``hidden.format.Staged.wait`` waits for the copy); on a CPU they are already there. Each
+launched meanwhile; ``hidden.codec.Staged.wait`` waits for the copy); on a CPU they are already there. Each
 sample comes back a ``Captured`` with its ``Staged``; the worker then checks it (``check_staged``), encodes,
 hashes and publishes it on a pool of ``host_threads()`` without decoding it again. ``stage_host`` stages a
 sample a backend captured to host memory unstaged (vllm's connector files, a plugin's, the hf backend's on a
@@ -21,7 +21,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from draftgen.hidden.format import Captured, Staged, require, storage_tensors
+from draftgen.hidden.codec import Captured, Staged, storage_tensors
+from draftgen.hidden.format import require
 from draftgen.target.checks import state_stats
 
 if TYPE_CHECKING:

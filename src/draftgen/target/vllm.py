@@ -66,7 +66,8 @@ import msgspec
 
 from draftgen.backends import capabilities
 from draftgen.errors import APIError, ConfigError, PermanentAPIError, RetryableAPIError
-from draftgen.hidden.format import Captured, require
+from draftgen.hidden.codec import Captured
+from draftgen.hidden.format import require
 from draftgen.store import read_json_object
 from draftgen.target import (
     ExtractBackendKind,

@@ -23,6 +23,7 @@ from draftgen.cli import cli
 from draftgen.errors import RunDirError
 from draftgen.phases.status.run import CLEAR, StatusSummary, run_status, watch_status
 from draftgen.records import LockHolder, MergeManifest
+from draftgen.rundir.claim import writer
 from draftgen.store import atomic_write_json
 
 
@@ -187,7 +188,7 @@ def _held(run: Path, command: str, datasets: tuple[str, ...]) -> Iterator[None]:
     taken, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with rundir.writer(run_config(run, datasets), command):
+        with writer(run_config(run, datasets), command):
             taken.set()
             release.wait(30)
 

@@ -15,6 +15,7 @@ from _report_helpers import run_config, write_run_dir
 from draftgen import rundir
 from draftgen.phases.status.run import StatusSummary, run_status
 from draftgen.records import ProgressRecord
+from draftgen.rundir.claim import writer
 from draftgen.store import atomic_write_json
 
 
@@ -28,7 +29,7 @@ def test_status_shows_the_recorded_eta_of_a_run_in_progress(tmp_path: Path) -> N
     taken, release = threading.Event(), threading.Event()
 
     def hold() -> None:  # the writer lock held as a running `draftgen generate` holds it
-        with rundir.writer(run_config(run, ("chat",)), "generate"):
+        with writer(run_config(run, ("chat",)), "generate"):
             taken.set()
             release.wait(30)
 

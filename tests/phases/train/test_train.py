@@ -413,7 +413,7 @@ def test_a_session_that_refuses_keeps_the_drafter_unpublished(trained: dict[str,
     from draftgen.errors import ThresholdBroken
     from draftgen.phases.train.offline import prepare_offline
     from draftgen.phases.train.trainer import train_prepared
-    from draftgen.rundir import writer
+    from draftgen.rundir.claim import writer
 
     cfg = load_config(_config(tmp_path, trained["model_dir"], trained["hidden"], max_steps=1, total_seq_len=128))
     session = _Refusing("train --online: 10 of 10 samples failed a check; see train.json")

@@ -62,7 +62,8 @@ from draftgen.records import (
     StructuralExample,
     check_ids,
 )
-from draftgen.rundir import RunDir, writer
+from draftgen.rundir import RunDir
+from draftgen.rundir.claim import writer
 from draftgen.store import (
     JsonlReader,
     atomic_write_json,

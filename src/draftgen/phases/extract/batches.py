@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from draftgen.errors import RunDirError
-from draftgen.hidden.format import HiddenStore, row_digest
+from draftgen.hidden.codec import row_digest
+from draftgen.hidden.format import HiddenStore
 from draftgen.hidden.norm import WeightsDigest, norm_digests
 from draftgen.records import HiddenIdentity, HiddenIndexRecord, parse_row_id
 from draftgen.target import config_digest, target_folder

@@ -42,7 +42,8 @@ import msgspec
 
 from draftgen import __version__
 from draftgen.errors import ConfigError, ThresholdBroken
-from draftgen.hidden.format import SCHEMA, HiddenStore
+from draftgen.hidden.codec import SCHEMA
+from draftgen.hidden.format import HiddenStore
 from draftgen.hidden.lock import destination_lock
 from draftgen.hidden.norm import WeightsDigest
 from draftgen.hidden.stream import Sink, hidden_url
@@ -67,7 +68,8 @@ from draftgen.records import (
     HiddenManifest,
     HiddenSampleEntry,
 )
-from draftgen.rundir import HiddenLayout, RunDir, writer
+from draftgen.rundir import HiddenLayout, RunDir
+from draftgen.rundir.claim import writer
 from draftgen.target.identity import identity_of
 from draftgen.target.layers import CONVENTION
 from draftgen.target.rows import read_merged_rows
@@ -159,7 +161,7 @@ def run_extract(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None =
                 backend: ExtractBackend | None = None) -> ExtractReport:
     """Extract the hidden states of every merged train row (see the module docstring). ``profile``: not
     needed (the rows hold their token ids; the backend loads the target model itself). ``force``: hold a run
-    directory made with another target (``rundir.writer``). ``rd``: a run directory the caller already holds
+    directory made with another target (``rundir.claim.writer``). ``rd``: a run directory the caller already holds
     (``draftgen run``); else this takes the writer lock. ``limit``/``pilot``: stop after that many new
     samples. ``backend``: an already loaded backend (tests, benchmarks); else the configured one is loaded."""
     if rd is None:

@@ -51,22 +51,15 @@ import msgspec
 
 from draftgen import errors
 from draftgen.errors import DraftgenError
-from draftgen.hidden.format import (
-    HiddenStore,
-    bytes_digest,
-    decode_sample,
-    require,
-    row_digest,
-    sample_parts,
-    sample_path,
-)
+from draftgen.hidden.codec import bytes_digest, decode_sample, row_digest, sample_parts
+from draftgen.hidden.format import HiddenStore, require, sample_path
 from draftgen.hidden.stream import Sink, StreamSample
 from draftgen.records import HiddenIndexRecord
 from draftgen.target.staging import host_threads
 
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
-    from draftgen.hidden.format import Captured, LoadedSample
+    from draftgen.hidden.codec import Captured, LoadedSample
     from draftgen.target import ExtractBackend, ExtractRow, TargetInfo
     from draftgen.target.checks import CheckResult
 

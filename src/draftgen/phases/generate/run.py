@@ -110,6 +110,7 @@ from draftgen.phases.generate.rerun import (
 from draftgen.phases.generate.summary import budget_lines, failure_lines, overshoot_lines, provider_table
 from draftgen.provenance import check_provenance, expected_provenance
 from draftgen.records import Provenance
+from draftgen.rundir.claim import writer
 from draftgen.secrets import scrub_argv
 from draftgen.store import scan_attempt_spend, scan_responses
 from draftgen.tokens import Profile, profile_from_config
@@ -238,7 +239,7 @@ def run_generate(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None 
         cfg.dataset(n)  # ConfigError naming the known datasets
     if opts.partition not in ("short", "long", "all"):
         raise ConfigError(f"--partition {opts.partition!r}: use short, long or all")
-    with rundir.writer(cfg, "generate", argv=opts.argv, force=opts.force, same_config=True) as rd:
+    with writer(cfg, "generate", argv=opts.argv, force=opts.force, same_config=True) as rd:
         return _run_generate(cfg, opts, rd, names, echo, profile)
 
 

@@ -40,7 +40,6 @@ from pathlib import Path
 
 import msgspec
 
-from draftgen import rundir
 from draftgen.backends.base import Completion
 from draftgen.config import RunConfig
 from draftgen.engine import RoutingGuard
@@ -49,6 +48,7 @@ from draftgen.errors import InputError, RetryableAPIError
 from draftgen.phases import Echo
 from draftgen.provenance import check_provenance, expected_provenance
 from draftgen.records import PromptIdView, ResponseFields, ResponseRecord, check_ids
+from draftgen.rundir.claim import writer
 from draftgen.store import JsonlWriter, iter_jsonl, scan_responses
 from draftgen.tokens import Profile, profile_from_config
 
@@ -76,7 +76,7 @@ def run_import(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
     cfg.dataset(dataset)  # ConfigError naming the known datasets
     if not source.is_file():
         raise InputError(f"{source}: file not found; give the JSONL file of records to import")
-    with rundir.writer(cfg, "import", force=force) as rd:
+    with writer(cfg, "import", force=force) as rd:
         profile = profile if profile is not None else profile_from_config(cfg)
         if not rd.prepared(dataset).is_file():
             from draftgen.phases.prepare.run import run_prepare

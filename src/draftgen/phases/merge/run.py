@@ -80,7 +80,8 @@ from draftgen.records import (
     ResponseMergeView,
     check_ids,
 )
-from draftgen.rundir import RunDir, writer
+from draftgen.rundir import RunDir
+from draftgen.rundir.claim import writer
 from draftgen.store import JsonlReader, atomic_write_json, iter_jsonl_offsets, read_json, superseded_lines
 from draftgen.tokens import Profile, profile_from_config
 

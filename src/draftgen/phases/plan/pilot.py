@@ -14,7 +14,8 @@ import msgspec
 from draftgen.config import RunConfig
 from draftgen.phases import Echo
 from draftgen.records import GroundTruthRecord, PromptRecord
-from draftgen.rundir import RunDir, writer
+from draftgen.rundir import RunDir
+from draftgen.rundir.claim import writer
 from draftgen.store import (
     JsonlWriter,
     atomic_write_bytes,

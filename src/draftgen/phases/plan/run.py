@@ -66,7 +66,8 @@ from draftgen.records import (
     ProbeMeasurement,
     ResponseScanView,
 )
-from draftgen.rundir import RunDir, writer
+from draftgen.rundir import RunDir
+from draftgen.rundir.claim import writer
 from draftgen.runview.datasets import DatasetMetrics
 from draftgen.runview.metrics import compute_metrics
 from draftgen.store import (
@@ -471,7 +472,7 @@ def run_plan(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = No
     """Estimate what the run will cost and take (see the module docstring). Holds the run directory's
     writer lock: prepare and the pilot write into it. ``profile``: the already loaded profile of
     ``cfg.model`` (default: loaded here, once, for prepare, the pilot and the emulator). ``force``: hold a
-    run directory made with another target (``rundir.writer``)."""
+    run directory made with another target (``rundir.claim.writer``)."""
     with writer(cfg, "plan", force=force):
         return _plan(cfg, echo, profile if profile is not None else profile_from_config(cfg), force)
 

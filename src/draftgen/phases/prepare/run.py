@@ -52,7 +52,8 @@ from draftgen.datasets import (
 from draftgen.errors import ConfigError, DraftgenError, InputError, TokenizerError
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
 from draftgen.records import DatasetStats, PromptRecord
-from draftgen.rundir import RunDir, writer
+from draftgen.rundir import RunDir
+from draftgen.rundir.claim import writer
 from draftgen.store import JsonlWriter, atomic_write_json, publish, read_json, temp_beside
 from draftgen.tokens import DEFAULT_CONTEXT_LENGTH, Profile, context_length_of, profile_from_config
 
@@ -300,9 +301,9 @@ def _is_current(cfg: RunConfig, ds: DatasetConfig) -> DatasetStats | None:
 
 def run_prepare(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None,
                 force: bool = False) -> PrepareReport:
-    """Prepare every dataset of ``cfg`` under the run directory's writer lock (``rundir.writer``).
+    """Prepare every dataset of ``cfg`` under the run directory's writer lock (``rundir.claim.writer``).
     ``profile``: the already loaded profile of ``cfg.model`` (default: loaded here, only if a dataset needs it).
-    ``force``: hold a run directory made with another target (``rundir.writer``)."""
+    ``force``: hold a run directory made with another target (``rundir.claim.writer``)."""
     with writer(cfg, "prepare", force=force) as rd:
         return _run_prepare(cfg, rd, echo, profile)
 

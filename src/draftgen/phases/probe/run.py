@@ -428,7 +428,7 @@ def run_probe(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = N
     listed in one pass: the profile's fit to the model id, a tokenizer that does not load, a missing key,
     then what the endpoint says (``_Probe.run``). ``profile``: the already loaded profile of ``cfg.model``
     (default: loaded here, once: the embedded emulator and the rebuild share it). ``force``: record the
-    measured rate in a run directory made with another target (``rundir.writer``)."""
+    measured rate in a run directory made with another target (``rundir.claim.writer``)."""
     probe = _Probe(cfg, echo)
     rep = probe.rep
     rep.max_tokens = probe_max_tokens(cfg)
@@ -465,7 +465,7 @@ def _record(cfg: RunConfig, rep: ProbeReport, echo: Echo, force: bool) -> None:
     claimed (another target's, held by a running command) is said, and nothing is written."""
     from draftgen.errors import RunDirError
     from draftgen.records import ProbeMeasurement
-    from draftgen.rundir import writer
+    from draftgen.rundir.claim import writer
     from draftgen.store import atomic_write_json
 
     if rep.latency_s is None or not rep.completion_tokens:

@@ -18,7 +18,8 @@ from draftgen.config import RunConfig
 from draftgen.hidden.stream import hidden_url
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
 from draftgen.phases.report.html import SampleView, example_rows, render_html, sample_view
-from draftgen.rundir import RunDir, writer
+from draftgen.rundir import RunDir
+from draftgen.rundir.claim import writer
 from draftgen.runview.chain import read_chain
 from draftgen.runview.metrics import compute_metrics
 from draftgen.store import atomic_write_bytes
@@ -42,7 +43,7 @@ def run_report(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
     """Compute the run's metrics and write the page (under the run directory's writer lock); echoes and
     returns its path. ``profile``: the already loaded profile of ``cfg.model`` for the token views
     (default: loaded here when the page has token views; a profile that does not load leaves them out).
-    ``force``: hold a run directory made with another target (``rundir.writer``). ``output``: where to
+    ``force``: hold a run directory made with another target (``rundir.claim.writer``). ``output``: where to
     write the page (default ``<run_dir>/report.html``)."""
     with writer(cfg, "report", force=force) as rd:
         return _report(cfg, rd, output, echo, profile)

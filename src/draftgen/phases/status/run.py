@@ -56,7 +56,8 @@ from draftgen.errors import InputError, RunDirError
 from draftgen.fmt import fmt_duration, fmt_held, fmt_int, fmt_pct, fmt_time, fmt_usd, render_text
 from draftgen.phases import PHASES, Echo, Phase, PhaseTable
 from draftgen.records import LockHolder, ProgressRecord, RunManifest
-from draftgen.rundir import RunDir, live_holder
+from draftgen.rundir import RunDir
+from draftgen.rundir.claim import live_holder
 from draftgen.runview.chain import accept_status
 from draftgen.runview.datasets import DatasetMetrics
 from draftgen.runview.metrics import RunMetrics, compute_metrics

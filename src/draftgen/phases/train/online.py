@@ -170,7 +170,7 @@ def _preflight(cfg: RunConfig, rows: Sequence[ExtractRow], urls: list[str], echo
 
 
 def _rows_digest(rows: Sequence[ExtractRow]) -> str:
-    from draftgen.hidden.format import row_digest
+    from draftgen.hidden.codec import row_digest
 
     h = hashlib.sha256()
     for r in rows:

@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from draftgen.config.hidden import HiddenStatesConfig
-    from draftgen.hidden.format import Captured
+    from draftgen.hidden.codec import Captured
     from draftgen.target import ExtractRow
     from draftgen.target.checks import CheckResult
     from draftgen.target.vllm import ServerCapture, VllmExtractBackend
@@ -336,7 +336,7 @@ def check_captured(backend: VllmExtractBackend, hs: HiddenStatesConfig, row: Ext
     server's compute dtype to be at most as fine as its file's (vLLM writes states in the model dtype)."""
     import torch
 
-    from draftgen.hidden.format import LoadedSample
+    from draftgen.hidden.codec import LoadedSample
     from draftgen.target.checks import check_sample
 
     dtype = _DTYPES.get(str(cap.aux.dtype), "bf16")

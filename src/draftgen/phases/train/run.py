@@ -49,7 +49,8 @@ from typing import TYPE_CHECKING
 
 from draftgen.phases import Echo
 from draftgen.records import TrainReport
-from draftgen.rundir import RunDir, writer
+from draftgen.rundir import RunDir
+from draftgen.rundir.claim import writer
 
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
@@ -63,7 +64,7 @@ def run_train(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = N
               restart: bool = False, argv: list[str] | None = None) -> TrainReport:
     """Train the drafter (see the module docstring): online with ``train.online``, else on the stored hidden
     set. ``profile``: not needed (the vocabulary comes from the token counts and the verifier's config).
-    ``force``: hold a run directory made with another target (``rundir.writer``). ``restart``: drop earlier
+    ``force``: hold a run directory made with another target (``rundir.claim.writer``). ``restart``: drop earlier
     checkpoints first. ``argv``: recorded in run.json."""
     with writer(cfg, "train", force=force, argv=argv) as rd:
         return _train(cfg, rd, echo, restart)
