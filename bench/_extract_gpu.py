@@ -100,18 +100,15 @@ class Run:
         """The base forward over ``batches``; and with the 4 slots of each sample copied to host (pageable)."""
         import torch
 
+        from draftgen.target.hf import padded_batch
+
         L = SHAPES[self.size][1]
         layer_ids = [2, L // 2, L - 3]  # draftgen's default aux ids (vLLM convention: the input of layer k)
         for copy in (False, True):
             wall, moved = 0.0, 0
             for batch in batches:
                 lengths = [len(r.input_ids) for r in batch]
-                ids = torch.zeros((len(batch), max(lengths)), dtype=torch.long)
-                mask = torch.zeros_like(ids)
-                for i, r in enumerate(batch):
-                    ids[i, :lengths[i]] = torch.from_numpy(r.input_ids)
-                    mask[i, :lengths[i]] = 1
-                ids, mask = ids.to(self.dev), mask.to(self.dev)
+                ids, mask = (x.to(self.dev) for x in padded_batch(batch))
                 self.sync()
                 t = time.perf_counter()
                 with torch.inference_mode():

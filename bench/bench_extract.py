@@ -91,14 +91,11 @@ def bare(model: Any, batches: list[list[Any]], full: bool) -> tuple[float, float
     """(wall, CPU) seconds of the forwards alone over ``batches``; CPU = this process's, every thread."""
     import torch
 
+    from draftgen.target.hf import padded_batch
+
     wall = cpu = 0.0
     for batch in batches:
-        lengths = [len(r.input_ids) for r in batch]
-        ids = torch.zeros((len(batch), max(lengths)), dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, r in enumerate(batch):
-            ids[i, :lengths[i]] = torch.from_numpy(r.input_ids)
-            mask[i, :lengths[i]] = 1
+        ids, mask = padded_batch(batch)
         t, c = time.perf_counter(), time.process_time()
         with torch.inference_mode():
             (model if full else model.model)(input_ids=ids, attention_mask=mask, use_cache=False)

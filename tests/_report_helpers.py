@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import random
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -217,3 +219,23 @@ def write_attempts_and_health(cfg: RunConfig, written: dict[str, list[ResponseRe
               HealthEvent(at=T0 + 330, provider="DeepInfra", event="restored")]
     write_logs(cfg, attempts=attempts, health=health)
     return attempts
+
+
+@contextlib.contextmanager
+def held_lock(run: Path, command: str, datasets: tuple[str, ...]) -> Iterator[None]:
+    """Hold the run directory's writer lock from another thread, as a running ``draftgen <command>`` does."""
+    taken, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with writer(run_config(run, datasets), command):
+            taken.set()
+            release.wait(30)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert taken.wait(10)
+        yield
+    finally:
+        release.set()
+        t.join(10)

@@ -419,7 +419,9 @@ class BudgetGovernor:
 
     def settle_abandoned(self, a: Abandoned, billed: float) -> None:
         """An abandoned request's bill is known: its worst case is replaced by ``billed`` (in ``prior`` when an
-        earlier run abandoned it, else in ``session``)."""
+        earlier run abandoned it, else in ``session``), and it is no longer open."""
+        if a in self.open_abandoned:
+            self.open_abandoned.remove(a)
         billed = billed if billed > 0 and math.isfinite(billed) else 0.0
         delta = billed - a.held
         if a.prior:

@@ -73,7 +73,7 @@ def open_abandoned(attempts: Path, settlements: Path) -> list[Abandoned]:
 async def settle(backend: Backend, governor: BudgetGovernor, items: list[Abandoned], settlements: Path, *,
                  wait_s: float, log: RunLog | None = None) -> SettleResult:
     """Look each of ``items`` up (``Backend.get_generation``) for up to ``wait_s`` seconds; book and record
-    each bill found (saying so in ``log``). An item whose bill is in is removed from ``governor.open_abandoned``."""
+    each bill found (saying so in ``log``); ``BudgetGovernor.settle_abandoned`` books it."""
     result = SettleResult()
     deadline = time.monotonic() + max(0.0, wait_s)
     gate = asyncio.Semaphore(_PARALLEL)
@@ -102,8 +102,6 @@ async def settle(backend: Backend, governor: BudgetGovernor, items: list[Abandon
             result.left += 1
             continue
         governor.settle_abandoned(a, rec.billed_usd)
-        if a in governor.open_abandoned:
-            governor.open_abandoned.remove(a)
         result.settled += 1
         result.released += a.held - rec.billed_usd
         records.append(rec)

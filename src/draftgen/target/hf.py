@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
     from draftgen.config import RunConfig
 
-__all__ = ["HFExtractBackend"]
+__all__ = ["HFExtractBackend", "padded_batch"]
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -135,12 +135,7 @@ class HFExtractBackend:
         if not rows:
             return []
         lengths = [len(r.input_ids) for r in rows]
-        width = max(lengths)
-        ids = torch.zeros((len(rows), width), dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, :lengths[i]] = torch.from_numpy(r.input_ids)
-            mask[i, :lengths[i]] = 1
+        ids, mask = padded_batch(rows)
         self._grabbed = {}
         self._armed = threading.get_ident()
         try:
@@ -218,6 +213,18 @@ class HFExtractBackend:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+
+
+def padded_batch(rows: Sequence[ExtractRow]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows``' ids right-padded with 0 into one [B, max T] int64 batch, and its attention mask (1 on the ids)."""
+    torch = require("torch")
+    lengths = [len(r.input_ids) for r in rows]
+    ids = torch.zeros((len(rows), max(lengths)), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, :lengths[i]] = torch.from_numpy(r.input_ids)
+        mask[i, :lengths[i]] = 1
+    return ids, mask
 
 
 #: ``hidden_states.backend`` kind, registered in ``target.EXTRACT_BACKENDS`` by this path.

@@ -7,23 +7,19 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import msgspec
 import pytest
 from click.testing import CliRunner
 
-from _report_helpers import T0, make_config, run_config, write_attempts_and_health, write_run_dir
+from _report_helpers import T0, held_lock, make_config, run_config, write_attempts_and_health, write_run_dir
 from draftgen import rundir
 from draftgen.cli import cli
 from draftgen.errors import RunDirError
 from draftgen.phases.status.run import CLEAR, StatusSummary, run_status, watch_status
 from draftgen.records import LockHolder, MergeManifest
-from draftgen.rundir.claim import writer
 from draftgen.store import atomic_write_json
 
 
@@ -182,30 +178,10 @@ def test_a_complete_run_is_done_phase_by_phase(tmp_path: Path) -> None:
     assert all(f"✓ {p}" in out for p in ("prepare", "generate", "audit", "merge", "report"))
 
 
-@contextmanager
-def _held(run: Path, command: str, datasets: tuple[str, ...]) -> Iterator[None]:
-    """Hold the run directory's writer lock from another thread, as a running ``draftgen <command>`` does."""
-    taken, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with writer(run_config(run, datasets), command):
-            taken.set()
-            release.wait(30)
-
-    t = threading.Thread(target=hold)
-    t.start()
-    try:
-        assert taken.wait(10)
-        yield
-    finally:
-        release.set()
-        t.join(10)
-
-
 def test_a_held_lock_shows_generate_running_with_its_progress(tmp_path: Path) -> None:
     run = tmp_path / "run"
     write_run_dir(run, datasets={"chat": 20, "code": 10}, done_fraction=0.5)
-    with _held(run, "generate", ("chat", "code")):
+    with held_lock(run, "generate", ("chat", "code")):
         lines: list[str] = []
         rep = run_status(str(run), echo=lines.append)
         out = " ".join("\n".join(lines).split())
@@ -219,7 +195,7 @@ def test_a_held_lock_shows_generate_running_with_its_progress(tmp_path: Path) ->
     rep = run_status(str(run), echo=lambda s: None)
     assert _states(rep.summary)["generate"] == "incomplete" and rep.summary.lock is None
     # `draftgen run` holds it: the first phase not done is the one running
-    with _held(run, "run", ("chat", "code")):
+    with held_lock(run, "run", ("chat", "code")):
         assert _states(run_status(str(run), echo=lambda s: None).summary)["generate"] == "running"
 
 

@@ -5,17 +5,15 @@ is over, its last figures."""
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 
 import msgspec
 
-from _report_helpers import run_config, write_run_dir
+from _report_helpers import held_lock, write_run_dir
 from draftgen import rundir
 from draftgen.phases.status.run import StatusSummary, run_status
 from draftgen.records import ProgressRecord
-from draftgen.rundir.claim import writer
 from draftgen.store import atomic_write_json
 
 
@@ -26,17 +24,7 @@ def test_status_shows_the_recorded_eta_of_a_run_in_progress(tmp_path: Path) -> N
     atomic_write_json(rundir.RunDir(run).progress, ProgressRecord(
         written_at=now - 4.0, pid=os.getpid(), elapsed_s=125.0, mean_tok_s=1234.0, tok_s=2100.0, done=10,
         planned=20, failed=0, eta_s=100.0, eta_basis="in flight"))
-    taken, release = threading.Event(), threading.Event()
-
-    def hold() -> None:  # the writer lock held as a running `draftgen generate` holds it
-        with writer(run_config(run, ("chat",)), "generate"):
-            taken.set()
-            release.wait(30)
-
-    t = threading.Thread(target=hold)
-    t.start()
-    try:
-        assert taken.wait(10)
+    with held_lock(run, "generate", ("chat",)):  # the writer lock held as a running `draftgen generate` holds it
         lines: list[str] = []
         run_status(str(run), echo=lines.append, now=now)
         out = " ".join(lines[0].split())
@@ -46,9 +34,6 @@ def test_status_shows_the_recorded_eta_of_a_run_in_progress(tmp_path: Path) -> N
         run_status(str(run), echo=js.append, now=now, as_json=True)
         summary = msgspec.json.decode(js[0], type=StatusSummary)
         assert summary.live and summary.progress is not None and summary.progress.eta_basis == "in flight"
-    finally:
-        release.set()
-        t.join(10)
     # the run is over (no writer): no ETA, the last figures named as such
     lines = []
     run_status(str(run), echo=lines.append, now=now)
