@@ -134,15 +134,17 @@ class ConnectorFolder:
 
     def remove(self, real: str) -> None:
         """Unlink ``real`` and ``real.lock`` (entries of the folder only: an entry that is a link loses the
-        link, never its target) and its claim."""
+        link, never its target) and its claim; a file not there yet keeps its claim (a server may still write
+        it, after its request was given up on: the next ``sweep`` removes it, or drops a claim of nothing)."""
         name = os.path.basename(real)
         if os.path.dirname(real) != self.root or not CONNECTOR_NAME.fullmatch(name):
             return  # never reached for an admitted path; removing nothing is the safe answer
+        written = os.path.lexists(real) or os.path.lexists(real + ".lock")
         for entry in (name + ".lock", name):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.root, entry))
         self._watch.discard(real)
-        if self.claims is not None:
+        if self.claims is not None and written:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.claims, name))
 
