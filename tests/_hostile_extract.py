@@ -14,7 +14,9 @@ exclusively, as the connector's writer holds it) and alters the file or the resp
 - ``"ids"``: the response's ``prompt_token_ids`` changed at the last position (the file stays the emulator's);
 - ``"shift"``: the states of position t+1 stored at t (a shift by one position, finite and well shaped);
 - ``"hold"``: the lock kept past ``hold_s`` seconds after the answer (a writer that never finishes in time);
-  when the hold ends the file is written again (a late write), then the lock released.
+  when the hold ends the file is written again (a late write), then the lock released;
+- ``"late"``: the honest answer, sent ``hold_s`` seconds after the emulator's write ended (a slow answer the
+  client may stop waiting for while its file is already written).
 
 ``rewrite()`` later overwrites every file it named that still exists with NaN states (a server changing a file
 after the client checked it). ``bodies`` keeps every completion request as the server received it; ``named``
@@ -23,6 +25,7 @@ every path it answered with. Writes only in the connector folder the emulator wr
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import threading
@@ -38,7 +41,7 @@ from safetensors.torch import load_file, save_file
 from _common_helpers import AppServer
 
 Attack = Callable[[int, dict[str, Any], str], str | None]
-ATTACKS = ("truncate", "nokeys", "layers", "ids", "shift", "hold")
+ATTACKS = ("truncate", "nokeys", "layers", "ids", "shift", "hold", "late")
 
 
 class ExtractMITM(AppServer):
@@ -86,6 +89,9 @@ class ExtractMITM(AppServer):
         if kind is None or not path:
             return web.json_response(out)
         self.attacked.append((n, kind))
+        if kind == "late":
+            await asyncio.sleep(self.hold_s)
+            return web.json_response(out)
         if kind == "ids":
             ids = out["choices"][0]["prompt_token_ids"]
             ids[-1] = (ids[-1] + 1) % 1000

@@ -467,8 +467,11 @@ class VllmExtractBackend:
         return sample_id in self._engine_lp
 
     async def aclose(self) -> None:
-        """Close the HTTP sessions from the loop that made them (a caller that ran ``capture_one`` on its
-        own loop: ``close`` reaches only the backend's own)."""
+        """Wait for the requests still running after their captures were cancelled (a caller's loop stopping
+        mid-request: the files they name are written all the same, and removed as they land), then close the
+        HTTP sessions from the loop that made them (a caller that ran ``capture_one`` on its own loop:
+        ``close`` reaches only the backend's own)."""
+        await self._settle()
         sessions, self._sessions = self._sessions, []
         for session in sessions:
             await session.close()

@@ -307,6 +307,24 @@ def test_a_killed_proxy_leaves_nothing_the_next_start_does_not_sweep(served: dic
     assert _connector_files(served) == []
 
 
+def test_a_proxy_stopped_mid_request_removes_the_file_its_answer_names_when_it_lands(
+        served: dict[str, Any], tmp_path: Path) -> None:
+    """The trainer stops (the gate broke, or it finished) while a capture is in flight and the server's file is
+    already written: stopping the proxy waits for that answer, then removes the file it names and its claim
+    (closing the sessions first left the file, named to nobody, in the connector folder)."""
+    rows: list[ExtractRow] = served["rows"]
+    with ExtractMITM(served["url"], lambda _n, _b, _s: "late", hold_s=2.0) as mitm:
+        proxy = _hostile(served, mitm.url, tmp_path)
+        with proxy:
+            threading.Thread(target=_quietly, args=(proxy.url, rows[0]), daemon=True).start()
+            deadline = time.monotonic() + 30
+            while not mitm.attacked and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert mitm.attacked and _connector_files(served) != []  # written; its answer not sent yet
+        assert len(mitm.named) == 1
+    assert _connector_files(served) == [] and not list((tmp_path / "claims").iterdir())
+
+
 def test_every_request_asks_the_same_question_and_the_checked_samples_are_a_secret(
         served: dict[str, Any], tmp_path: Path) -> None:
     """Item 2: at the default teacher_fraction (0.05) every request carries prompt_logprobs, and two proxies
