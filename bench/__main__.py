@@ -1,7 +1,7 @@
 """``python -m bench``: run every benchmark and write bench/RESULTS.md, the whole file.
 
 Runs each ``bench/bench_*.py`` in its own subprocess (own process group, own timeout), so one failure or
-hang does not stop the rest, and the whole run stays inside a global time budget (default 40 minutes; quick
+hang does not stop the rest, and the whole run stays inside a global time budget (default 80 minutes; quick
 30). A script's figures are read from its ``RESULT-JSON: {...}`` lines (see ``bench/_common.py``); its whole
 output is kept verbatim as well. RESULTS.md (``bench/_results.py`` renders it) holds the machine, package
 versions, git SHA, date and size (full or quick), a table of the targets from the issues (met / not met / not
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="smoke size (minutes, not the headline figures)")
     ap.add_argument("--only", action="append", default=[], metavar="NAME", help="run only this benchmark")
-    ap.add_argument("--budget", type=float, default=None, help="global time budget in seconds (default 2400; quick 1800)")
+    ap.add_argument("--budget", type=float, default=None, help="global time budget in seconds (default 4800; quick 1800)")
     ap.add_argument("--timeout", type=float, default=None, help="per-script timeout in seconds")
     ap.add_argument("--output", type=Path, default=None,
                     help="default bench/RESULTS.md (quick: bench/RESULTS-quick.md, so the full one is kept)")
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep the sections of the benchmarks not run now from the output file")
     args = ap.parse_args(argv)
     raw_argv = list(argv if argv is not None else sys.argv[1:])
-    budget = args.budget if args.budget is not None else (1800.0 if args.quick else 2400.0)
+    budget = args.budget if args.budget is not None else (1800.0 if args.quick else 4800.0)
     output: Path = args.output or BENCH_DIR / ("RESULTS-quick.md" if args.quick else "RESULTS.md")
     paths = discover(args.only)
     runs = [BenchRun(p.stem, p) for p in paths]
