@@ -96,6 +96,13 @@ def flat_figures(f: dict[str, Any]) -> dict[str, Any]:
         same = f.get("al_trained_vllm_same_prompts", f["al_trained"])
         out["al_trained_vllm_same_prompts"] = same
         out["al_trained_sglang_vs_vllm"] = round(abs(f["al_trained_sglang"] - same), 4)
+    for key in ("per_request_prompts", "per_request_prompts_equal", "accept_per_request_s", "accept_one_at_a_time_s"):
+        if key in f:
+            out[key] = f[key]
+    for k, d in f.get("k_sweep", {}).items():
+        out[f"al_trained_{k}_served"] = d["served"]
+        out[f"al_trained_{k}_from_per_position"] = d[next(n for n in d if n.startswith("from_k"))]
+        out[f"al_trained_{k}_within_ci"] = int(d["within"])
     h, t = f["held_out"], f["target"]
     out.update(held_out_prompts=h["prompts"], held_out_looping=h["looping"], held_out_target_right=h["target_right"],
                target_sha256=t["sha256"][:16], target_matches_recorded=t["matches_recorded"],

@@ -1,8 +1,9 @@
 """A tiny blocking HTTP client and SSE parser for the emulator tests (standard library only, plus the
-suite's one fake key)."""
+suite's one fake key), and ``post_all``: JSON bodies POSTed at once (aiohttp), each answer's bytes."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import urllib.parse
@@ -98,3 +99,17 @@ def parse_sse(body: bytes) -> Stream:
             else:
                 raise AssertionError(f"not an SSE line: {line!r}")
     return s
+
+
+def post_all(url: str, bodies: list[dict[str, Any]]) -> list[bytes]:
+    """POST every body to ``url`` concurrently; each answer's bytes, in order (each must be a 200)."""
+    import aiohttp
+
+    async def main() -> list[bytes]:
+        async with aiohttp.ClientSession() as s:
+            async def one(b: dict[str, Any]) -> bytes:
+                async with s.post(url, json=b) as r:
+                    assert r.status == 200, await r.text()
+                    return await r.read()
+            return list(await asyncio.gather(*(one(b) for b in bodies)))
+    return asyncio.run(main())

@@ -11,6 +11,9 @@ size (151,669: every id the emulator can produce).
 its path. ``hidden`` becomes the ``hidden_states`` section. ``with_hidden(cfg_path, **hidden)`` writes a
 copy of the config with other ``hidden_states`` keys (same run dir).
 
+``build_random_drafter(dir, target, aux=(2, 4, 5))``: a seeded random EAGLE-3 drafter checkpoint (the flat
+EAGLE/SGLang layout ``draftgen emulate --drafter`` loads) sized for the ``build_tiny_model`` target ``target``.
+
 ``merged_rows(run_dir)``: the merged train rows (sample_id, input_ids, loss_mask) in merged order.
 Writes only under the folders it is given.
 
@@ -87,6 +90,37 @@ def build_tiny_model(folder: Path, layers: int = 8, hidden: int = 64, vocab: int
     model.save_pretrained(folder, safe_serialization=True)
     for name, data in bundled_tokenizer_files().items():
         (folder / name).write_bytes(data)
+    return folder
+
+
+def build_random_drafter(folder: Path, target: Path, aux: tuple[int, ...] = (2, 4, 5), *, seed: int = 100,
+                         draft_vocab: int = 4096, k: int | None = None) -> Path:
+    """Write a seeded random one-layer EAGLE-3 drafter for ``target`` into ``folder`` (created); returns it.
+    ``k``: the speculative tokens its config names (speculators' ``speculators_config``; None: none)."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from draftgen.drafter.eagle3 import DrafterConfig, Eagle3Drafter
+
+    t = json.loads((target / "config.json").read_text())
+    h, vocab = int(t["hidden_size"]), int(t["vocab_size"])
+    torch.manual_seed(seed)
+    c = DrafterConfig(arch="llama", hidden_size=h, num_heads=4, num_kv_heads=4, head_dim=h // 4, rope_dim=h // 4,
+                      intermediate_size=2 * h, num_layers=1, vocab_size=vocab, draft_vocab_size=draft_vocab)
+    d = Eagle3Drafter(c, fc_in=len(aux) * h)
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.contiguous() for k, v in d.state_dict().items() if k != "embed_tokens.weight"}
+    sd = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in sd.items()}
+    save_file(sd, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": h, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "head_dim": h // 4, "intermediate_size": 2 * h, "num_hidden_layers": 1,
+        "vocab_size": vocab, "draft_vocab_size": draft_vocab, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "max_position_embeddings": 4096, "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux)},
+        **({"speculators_config": {"proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": k}]}}
+           if k is not None else {})}))
     return folder
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import html as htmllib
 import random
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -239,3 +241,12 @@ def held_lock(run: Path, command: str, datasets: tuple[str, ...]) -> Iterator[No
     finally:
         release.set()
         t.join(10)
+
+
+def html_table(page: str, table_id: str) -> list[list[str]]:
+    """The cells of ``<table id="table_id">`` in ``page``, row by row, as text (tags dropped, entities
+    unescaped)."""
+    m = re.search(rf'<table id="{table_id}">(.*?)</table>', page, re.S)
+    assert m is not None, table_id
+    return [[htmllib.unescape(re.sub(r"<[^>]+>", "", c)).strip() for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row, re.S)]
+            for row in re.findall(r"<tr[^>]*>(.*?)</tr>", m.group(1), re.S)]

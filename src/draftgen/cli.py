@@ -547,13 +547,21 @@ def report(config: str, run_dir: str | None, output: str | None, force: bool) ->
 @click.option("--num-speculative-tokens", type=int, default=3, show_default=True, help="With --drafter: tokens per draft.")
 @click.option("--zero-aux", is_flag=True,
               help="With --drafter: feed it zeroed aux states (the zero-aux ablation; accept --zero-aux-url).")
+@click.option("--per-request-spec-decode-metrics", type=click.Choice(["summary", "detailed"]),
+              help="With --drafter: each response's metrics.speculative_decoding, as vLLM's flag of that name.")
 @click.option("--device", default="cpu", show_default=True, help="With --model: torch device.")
 @click.option("--dtype", default="auto", show_default=True, help="With --model: auto | float32 | bfloat16 | float16.")
+@click.option("--provider", "provider_name",
+              help="With --model: the provider named in each chat completion (top-level provider, as OpenRouter).")
+@click.option("--perturb", type=float, default=0.0, show_default=True,
+              help="With --model: seeded Gaussian noise of this relative scale on every weight (a 'quantized' copy).")
+@click.option("--perturb-seed", type=int, default=0, show_default=True, help="With --perturb: the noise's seed.")
 @friendly
 def emulate(api_key_file: str | None, management_key_file: str | None, model_dir: str | None,
             served_model_name: str | None, extract_dir: str | None, extract_layers: str | None,
-            extract_fault: str | None, drafter: str | None, num_speculative_tokens: int, zero_aux: bool, device: str,
-            dtype: str, **kw: Any) -> None:
+            extract_fault: str | None, drafter: str | None, num_speculative_tokens: int, zero_aux: bool,
+            per_request_spec_decode_metrics: str | None, device: str, dtype: str, provider_name: str | None,
+            perturb: float, perturb_seed: int, **kw: Any) -> None:
     """Serve a local OpenRouter emulator (also SGLang /generate and vLLM token-id modes), or with --model a
     vLLM-compatible server backed by a real transformers model (extract mode, drafter counters)."""
     from draftgen.emulator.core import emulator_key
@@ -566,7 +574,9 @@ def emulate(api_key_file: str | None, management_key_file: str | None, model_dir
         serve_model(model_server_options(
             model_dir, host=kw["host"], port=kw["port"], served_model_name=served_model_name, extract_dir=extract_dir,
             extract_layers=extract_layers, extract_fault=extract_fault, drafter=drafter,
-            num_speculative_tokens=num_speculative_tokens, zero_aux=zero_aux, device=device, dtype=dtype),
+            num_speculative_tokens=num_speculative_tokens, zero_aux=zero_aux,
+            per_request_spec_decode_metrics=per_request_spec_decode_metrics, device=device, dtype=dtype,
+            provider=provider_name, perturb=perturb, perturb_seed=perturb_seed),
             echo=click.echo)
         return
     api_key = emulator_key(api_key_file, EMULATOR_API_KEY_ENV, flag="--api-key-file")

@@ -179,3 +179,20 @@ def test_usage_without_cost_is_flagged_for_pricing() -> None:
             acc.feed(payload)
         comp = acc.result()
         assert comp.cost_missing is missing and comp.usage is not None and not comp.usage.cost_computed
+
+
+def test_a_streams_per_request_spec_decode_metrics_come_with_its_usage() -> None:
+    """vLLM sends ``metrics.speculative_decoding`` in the final ``choices: []`` usage chunk."""
+    spec = {"acceptance_histogram": [1, 0, 2], "num_spec_steps": 3, "num_accepted_draft_tokens": 4,
+            "num_draft_tokens": 6, "num_spec_tokens": 2, "mean_acceptance_length": 2.333}
+    raw = (_chunk(choices=[_delta(role="assistant", content="hi")])
+           + _chunk(choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}])
+           + _chunk(choices=[], usage={"prompt_tokens": 3, "completion_tokens": 7},
+                    metrics={"speculative_decoding": spec})
+           + b"data: [DONE]\n\n")
+    acc = ChatStream("vllm")
+    for p in _feed_all(raw, 7):
+        acc.feed(p)
+    comp = acc.result()
+    assert comp.spec_decode is not None and comp.spec_decode.acceptance_histogram == [1, 0, 2]
+    assert comp.spec_decode.num_accepted_draft_tokens == 4 and comp.usage is not None

@@ -149,3 +149,24 @@ def test_a_day_long_retry_after_reaches_the_policy_which_caps_it() -> None:
     assert isinstance(exc, RateLimited) and exc.retry_after == 3600.0
     pol = RetryPolicy(RetryConfig(max_delay_s=60.0))
     assert 54.0 <= pol.delay(1, exc.retry_after) <= 60.0
+
+
+SPEC = {"mean_acceptance_length": 1.25, "draft_acceptance_rate": 0.0833, "acceptance_histogram": [3, 1, 0, 0],
+        "num_spec_steps": 4, "num_accepted_draft_tokens": 1, "num_draft_tokens": 12, "num_spec_tokens": 3}
+
+
+def test_per_request_spec_decode_metrics_are_read_or_flagged() -> None:
+    """vLLM's ``metrics.speculative_decoding`` (PR #48915) lands typed on the completion; one of another shape
+    is None with the flag ``spec_decode_unreadable``; none sent is None, unflagged."""
+    base = {"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 5}}
+    comp = completion_from_body(decode_chat(json.dumps({**base, "metrics": {"speculative_decoding": SPEC}}).encode()),
+                                backend="vllm")
+    assert comp.spec_decode is not None and comp.spec_decode.acceptance_histogram == [3, 1, 0, 0]
+    assert comp.spec_decode.num_spec_steps == 4 and "spec_decode_unreadable" not in comp.flags
+    odd = {**SPEC, "num_spec_steps": "four"}
+    bad = completion_from_body(decode_chat(json.dumps({**base, "metrics": {"speculative_decoding": odd}}).encode()),
+                               backend="vllm")
+    assert bad.spec_decode is None and "spec_decode_unreadable" in bad.flags
+    plain = completion_from_body(decode_chat(json.dumps({**base, "metrics": {"timing": 1}}).encode()), backend="vllm")
+    assert plain.spec_decode is None and "spec_decode_unreadable" not in plain.flags

@@ -84,6 +84,12 @@ def test_the_trained_drafter_beats_copying_lookup_its_own_zero_aux_ablation_and_
         chain: tuple[ModuleType, dict[str, Any]]) -> None:
     mod, f = chain
     assert mod.bound_failures(f) == [], mod.summary(f)
+    # issue 35: each prompt's counters from vLLM's per-request fields, many in flight, equal the one-at-a-time
+    # /metrics pass's on every held-out prompt
+    assert f["per_request_source"] == "vllm-per-request" and f["per_request_prompts_equal"] == 64, f
+    # the AL at every k < 3 from the k=3 pass's per-position counts falls within a pass served at that k
+    assert sorted(f["k_sweep"]) == ["k1", "k2"] and all(d["within"] for d in f["k_sweep"].values()), f["k_sweep"]
+    assert all(d["pass_name"].endswith(f"-{k}") for k, d in f["k_sweep"].items())
     for name in ("trained", "copy_last", "lookup", "zero_aux", "untrained"):
         lo, hi = f[f"ci_{name}"]
         assert lo <= f[f"al_{name}"] <= hi, (name, f)
@@ -137,7 +143,7 @@ def test_the_chain_trained_on_every_merged_sample(chain: tuple[ModuleType, dict[
     assert held["prompts"] == 64 and held["k"] == 3
     # the latest is the run's own drafter's 64-prompt vLLM pass; every pass kept its own file
     assert held["pass_name"].startswith("vllm-64p-") and held["drafter"].endswith("run/train/drafter"), held
-    assert len(RunDir(run).accept_reports()) == 3
+    assert len(RunDir(run).accept_reports()) == 5  # + the passes served at k=1 and k=2
     # the last line says in words whether the trained drafter won; the page shows acceptance
     assert mod.summary(f)[-1] == f["verdict"]
     assert f["verdict"].startswith("The trained drafter beats the no-model drafters by +"), f["verdict"]

@@ -23,7 +23,8 @@ transformers = pytest.importorskip("transformers")
 
 import aiohttp  # noqa: E402
 
-from _extract_helpers import build_tiny_model  # noqa: E402
+from _emulator_helpers import post_all  # noqa: E402
+from _extract_helpers import build_random_drafter, build_tiny_model  # noqa: E402
 from _generate_helpers import claim, make_config, responses, write_prompts  # noqa: E402
 from draftgen.emulator.real.server import (  # noqa: E402
     ModelServerOptions,
@@ -66,17 +67,6 @@ def hf_greedy(hf: Any, ids: list[int], n: int) -> list[int]:
         out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                           max_new_tokens=n, do_sample=False, pad_token_id=0)
     return [int(t) for t in out[0, len(ids):]]
-
-
-def post_all(url: str, bodies: list[dict[str, Any]]) -> list[Any]:
-    async def main() -> list[Any]:
-        async with aiohttp.ClientSession() as s:
-            async def one(b: dict[str, Any]) -> Any:
-                async with s.post(url, json=b) as r:
-                    assert r.status == 200, await r.text()
-                    return await r.read()
-            return list(await asyncio.gather(*(one(b) for b in bodies)))
-    return asyncio.run(main())
 
 
 PROMPTS = [[785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562], [3838, 374, 279, 6722], [9707] * 3,
@@ -216,25 +206,7 @@ def test_seeded_sampling_is_reproducible(srv: RunningModelServer) -> None:
 
 def test_drafter_counters_and_exact_output(model_dir: Path, hf: Any, tmp_path: Path) -> None:
     pytest.importorskip("draftgen.drafter.speculate")
-    from safetensors.torch import save_file
-
-    from draftgen.drafter.eagle3 import DrafterConfig, Eagle3Drafter
-
-    torch.manual_seed(100)
-    H = 64
-    c = DrafterConfig(arch="llama", hidden_size=H, num_heads=4, num_kv_heads=4, head_dim=16, rope_dim=16,
-                      intermediate_size=128, num_layers=1, vocab_size=hf.config.vocab_size, draft_vocab_size=4096)
-    d = Eagle3Drafter(c, fc_in=3 * H)
-    ckpt = tmp_path / "drafter"
-    ckpt.mkdir()
-    sd = {k: v.contiguous() for k, v in d.state_dict().items() if k != "embed_tokens.weight"}
-    sd = {("midlayer." + k[len("layers.0."):] if k.startswith("layers.0.") else k): v for k, v in sd.items()}
-    save_file(sd, str(ckpt / "model.safetensors"))
-    (ckpt / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": H, "num_attention_heads": 4,
-        "num_key_value_heads": 4, "head_dim": 16, "intermediate_size": 128, "num_hidden_layers": 1,
-        "vocab_size": hf.config.vocab_size, "draft_vocab_size": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-        "max_position_embeddings": 4096, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 5]}}))
+    ckpt = build_random_drafter(tmp_path / "drafter", model_dir)
     with start_in_thread(ModelServerOptions(model=str(model_dir), port=0, threads=1, served_model_name=NAME,
                                             drafter=str(ckpt), num_speculative_tokens=3)) as s:
         outs = [json.loads(x) for x in post_all(s.root_url + "/generate", [

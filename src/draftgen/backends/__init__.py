@@ -38,6 +38,7 @@ from draftgen.backends.base import (
     GenerationCost,
     KeyInfo,
     LogprobToken,
+    SpecDecodeMetrics,
     WireMeter,
 )
 from draftgen.backends.http import Bounds, HttpBackend, check_base_url, make_session
@@ -72,6 +73,7 @@ __all__ = [
     "GenerationCost",
     "KeyInfo",
     "LogprobToken",
+    "SpecDecodeMetrics",
     "WireMeter",
     "api_key_for",
     "capabilities",

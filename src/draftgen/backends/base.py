@@ -36,6 +36,7 @@ __all__ = [
     "GenerationCost",
     "KeyInfo",
     "LogprobToken",
+    "SpecDecodeMetrics",
     "WireMeter",
     "reasoning_body",
     "sampling_body",
@@ -180,6 +181,24 @@ class LogprobToken(msgspec.Struct, array_like=True):
     bytes: list[int] | None = None
 
 
+class SpecDecodeMetrics(msgspec.Struct, kw_only=True):
+    """One request's speculative decoding as vLLM reports it with ``--per-request-spec-decode-metrics summary``
+    (or ``detailed``; vLLM PR #48915): the response's top-level ``metrics.speculative_decoding`` (a stream's
+    last chunk with usage). ``acceptance_histogram[j]``: the verify steps that accepted exactly ``j`` of the
+    ``num_spec_tokens`` drafted tokens; ``num_spec_steps`` the verify steps (vLLM's ``num_drafts``);
+    ``per_step_accepted`` (``detailed`` only) each step's accepted count. Decoded as sent: whether the counts
+    agree with each other is checked by the reader that relies on them (``accept``)."""
+
+    num_spec_steps: int
+    num_accepted_draft_tokens: int
+    num_draft_tokens: int
+    num_spec_tokens: int
+    acceptance_histogram: list[int] = msgspec.field(default_factory=list)
+    mean_acceptance_length: float | None = None
+    draft_acceptance_rate: float | None = None
+    per_step_accepted: list[int] | None = None
+
+
 class Completion(ResponseFields, kw_only=True):
     """What one successful request returned, with the text exactly as the server sent it.
 
@@ -194,7 +213,9 @@ class Completion(ResponseFields, kw_only=True):
     the record's ``recon_flags``. ``providers`` / ``models``: every distinct ``provider`` and ``model``
     the body or the stream's chunks named, in order (``provider`` / ``model`` hold the last one).
     ``text_bytes``: UTF-8 bytes of text received (reasoning, content, tool arguments), for booking a
-    response whose usage is missing.
+    response whose usage is missing. ``spec_decode``: the server's per-request speculative-decoding counts
+    (vLLM with ``--per-request-spec-decode-metrics``), None when it sent none; one it sent in another shape is
+    None with the flag ``spec_decode_unreadable``.
     """
 
     backend: str
@@ -204,6 +225,7 @@ class Completion(ResponseFields, kw_only=True):
     providers: list[str] = msgspec.field(default_factory=list)
     models: list[str] = msgspec.field(default_factory=list)
     text_bytes: int = 0
+    spec_decode: SpecDecodeMetrics | None = None
 
 
 class Billing(msgspec.Struct, kw_only=True):

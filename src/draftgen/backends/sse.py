@@ -26,6 +26,8 @@ Accumulation (``ChatStream``) of OpenAI-style ``chat.completion.chunk`` payloads
 
 from __future__ import annotations
 
+from typing import Any
+
 from draftgen.backends.base import Billing, Completion, LogprobToken
 from draftgen.backends.errors import attribute, billing_of, error_from_wire
 from draftgen.backends.wire import (
@@ -35,6 +37,7 @@ from draftgen.backends.wire import (
     choice_zero,
     decode_chat,
     details_text,
+    spec_decode_from_wire,
     usage_from_wire,
 )
 from draftgen.errors import RetryableAPIError
@@ -130,7 +133,7 @@ class ChatStream:
 
     __slots__ = (
         "_bad", "_content", "_logprobs", "_reasoning", "_tools", "backend", "chars", "done", "extra_choices",
-        "finish_reason", "generation_id", "model", "models", "native_finish_reason", "output_ids",
+        "finish_reason", "generation_id", "metrics", "model", "models", "native_finish_reason", "output_ids",
         "prompt_ids", "provider", "providers", "service_tier", "text_bytes", "usage", "where",
     )
 
@@ -156,6 +159,7 @@ class ChatStream:
         self.prompt_ids: list[int] | None = None
         self.text_bytes = 0
         self.service_tier: str | None = None
+        self.metrics: Any = None  # the last chunk's ``metrics`` (vLLM: with the usage, at the end)
         self.chars = 0  # characters of content and reasoning text so far (a progress figure, ``WireMeter``)
 
     def feed(self, payload: bytes) -> None:
@@ -188,6 +192,8 @@ class ChatStream:
             self.prompt_ids = chunk.prompt_token_ids
         if chunk.service_tier is not None:
             self.service_tier = chunk.service_tier
+        if chunk.metrics is not None:
+            self.metrics = chunk.metrics
         if not chunk.choices:
             return
         ch, others = choice_zero(chunk.choices)
@@ -277,6 +283,7 @@ class ChatStream:
                 for _, a in sorted(self._tools.items())
             ]
         usage, cost_known, usage_flags = usage_from_wire(self.usage)
+        spec, spec_flags = spec_decode_from_wire(self.metrics)
         return Completion(
             backend=self.backend,
             reasoning=reasoning,
@@ -293,9 +300,10 @@ class ChatStream:
             prompt_ids=self.prompt_ids,
             logprobs=self._logprobs,
             cost_missing=usage is not None and not cost_known,
-            flags=usage_flags + flags + (["extra_choices"] if self.extra_choices else []),
+            flags=usage_flags + flags + spec_flags + (["extra_choices"] if self.extra_choices else []),
             providers=list(self.providers),
             models=list(self.models),
             text_bytes=self.text_bytes,
             service_tier=self.service_tier,
+            spec_decode=spec,
         )

@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from draftgen.backends.base import Billing, Completion, LogprobToken
+from draftgen.backends.base import Billing, Completion, LogprobToken, SpecDecodeMetrics
 from draftgen.backends.errors import WireError, attribute, bill, error_from_wire, one_line
 from draftgen.errors import RetryableAPIError
 from draftgen.records import FunctionCall, ToolCall, Usage
@@ -53,6 +53,7 @@ __all__ = [
     "decode_chat",
     "details_text",
     "loose_billing",
+    "spec_decode_from_wire",
     "usage_from_wire",
 ]
 
@@ -131,6 +132,7 @@ class WireBody(msgspec.Struct):
     code: Any = None
     prompt_token_ids: list[int] | None = None  # vLLM return_token_ids
     service_tier: str | None = None  # the tier that served it (OpenRouter echoes it at the top level)
+    metrics: Any = None  # vLLM's per-request metrics: ``speculative_decoding`` is read (``spec_decode_from_wire``)
 
 
 _chat_decoder = msgspec.json.Decoder(WireBody)
@@ -371,6 +373,19 @@ def _text_bytes(*texts: str | None) -> int:
     return sum(len(t.encode("utf-8", errors="replace")) for t in texts if t)
 
 
+def spec_decode_from_wire(metrics: Any) -> tuple[SpecDecodeMetrics | None, list[str]]:
+    """A body's (or chunk's) ``metrics.speculative_decoding`` as ``SpecDecodeMetrics``, and the flags to carry:
+    none sent is (None, []); one of another shape (a field missing, a count not an integer) is
+    (None, ["spec_decode_unreadable"])."""
+    spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+    if spec is None:
+        return None, []
+    try:
+        return msgspec.convert(spec, SpecDecodeMetrics), []
+    except msgspec.ValidationError:
+        return None, ["spec_decode_unreadable"]
+
+
 def completion_from_body(body: WireBody, *, backend: str, status: int = 200, where: str = "") -> Completion:
     """A non-streaming chat body → Completion (choice 0 only); an error inside the 200 body raises its
     APIError."""
@@ -393,6 +408,7 @@ def completion_from_body(body: WireBody, *, backend: str, status: int = 200, whe
         logprobs = [LogprobToken(lp.token, lp.bytes) for lp in ch.logprobs.content]
     nfr = ch.native_finish_reason
     tools = _tool_calls(msg.tool_calls)
+    spec, spec_flags = spec_decode_from_wire(body.metrics)
     return Completion(
         backend=backend,
         reasoning=reasoning,
@@ -409,12 +425,13 @@ def completion_from_body(body: WireBody, *, backend: str, status: int = 200, whe
         prompt_ids=body.prompt_token_ids,
         logprobs=logprobs,
         cost_missing=usage is not None and not cost_known,
-        flags=usage_flags + flags + (["extra_choices"] if others else []),
+        flags=usage_flags + flags + spec_flags + (["extra_choices"] if others else []),
         providers=[body.provider] if body.provider else [],
         models=[body.model] if body.model else [],
         text_bytes=_text_bytes(reasoning, msg.content, *((t.function.arguments if t.function else None)
                                                            for t in tools or ())),
         service_tier=body.service_tier,
+        spec_decode=spec,
     )
 
 

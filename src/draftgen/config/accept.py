@@ -41,6 +41,11 @@ class AcceptConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     no-model drafters and the zero-aux server, and per-dataset figures. Off: ``concurrency`` requests in flight
     and one acceptance length over them all (the no-model drafters keep their intervals). SGLang's
     ``meta_info`` is per request either way."""
+    per_request: Literal["auto", "metrics"] = "auto"
+    """vLLM: where each prompt's acceptance comes from. ``auto``: the first prompt is sent alone; when its
+    response carries ``metrics.speculative_decoding`` (vLLM started with ``--per-request-spec-decode-metrics
+    summary``) every prompt's counts are its own response's and the rest go ``concurrency`` at a time;
+    otherwise as ``metrics``. ``metrics``: ``GET /metrics`` around each request (``one_at_a_time``)."""
     server: Literal["auto", "vllm", "sglang"] = "auto"
     """How acceptance is read: ``vllm`` (``GET /metrics`` counters before and after), ``sglang`` (per-request
     ``meta_info`` of the native ``/generate``); ``auto`` follows ``endpoint.kind``."""
@@ -53,3 +58,25 @@ class AcceptConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     offline_cond_acc: list[float] | None = None
     """Per-step conditional accuracies for the offline estimate of a drafter that has no training log here (one
     not under the run's ``train/``, or a run without ``train/log.jsonl``)."""
+    concurrencies: list[int] = msgspec.field(default_factory=lambda: [1, 8, 32, 128])
+    """Concurrencies (sequences in flight on the server) at which accept gives the drafter's expected speedup
+    at every k up to its own, and the k of the largest; k is recommended at ``concurrency`` when it is listed
+    here, else at the smallest listed (docs/train.md, "Which k to serve")."""
+    draft_step_cost: float = 0.05
+    """The cost model's cost of one draft step, in target decode steps (a memory-bound step of the target =
+    1). With ``baseline_url`` it is fitted instead, so that the model gives the measured speedup at the served
+    k, and this value is not used."""
+    saturation_tokens: int = 256
+    """The cost model's tokens in one target step at which the accelerator stops being memory-bound: a step
+    of n tokens costs max(1, n / saturation_tokens) decode steps (verifying k tokens for c sequences is
+    c·(k+1) tokens)."""
+
+    def __post_init__(self) -> None:
+        # Invariant: the cost model's parameters give finite, positive step costs. A ValueError here becomes the
+        # loader's ConfigError naming the file and the 'accept' section.
+        if not self.concurrencies or any(c < 1 for c in self.concurrencies):
+            raise ValueError(f"accept.concurrencies {self.concurrencies} must list one or more concurrencies >= 1")
+        if not 0.0 <= self.draft_step_cost < float("inf"):
+            raise ValueError(f"accept.draft_step_cost {self.draft_step_cost} must be >= 0 (a share of a target step)")
+        if self.saturation_tokens < 1:
+            raise ValueError(f"accept.saturation_tokens {self.saturation_tokens} must be >= 1")

@@ -65,6 +65,12 @@ class HiddenStatesConfig(Section):
     """Smallest plausible L2 norm of a stored per-token state."""
     max_token_norm: float = 1e6
     """Largest plausible L2 norm of a stored per-token state."""
+    fidelity_samples: int = 64
+    """Provider fidelity: samples of each provider (the merged rows' ``provider``) whose stored final state goes through the target's final norm and head to score the provider's completion (mean log p of its ids, share of positions where its id is the target's top-1; ``teacher_positions`` evenly spaced positions each): the first this many by a hash of sample_id, plus every teacher-checked sample; 0: not measured."""
+    fidelity_margin: float = 0.02
+    """Provider fidelity: a provider is flagged when the 95% bootstrap interval (over samples) of the best provider's top-1 agreement minus its own lies wholly above this margin (a share of positions: 0.02 is 2 points), both providers with at least 5 measured samples (docs/extract.md, Provider fidelity)."""
+    fidelity_action: Literal["warn", "exclude"] = "warn"
+    """Provider fidelity: ``warn`` reports a flagged provider (extract's output, status, the report); ``exclude`` also leaves its rows out of the set's training samples (train and export-hidden skip them; train.json counts them)."""
     max_flagged_fraction: float = 0.001
     """``draftgen extract`` exits 3 when more than this share of samples fails a check (flagged samples are still stored and listed in the manifest)."""
     base_urls: list[str] = msgspec.field(default_factory=list)

@@ -51,6 +51,7 @@ class SpecResult:
     accepted: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
     verify_calls: int = 0
+    per_step: list[int] = field(default_factory=list)  # accepted draft tokens of each verify step, in order
 
     @property
     def acceptance_length(self) -> float | None:
@@ -164,6 +165,7 @@ def greedy_speculative_generate(target: Any, drafter: Proposer, prompt_ids: Sequ
             res.draft_tokens += k
             res.accepted += a
             res.verify_calls += 1
+            res.per_step.append(a)
             for i in range(a):
                 res.accepted_per_pos[i] += 1
             new = drafts[:a] if a and drafts[a - 1] in eos else [*drafts[:a], preds[a]]

@@ -33,6 +33,7 @@ __all__ = [
     "vllm_chunk",
     "vllm_error",
     "vllm_stream_end",
+    "wants_usage",
 ]
 
 _VLLM_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
@@ -83,13 +84,22 @@ def vllm_chunk(gen_id: str, created: int, model: str, choices: list[dict[str, An
     return b"data: " + msgspec.json.encode(obj) + b"\n\n"
 
 
-def vllm_stream_end(body: dict[str, Any], usage: dict[str, Any], gen_id: str, created: int, model: str) -> bytes:
-    """The end of a vLLM chat stream: the ``choices: []`` usage chunk when ``stream_options.include_usage``
-    asks for it (dumped without nulls, so no ``prompt_tokens_details``), then ``[DONE]``."""
-    out = b""
+def wants_usage(body: dict[str, Any]) -> bool:
+    """The stream request asks for the final usage chunk (``stream_options.include_usage``)."""
     opts = body.get("stream_options")
-    if isinstance(opts, dict) and opts.get("include_usage"):
-        out += vllm_chunk(gen_id, created, model, [], usage={k: v for k, v in usage.items() if v is not None})
+    return isinstance(opts, dict) and bool(opts.get("include_usage"))
+
+
+def vllm_stream_end(body: dict[str, Any], usage: dict[str, Any], gen_id: str, created: int, model: str,
+                    metrics: dict[str, Any] | None = None) -> bytes:
+    """The end of a vLLM chat stream: the ``choices: []`` usage chunk when ``stream_options.include_usage``
+    asks for it (dumped without nulls, so no ``prompt_tokens_details``; with the per-request ``metrics``,
+    where vLLM puts them), then ``[DONE]``."""
+    out = b""
+    if wants_usage(body):
+        extra = {"metrics": metrics} if metrics else {}
+        out += vllm_chunk(gen_id, created, model, [], usage={k: v for k, v in usage.items() if v is not None},
+                          **extra)
     return out + b"data: [DONE]\n\n"
 
 

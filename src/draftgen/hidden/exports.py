@@ -438,7 +438,8 @@ def _write_export(ctx: ExportContext, spec: HiddenExporter, kind: str, url: str,
     m = ctx.manifest
     rep = HiddenExportReport(format=kind, out=str(ctx.out), hidden=url, manifest_fingerprint=fingerprint,
                              samples=len(src), tokens=ctx.tokens, skipped_flagged=src.flagged,
-                             include_flagged=src.include_flagged, layer_ids=list(m.layer_ids.aux),
+                             include_flagged=src.include_flagged, excluded_fidelity=src.excluded,
+                             layer_ids=list(m.layer_ids.aux),
                              final_layer_id=m.layer_ids.final, dtype=str(ctx.dtype).removeprefix("torch."),
                              seconds=round(secs, 3), files=files, sizes=sizes, sha256=sha)
     publish_report(ctx.out, rep)

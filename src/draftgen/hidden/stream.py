@@ -10,7 +10,9 @@ position; ``decode()`` gives its tensors (``LoadedSample``, float32). Samples ex
   listing the batch (a sample is done once listed), ``close`` writes ``manifest.json`` last. The hidden
   exports (``hidden.exports``: speculators, specforge, modelopt) are sinks fed by a Source.
 - ``Source`` (``open_source``): a finished set's samples in manifest (= merged train) order, flagged ones
-  left out unless asked, each file's bytes VERIFIED against the manifest's ``file_sha256`` before it is
+  left out unless asked, and always the rows of a provider the extract's fidelity check flagged with
+  ``fidelity_action: exclude`` (the manifest's ``checks.fidelity``: ``ProviderFidelity.excluded_sample_ids``),
+  each file's bytes VERIFIED against the manifest's ``file_sha256`` before it is
   yielded (a changed file is one InputError naming it) and its header's sample id checked on decode.
   ``batches(n)`` groups them; ``token_rows()`` reads only each file's ``input_ids`` and ``loss_mask``
   (a local set: safetensors' lazy reader; the bytes are verified by whoever reads them in full). An online
@@ -84,7 +86,8 @@ class Sink(Protocol):
 class Source:
     """A finished set's samples, verified, in manifest order (see the module docstring). ``entries``: the
     selected manifest entries (sample ``i`` is ``entries[i]``); ``flagged``: how many sample ids the
-    manifest flags (left out unless ``include_flagged``)."""
+    manifest flags (left out unless ``include_flagged``); ``excluded``: provider -> its samples left out
+    because the fidelity check flagged it (``fidelity_action: exclude``)."""
 
     def __init__(self, hset: HiddenSet, *, include_flagged: bool = False) -> None:
         self.hidden = hset
@@ -94,7 +97,15 @@ class Source:
         self.include_flagged = include_flagged
         flagged = set() if include_flagged else set(self.manifest.checks.flagged_sample_ids)
         self.flagged = len(flagged)
-        self.entries: list[HiddenSampleEntry] = [e for e in self.manifest.samples if e.sample_id not in flagged]
+        fid = self.manifest.checks.fidelity
+        dropped = {sid: p.provider for p in (fid.providers if fid is not None else []) for sid in p.excluded_sample_ids}
+        self.excluded: dict[str, int] = {}
+        self.entries: list[HiddenSampleEntry] = []
+        for e in self.manifest.samples:
+            if e.sample_id in dropped:
+                self.excluded[dropped[e.sample_id]] = self.excluded.get(dropped[e.sample_id], 0) + 1
+            elif e.sample_id not in flagged:
+                self.entries.append(e)
 
     def __len__(self) -> int:
         return len(self.entries)

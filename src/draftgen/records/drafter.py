@@ -92,6 +92,9 @@ class TrainReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     samples_asked: int | None = None
     train_rows: int | None = None
     min_trained_fraction: float | None = None  # the floor applied (train.min_trained_fraction)
+    # samples of the hidden set left out of training, by reason: "fidelity: <provider>" (a provider the
+    # extract's fidelity check flagged, with hidden_states.fidelity_action: exclude)
+    excluded: dict[str, int] = msgspec.field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
 
@@ -112,9 +115,11 @@ def trained_line(trained: int, asked: int, train_rows: int, rows: int) -> str:
 
 
 class AcceptanceFigures(msgspec.Struct, omit_defaults=True, kw_only=True):
-    """Acceptance of the served drafter over one accept run. ``source`` "vllm-metrics": deltas of vLLM's
-    ``/metrics`` counters (AL = 1 + accepted/drafts, per position = accepted_per_pos[i]/drafts, rate =
-    accepted/draft_tokens); "sglang-meta_info": sums over the requests (AL = completion_tokens/verify_calls)."""
+    """Acceptance of the served drafter over one accept run (or one prompt). ``source`` "vllm-metrics": deltas of
+    vLLM's ``/metrics`` counters (AL = 1 + accepted/drafts, per position = accepted_per_pos[i]/drafts, rate =
+    accepted/draft_tokens); "vllm-per-request": the same counts from each response's
+    ``metrics.speculative_decoding`` (vLLM ``--per-request-spec-decode-metrics``), summed; "sglang-meta_info":
+    sums over the requests (AL = completion_tokens/verify_calls)."""
 
     source: str
     acceptance_length: float
@@ -140,9 +145,12 @@ class ThroughputFigures(msgspec.Struct, omit_defaults=True, kw_only=True):
 
 
 class PromptAcceptance(msgspec.Struct, omit_defaults=True, kw_only=True):
-    """One held-out prompt's share of a pass: the drafter's counters on it (vLLM: the ``/metrics`` deltas around
-    its request, sent alone; SGLang: its ``meta_info``) and the target's greedy continuation (its ids, when the
-    server returned them: the no-model figures can be replayed from the report alone)."""
+    """One held-out prompt's share of a pass: the drafter's counters on it (``source``: "vllm-per-request", its
+    response's ``metrics.speculative_decoding``; "vllm-metrics", the ``/metrics`` deltas around its request,
+    sent alone; "sglang-meta_info", its ``meta_info``; None: not known), joined to its dataset, its prompt's
+    length and length bucket (``phases.accept.passes.length_bucket``), and the target's greedy
+    continuation (its ids, when the server returned them: the no-model figures can be replayed from the report
+    alone). Also one line each of ``accept/<drafter key>/<pass>.prompts.jsonl``."""
 
     sample_id: str
     dataset: str
@@ -153,6 +161,15 @@ class PromptAcceptance(msgspec.Struct, omit_defaults=True, kw_only=True):
     verify_calls: int = 0
     ended: bool = False  # the continuation ended with an end token (not cut at max_tokens)
     output_ids: list[int] | None = None
+    source: str | None = None
+    prompt_tokens: int | None = None
+    length_bucket: str | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """1 + accepted / drafts (None without a draft)."""
+        return 1.0 + self.accepted / self.drafts if self.drafts > 0 else None
 
 
 class AlternativeFigures(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -192,6 +209,41 @@ class DatasetAcceptance(msgspec.Struct, omit_defaults=True, kw_only=True):
     alternatives: dict[str, float] = msgspec.field(default_factory=dict)
 
 
+class KFigures(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """The served drafter as if it proposed ``k`` tokens per step (``phases.accept.kchoice``): its acceptance
+    length from the per-position counts (AL(k) = 1 + Σ_{i<k} per_position[i]), with its 95% bootstrap interval
+    over the prompts, and the expected speedup at each concurrency (tokens/s with it over without, from the
+    cost model)."""
+
+    k: int
+    acceptance_length: float
+    ci95: list[float] | None = None
+    speedup: dict[int, float] = msgspec.field(default_factory=dict)  # concurrency → expected speedup
+
+
+class KChoice(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """Which k to serve, from what accept measured (``phases.accept.kchoice``): the figures at every k up to the
+    served one, the cost model's parameters (``calibrated``: ``draft_step_cost`` fitted to the measured speedup
+    at ``measured_concurrency``), the k of the largest expected speedup per concurrency and the one recommended
+    at ``recommended_at``, the concurrencies where that k is expected to slow serving down (speedup < 1), and
+    the lines that say so."""
+
+    served_k: int
+    concurrencies: list[int]
+    by_k: list[KFigures] = msgspec.field(default_factory=list)
+    draft_step_cost: float = 0.0
+    saturation_tokens: int = 0
+    calibrated: bool = False
+    measured_concurrency: int | None = None
+    measured_speedup: float | None = None
+    best_k: dict[int, int] = msgspec.field(default_factory=dict)  # concurrency → k of the largest speedup
+    recommended_k: int | None = None
+    recommended_at: int | None = None  # the concurrency the recommendation is for
+    slower_at: list[int] = msgspec.field(default_factory=list)  # concurrencies where recommended_k is < 1×
+    notes: list[str] = msgspec.field(default_factory=list)  # where the figures come from
+    warnings: list[str] = msgspec.field(default_factory=list)  # the slow-down lines
+
+
 class AcceptReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     """``accept/<drafter key>/<pass name>.json`` (one per drafter, server and prompt set; never replaced by
     another pass; ``accept/acceptance.json`` is the latest of the run's own drafter): the measured acceptance
@@ -223,4 +275,5 @@ class AcceptReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     samples_trained: int | None = None
     samples_asked: int | None = None
     warnings: list[str] = msgspec.field(default_factory=list)  # e.g. it trained on fewer samples than the floor
+    k_choice: KChoice | None = None  # the figures by k and the k to serve (phases.accept.kchoice)
     schema_version: int = SCHEMA_VERSION

@@ -67,6 +67,17 @@ class TeacherResult(msgspec.Struct, omit_defaults=True):
     state_noise: list[float] | None = None
 
 
+class FidelityResult(msgspec.Struct, omit_defaults=True):
+    """How well the target agrees with one sample's completion (the provider's text), from the stored final
+    state through the target's own final norm and head (``target.checks.check_fidelity``) at ``positions``
+    completion positions: the mean log p(completion id) and the share of those positions where the id the
+    provider emitted is the target's top-1."""
+
+    logprob_mean: float
+    top1: float
+    positions: int
+
+
 class HiddenIndexRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
     """One line of an index part: the sample is done (its file is published and listed here)."""
 
@@ -76,6 +87,7 @@ class HiddenIndexRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
     n_loss: int
     failed: list[str] = msgspec.field(default_factory=list)
     teacher: TeacherResult | None = None
+    fidelity: FidelityResult | None = None  # measured samples only (hidden_states.fidelity_samples)
     # sha256 of the row's input_ids (int64) + loss_mask (uint8) bytes (codec.row_digest) and of the published
     # file's bytes; "" on records written before they were recorded (extract redoes those samples)
     row_sha256: str = ""
@@ -155,6 +167,41 @@ class HiddenCounts(msgspec.Struct):
     flagged: int
 
 
+class ProviderFidelity(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One provider's agreement with the target (``phases.extract.fidelity``): over its ``samples`` measured
+    samples (``positions`` completion positions in all; ``rows`` of the set are its), the mean log p of the
+    completion ids under the target and the target's top-1 agreement (both pooled over the positions), each
+    with its 95% bootstrap interval over the samples; the best provider's top-1 minus this one's (``top1_gap``,
+    and ``logprob_gap`` likewise) with its interval; ``flagged``: the gap's interval lies wholly above
+    ``hidden_states.fidelity_margin``; ``excluded_sample_ids``: its rows left out of training
+    (``hidden_states.fidelity_action: exclude``, flagged only)."""
+
+    provider: str
+    rows: int
+    samples: int
+    positions: int
+    logprob_mean: float
+    top1: float
+    logprob_ci95: list[float] | None = None
+    top1_ci95: list[float] | None = None
+    top1_gap: float = 0.0
+    top1_gap_ci95: list[float] | None = None
+    logprob_gap: float = 0.0
+    logprob_gap_ci95: list[float] | None = None
+    flagged: bool = False
+    excluded_sample_ids: list[str] = msgspec.field(default_factory=list)
+
+
+class HiddenFidelity(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """Provider fidelity of a set (``phases.extract.fidelity``): each provider's figures (best top-1 first),
+    the best one, and the rule's settings (``hidden_states.fidelity_margin``, ``fidelity_action``)."""
+
+    providers: list[ProviderFidelity]
+    best: str | None = None
+    margin: float = 0.0
+    action: str = "warn"
+
+
 class HiddenChecksSummary(msgspec.Struct, omit_defaults=True):
     """Flagged samples per failed check, and the teacher log-prob distribution of the checked fraction."""
 
@@ -165,6 +212,7 @@ class HiddenChecksSummary(msgspec.Struct, omit_defaults=True):
     teacher_logprob_quantiles: dict[str, float] = msgspec.field(default_factory=dict)
     teacher_logprob_histogram: list[tuple[float, int]] = msgspec.field(default_factory=list)
     chance_logprob: float | None = None
+    fidelity: HiddenFidelity | None = None  # None: no sample measured (a set made before, or no provider known)
 
 
 class HiddenSampleEntry(msgspec.Struct):
@@ -219,6 +267,8 @@ class HiddenExportReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     tokens: int
     skipped_flagged: int = 0
     include_flagged: bool = False
+    # provider -> samples left out because fidelity flagged it (hidden_states.fidelity_action: exclude)
+    excluded_fidelity: dict[str, int] = msgspec.field(default_factory=dict)
     layer_ids: list[int] = msgspec.field(default_factory=list)  # aux, vLLM convention
     final_layer_id: int = 0
     dtype: str = ""

@@ -162,7 +162,15 @@ class MergedLengths(msgspec.Struct):
     completion_len: int
 
 
-MERGED_VIEWS: tuple[type[msgspec.Struct], ...] = (MergedParquetRow, MergedRowId, MergedTokens, MergedLengths)
+class MergedProvider(msgspec.Struct):
+    """A view of ``MergedParquetRow``: the row id and the provider that served it (extract's provider fidelity)."""
+
+    sample_id: str
+    provider: str | None
+
+
+MERGED_VIEWS: tuple[type[msgspec.Struct], ...] = (MergedParquetRow, MergedRowId, MergedTokens, MergedLengths,
+                                                  MergedProvider)
 """What ``read_merged`` yields: the whole row or a view, each field one of the row's (a test keeps them so)."""
 
 

@@ -343,6 +343,11 @@ class RunDir:
         drafter whose key is ``key``; a draftgen before schema 4 wrote one ``acceptance.json`` per drafter."""
         return self.accept / key / f"{name}.json"
 
+    def accept_prompts(self, key: str, name: str) -> Path:
+        """``accept/<key>/<name>.prompts.jsonl``: that pass's acceptance per held-out prompt, one
+        ``records.PromptAcceptance`` a line (written whole, with its report)."""
+        return self.accept / key / f"{name}.prompts.jsonl"
+
     def accept_reports(self) -> list[Path]:
         """Every pass's report, ordered by drafter key, then name."""
         return sorted(self.accept.glob("*/*.json"))

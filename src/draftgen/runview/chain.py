@@ -10,6 +10,8 @@ Reads (each when it is there; nothing else):
 
 ``verdict`` is the one sentence that says whether a drafter beat the no-model drafters (copy-last, lookup) on
 its held-out prompts and by how much; ``accept`` prints it, tiny-chain ends with it, the report shows it.
+``fidelity_lines``: the hidden set's provider fidelity (``HiddenFidelity``, the manifest's ``checks.fidelity``) as
+the table extract prints and status shows (``fidelity_status``: the run's own set).
 Writes nothing; imports no phase.
 """
 
@@ -22,11 +24,19 @@ from typing import TypeVar
 import msgspec
 
 from draftgen.errors import InputError
-from draftgen.records import AcceptReport, AlternativeFigures, Comparison, HiddenManifest, TrainReport
+from draftgen.records import (
+    AcceptReport,
+    AlternativeFigures,
+    Comparison,
+    HiddenFidelity,
+    HiddenManifest,
+    TrainReport,
+)
 from draftgen.rundir import HiddenLayout, RunDir
 from draftgen.store import read_json
 
-__all__ = ["NO_MODEL", "AcceptPass", "ChainView", "accept_line", "accept_status", "beats", "read_chain", "verdict"]
+__all__ = ["NO_MODEL", "AcceptPass", "ChainView", "accept_line", "accept_status", "beats", "fidelity_lines",
+           "fidelity_status", "read_chain", "verdict"]
 
 T = TypeVar("T")
 
@@ -141,12 +151,18 @@ def verdict(rep: AcceptReport, who: str = "the drafter") -> str | None:
 
 def accept_line(rep: AcceptReport) -> str:
     """The latest acceptance in one line (``status``'s accept row): AL with its interval, the prompts and the
-    server, and the difference to the better no-model drafter with its interval."""
+    server, the difference to the better no-model drafter with its interval, and the k recommended with the
+    concurrencies where it is expected to slow serving down (``k_choice``)."""
     a = rep.acceptance
     line = f"AL {a.acceptance_length:.3f}{_ci(a.ci95)} over {rep.prompts} prompts ({rep.server})"
     c = _no_model(rep)
     if c is not None:
         line += f", {c.difference:+.3f}{_ci(c.ci95, signed=True)} over max(copy-last, lookup)"
+    kc = rep.k_choice
+    if kc is not None and kc.recommended_k is not None:
+        line += f", k={kc.recommended_k} recommended at concurrency {kc.recommended_at}"
+        if kc.slower_at:
+            line += f" (slower than without the drafter at concurrency {', '.join(map(str, kc.slower_at))})"
     return line
 
 
@@ -159,3 +175,34 @@ def accept_status(run_dir: Path) -> str | None:
         parts.append(f"{view.drafters} drafter{'s' if view.drafters > 1 else ''} measured "
                      f"({len(view.passes)} passes)")
     return "; ".join(parts) or None
+
+
+def _cell(value: float, ci: Sequence[float] | None, signed: bool = False) -> str:
+    return (f"{value:+.3f}" if signed else f"{value:.3f}") + _ci(ci, signed)
+
+
+def fidelity_lines(fid: HiddenFidelity) -> list[str]:
+    """The per-provider table (one line each, the best first) and a line per flagged provider."""
+    lines = [f"provider fidelity (target's top-1 agreement and mean log p of the completion ids, 95% intervals over "
+             f"samples; flagged: best − it above {fid.margin:g} in top-1):"]
+    for p in fid.providers:
+        gap = "best" if p.provider == fid.best else f"gap {_cell(p.top1_gap, p.top1_gap_ci95, signed=True)}"
+        lines.append(f"  {p.provider}: {p.samples:,} samples of {p.rows:,} rows, {p.positions:,} positions; "
+                     f"top-1 {_cell(p.top1, p.top1_ci95)}, log p {_cell(p.logprob_mean, p.logprob_ci95)}; {gap}"
+                     + ("  FLAGGED" if p.flagged else ""))
+    for p in fid.providers:
+        if p.flagged:
+            what = (f"its {len(p.excluded_sample_ids):,} rows are left out of training (fidelity_action: exclude)"
+                    if p.excluded_sample_ids else "set hidden_states.fidelity_action: exclude to leave its rows out "
+                    "of training")
+            lines.append(f"warning: provider {p.provider} agrees with the target significantly less than "
+                         f"{fid.best} (top-1 {p.top1:.3f} against {p.top1 + p.top1_gap:.3f}); {what}")
+    return lines
+
+
+def fidelity_status(run_dir: Path) -> list[str]:
+    """``status``'s provider-fidelity lines: ``fidelity_lines`` of the run's hidden set (``hidden/``), none
+    without a manifest or without figures."""
+    notes: list[str] = []
+    m = _read(RunDir(run_dir).hidden / HiddenLayout.manifest, HiddenManifest, notes)
+    return fidelity_lines(m.checks.fidelity) if m is not None and m.checks.fidelity is not None else []

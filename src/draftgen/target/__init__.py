@@ -12,7 +12,8 @@ An ``ExtractBackend`` loads the target, resolves the layer ids (``layers``) and 
 - ``capture(rows) -> list[Captured]``: the states of a batch of merged rows, one per row, in row order;
 - ``embed(ids) -> Tensor [T, H]`` float32: the input embeddings (the aux-vs-embedding check);
 - ``head_logprobs(final_pre, targets) -> Tensor [N]`` float32: log p(target) from the target's own final
-  norm + lm_head applied to pre-norm states (the teacher check);
+  norm + lm_head applied to pre-norm states (the teacher check); ``head_agreement(final_pre, targets)``: the
+  same and, bool [N], whether each target is the head's top-1 (a tie counts) (provider fidelity);
 - ``reference(row, positions) -> Reference | None``: the target's own log-probs of the next ids at the
   checked positions, independent of ``capture``: a plain forward pass (hf, capability ``reference``: also the
   hidden states at every stored aux id and the post-norm final state) or the serving engine's
@@ -20,8 +21,8 @@ An ``ExtractBackend`` loads the target, resolves the layer ids (``layers``) and 
   state run on through the remaining layers);
 - ``close()``.
 
-With the ``overlap`` capability the checks' calls (``embed``, ``head_logprobs``, ``reference``) may come from
-another thread while ``capture`` runs.
+With the ``overlap`` capability the checks' calls (``embed``, ``head_logprobs``, ``head_agreement``,
+``reference``) may come from another thread while ``capture`` runs.
 
 ``model_ref_of(cfg)`` and ``target_folder(cfg)``: what ``hidden_states.model`` names, and its local folder
 (a hub id's cache snapshot), where ``config_digest`` and the weights digest (``identity.target_weights``) read.
@@ -73,11 +74,13 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ExtractRow:
-    """One merged train row: exactly its ids and mask."""
+    """One merged train row: exactly its ids and mask; ``fidelity``: extract measures how well the target agrees
+    with its completion (``target.checks.check_fidelity``; chosen by ``phases.extract.fidelity``)."""
 
     sample_id: str
     input_ids: np.ndarray  # int64 [T]
     loss_mask: np.ndarray  # uint8 [T]
+    fidelity: bool = False
 
 
 @dataclass
@@ -169,6 +172,10 @@ class ExtractBackend(Protocol):
     def embed(self, ids: np.ndarray) -> torch.Tensor: ...
 
     def head_logprobs(self, final_pre: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
+
+    def head_agreement(self, final_pre: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``head_logprobs`` and, bool [N], whether each target id is the head's top-1 (a tie counts)."""
+        ...
 
     def reference(self, row: ExtractRow, positions: torch.Tensor) -> Reference | None:
         """The target's own log-probs of ``input_ids[t + 1]`` at each position t of ``positions`` (a plain

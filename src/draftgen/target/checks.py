@@ -54,7 +54,13 @@ state causes, at the scale of the storage dtype's unit roundoff plus the compute
 target's layers (fp32 2^-24, fp16 2^-11, bf16 2^-8, fp8 2^-4; × sqrt(L) for compute), and at least
 ``LOGPROB_FLOOR`` nats (``logprob_tolerance``). Storage rounding alone moves the log-probs by 0.7-0.9 of its
 own perturbation measure; a final state after the norm or one layer off moves them 8-100× further on the
-test targets (bf16), about 2× at fp8. Pure computation: no I/O.
+test targets (bf16), about 2× at fp8.
+
+Provider fidelity (``check_fidelity``, on the samples extract chooses: ``ExtractRow.fidelity`` or
+teacher-checked): the same head on the stored final state at the same positions gives the mean log p of the
+completion ids and the share of positions where the id the provider emitted is the target's top-1
+(``FidelityResult``; not a check: nothing fails, ``phases.extract.fidelity`` compares providers). Pure
+computation: no I/O.
 """
 
 from __future__ import annotations
@@ -69,7 +75,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from draftgen.hidden.format import require
-from draftgen.records import TeacherResult
+from draftgen.records import FidelityResult, TeacherResult
 
 if TYPE_CHECKING:
     import torch
@@ -79,7 +85,7 @@ if TYPE_CHECKING:
     from draftgen.target import ExtractBackend, ExtractRow, Reference, TargetInfo
 
 __all__ = ["CHECKS", "LOGPROB_FLOOR", "LOGPROB_MARGIN", "SPOT_BLOCK", "STATE_MARGIN", "STOPPING", "CheckResult", "SpotCheck",
-           "SpotChecking", "check_sample", "check_staged", "check_teacher", "logprob_tolerance", "perturbed",
+           "SpotChecking", "check_fidelity", "check_sample", "check_staged", "check_teacher", "logprob_tolerance", "perturbed",
            "relative_diff", "spot_checked", "state_stats", "state_tolerance", "stats_failures", "teacher_selected", "tolerance_of"]
 
 CHECKS = ("shape", "ids", "finite", "norm", "aux_distinct", "aux_embedding", "teacher_chance", "teacher_reference",
@@ -96,6 +102,7 @@ _PERTURBATION = 2.0**-8  # the relative perturbation ``perturbed`` applies (at m
 class CheckResult:
     failed: list[str] = field(default_factory=list)
     teacher: TeacherResult | None = None
+    fidelity: FidelityResult | None = None
 
 
 #: the state comparison's tolerance is STATE_MARGIN x the noise measured on the sample (``state_tolerance``)
@@ -330,11 +337,7 @@ def _teacher(s: LoadedSample, row: ExtractRow, backend: ExtractBackend, hs: Hidd
 
     info = backend.info
     chance = -math.log(info.vocab_size)
-    mask = torch.from_numpy(row.loss_mask[1:].astype("bool"))  # position t predicts t+1
-    pos = torch.nonzero(mask)[:, 0]
-    if 0 < hs.teacher_positions < pos.numel():  # evenly spaced, first and last included: deterministic
-        pos = pos[torch.linspace(0, pos.numel() - 1, hs.teacher_positions).round().long()]
-    targets = torch.from_numpy(row.input_ids[1:]).to(torch.int64)
+    pos, targets = _scored_positions(row, hs)
     if pos.numel() == 0:
         return TeacherResult(logprob_mean=0.0, chance_logprob=chance, positions=0)
     # the stored final state and its perturbed twin (the tolerance's) through the head in one call
@@ -365,6 +368,34 @@ def _teacher(s: LoadedSample, row: ExtractRow, backend: ExtractBackend, hs: Hidd
     if ref.hidden:
         _reference_states(s, slots, info, ref, hs, out, fail)
     return out
+
+
+def _scored_positions(row: ExtractRow, hs: HiddenStatesConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The completion positions t the teacher and fidelity checks score (loss_mask[t+1] == 1: t predicts the
+    completion id input_ids[t+1]), at most ``teacher_positions`` of them evenly spaced (first and last
+    included: deterministic), and the next ids (int64 [T-1], indexed by t)."""
+    torch = require("torch")
+    mask = torch.from_numpy(row.loss_mask[1:].astype("bool"))
+    pos = torch.nonzero(mask)[:, 0]
+    if 0 < hs.teacher_positions < pos.numel():
+        pos = pos[torch.linspace(0, pos.numel() - 1, hs.teacher_positions).round().long()]
+    return pos, torch.from_numpy(row.input_ids[1:]).to(torch.int64)
+
+
+def check_fidelity(s: LoadedSample, row: ExtractRow, backend: ExtractBackend, hs: HiddenStatesConfig,
+                   res: CheckResult) -> None:
+    """Provider fidelity of a stored sample, into ``res.fidelity``: the stored final state through the target's
+    final norm and head (``head_agreement``, the teacher check's path; no forward) at the scored positions
+    (``_scored_positions``): the mean log p of the completion ids and the share where the id is the target's
+    top-1. Nothing when the sample's shape or values are unreadable, or it has no completion position."""
+    if "shape" in res.failed or "finite" in res.failed:
+        return
+    pos, targets = _scored_positions(row, hs)
+    if pos.numel() == 0:
+        return
+    lp, top = backend.head_agreement(s.final[pos], targets[pos])
+    res.fidelity = FidelityResult(logprob_mean=float(lp.float().mean()), top1=float(top.float().mean()),
+                                  positions=int(pos.numel()))
 
 
 def _final_noise(ref: Reference, L: int) -> float:

@@ -166,18 +166,30 @@ class HFExtractBackend:
         return out
 
     def _logprobs(self, post_norm: torch.Tensor, targets: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+        return self._scores(post_norm, targets, chunk)[0]
+
+    def _scores(self, post_norm: torch.Tensor, targets: torch.Tensor, chunk: int = 256,
+                top1: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """log p(targets) under the head on the head's device (CPU float32 [N]) and, with ``top1``, whether each
+        target's logit is the largest (bool [N]; else empty)."""
         th = require("torch")
         dev = self.head.weight.device
-        out = []
+        out, hit = [], []
         with th.inference_mode():
             for s in range(0, post_norm.shape[0], chunk):
-                x = post_norm[s:s + chunk].to(dev, self.head.weight.dtype)
-                out.append(token_logprobs(self.head(x), targets[s:s + chunk]).cpu())
+                logits = self.head(post_norm[s:s + chunk].to(dev, self.head.weight.dtype))
+                want = targets[s:s + chunk].to(dev)
+                out.append(token_logprobs(logits, want).cpu())
+                if top1:
+                    hit.append((logits.gather(-1, want[:, None].long())[:, 0] >= logits.amax(-1)).cpu())
         res: torch.Tensor = th.cat(out) if out else th.zeros(0)
-        return res
+        return res, th.cat(hit) if hit else th.zeros(0, dtype=th.bool)
 
     def head_logprobs(self, final_pre: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self._logprobs(rms_norm(final_pre, self.info.norm_weight, self.norm_eps), targets)
+
+    def head_agreement(self, final_pre: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._scores(rms_norm(final_pre, self.info.norm_weight, self.norm_eps), targets, top1=True)
 
     def reference(self, row: ExtractRow, positions: torch.Tensor) -> Reference:
         torch = require("torch")

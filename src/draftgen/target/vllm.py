@@ -548,6 +548,11 @@ class VllmExtractBackend:
         return out
 
     def head_logprobs(self, final_pre: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.head_agreement(final_pre, targets)[0]
+
+    def head_agreement(self, final_pre: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """log p(targets) under the target's head read from ``hidden_states.model`` (on this host's CPU) and
+        whether each target is its top-1 (a tie counts)."""
         import torch
 
         from draftgen.drafter.hf import rms_norm
@@ -557,12 +562,14 @@ class VllmExtractBackend:
                 names = ("lm_head.weight", "model.embed_tokens.weight") if self.weights.tie else ("lm_head.weight",)
                 self._head = self.weights.tensor(*names)
         post = rms_norm(final_pre, self.info.norm_weight, self.info.norm_eps)
-        out = []
+        out, hit = [], []
         for s in range(0, post.shape[0], 256):
             logp = torch.log_softmax(post[s:s + 256] @ self._head.float().T, dim=-1)
-            out.append(logp.gather(-1, targets[s:s + 256].long()[:, None])[:, 0])
+            mine = logp.gather(-1, targets[s:s + 256].long()[:, None])[:, 0]
+            out.append(mine)
+            hit.append(mine >= logp.amax(-1))
         res: torch.Tensor = torch.cat(out) if out else torch.zeros(0)
-        return res
+        return res, torch.cat(hit) if hit else torch.zeros(0, dtype=torch.bool)
 
     def reference(self, row: ExtractRow, positions: torch.Tensor) -> Reference | None:
         """The engine's own log-probs of the row (kept by its capture), and ``through`` where allowed."""

@@ -221,7 +221,7 @@ def drafter_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def servers() -> Iterator[tuple[FakeServer, FakeServer]]:
-    with FakeServer(delay=0.01) as spec, FakeServer(speculate=False, delay=0.03) as base:
+    with FakeServer(delay=0.01) as spec, FakeServer(speculate=False, delay=0.08) as base:
         yield spec, base
 
 

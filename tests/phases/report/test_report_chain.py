@@ -10,18 +10,12 @@ from pathlib import Path
 import msgspec
 
 from _chain_helpers import write_chain
+from _report_helpers import html_table as _table
 from _report_helpers import make_config, write_run_dir
 from draftgen.config import load_config
 from draftgen.phases.report.run import run_report
 from draftgen.phases.status.run import run_status
 from draftgen.runview.chain import ChainView, read_chain
-
-
-def _table(page: str, table_id: str) -> list[list[str]]:
-    m = re.search(rf'<table id="{table_id}">(.*?)</table>', page, re.S)
-    assert m is not None, table_id
-    return [[htmllib.unescape(re.sub(r"<[^>]+>", "", c)).strip() for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row, re.S)]
-            for row in re.findall(r"<tr[^>]*>(.*?)</tr>", m.group(1), re.S)]
 
 
 def test_the_report_shows_the_chain_acceptance_beside_the_baselines_per_position_and_per_dataset(

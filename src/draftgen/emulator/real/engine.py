@@ -22,6 +22,8 @@ its hidden states), plus the top alternatives, as vLLM computes them.
 With a drafter (``SpecDecoder``, ``model_spec``), greedy jobs are decoded one at a time by greedy speculative
 verification instead, and their draft/accept counts come back in ``GenResult.spec``.
 
+``perturb_weights``: seeded Gaussian noise on every weight (``emulate --perturb``: a "quantized" provider).
+
 torch and transformers are imported lazily (``draftgen[extract]``).
 """
 
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
 
     from draftgen.drafter.speculate import SpecResult
 
-__all__ = ["GenJob", "GenResult", "LoadedModel", "ModelEngine", "load_model"]
+__all__ = ["GenJob", "GenResult", "LoadedModel", "ModelEngine", "load_model", "perturb_weights"]
 
 
 @dataclass
@@ -126,6 +128,23 @@ def load_model(path: str, *, device: str = "cpu", dtype: str = "auto", threads: 
     return LoadedModel(model=model, tokenizer=tok, eos_ids=frozenset(eos), num_layers=int(text_cfg.num_hidden_layers),
                        hidden_size=int(text_cfg.hidden_size), dtype=next(model.parameters()).dtype,
                        max_len=max_len, name=name or p.resolve().name)
+
+
+def perturb_weights(model: Any, scale: float, seed: int) -> None:
+    """Add seeded Gaussian noise of relative scale ``scale`` to every floating weight of ``model``, in place:
+    each tensor w becomes w + scale · rms(w) · N(0, 1) (one ``torch.Generator`` seeded with ``seed``, the
+    parameters in ``named_parameters`` order, a tied tensor once): a stand-in for a quantized copy of the
+    target, whose outputs really differ from the target's."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if not p.is_floating_point() or p.numel() == 0:
+                continue
+            rms = p.float().pow(2).mean().sqrt()
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            p.add_((scale * rms * noise).to(p.device, p.dtype))
 
 
 class _Capture:

@@ -12,6 +12,11 @@ Routes (server root ``http://HOST:PORT``), shapes as current vLLM (and SGLang fo
                                 extract mode also top-level ``kv_transfer_params.hidden_states_path``
     POST /generate              SGLang native; ``meta_info`` gains ``spec_*`` fields with a drafter
 
+A stand-in provider (provider fidelity, ``draftgen extract``): ``provider`` names the server in each chat
+completion (and each chunk of a stream, the usage chunk aside) the way OpenRouter does, as a top-level
+``provider``; ``perturb`` adds seeded Gaussian noise of that relative scale to every weight after loading
+(``engine.perturb_weights``): a "quantized" copy of the target whose text really differs from the target's.
+
 Generation is batched across concurrent requests by ``model_engine.ModelEngine`` (greedy when
 ``temperature`` is 0 or absent, seeded sampling otherwise; stops on the model's end-of-sequence ids or at
 ``max_tokens``; without ``max_tokens`` the rest of the context). Reasoning is split off
@@ -45,8 +50,16 @@ from draftgen.emulator.local_wire import (
     vllm_chunk,
     vllm_error,
     vllm_stream_end,
+    wants_usage,
 )
-from draftgen.emulator.real.engine import GenJob, GenResult, LoadedModel, ModelEngine, load_model
+from draftgen.emulator.real.engine import (
+    GenJob,
+    GenResult,
+    LoadedModel,
+    ModelEngine,
+    load_model,
+    perturb_weights,
+)
 from draftgen.emulator.real.extract import corrupt
 from draftgen.emulator.real.http import Counters, job_of, token_id
 
@@ -80,10 +93,18 @@ class ModelServerOptions:
     num_speculative_tokens: int = 3
     #: feed the drafter zeroed aux states (the zero-aux ablation of ``draftgen accept --zero-aux-url``)
     zero_aux: bool = False
+    #: vLLM's ``--per-request-spec-decode-metrics``: ``summary`` or ``detailed`` adds each request's
+    #: ``metrics.speculative_decoding`` to its response (None: off, as vLLM's default)
+    per_request_spec_decode_metrics: str | None = None
     max_batch: int = 256
     gather_s: float = 0.01
     stream_chunk_tokens: int = 8
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the top-level ``provider`` of each chat completion and chunk (None: not sent, as vLLM)
+    provider: str | None = None
+    #: relative scale of the seeded Gaussian noise added to every weight after loading (0: the model as is)
+    perturb: float = 0.0
+    perturb_seed: int = 0
 
 
 def model_server_options(model: str, *, extract_layers: str | None = None, **kw: Any) -> ModelServerOptions:
@@ -112,8 +133,12 @@ class ModelServer:
         from draftgen.errors import ConfigError
 
         self.opts = opts
+        if opts.perturb < 0:
+            raise ConfigError(f"emulate --perturb {opts.perturb}: give a relative scale >= 0 (e.g. 0.05)")
         self.lm: LoadedModel = load_model(opts.model, device=opts.device, dtype=opts.dtype, threads=opts.threads,
                                           name=opts.served_model_name)
+        if opts.perturb:
+            perturb_weights(self.lm.model, opts.perturb, opts.perturb_seed)
         L = self.lm.num_layers
         self.fault = opts.extract_fault or os.environ.get("DRAFTGEN_EMULATE_FAULT") or None
         self.captures = 0
@@ -135,6 +160,9 @@ class ModelServer:
             self.spec = SpecDecoder.load(opts.drafter, self.lm, k=opts.num_speculative_tokens, zero_aux=opts.zero_aux)
         elif opts.zero_aux:
             raise ConfigError("emulate --zero-aux needs --drafter (it feeds that drafter zeroed aux states)")
+        mode = opts.per_request_spec_decode_metrics
+        if mode is not None and mode not in ("summary", "detailed"):
+            raise ConfigError(f"emulate --per-request-spec-decode-metrics {mode!r}: give summary or detailed")
         self.counters = Counters(per_pos=[0] * opts.num_speculative_tokens)
         self.engine = ModelEngine(self.lm, layer_ids=capture_ids(self.fault, layer_ids), max_batch=opts.max_batch,
                                   gather_s=opts.gather_s, spec=self.spec)
@@ -294,7 +322,22 @@ class ModelServer:
         return json_response({"id": gen_id, "object": "chat.completion", "created": created, "model": model_id,
                       "choices": [choice], "service_tier": None, "system_fingerprint": None, "usage": usage,
                       "prompt_logprobs": None, "prompt_token_ids": prompt_ids if with_ids else None,
-                      "kv_transfer_params": None})
+                      "kv_transfer_params": None, **self._metrics(res), **self._provider()})
+
+    def _provider(self) -> dict[str, Any]:
+        """``{"provider": name}`` with ``provider`` set (OpenRouter's top-level field), else nothing."""
+        return {"provider": self.opts.provider} if self.opts.provider else {}
+
+    def _metrics(self, res: GenResult) -> dict[str, Any]:
+        """``{"metrics": {"speculative_decoding": ...}}`` with ``per_request_spec_decode_metrics`` on and a
+        drafter serving; else nothing (the response unchanged, as vLLM's)."""
+        mode = self.opts.per_request_spec_decode_metrics
+        if mode is None or res.spec is None:
+            return {}
+        from draftgen.emulator.real.spec import request_metrics
+
+        return {"metrics": {"speculative_decoding": request_metrics(res.spec, self.opts.num_speculative_tokens,
+                                                                    mode)}}
 
     def _segments(self, ids: list[int]) -> list[tuple[str, list[int]]]:
         """(field, ids) parts of the output: reasoning ids (markers included) then content ids."""
@@ -308,7 +351,7 @@ class ModelServer:
                            created: int, model_id: str, prompt_ids: list[int], with_ids: bool,
                            usage: dict[str, Any]) -> web.StreamResponse:
         def ev(choices: list[dict[str, Any]], **extra: Any) -> bytes:
-            return vllm_chunk(gen_id, created, model_id, choices, **extra)
+            return vllm_chunk(gen_id, created, model_id, choices, **self._provider(), **extra)
 
         buf = bytearray(ev([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None}], prompt_token_ids=prompt_ids if with_ids else None))
@@ -321,9 +364,12 @@ class ModelServer:
                 buf += ev([{"index": 0, "delta": {fld: text}, "logprobs": None, "finish_reason": None,
                             "token_ids": pending if with_ids else None}])
                 pending = []
+        metrics = self._metrics(res)
+        usage_chunk = wants_usage(body)  # the metrics go with the usage, else on the finish chunk
         buf += ev([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": res.finish_reason,
-                    "stop_reason": None, "token_ids": pending if with_ids else None}])
-        buf += vllm_stream_end(body, usage, gen_id, created, model_id)
+                    "stop_reason": None, "token_ids": pending if with_ids else None}],
+                  **({} if usage_chunk else metrics))
+        buf += vllm_stream_end(body, usage, gen_id, created, model_id, metrics.get("metrics"))
         return await send_sse(request, bytes(buf))
 
     def _text_chunks(self, ids: list[int], reasoning: bool) -> list[tuple[list[int], str]]:
@@ -410,7 +456,7 @@ class ModelServer:
                  "completion_tokens": len(res.ids), "prompt_tokens_details": None}
         return json_response({"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.name,
                       "choices": [choice], "service_tier": None, "system_fingerprint": None, "usage": usage,
-                      "kv_transfer_params": {"hidden_states_path": path} if path else None})
+                      "kv_transfer_params": {"hidden_states_path": path} if path else None, **self._metrics(res)})
 
     def _prompt_logprobs(self, res: GenResult) -> list[dict[str, dict[str, Any]] | None] | None:
         """vLLM's ``choices[0].prompt_logprobs``: per prompt position None (the first) or {token id: {logprob,

@@ -10,16 +10,26 @@ aux layer ids come from its config (vLLM convention), else ``[2, L//2, L-3]``.
 ``zero_aux`` (``emulate --zero-aux``): the drafter is fed zeroed aux states instead of the target's, the
 zero-aux ablation ``draftgen accept --zero-aux-url`` measures (does the drafter use the hidden states at all?);
 the output ids are still plain greedy decoding.
+
+``request_metrics``: one request's counts as vLLM reports them per request with
+``--per-request-spec-decode-metrics summary|detailed`` (vLLM PR #48915): the response's top-level
+``metrics.speculative_decoding`` (``emulate --per-request-spec-decode-metrics``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftgen.emulator.real.engine import GenResult, LoadedModel
 
-__all__ = ["SpecDecoder"]
+if TYPE_CHECKING:
+    from draftgen.drafter.speculate import SpecResult
+
+__all__ = ["SPEC_METRICS_MODES", "SpecDecoder", "request_metrics"]
+
+#: vLLM's ``--per-request-spec-decode-metrics`` values
+SPEC_METRICS_MODES = ("summary", "detailed")
 
 
 class _ZeroAux:
@@ -74,3 +84,21 @@ class SpecDecoder:
         eos = set(eos_ids)
         finish = "stop" if r.ids and r.ids[-1] in eos else "length"
         return GenResult(ids=list(r.ids), finish_reason=finish, spec=r)
+
+
+def request_metrics(s: SpecResult, k: int, mode: str) -> dict[str, Any]:
+    """``metrics.speculative_decoding`` of one request: ``acceptance_histogram[j]`` counts the verify steps that
+    accepted exactly ``j`` of the ``k`` drafted tokens (a chain: step accepted j iff positions < j were);
+    ``detailed`` adds ``per_step_accepted``. ``mean_acceptance_length`` 1 + accepted / steps (None without a
+    step), ``draft_acceptance_rate`` accepted / drafted tokens."""
+    hist = [0] * (k + 1)
+    for a in s.per_step:
+        hist[a] += 1
+    out: dict[str, Any] = {
+        "mean_acceptance_length": s.acceptance_length,
+        "draft_acceptance_rate": s.accepted / s.draft_tokens if s.draft_tokens else None,
+        "acceptance_histogram": hist, "num_spec_steps": s.drafts, "num_accepted_draft_tokens": s.accepted,
+        "num_draft_tokens": s.draft_tokens, "num_spec_tokens": k}
+    if mode == "detailed":
+        out["per_step_accepted"] = list(s.per_step)
+    return out

@@ -3,6 +3,10 @@
 - vLLM: ``GET /metrics`` in the Prometheus text format (``parse_prometheus``), its ``vllm:spec_decode_*``
   counters summed over label sets (``vllm_counters``), and the acceptance between two scrapes
   (``vllm_acceptance``: AL = 1 + Δaccepted / Δdrafts, per position, acceptance rate);
+- vLLM per request (``--per-request-spec-decode-metrics``): one response's ``metrics.speculative_decoding``
+  (``request_acceptance``: its counts checked against each other, accepted per position from the histogram:
+  position i was accepted in the steps that accepted more than i drafts) and their sum over a pass
+  (``sum_figures``);
 - SGLang: the per-request ``meta_info`` (``SGLangMeta``) and AL = Σcompletion_tokens / Σspec_verify_ct
   (``sglang_acceptance``);
 - ``offline_al``: the expected accepted length from per-step conditional accuracies.
@@ -14,15 +18,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from draftgen.errors import APIError
+from draftgen.errors import APIError, PermanentAPIError
 from draftgen.records import AcceptanceFigures
 
-__all__ = ["PromSample", "SGLangMeta", "SpecCounters", "offline_al", "parse_prometheus", "sglang_acceptance",
-           "vllm_acceptance", "vllm_counters"]
+if TYPE_CHECKING:
+    from draftgen.backends import SpecDecodeMetrics
+
+__all__ = ["PromSample", "SGLangMeta", "SpecCounters", "offline_al", "parse_prometheus", "request_acceptance",
+           "sglang_acceptance", "sum_figures", "vllm_acceptance", "vllm_counters"]
 
 _VLLM = "vllm:spec_decode_"
 _DRAFTS, _DRAFT_TOKENS, _ACCEPTED, _PER_POS = (f"{_VLLM}num_drafts", f"{_VLLM}num_draft_tokens",
@@ -138,6 +145,64 @@ def vllm_acceptance(before: SpecCounters, after: SpecCounters) -> AcceptanceFigu
         per_position=[v / d_drafts for v in per_pos],
         acceptance_rate=d_acc / d_tokens if d_tokens > 0 else None,
         drafts=d_drafts, draft_tokens=d_tokens, accepted=d_acc, accepted_per_pos=per_pos)
+
+
+def _disagree(m: SpecDecodeMetrics) -> str | None:
+    """Why the counts of ``m`` cannot all be true, or None."""
+    counts = {"num_spec_steps": m.num_spec_steps, "num_accepted_draft_tokens": m.num_accepted_draft_tokens,
+              "num_draft_tokens": m.num_draft_tokens, "num_spec_tokens": m.num_spec_tokens}
+    neg = [k for k, v in counts.items() if v < 0] + (["acceptance_histogram"] if any(h < 0 for h in
+                                                                                     m.acceptance_histogram) else [])
+    if neg:
+        return f"{neg[0]} is negative"
+    h = m.acceptance_histogram
+    if len(h) != m.num_spec_tokens + 1:
+        return f"acceptance_histogram has {len(h)} entries, not num_spec_tokens + 1 = {m.num_spec_tokens + 1}"
+    if sum(h) != m.num_spec_steps:
+        return f"acceptance_histogram sums to {sum(h)} steps, not num_spec_steps {m.num_spec_steps}"
+    if sum(j * n for j, n in enumerate(h)) != m.num_accepted_draft_tokens:
+        return (f"acceptance_histogram accounts for {sum(j * n for j, n in enumerate(h))} accepted tokens, not "
+                f"num_accepted_draft_tokens {m.num_accepted_draft_tokens}")
+    if m.num_accepted_draft_tokens > m.num_draft_tokens or m.num_draft_tokens > m.num_spec_steps * m.num_spec_tokens:
+        return (f"{m.num_accepted_draft_tokens} accepted of {m.num_draft_tokens} draft tokens in "
+                f"{m.num_spec_steps} steps of {m.num_spec_tokens}")
+    steps = m.per_step_accepted
+    if steps is not None and (len(steps) != m.num_spec_steps or sum(steps) != m.num_accepted_draft_tokens):
+        return f"per_step_accepted lists {len(steps)} steps accepting {sum(steps)}"
+    return None
+
+
+def request_acceptance(m: SpecDecodeMetrics, *, where: str) -> AcceptanceFigures:
+    """One request's acceptance from its ``metrics.speculative_decoding`` (source ``vllm-per-request``); counts
+    that contradict each other are a ``PermanentAPIError`` (kind ``bad_spec_metrics``) naming ``where``."""
+    why = _disagree(m)
+    if why is not None:
+        raise PermanentAPIError(f"{where}: metrics.speculative_decoding does not add up ({why}); fix the server, "
+                                "or set accept.per_request: metrics to read /metrics instead", kind="bad_spec_metrics")
+    h = m.acceptance_histogram
+    per_pos = [float(sum(h[i + 1:])) for i in range(m.num_spec_tokens)]
+    steps = float(m.num_spec_steps)
+    return AcceptanceFigures(
+        source="vllm-per-request", acceptance_length=1.0 + m.num_accepted_draft_tokens / steps if steps else 1.0,
+        per_position=[v / steps for v in per_pos] if steps else [],
+        acceptance_rate=m.num_accepted_draft_tokens / m.num_draft_tokens if m.num_draft_tokens else None,
+        drafts=steps, draft_tokens=float(m.num_draft_tokens), accepted=float(m.num_accepted_draft_tokens),
+        accepted_per_pos=per_pos)
+
+
+def sum_figures(figs: Sequence[AcceptanceFigures], source: str) -> AcceptanceFigures | None:
+    """The acceptance of several requests' counts together (vLLM's formulas over the sums); None without a
+    draft among them."""
+    drafts = sum(f.drafts for f in figs)
+    if drafts <= 0:
+        return None
+    tokens, accepted = sum(f.draft_tokens for f in figs), sum(f.accepted for f in figs)
+    k = max((len(f.accepted_per_pos) for f in figs), default=0)
+    per_pos = [sum(f.accepted_per_pos[i] for f in figs if i < len(f.accepted_per_pos)) for i in range(k)]
+    return AcceptanceFigures(source=source, acceptance_length=1.0 + accepted / drafts,
+                             per_position=[v / drafts for v in per_pos],
+                             acceptance_rate=accepted / tokens if tokens > 0 else None, drafts=drafts,
+                             draft_tokens=tokens, accepted=accepted, accepted_per_pos=per_pos)
 
 
 class SGLangMeta(msgspec.Struct):

@@ -16,21 +16,22 @@ any drafter while the run has none) over the configured prompts (a ``--prompts``
    over ``accept.datasets`` until ``accept.prompts``. With no merge yet, every prepared prompt is eligible
    (a note says so).
 2. They are sent greedily (temperature 0, ``accept.max_tokens``) to the server that serves the target with
-   the drafter (vLLM: one at a time with ``accept.one_at_a_time``, else ``accept.concurrency`` in flight):
-   The server's kind is ``accept.server``, or with ``auto`` the endpoint's kind when that backend reports
-   acceptance, else vLLM; its ``Capabilities.acceptance`` says how acceptance is read:
-   - ``metrics`` (vLLM): through draftgen's backend of that kind (chat completions); ``GET {root}/metrics``
-     is read before and after (one at a time: around each request, so each prompt's counters are known), and
-     the ``vllm:spec_decode_*`` counters' deltas give AL = 1 + Δaccepted / Δdrafts, per position
-     Δaccepted_per_pos[i] / Δdrafts, acceptance rate Δaccepted / Δdraft_tokens (counters summed over label
-     sets, per position by its ``position`` label; ``accept.counters``);
+   the drafter (``accept.passes``). The server's kind is ``accept.server``, or with ``auto`` the endpoint's
+   kind when that backend reports acceptance, else vLLM; its ``Capabilities.acceptance`` says how acceptance
+   is read:
+   - ``metrics`` (vLLM): through draftgen's backend of that kind (chat completions). Each prompt's counters
+     come from its response's ``metrics.speculative_decoding`` when the server sends them (vLLM
+     ``--per-request-spec-decode-metrics``; ``accept.per_request``), ``accept.concurrency`` in flight; else
+     ``GET {root}/metrics`` is read around each request, sent one at a time (``accept.one_at_a_time``). The
+     ``vllm:spec_decode_*`` counts give AL = 1 + accepted / drafts, per position accepted_per_pos[i] /
+     drafts, acceptance rate accepted / draft_tokens (``accept.counters``);
    - ``meta_info`` (SGLang): native ``POST {root}/generate`` with the prompt ids rendered by the target's
      profile; each response's ``meta_info`` gives ``completion_tokens`` and ``spec_verify_ct``, and AL =
      Σcompletion_tokens / Σspec_verify_ct.
-   A counter that went down between the scrapes (a restarted server) or a run without a single draft is an
-   error naming the fix. Every request goes through the backends' HTTP layer (the backend's one session,
-   ``backends.http`` bounds, ``backends.errors`` classification) and retryable failures are retried by the
-   one policy (``engine.retry``, ``retry.*``), as generate's; the ``/metrics`` scrapes are not retried.
+   A counter that went down between the scrapes (a restarted server), per-request counts that do not add up,
+   or a run without a single draft is an error naming the fix. Each prompt's counters, joined to its dataset
+   and prompt length bucket, are also written one typed record a line (``records.PromptAcceptance``) to
+   ``accept/<drafter key>/<pass name>.prompts.jsonl``.
 3. Beside the drafter, on the same prompts (``accept.figures``): copy-last and n-gram lookup, replayed
    on the target's greedy continuations of this pass (``drafter.baselines``), and with ``--zero-aux-url``
    (``accept.zero_aux_url``) the same drafter fed zeroed aux states by a second server; every figure with a
@@ -41,7 +42,10 @@ any drafter while the run has none) over the configured prompts (a ``--prompts``
    ``train/log.jsonl`` when the drafter folder is under ``train/`` but not ``train/previous/`` (its last
    validation record, else its last step), else ``accept.offline_cond_acc``, else none; shown next to the
    measured AL.
-6. What the drafter trained on (``_training``): for this run's ``train/drafter`` or ``train/eagle3`` its
+6. Which k to serve (``accept.kchoice``): the acceptance length at every k up to the served one, with
+   intervals; the expected speedup per k and ``accept.concurrencies``, calibrated on the ``--baseline-url``
+   speedup; the recommended k and any slow-down warning (the report's ``k_choice``).
+7. What the drafter trained on (``_training``): for this run's ``train/drafter`` or ``train/eagle3`` its
    ``train/train.json``, for a drafter a refused run set aside in ``train/previous/`` the ``train.json`` beside
    it. One that trained on fewer samples than ``train.min_trained_fraction`` of those its batches asked for (or
    on none), or whose train.json says that run published no drafter, gets a warning (the report's
@@ -56,11 +60,8 @@ import hashlib
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import msgspec
+from typing import TYPE_CHECKING
 
 from draftgen.config import RunConfig
 from draftgen.errors import APIError, ConfigError, InputError
@@ -77,24 +78,21 @@ from draftgen.phases.accept.counters import (
 )
 from draftgen.phases.accept.figures import compare, comparison_lines
 from draftgen.phases.accept.heldout import held_out_prompts
-from draftgen.records import (
-    AcceptanceFigures,
-    AcceptReport,
-    PromptAcceptance,
-    PromptRecord,
-    ThroughputFigures,
-    TrainLogRecord,
-    TrainReport,
-)
+from draftgen.phases.accept.kchoice import k_choice, k_lines
+from draftgen.phases.accept.passes import Pass, sglang_pass, vllm_pass
+from draftgen.records import AcceptReport, PromptRecord, TrainLogRecord, TrainReport
 from draftgen.rundir import RunDir
 from draftgen.runview.chain import beats, verdict
-from draftgen.store import atomic_write_json, iter_jsonl, read_json, read_json_object
+from draftgen.store import (
+    atomic_write_bytes,
+    atomic_write_json,
+    encode_json,
+    iter_jsonl,
+    read_json,
+    read_json_object,
+)
 
 if TYPE_CHECKING:
-    import aiohttp
-
-    from draftgen.backends import Completion
-    from draftgen.engine.retry import RetryPolicy
     from draftgen.phases import PhaseContext, PhaseOutcome
     from draftgen.tokens import Profile
 
@@ -116,185 +114,6 @@ __all__ = [
 
 #: the server kind ``accept.server: auto`` measures when the endpoint's kind reports no acceptance
 _DEFAULT_SERVER = "vllm"
-
-
-# -- sending -----------------------------------------------------------------------------------------------
-
-
-def _root(base_url: str) -> str:
-    from draftgen.backends.sglang import sglang_root
-
-    return sglang_root(base_url)
-
-
-async def _scrape(session: aiohttp.ClientSession, base_url: str) -> SpecCounters:
-    """One scrape of ``{root}/metrics`` through the backends' HTTP layer (``backends.http.get_bytes``); not
-    retried: a scrape that fails says what to fix."""
-    from draftgen.backends.http import get_bytes
-
-    url = _root(base_url) + "/metrics"
-    try:
-        body = await get_bytes(session, url)
-    except APIError as exc:
-        if exc.status is not None:
-            raise APIError(f"GET {url}: HTTP {exc.status}; the server must expose vLLM's /metrics",
-                           status=exc.status) from None
-        raise APIError(f"GET {url}: {exc}; is the server up?") from None
-    c = vllm_counters(body.decode("utf-8", errors="replace"))
-    if not c.seen:
-        raise APIError(f"GET {url}: no vllm:spec_decode_* counters; start vLLM with the drafter "
-                       "(--speculative-config '{\"method\": \"eagle3\", ...}')")
-    return c
-
-
-def _policy(cfg: RunConfig) -> RetryPolicy:
-    """The one retry policy (``retry.*``), as generate's."""
-    from draftgen.engine.retry import RetryPolicy
-
-    return RetryPolicy(cfg.retry)
-
-
-def _greedy_cfg(cfg: RunConfig, server: str) -> RunConfig:
-    """``cfg`` for greedy, unstreamed requests to a server of kind ``server``."""
-    s = msgspec.structs.replace(cfg.sampling, temperature=0.0, top_p=None, seed=None)
-    ep = msgspec.structs.replace(cfg.endpoint, kind=server, stream=False)
-    return msgspec.structs.replace(cfg, sampling=s, endpoint=ep)
-
-
-@dataclass
-class _Pass:
-    """One pass over the held-out prompts: throughput, the acceptance over the pass, and per prompt (same order
-    as the prompts) its counters (``counted``: per-prompt counters are known) and the ids the server returned."""
-
-    throughput: ThroughputFigures
-    figures: AcceptanceFigures | None
-    prompts: list[PromptAcceptance]
-    counted: bool
-    ids: list[tuple[list[int] | None, list[int]] | None]  # (prompt ids if returned, output ids) per prompt
-
-
-def _prompt_row(p: PromptRecord, tokens: int, ended: bool, fig: AcceptanceFigures | None,
-                out: list[int] | None) -> PromptAcceptance:
-    if fig is None:
-        return PromptAcceptance(sample_id=p.sample_id, dataset=p.dataset, completion_tokens=tokens, ended=ended,
-                                output_ids=out)
-    return PromptAcceptance(sample_id=p.sample_id, dataset=p.dataset, drafts=fig.drafts, accepted=fig.accepted,
-                            accepted_per_pos=fig.accepted_per_pos, completion_tokens=tokens, ended=ended,
-                            output_ids=out)
-
-
-def _throughput(url: str, n: int, tokens: int, seconds: float) -> ThroughputFigures:
-    return ThroughputFigures(base_url=url, requests=n, completion_tokens=tokens, seconds=round(seconds, 4),
-                             tokens_per_s=round(tokens / seconds, 3) if seconds > 0 else 0.0)
-
-
-async def _vllm_pass(cfg: RunConfig, server: str, url: str, prompts: Sequence[PromptRecord], *, scrape: bool,
-                     one_at_a_time: bool) -> _Pass:
-    """Chat completions of the prompts at ``url``. ``one_at_a_time``: sequentially, ``/metrics`` scraped around
-    each request (per-prompt counters; the seconds are the requests' own); else ``accept.concurrency`` in
-    flight."""
-    from draftgen.backends import CompletionRequest, api_key_for, open_backend
-    from draftgen.backends.http import HttpBackend
-    from draftgen.engine.retry import retrying
-
-    g = _greedy_cfg(cfg, server)
-    sem = asyncio.Semaphore(1 if one_at_a_time else max(1, cfg.accept.concurrency))
-    policy = _policy(cfg)
-    async with open_backend(g, api_key_for(g), base_urls=[url], connections=cfg.accept.concurrency + 2) as be:
-        assert isinstance(be, HttpBackend)  # one URL: one backend; its session scrapes /metrics too
-
-        async def one(p: PromptRecord) -> tuple[Completion, float]:
-            req = CompletionRequest(sample_id=p.sample_id, messages=p.messages, max_tokens=cfg.accept.max_tokens,
-                                    tools=p.tools)
-            async with sem:
-                t = time.perf_counter()
-                comp = await retrying(lambda: be.complete(req), policy)
-                return comp, time.perf_counter() - t
-
-        first = last = await _scrape(be.session, url) if scrape else None
-        windows: list[AcceptanceFigures | None] = []
-        t0 = time.perf_counter()
-        if scrape and one_at_a_time:
-            done = []
-            for p in prompts:
-                done.append(await one(p))
-                now = await _scrape(be.session, url)
-                windows.append(vllm_acceptance(last, now) if last is not None else None)
-                last = now
-            seconds = sum(d for _, d in done)
-        else:
-            done = list(await asyncio.gather(*(one(p) for p in prompts)))
-            seconds = time.perf_counter() - t0
-            last = await _scrape(be.session, url) if scrape else None
-        figures = vllm_acceptance(first, last) if first is not None and last is not None else None
-    rows: list[PromptAcceptance] = []
-    ids: list[tuple[list[int] | None, list[int]] | None] = []
-    for i, (p, (comp, _)) in enumerate(zip(prompts, done, strict=True)):
-        out = comp.output_ids
-        tokens = int(comp.usage.completion_tokens) if comp.usage is not None and comp.usage.completion_tokens \
-            else len(out or [])
-        rows.append(_prompt_row(p, tokens, comp.finish_reason == "stop", windows[i] if windows else None,
-                                list(out) if out is not None else None))
-        ids.append((list(comp.prompt_ids) if comp.prompt_ids else None, list(out)) if out is not None else None)
-    tokens = sum(r.completion_tokens for r in rows)
-    if figures is not None:
-        figures.completion_tokens = tokens
-    return _Pass(_throughput(url, len(prompts), tokens, seconds), figures, rows, bool(windows), ids)
-
-
-class _GenReply(msgspec.Struct):
-    meta_info: SGLangMeta | None = None
-    output_ids: list[int] | None = None
-
-
-async def _sglang_pass(cfg: RunConfig, server: str, url: str, prompts: Sequence[PromptRecord],
-                       ids: Sequence[list[int]]) -> tuple[_Pass, list[SGLangMeta]]:
-    from draftgen.backends import api_key_for, open_backend
-    from draftgen.backends.sglang import SGLangBackend
-    from draftgen.engine.retry import retrying
-
-    g = _greedy_cfg(cfg, server)
-    sem = asyncio.Semaphore(max(1, cfg.accept.concurrency))
-    policy = _policy(cfg)
-    dec = msgspec.json.Decoder(_GenReply)
-    max_tokens = cfg.accept.max_tokens
-
-    async with open_backend(g, api_key_for(g), base_urls=[url], connections=cfg.accept.concurrency + 2) as be:
-        if not isinstance(be, SGLangBackend):
-            raise ConfigError(f"accept.server {server!r}: acceptance from meta_info needs SGLang's native /generate")
-        target = be.base_url + "/generate"
-
-        async def post(body: dict[str, Any]) -> _GenReply:
-            data = await be.generate_raw(body, max_tokens=max_tokens)
-            try:
-                reply = dec.decode(data)
-            except msgspec.DecodeError as exc:
-                raise APIError(f"POST {target}: not an SGLang /generate reply ({exc})") from None
-            if reply.meta_info is None:
-                raise APIError(f"POST {target}: the reply has no meta_info")
-            return reply
-
-        async def one(p_ids: list[int]) -> _GenReply:
-            body = {"input_ids": p_ids, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0},
-                    "stream": False}
-            async with sem:
-                reply: _GenReply = await retrying(lambda: post(body), policy)
-                return reply
-
-        t0 = time.perf_counter()
-        replies = await asyncio.gather(*(one(list(i)) for i in ids))
-        seconds = time.perf_counter() - t0
-    metas = [r.meta_info for r in replies if r.meta_info is not None]
-    rows = [PromptAcceptance(sample_id=p.sample_id, dataset=p.dataset, drafts=float(m.spec_verify_ct),
-                             accepted=float(m.completion_tokens - m.spec_verify_ct) if m.spec_verify_ct else 0.0,
-                             completion_tokens=m.completion_tokens, verify_calls=m.spec_verify_ct,
-                             ended=m.finished_by_stop(), output_ids=r.output_ids)
-            for p, m, r in zip(prompts, metas, replies, strict=True)]
-    out_ids: list[tuple[list[int] | None, list[int]] | None] = [
-        (list(i), list(r.output_ids)) if r.output_ids is not None else None for i, r in zip(ids, replies, strict=True)]
-    tokens = sum(m.completion_tokens for m in metas)
-    return _Pass(_throughput(url, len(prompts), tokens, seconds), sglang_acceptance(metas), rows, True,
-                 out_ids), metas
 
 
 # -- offline estimate and the drafter ----------------------------------------------------------------------
@@ -373,10 +192,13 @@ def drafter_key(folder: Path) -> str:
     return f"{name}-{hashlib.sha256(str(resolved).encode()).hexdigest()[:10]}"
 
 
-def pass_name(server: str, sample_ids: Sequence[str]) -> str:
+def pass_name(server: str, sample_ids: Sequence[str], served_k: int | None = None) -> str:
     """The pass's report name in its drafter's folder: the server's kind, the number of prompts and the first
-    10 hex digits of sha256 of their sample ids in order (another prompt set, another file)."""
+    10 hex digits of sha256 of their sample ids in order (another prompt set, another file); ``-k<N>`` after
+    them when the server drafted another number of tokens than the drafter's config says (``served_k``)."""
     digest = hashlib.sha256("\n".join(sample_ids).encode()).hexdigest()[:10]
+    if served_k is not None:
+        return f"{server}-{len(sample_ids)}p-{digest}-k{served_k}"
     return f"{server}-{len(sample_ids)}p-{digest}"
 
 
@@ -394,12 +216,17 @@ def latest_reason(cfg: RunConfig, rd: RunDir, folder: Path, prompts: int | None)
     return None
 
 
-def _write_report(cfg: RunConfig, rd: RunDir, report: AcceptReport, folder: Path, prompts: int | None) -> list[str]:
-    """The pass's own report, and a copy as the run's latest when it is that (``latest_reason``); returns the
+def _write_report(cfg: RunConfig, rd: RunDir, report: AcceptReport, folder: Path, prompts: int | None,
+                  other_k: int | None) -> list[str]:
+    """The pass's own report (and its prompts' records), and a copy as the run's latest when it is that
+    (``latest_reason``; never a pass served at ``other_k`` drafted tokens, not the drafter's own); returns the
     line saying where it went."""
     out = rd.accept_report(report.drafter_key, report.pass_name)
+    atomic_write_bytes(rd.accept_prompts(report.drafter_key, report.pass_name),
+                       b"".join(encode_json(r) + b"\n" for r in report.per_prompt))
     atomic_write_json(out, report)
-    why = latest_reason(cfg, rd, folder, prompts)
+    why = latest_reason(cfg, rd, folder, prompts) if other_k is None else \
+        f"served at k={other_k}, not the drafter's own k"
     if why is None:
         atomic_write_json(rd.accept_json, report)
         return [f"accept: report written to {out} (and {rd.accept_json}, the run's latest)"]
@@ -481,14 +308,15 @@ class _Measure:
         self.sg_ids = ([profile.prompt_ids(p.messages, p.tools) for p in chosen]
                        if acceptance == "meta_info" and profile is not None else [])
 
-    def __call__(self, at: str, scrape: bool) -> _Pass:
+    def __call__(self, at: str, scrape: bool, concurrency: int | None = None) -> Pass:
         if self.acceptance == "meta_info":
-            return asyncio.run(_sglang_pass(self.cfg, self.server, at, self.chosen, self.sg_ids))[0]
-        return asyncio.run(_vllm_pass(self.cfg, self.server, at, self.chosen, scrape=scrape,
-                                      one_at_a_time=self.cfg.accept.one_at_a_time))
+            return asyncio.run(sglang_pass(self.cfg, self.server, at, self.chosen, self.sg_ids))[0]
+        return asyncio.run(vllm_pass(self.cfg, self.server, at, self.chosen, scrape=scrape,
+                                     one_at_a_time=self.cfg.accept.one_at_a_time,
+                                     per_request=self.cfg.accept.per_request == "auto", concurrency=concurrency))
 
 
-def _zero_aux(measure: _Measure, url: str, acceptance: str, echo: Echo) -> _Pass:
+def _zero_aux(measure: _Measure, url: str, acceptance: str, echo: Echo) -> Pass:
     """The pass against the server that feeds the drafter zeroed aux states (``accept.zero_aux_url``)."""
     echo(f"accept: the zero-aux ablation → {url}")
     zero = measure(url, True)
@@ -532,10 +360,15 @@ def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
     if main.figures is None:
         raise _no_drafts(url, acceptance)
     figures = main.figures
-    base_fig = measure(baseline, False).throughput if baseline else None
+    base_fig = measure(baseline, False, main.concurrency).throughput if baseline else None  # timed alike
     zero = _zero_aux(measure, zero_url, acceptance, echo) if zero_url else None
-    if k is None and figures.per_position:
-        k = len(figures.per_position)
+    # the tokens a verify step drafted, as the server counted them (vLLM: draft tokens / drafts; SGLang: unknown)
+    served = round(figures.draft_tokens / figures.drafts) if figures.drafts > 0 and figures.draft_tokens > 0 else None
+    if served is not None and k is not None and served != k:
+        notes.append(f"the server drafts {served} tokens a step; the drafter's config says {k}: the figures are "
+                     f"at k={served}")
+    other_k = served if served is not None and k is not None and served != k else None
+    k = served or k
     ids = _known_ids(cfg, profile, chosen, main.ids)
     cmp = compare(main.prompts, ids, k, counted=main.counted and (zero is None or zero.counted),
                   zero_rows=zero.prompts if zero is not None else None, zero_url=zero_url)
@@ -544,17 +377,18 @@ def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
     trained, warnings, trained_notes = _training(cfg, rd, folder)
     report = AcceptReport(
         drafter=str(folder), drafter_key=drafter_key(folder), excluded_by_content=held.excluded_by_content,
-        pass_name=pass_name(server, [p.sample_id for p in chosen]),
+        pass_name=pass_name(server, [p.sample_id for p in chosen], other_k),
         server=server, prompts=len(chosen), sample_ids=[p.sample_id for p in chosen],
         max_tokens=cfg.accept.max_tokens, acceptance=figures, speculative=main.throughput, baseline=base_fig,
         speedup=(round(main.throughput.tokens_per_s / base_fig.tokens_per_s, 4)
                  if base_fig and base_fig.tokens_per_s else None),
         k=k, offline_al=round(offline_al(cond), 4) if cond else None, offline_cond_acc=cond,
         offline_source=source, alternatives=cmp.alternatives, comparisons=cmp.comparisons, datasets=cmp.datasets,
-        per_prompt=main.prompts, notes=notes + cmp.notes + trained_notes, created_at=time.time(),
+        per_prompt=main.prompts, notes=notes + main.notes + cmp.notes + trained_notes, created_at=time.time(),
         samples_trained=trained.samples_trained if trained else None,
         samples_asked=trained.samples_asked if trained else None, warnings=warnings)
-    written = _write_report(cfg, rd, report, folder, prompts)
+    report.k_choice = k_choice(report, cfg.accept, measured_concurrency=main.concurrency)
+    written = _write_report(cfg, rd, report, folder, prompts, other_k)
     for line in summary_lines(report) + written:
         echo(line)
     return report
@@ -582,6 +416,7 @@ def summary_lines(rep: AcceptReport) -> list[str]:
     if rep.baseline is not None:
         line += f", {rep.baseline.tokens_per_s:.1f} without (×{rep.speedup or 0:.2f})"
     lines.append(line)
+    lines.extend(k_lines(rep))
     lines.extend(f"note: {n}" for n in rep.notes)
     return lines
 

@@ -15,6 +15,12 @@ merged rows → length-sorted batches → one worker → an executor → a sink:
   lines; then the sink's ``close``: ``manifest.json`` LAST, every done sample in merged order, the check
   summary and the measured throughput (tokens / the results' wall-clock span).
 
+Provider fidelity (``fidelity``): the merged rows' providers are read too (``target.rows.read_merged_providers``);
+``fidelity.choose`` marks the rows whose agreement with the target the worker measures (``ExtractRow.fidelity``),
+and the manifest's check summary carries each provider's figures and flag (``checks.fidelity``), printed as a
+table; a set that is up to date gets its manifest rewritten when they change (another ``fidelity_margin`` or
+``fidelity_action``: nothing is extracted again).
+
 Imports: run → executor, proc_pool, ray_pool → worker → batches; nothing imports run back.
 
 Resume: a kill at any moment loses at most the batches in flight (``worker.FINISHING`` + 1). A temp file never counts; a published
@@ -32,10 +38,11 @@ More than ``hidden_states.max_flagged_fraction`` flagged samples: the manifest i
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -56,12 +63,14 @@ from draftgen.phases.extract.batches import (
     split_batches,
 )
 from draftgen.phases.extract.executor import Executor, InProcess
+from draftgen.phases.extract.fidelity import choose, summarize
 from draftgen.phases.extract.proc_pool import Processes
 from draftgen.phases.extract.ray_pool import RayPool
 from draftgen.phases.extract.worker import TIMING_KEYS, BatchResult
 from draftgen.records import (
     HiddenChecksSummary,
     HiddenCounts,
+    HiddenFidelity,
     HiddenIdentity,
     HiddenIndexRecord,
     HiddenLayerIds,
@@ -70,9 +79,10 @@ from draftgen.records import (
 )
 from draftgen.rundir import HiddenLayout, RunDir
 from draftgen.rundir.claim import writer
+from draftgen.runview.chain import fidelity_lines
 from draftgen.target.identity import identity_of
 from draftgen.target.layers import CONVENTION
-from draftgen.target.rows import read_merged_rows
+from draftgen.target.rows import read_merged_providers, read_merged_rows
 
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
@@ -99,6 +109,7 @@ class ExtractReport(msgspec.Struct, omit_defaults=True):
     timings: dict[str, float] = msgspec.field(default_factory=dict)
     bytes_written: int = 0
     replaced: int = 0  # samples held but redone: merged row changed, no digest (older draftgen), file changed
+    fidelity: HiddenFidelity | None = None  # each provider's agreement with the target (the manifest's)
 
 
 def _summary(done: dict[str, HiddenIndexRecord], fraction: float) -> HiddenChecksSummary:
@@ -127,13 +138,27 @@ def _summary(done: dict[str, HiddenIndexRecord], fraction: float) -> HiddenCheck
     return out
 
 
+def _held(rows: Sequence[ExtractRow], res: Resume) -> dict[str, HiddenIndexRecord]:
+    """The merged rows the destination holds, in merged order: row id -> its record (a repeat: its base's)."""
+    return {r.sample_id: rec for r in rows if (rec := res.record(r.sample_id)) is not None}
+
+
+def _checks(cfg: RunConfig, held: dict[str, HiddenIndexRecord],
+            providers: Mapping[str, str]) -> HiddenChecksSummary:
+    """The check summary of the rows ``held``, provider fidelity included."""
+    out = _summary(held, cfg.hidden_states.teacher_fraction)
+    out.fidelity = summarize(held, providers, cfg.hidden_states)
+    return out
+
+
 def _manifest(cfg: RunConfig, info: TargetInfo, rows: Sequence[ExtractRow], res: Resume,
-              throughput: float | None, ident: HiddenIdentity | None) -> HiddenManifest:
+              throughput: float | None, ident: HiddenIdentity | None,
+              providers: Mapping[str, str]) -> HiddenManifest:
     """Every merged row once, in merged order; a weight repeat names its base's file; the target as
     ``info`` describes it, with the weights digest and forced differences ``identity.json`` (``ident``)
     records."""
     aux = list(info.layers.aux)
-    held = {r.sample_id: rec for r in rows if (rec := res.record(r.sample_id)) is not None}
+    held = _held(rows, res)
     entries = [HiddenSampleEntry(sample_id=sid, file=rec.file, length=rec.length, file_sha256=rec.file_sha256)
                for sid, rec in held.items()]
     flagged = sum(1 for rec in held.values() if rec.failed)
@@ -149,7 +174,7 @@ def _manifest(cfg: RunConfig, info: TargetInfo, rows: Sequence[ExtractRow], res:
         dtype=cfg.hidden_states.dtype,
         norm_weight_sha256=mine.norm_weight_sha256, norm_eps=info.norm_eps,
         counts=HiddenCounts(samples=len(entries), tokens=sum(e.length for e in entries), flagged=flagged),
-        samples=entries, checks=_summary(held, cfg.hidden_states.teacher_fraction),
+        samples=entries, checks=_checks(cfg, held, providers),
         throughput_tokens_per_s=throughput, complete=len(entries) == len(rows),
         backend=cfg.hidden_states.backend, draftgen_version=__version__,
         forced=list(ident.forced) if ident is not None else [],
@@ -180,7 +205,10 @@ def _extract(cfg: RunConfig, rd: RunDir, echo: Echo, limit: int | None, pilot: i
         raise ConfigError("hidden_states.batch_tokens must be >= 1")
     if not 0.0 <= hs.teacher_fraction <= 1.0:
         raise ConfigError("hidden_states.teacher_fraction must be in [0, 1]")
+    if hs.fidelity_samples < 0 or not 0.0 <= hs.fidelity_margin < 1.0:
+        raise ConfigError("hidden_states.fidelity_samples must be >= 0 and hidden_states.fidelity_margin in [0, 1)")
     rows = read_merged_rows(rd)
+    providers = read_merged_providers(rd)
     store = HiddenStore(hidden_url(cfg), dict(hs.storage_options))
     store.claim()  # a foreign destination is refused before anything there is deleted or written (even the lock)
     with destination_lock(store, str(rd.root)) as refresh:
@@ -188,18 +216,21 @@ def _extract(cfg: RunConfig, rd: RunDir, echo: Echo, limit: int | None, pilot: i
             refresh()  # the owner file on an object store stays fresh while progress lines come
             echo(line)
 
-        return _extract_held(cfg, store, rows, echo_refresh, limit, pilot, backend, force)
+        return _extract_held(cfg, store, rows, providers, echo_refresh, limit, pilot, backend, force)
 
 
-def _extract_held(cfg: RunConfig, store: HiddenStore, rows: Sequence[ExtractRow], echo: Echo, limit: int | None,
-                  pilot: int | None, backend: ExtractBackend | None, force: bool) -> ExtractReport:
+def _extract_held(cfg: RunConfig, store: HiddenStore, rows: Sequence[ExtractRow], providers: Mapping[str, str],
+                  echo: Echo, limit: int | None, pilot: int | None, backend: ExtractBackend | None,
+                  force: bool) -> ExtractReport:
     """``_extract`` once the destination is held (one writer per destination)."""
     hs = cfg.hidden_states
     store.clean_temps()
     res = resume_state(store, rows)
     _echo_replaced(echo, res)
     done = res.done
-    pending = [r for r in rows if r.sample_id not in res.alias and r.sample_id not in done]
+    measure = choose([r for r in rows if r.sample_id not in res.alias], providers, hs.fidelity_samples)
+    pending = [dataclasses.replace(r, fidelity=r.sample_id in measure) for r in rows
+               if r.sample_id not in res.alias and r.sample_id not in done]
     cap = pilot if pilot is not None else limit
     if cap is not None:
         pending = pending[:cap]
@@ -212,6 +243,8 @@ def _extract_held(cfg: RunConfig, store: HiddenStore, rows: Sequence[ExtractRow]
         m = store.read_manifest()
         if m.complete and m.counts.samples == len(rows):
             echo(f"extract: up to date ({len(rows):,} samples in {store.url})")
+            m = _refreshed(store, m, _checks(cfg, _held(rows, res), providers))
+            _echo_fidelity(echo, m)
             _threshold(m, hs.max_flagged_fraction, store)
             return _report(store, rows, done_before, Tally([], {}), m, 0.0, res.replaced)
     batches = list(split_batches(pending, hs.batch_tokens))
@@ -229,7 +262,7 @@ def _extract_held(cfg: RunConfig, store: HiddenStore, rows: Sequence[ExtractRow]
     throughput = tally.tokens / tally.seconds if tally.tokens and tally.seconds > 0 else None
     if throughput is None and store.has_manifest():
         throughput = store.read_manifest().throughput_tokens_per_s
-    man = _manifest(cfg, info, rows, res, throughput, store.read_identity())
+    man = _manifest(cfg, info, rows, res, throughput, store.read_identity(), providers)
     sink: Sink = store
     sink.close(man)  # the stream's end: manifest.json, last
     tally.timings.update(executor.timings)
@@ -327,7 +360,7 @@ def _report(store: HiddenStore, rows: Sequence[ExtractRow], done_before: int, ta
                          teacher_checked=man.checks.teacher_checked, complete=man.complete,
                          throughput_tokens_per_s=man.throughput_tokens_per_s, elapsed_s=elapsed,
                          timings=tally.timings,
-                         bytes_written=tally.written, replaced=replaced)
+                         bytes_written=tally.written, replaced=replaced, fidelity=man.checks.fidelity)
 
 
 def _echo_replaced(echo: Echo, res: Resume) -> None:
@@ -358,12 +391,30 @@ def _echo_summary(echo: Echo, rep: ExtractReport, man: HiddenManifest, pilot: in
 
     for line in feeds_lines(man.layer_ids.aux, man.num_layers, man.hidden_size, man.dtype, man.counts.tokens):
         echo(f"extract: {line}")
+    _echo_fidelity(echo, man)
     if pilot is not None and rep.throughput_tokens_per_s:
         left = sum(len(r.input_ids) for r in rows) - man.counts.tokens
         echo(f"extract pilot: the remaining {left:,} tokens would take about "
              f"{left / rep.throughput_tokens_per_s / 3600:.2f} h at this rate (recorded for draftgen plan)")
     if not man.complete:
         echo(f"extract: stopped after the limit; rerun without --limit/--pilot to finish ({store.url})")
+
+
+def _refreshed(store: HiddenStore, m: HiddenManifest, checks: HiddenChecksSummary) -> HiddenManifest:
+    """The up-to-date set's manifest with the check summary recomputed from its index: rewritten (last, as
+    ever) only when the provider fidelity changed (another ``fidelity_margin``/``fidelity_action``)."""
+    if checks.fidelity == m.checks.fidelity:
+        return m
+    m = msgspec.structs.replace(m, checks=msgspec.structs.replace(m.checks, fidelity=checks.fidelity))
+    sink: Sink = store
+    sink.close(m)
+    return m
+
+
+def _echo_fidelity(echo: Echo, man: HiddenManifest) -> None:
+    if man.checks.fidelity is not None:
+        for line in fidelity_lines(man.checks.fidelity):
+            echo(f"extract: {line}")
 
 
 def phase_run(ctx: PhaseContext) -> PhaseOutcome:

@@ -11,7 +11,8 @@ actor). Per batch:
 2. ``finish``: each sample, on the host pool (``host_threads()`` threads, one job per sample): its cheap checks
    read from its staged numbers (``check_staged``: the result ``check_sample`` gives on the file), encoded once
    (``encode_sample``: exactly the staged tensors; the bytes that are hashed and published; decoded again only
-   for the teacher check), its ``HiddenIndexRecord`` (``file_sha256``) made, its file published atomically;
+   for the teacher check and provider fidelity: ``check_fidelity`` on a row marked ``fidelity`` and on every
+   teacher-checked one), its ``HiddenIndexRecord`` (``file_sha256``) made, its file published atomically;
    once EVERY job of the batch has ended, ONE index part listing them. Returns a ``BatchResult`` (the index
    records, bytes written, seconds per step summed over the pool's threads, the wall-clock span).
 
@@ -136,7 +137,8 @@ def info_from_wire(data: bytes) -> TargetInfo:
 
 
 def encode_batch(batch: Sequence[ExtractRow]) -> bytes:
-    return msgspec.msgpack.encode([(r.sample_id, r.input_ids.tobytes(), r.loss_mask.tobytes()) for r in batch])
+    return msgspec.msgpack.encode([(r.sample_id, r.input_ids.tobytes(), r.loss_mask.tobytes(), r.fidelity)
+                                   for r in batch])
 
 
 def decode_batch(data: bytes) -> list[ExtractRow]:
@@ -144,8 +146,8 @@ def decode_batch(data: bytes) -> list[ExtractRow]:
     from draftgen.target import ExtractRow
 
     return [ExtractRow(sample_id=sid, input_ids=np.frombuffer(ids, dtype=np.int64).copy(),
-                       loss_mask=np.frombuffer(mask, dtype=np.uint8).copy())
-            for sid, ids, mask in msgspec.msgpack.decode(data, type=list[tuple[str, bytes, bytes]])]
+                       loss_mask=np.frombuffer(mask, dtype=np.uint8).copy(), fidelity=fid)
+            for sid, ids, mask, fid in msgspec.msgpack.decode(data, type=list[tuple[str, bytes, bytes, bool]])]
 
 
 def error_class(name: str) -> type[DraftgenError]:
@@ -269,8 +271,8 @@ class Worker:
         """One sample on the host pool: staged (a backend that did not stage it: here, on the CPU), its cheap
         checks read from its staged numbers, encoded, hashed and published, unless it goes to the ``lane``
         (then it comes back encoded and decoded, unpublished). A teacher sample is decoded for the teacher
-        check; no other is decoded."""
-        from draftgen.target.checks import check_staged, check_teacher
+        check, a fidelity sample (``_measured``) for ``check_fidelity``; no other is decoded."""
+        from draftgen.target.checks import check_fidelity, check_staged, check_teacher
         from draftgen.target.staging import stage_host
 
         hs, be = self.hs, self.backend
@@ -287,8 +289,14 @@ class Worker:
             loaded = decode_sample(data)
             timings = {"check": t2 - t + time.monotonic() - t3, "encode": t3 - t2}
             return _Done(row=row, data=data, res=res, loaded=loaded, timings=timings)
-        if teacher and "shape" not in res.failed and "finite" not in res.failed:
-            check_teacher(decode_sample(b"".join(parts)), row, be, hs, res)
+        measured = self._measured(row, teacher)
+        if (teacher or measured) and "shape" not in res.failed and "finite" not in res.failed:
+            loaded = decode_sample(b"".join(parts))
+            if teacher:
+                check_teacher(loaded, row, be, hs, res)
+            if measured:
+                check_fidelity(loaded, row, be, hs, res)
+            del loaded
         t4 = time.monotonic()
         rec = _record(row, bytes_digest(parts), res)
         t5 = time.monotonic()
@@ -296,6 +304,11 @@ class Worker:
         timings = {"check": t2 - t + t4 - t3, "encode": t3 - t2 + t5 - t4, "publish": time.monotonic() - t5}
         return _Done(row=row, data=b"", res=res, record=rec, size=sum(memoryview(b).nbytes for b in parts),
                      timings=timings)
+
+    def _measured(self, row: ExtractRow, teacher: bool) -> bool:
+        """Whether the sample's provider fidelity is measured: a row extract chose (``ExtractRow.fidelity``),
+        and every teacher-checked sample unless ``hidden_states.fidelity_samples`` is 0."""
+        return row.fidelity or (teacher and self.hs.fidelity_samples > 0)
 
     def _to_lane(self, row: ExtractRow, data: bytes, loaded: LoadedSample, res: CheckResult) -> None:
         """Hand a sample to the teacher lane: at most ``TEACHER_HELD`` wait or run there (this waits for room)."""
@@ -308,12 +321,15 @@ class Worker:
             raise
 
     def _teacher(self, row: ExtractRow, data: bytes, loaded: LoadedSample, res: CheckResult) -> BatchResult:
-        """The teacher lane's job: one sample's teacher check, then its file and an index part of its own."""
-        from draftgen.target.checks import check_teacher
+        """The teacher lane's job: one sample's teacher check (and provider fidelity), then its file and an index
+        part of its own."""
+        from draftgen.target.checks import check_fidelity, check_teacher
 
         try:
             began, t = time.time(), time.monotonic()
             check_teacher(loaded, row, self.backend, self.hs, res)
+            if self._measured(row, True):
+                check_fidelity(loaded, row, self.backend, self.hs, res)
             del loaded
             t2 = time.monotonic()
             sample = _sample(row, data, res)
@@ -373,6 +389,7 @@ def _record(row: ExtractRow, file_sha256: str, res: CheckResult) -> HiddenIndexR
     """A checked sample's index record."""
     return HiddenIndexRecord(sample_id=row.sample_id, file=sample_path(row.sample_id), length=len(row.input_ids),
                              n_loss=int(row.loss_mask.sum()), failed=res.failed, teacher=res.teacher,
+                             fidelity=res.fidelity,
                              row_sha256=row_digest(row.input_ids, row.loss_mask), file_sha256=file_sha256)
 
 

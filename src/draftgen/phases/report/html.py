@@ -16,8 +16,8 @@ two decode token ids with the run's profile tokenizer (``tokens.profile_from_con
 built here and not in ``metrics``; they are left out, with a note, when it does not load. After merge, when the
 run has them (``runview.chain.read_chain``, embedded as ``#draftgen-chain``): the hidden set (extract), the
 trained drafter (train) and its acceptance (accept: the run's latest pass, with its intervals beside copy-last,
-lookup and zero-aux, the paired differences, per position and per dataset, the verdict sentence, and every pass
-under ``accept/``).
+lookup and zero-aux, the paired differences, per position and per dataset, the verdict sentence, the acceptance
+and expected speedup by k with the recommended k and any slow-down warning, and every pass under ``accept/``).
 """
 
 from __future__ import annotations

@@ -302,6 +302,22 @@ bf16 {{ h.by_dtype['bf16'] | bytes }}){% if h.cap_saved %}; the length cap of {{
 <td>{{ h.layer_ids.aux | join(', ') }} + final {{ h.layer_ids.final }}</td><td>{{ h.dtype }}</td><td>{{ h.backend }}</td>
 <td>{{ h.throughput_tokens_per_s | num(0) }}</td><td>{{ h.checks.teacher_checked | int }}</td></tr></tbody>
 </table></div>
+{% if h.checks.fidelity %}{% set fid = h.checks.fidelity %}
+<h3>Provider fidelity</h3>
+<div class="card"><table id="fidelity-table">
+<thead><tr><th>provider</th><th>samples / rows</th><th>positions</th><th>target's top-1 agreement</th><th>mean log p</th>
+<th>best − it (top-1)</th><th>flagged</th></tr></thead>
+<tbody>{% for p in fid.providers %}<tr{% if p.flagged %} class="broken"{% endif %}><td>{{ p.provider }}</td>
+<td>{{ p.samples | int }} / {{ p.rows | int }}</td><td>{{ p.positions | int }}</td>
+<td>{{ p.top1 | num(3) }} <span class="muted">{{ p.top1_ci95 | ci }}</span></td>
+<td>{{ p.logprob_mean | num(3) }} <span class="muted">{{ p.logprob_ci95 | ci }}</span></td>
+<td>{% if p.provider == fid.best %}best{% else %}{{ p.top1_gap | num(3) }} <span class="muted">{{ p.top1_gap_ci95 | ci(true) }}</span>{% endif %}</td>
+<td{% if p.flagged %} class="bad"{% endif %}>{% if p.flagged %}yes{% if p.excluded_sample_ids %}: {{ p.excluded_sample_ids | length }} rows left out of training{% endif %}{% else %}no{% endif %}</td></tr>{% endfor %}</tbody>
+</table></div>
+<p class="muted">The target's own final norm and head on each measured sample's stored final state, scored against the
+ids the provider emitted (95% bootstrap intervals over samples). Flagged: the interval of the best provider's top-1
+agreement minus this one's lies wholly above {{ fid.margin }} (hidden_states.fidelity_margin); action: {{ fid.action }}.</p>
+{% endif %}
 {% else %}<p class="muted">No hidden set of this run.</p>{% endif %}
 
 <h2 id="train">Drafter training (train)</h2>
@@ -348,6 +364,16 @@ replayed on the target's greedy output of the same pass; zero-aux is the same dr
 95% bootstrap over the prompts, the differences paired by prompt.{% if ac.offline_al is not none %} Offline estimate from
 training: {{ ac.offline_al | num(3) }}.{% endif %}</p>
 {% for w in ac.warnings %}<div class="alert">{{ w }}</div>{% endfor %}
+{% set kc = ac.k_choice %}{% if kc and kc.by_k %}<div class="card" style="margin-top: 12px"><table id="accept-by-k">
+<thead><tr><th>k</th><th>acceptance length</th><th>95% interval</th>{% for c in kc.concurrencies %}<th>expected speedup, concurrency {{ c }}</th>{% endfor %}</tr></thead>
+<tbody>{% for f in kc.by_k %}<tr data-k="{{ f.k }}"{% if f.k == kc.recommended_k %} class="total"{% endif %}>
+<td>{{ f.k }}{% if f.k == kc.recommended_k %} (recommended){% endif %}{% if f.k == kc.served_k %} (served){% endif %}</td>
+<td>{{ f.acceptance_length | num(3) }}</td><td>{{ f.ci95 | ci }}</td>
+{% for c in kc.concurrencies %}<td{% if f.speedup.get(c, 1) < 1 %} class="bad"{% endif %}>{{ f.speedup.get(c) | num(2) }}×</td>{% endfor %}</tr>{% endfor %}</tbody>
+</table></div>
+<p class="muted">Acceptance length at k: 1 + the accepted shares of positions 1 to k (a position is accepted only when
+every one before it is), from the same pass. {% for n in kc.notes %}{{ n }}. {% endfor %}</p>
+{% for w in kc.warnings %}<div class="alert">{{ w }}</div>{% endfor %}{% endif %}
 {% else %}<p class="muted">No accept/acceptance.json (the run's own drafter over accept.prompts prompts) yet.</p>{% endif %}
 {% if chain.passes %}<div class="card"><table id="accept-passes">
 <thead><tr><th>pass (accept/…)</th><th>server</th><th>prompts</th><th>acceptance length</th><th>95% interval</th><th>measured</th></tr></thead>

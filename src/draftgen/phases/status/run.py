@@ -27,8 +27,10 @@ live display with each status line: ``engine.timemodel``'s ETA, counted down fro
 this run's elapsed time and mean tok/s under the display's one definition and labels); once the run is over,
 its last figures. The span from the first response to the last (over every run) is labelled as such.
 
-After the table: OpenRouter batches (``endpoint.mode: batch``, the batch journal): how many wait to be
-submitted, are submitted, in progress and done, each open one's age and the dollars it reserves.
+After the table: the hidden set's provider fidelity when extract measured it (``runview.chain.fidelity_status``:
+one line per provider, a warning line in red per flagged one); OpenRouter batches (``endpoint.mode: batch``, the
+batch journal): how many wait to be submitted, are submitted, in progress and done, each open one's age and the
+dollars it reserves.
 
 The selected datasets are the config's (``status CONFIG``), else those of run.json's config snapshot,
 else every dataset folder found; their completion-token budgets (``token_budget``) are read the same way.
@@ -58,7 +60,7 @@ from draftgen.phases import PHASES, Echo, Phase, PhaseTable
 from draftgen.records import LockHolder, ProgressRecord, RunManifest
 from draftgen.rundir import RunDir
 from draftgen.rundir.claim import live_holder
-from draftgen.runview.chain import accept_status
+from draftgen.runview.chain import accept_status, fidelity_status
 from draftgen.runview.datasets import DatasetMetrics
 from draftgen.runview.metrics import RunMetrics, compute_metrics
 from draftgen.runview.providers import ProviderMetrics
@@ -424,7 +426,7 @@ def read_progress(run_dir: Path, holder: LockHolder | None) -> tuple[ProgressRec
     return pr, holder is not None and holder.pid == pr.pid
 
 
-def render_status(m: RunMetrics, summary: StatusSummary, *, now: float) -> RenderableType:
+def render_status(m: RunMetrics, summary: StatusSummary, *, now: float, fidelity: list[str] | None = None) -> RenderableType:
     head = Text()
     head.append("draftgen status ", style="bold")
     head.append(m.run_dir, style="cyan")
@@ -512,6 +514,8 @@ def render_status(m: RunMetrics, summary: StatusSummary, *, now: float) -> Rende
         lines.append(audit)
         if m.audit.thresholds_broken:
             lines.append(Text("thresholds broken: " + "; ".join(m.audit.thresholds_broken), style="bold red"))
+    for line in fidelity or []:
+        lines.append(Text(line, style="bold red" if line.startswith("warning") else ""))
     return Group(*lines)
 
 
@@ -526,7 +530,8 @@ def _status(target: str, *, now: float | None) -> tuple[StatusReport, str, str]:
     summary.progress, summary.live = read_progress(run_dir, summary.lock)
     at = time.time() if now is None else now
     batches = batch_lines(load_batches(RunDir(run_dir).batch_journal).values(), at)  # endpoint.mode: batch
-    text = redact("\n".join([render_text(render_status(metrics, summary, now=at)), *batches]))
+    text = redact("\n".join([render_text(render_status(metrics, summary, now=at, fidelity=fidelity_status(run_dir))),
+                              *batches]))
     return StatusReport(run_dir=str(run_dir), metrics=metrics, summary=summary), text, \
         redact(msgspec.json.encode(summary).decode())
 

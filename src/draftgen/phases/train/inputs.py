@@ -17,7 +17,8 @@ safetensors' lazy ``safe_open``) and writes, under ``out``, only what is small:
 own Python: its file transfer reads sample ``i`` from ``root/files[i]``, VERIFIES the bytes against
 ``sha256[i]`` (a file changed after extraction stops training with a line naming it and the fix) and builds
 its ``[T, n_aux+1, H]`` tensor in memory, exactly as the ``speculators`` export (hidden.exports) writes it to
-``hs_{i}.safetensors``. Sample ``i`` is the i-th unflagged sample of the manifest, as in that export. A
+``hs_{i}.safetensors``. Sample ``i`` is the i-th unflagged sample of the manifest, as in that export (the rows of
+a provider the extract's fidelity check flagged, under ``fidelity_action: exclude``, are left out too). A
 ``hidden_states/`` folder an earlier (copying) draftgen left here is removed. A set on an object store is not
 handled here (``build_index`` returns None): ``draftgen train`` then falls back to the full speculators
 export (a sink fed by the same Source).
@@ -94,7 +95,8 @@ def build_index(hset: HiddenSet, out: Path, echo: Any = None) -> HiddenExportRep
         return done
     if not len(src):
         raise InputError(f"{hset.store.url}: no sample to train on ({len(m.samples)} in the manifest, "
-                         f"{src.flagged} flagged)")
+                         f"{src.flagged} flagged, {sum(src.excluded.values())} of providers excluded by the "
+                         "fidelity check)")
     out.mkdir(parents=True, exist_ok=True)
     (out / EXPORT_REPORT).unlink(missing_ok=True)
     shutil.rmtree(out / SPECULATORS_STATES, ignore_errors=True)  # an earlier draftgen's full copy
@@ -111,10 +113,14 @@ def build_index(hset: HiddenSet, out: Path, echo: Any = None) -> HiddenExportRep
     secs = time.perf_counter() - t0
     rep = HiddenExportReport(format=INDEX_FORMAT, out=str(out), hidden=hset.store.url,
                              manifest_fingerprint=fingerprint, samples=len(src), tokens=tokens,
-                             skipped_flagged=src.flagged, include_flagged=False, layer_ids=list(m.layer_ids.aux),
+                             skipped_flagged=src.flagged, include_flagged=False, excluded_fidelity=src.excluded,
+                             layer_ids=list(m.layer_ids.aux),
                              final_layer_id=m.layer_ids.final, dtype=smap.dtype, seconds=round(secs, 3))
     atomic_write_json(out / EXPORT_REPORT, rep)
     if echo is not None:
         echo(f"train: indexed {len(src)} samples, {tokens} tokens of {hset.store.url} -> {out} "
              f"(states read in place, {secs:.1f} s)")
+        for provider, n in src.excluded.items():
+            echo(f"train: left out {n} samples of provider {provider}: the extract's fidelity check flagged it "
+                 "(hidden_states.fidelity_action: exclude)")
     return rep

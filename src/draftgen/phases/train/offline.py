@@ -5,7 +5,9 @@ verifier is its target, the set complete or ``train.allow_partial``), the algori
 set's (``hidden.algorithms.select``), and ``inputs.build_index`` run: a local set is read in place (inputs/
 holds only the index), an object-store set is copied once (``hidden.exports``' ``speculators`` format).
 Checkpoints of another set are refused unless ``restart``. ``train_offline`` trains on it
-(``trainer.train_prepared``). Reads the set's manifest and token rows; writes ``train/inputs/``.
+(``trainer.train_prepared``). The set's Source leaves out its flagged samples and the rows of providers the
+extract's fidelity check flagged under ``hidden_states.fidelity_action: exclude``; train.json counts the latter
+(``excluded``, "fidelity: <provider>"). Reads the set's manifest and token rows; writes ``train/inputs/``.
 """
 
 from __future__ import annotations
@@ -67,4 +69,5 @@ def prepare_offline(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> Pr
         flags += [SELECT_FLAG, ",".join(str(i) for i in slots)]
     return Prepared(python=python, verifier=verifier, data=data, samples=rep.samples, source=url,
                     fingerprint=rep.manifest_fingerprint, layer_ids=ids, norm_sha256=norm_digest(verifier),
-                    runner_flags=flags, speculators_flags=["--on-missing", "raise"], missing=missing)
+                    runner_flags=flags, speculators_flags=["--on-missing", "raise"], missing=missing,
+                    excluded={f"fidelity: {p}": n for p, n in rep.excluded_fidelity.items()})

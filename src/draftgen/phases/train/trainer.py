@@ -68,7 +68,8 @@ class Prepared:
     """What a training run trains on, however it was prepared: speculators' data folder (``--data-path``),
     the samples in it, where they come from (``source``: the hidden set, or the servers), a fingerprint of
     them (checkpoints of other data are refused), the aux ids trained on and the runner's and speculators'
-    extra flags, the target's final-norm sha256 (the verifier norm the trainer must build)."""
+    extra flags, the target's final-norm sha256 (the verifier norm the trainer must build); ``excluded``: the
+    set's samples left out, by reason (``TrainReport.excluded``)."""
 
     python: str
     verifier: Path
@@ -81,6 +82,7 @@ class Prepared:
     runner_flags: list[str] = field(default_factory=list)
     speculators_flags: list[str] = field(default_factory=list)
     missing: int | None = None
+    excluded: dict[str, int] = field(default_factory=dict)
 
 
 def verifier_path(cfg: RunConfig, fallback: str | None = None) -> Path:
@@ -258,7 +260,8 @@ def _report(cfg: RunConfig, prep: Prepared, run: TrainerRun, first: int, last: P
         speculative_tokens=k, offline_eal=round(eal, 4) if eal is not None else None, serve=serve,
         verifier_norm_sha256=run.norm_sha256, processes=tc.nproc_per_node * tc.nnodes, online=online,
         samples_trained=None if seen is None else seen.trained, samples_asked=None if seen is None else seen.asked,
-        train_rows=None if seen is None else seen.rows, min_trained_fraction=tc.min_trained_fraction)
+        train_rows=None if seen is None else seen.rows, min_trained_fraction=tc.min_trained_fraction,
+        excluded=prep.excluded)
 
 
 def _speculative_tokens(epoch_dir: Path | None) -> int | None:
