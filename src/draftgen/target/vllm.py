@@ -68,7 +68,6 @@ from draftgen.backends import capabilities
 from draftgen.errors import APIError, ConfigError, PermanentAPIError, RetryableAPIError
 from draftgen.hidden.codec import Captured
 from draftgen.hidden.format import require
-from draftgen.store import read_json_object
 from draftgen.target import (
     ExtractBackendKind,
     ExtractCapabilities,
@@ -86,6 +85,7 @@ from draftgen.target.connector import (
     wait_for_lock,
 )
 from draftgen.target.layers import resolve_layer_ids
+from draftgen.target.weights import TargetWeights, head_agreement
 
 if TYPE_CHECKING:
     import aiohttp
@@ -154,36 +154,6 @@ def _destination(cfg: RunConfig) -> str | None:
     return None if "://" in url else url
 
 
-class _TargetWeights:
-    """The target's config, embedding, final norm and LM head, read tensor by tensor from its folder."""
-
-    def __init__(self, folder: Path) -> None:
-        cfg_path = folder / "config.json"
-        if not cfg_path.is_file():
-            raise ConfigError(f"hidden_states.model {str(folder)!r}: no config.json there; the vllm backend needs "
-                              "the target's local folder (for its layer count, embedding, final norm and lm_head)")
-        raw = read_json_object(cfg_path)
-        self.config: dict[str, Any] = raw.get("text_config") or raw
-        self.tie = bool(raw.get("tie_word_embeddings", self.config.get("tie_word_embeddings", False)))
-        self.folder = folder
-        index = folder / "model.safetensors.index.json"
-        self.where: dict[str, str] = {}
-        if index.is_file():
-            self.where = dict(read_json_object(index)["weight_map"])
-
-    def tensor(self, *names: str) -> torch.Tensor:
-        st = require("safetensors")
-        for name in names:
-            shard = self.where.get(name, "model.safetensors" if not self.where else None)
-            if shard is None:
-                continue
-            with st.safe_open(str(self.folder / shard), framework="pt") as f:
-                if name in f.keys():  # noqa: SIM118 (safe_open has no __contains__)
-                    t: torch.Tensor = f.get_tensor(name)
-                    return t
-        raise ConfigError(f"hidden_states.model {str(self.folder)!r}: no tensor {' or '.join(names)} in its safetensors")
-
-
 class VllmExtractBackend:
     """See the module docstring. ``VllmExtractBackend(cfg)`` (the registry's factory) or
     ``VllmExtractBackend.from_parts(target_folder, options, layer_ids)``."""
@@ -239,14 +209,12 @@ class VllmExtractBackend:
         self.policy: RetryPolicy = RetryPolicy(RetryConfig(
             max_attempts=opts.max_attempts, base_delay_s=opts.base_delay_s, multiplier=opts.multiplier,
             max_delay_s=opts.max_delay_s))
-        self.weights = _TargetWeights(Path(target))
+        self.weights = TargetWeights(Path(target))
         c = self.weights.config
         n_layers = int(c["num_hidden_layers"])
         layers = resolve_layer_ids(n_layers, layer_ids)
         norm_w = self.weights.tensor("model.norm.weight").float()
-        self._embed: torch.Tensor | None = None
-        self._loading = threading.Lock()  # the lazy loads below: checks run on several threads at once
-        self._head: torch.Tensor | None = None
+        self._loading = threading.Lock()  # the target's lazy load (``_load_target``): checks run on several threads
         self.info = TargetInfo(name=name, revision=revision, num_layers=n_layers, hidden_size=int(c["hidden_size"]),
                                vocab_size=int(c["vocab_size"]), norm_eps=float(c.get("rms_norm_eps", 1e-6)),
                                norm_weight=norm_w, layers=layers, config_sha256=config_digest(target))
@@ -541,10 +509,7 @@ class VllmExtractBackend:
     def embed(self, ids: np.ndarray) -> torch.Tensor:
         import torch
 
-        with self._loading:
-            if self._embed is None:
-                self._embed = self.weights.tensor("model.embed_tokens.weight")
-        out: torch.Tensor = self._embed[torch.from_numpy(ids).long()].float()
+        out: torch.Tensor = self.weights.embedding()[torch.from_numpy(ids).long()].float()
         return out
 
     def head_logprobs(self, final_pre: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -553,23 +518,7 @@ class VllmExtractBackend:
     def head_agreement(self, final_pre: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """log p(targets) under the target's head read from ``hidden_states.model`` (on this host's CPU) and
         whether each target is its top-1 (a tie counts)."""
-        import torch
-
-        from draftgen.drafter.hf import rms_norm
-
-        with self._loading:
-            if self._head is None:
-                names = ("lm_head.weight", "model.embed_tokens.weight") if self.weights.tie else ("lm_head.weight",)
-                self._head = self.weights.tensor(*names)
-        post = rms_norm(final_pre, self.info.norm_weight, self.info.norm_eps)
-        out, hit = [], []
-        for s in range(0, post.shape[0], 256):
-            logp = torch.log_softmax(post[s:s + 256] @ self._head.float().T, dim=-1)
-            mine = logp.gather(-1, targets[s:s + 256].long()[:, None])[:, 0]
-            out.append(mine)
-            hit.append(mine >= logp.amax(-1))
-        res: torch.Tensor = torch.cat(out) if out else torch.zeros(0)
-        return res, torch.cat(hit) if hit else torch.zeros(0, dtype=torch.bool)
+        return head_agreement(self.weights.head(), self.info.norm_weight, self.info.norm_eps, final_pre, targets)
 
     def reference(self, row: ExtractRow, positions: torch.Tensor) -> Reference | None:
         """The engine's own log-probs of the row (kept by its capture), and ``through`` where allowed."""
