@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from draftgen.drafter.hf import decoder_layers, logprobs_through, rms_norm, token_logprobs
+from draftgen.drafter.hf import decoder_layers, logprobs_through, rms_norm
 from draftgen.errors import ConfigError
 from draftgen.hidden.codec import Captured
 from draftgen.hidden.format import require
@@ -45,6 +45,7 @@ from draftgen.target import (
 )
 from draftgen.target.layers import resolve_layer_ids
 from draftgen.target.staging import stage_batch
+from draftgen.target.weights import head_scores
 
 if TYPE_CHECKING:
     import numpy as np
@@ -170,20 +171,9 @@ class HFExtractBackend:
 
     def _scores(self, post_norm: torch.Tensor, targets: torch.Tensor, chunk: int = 256,
                 top1: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """log p(targets) under the head on the head's device (CPU float32 [N]) and, with ``top1``, whether each
-        target's logit is the largest (bool [N]; else empty)."""
-        th = require("torch")
-        dev = self.head.weight.device
-        out, hit = [], []
-        with th.inference_mode():
-            for s in range(0, post_norm.shape[0], chunk):
-                logits = self.head(post_norm[s:s + chunk].to(dev, self.head.weight.dtype))
-                want = targets[s:s + chunk].to(dev)
-                out.append(token_logprobs(logits, want).cpu())
-                if top1:
-                    hit.append((logits.gather(-1, want[:, None].long())[:, 0] >= logits.amax(-1)).cpu())
-        res: torch.Tensor = th.cat(out) if out else th.zeros(0)
-        return res, th.cat(hit) if hit else th.zeros(0, dtype=th.bool)
+        """``target.weights.head_scores`` with the head on its own device and dtype."""
+        w = self.head.weight
+        return head_scores(lambda x: self.head(x.to(w.device, w.dtype)), post_norm, targets, top1=top1, chunk=chunk)
 
     def head_logprobs(self, final_pre: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self._logprobs(rms_norm(final_pre, self.info.norm_weight, self.norm_eps), targets)

@@ -1,7 +1,8 @@
 """The target's own tensors, read tensor by tensor from its local folder: what a capture backend that does not
 run the target itself (``vllm``) needs beside the servers' states. Its config (layer count, tied head), the final
 norm, the embedding (the aux checks' copy check) and the LM head (the teacher and fidelity checks), the last two
-loaded once, on first use, from any thread.
+loaded once, on first use, from any thread; ``head_scores``, the log-prob and top-1 of completion ids under a
+head, for either backend.
 
 Reads the folder's ``config.json``, ``model.safetensors.index.json`` and shards; writes nothing.
 """
@@ -9,6 +10,7 @@ Reads the folder's ``config.json``, ``model.safetensors.index.json`` and shards;
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +21,7 @@ from draftgen.store import read_json_object
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TargetWeights", "head_agreement"]
+__all__ = ["TargetWeights", "head_agreement", "head_scores"]
 
 
 class TargetWeights:
@@ -71,20 +73,31 @@ class TargetWeights:
             return self._head
 
 
+def head_scores(logits_of: Callable[[torch.Tensor], torch.Tensor], post: torch.Tensor, targets: torch.Tensor, *,
+                top1: bool = True, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(targets) (CPU float32 [N], ``drafter.hf.token_logprobs``) from the logits ``logits_of`` gives for
+    ``chunk`` post-norm states at a time, and with ``top1`` whether each target's logit is the largest (a tie
+    counts; bool [N], else empty). The one head scoring of the hf and vllm capture backends."""
+    th = require("torch")
+    from draftgen.drafter.hf import token_logprobs
+
+    out, hit = [], []
+    with th.inference_mode():
+        for s in range(0, post.shape[0], chunk):
+            logits = logits_of(post[s:s + chunk])
+            want = targets[s:s + chunk].to(logits.device)
+            out.append(token_logprobs(logits, want).cpu())
+            if top1:
+                hit.append((logits.gather(-1, want[:, None].long())[:, 0] >= logits.amax(-1)).cpu())
+    res: torch.Tensor = th.cat(out) if out else th.zeros(0)
+    return res, th.cat(hit) if hit else th.zeros(0, dtype=th.bool)
+
+
 def head_agreement(head: torch.Tensor, norm_weight: torch.Tensor, eps: float, final_pre: torch.Tensor,
                    targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p(targets) under ``head`` applied to the final norm of ``final_pre`` [T, H], and whether each target
-    is the top-1 (a tie counts), 256 positions at a time."""
-    import torch
-
+    """``head_scores`` of the head matrix ``head`` [V, H] (float32, this host's CPU) over the final norm of
+    ``final_pre`` [T, H]."""
     from draftgen.drafter.hf import rms_norm
 
-    post = rms_norm(final_pre, norm_weight, eps)
-    out, hit = [], []
-    for s in range(0, post.shape[0], 256):
-        logp = torch.log_softmax(post[s:s + 256] @ head.float().T, dim=-1)
-        mine = logp.gather(-1, targets[s:s + 256].long()[:, None])[:, 0]
-        out.append(mine)
-        hit.append(mine >= logp.amax(-1))
-    res: torch.Tensor = torch.cat(out) if out else torch.zeros(0)
-    return res, torch.cat(hit) if hit else torch.zeros(0, dtype=torch.bool)
+    weight = head.float()
+    return head_scores(lambda x: x @ weight.T, rms_norm(final_pre, norm_weight, eps), targets)

@@ -144,22 +144,20 @@ class _VllmSender:
     ``/metrics``."""
 
     def __init__(self, cfg: RunConfig, be: HttpBackend, url: str, concurrency: int) -> None:
-        from draftgen.engine.retry import retrying
-
         self.cfg, self.be, self.url = cfg, be, url
         self.where = f"POST {url}/chat/completions"
         self.sem = asyncio.Semaphore(max(1, concurrency))
         self.policy = _policy(cfg)
-        self._retrying = retrying
 
     async def one(self, p: PromptRecord) -> Sent:
         from draftgen.backends import CompletionRequest
+        from draftgen.engine.retry import retrying
 
         req = CompletionRequest(sample_id=p.sample_id, messages=p.messages, max_tokens=self.cfg.accept.max_tokens,
                                 tools=p.tools)
         async with self.sem:
             t = time.perf_counter()
-            comp: Completion = await self._retrying(lambda: self.be.complete(req), self.policy)
+            comp: Completion = await retrying(lambda: self.be.complete(req), self.policy)
             return comp, time.perf_counter() - t
 
     async def scrape(self) -> SpecCounters:
@@ -191,9 +189,10 @@ def _same_counts(fields: AcceptanceFigures | None, window: AcceptanceFigures | N
 
 
 async def _per_request(s: _VllmSender, prompts: Sequence[PromptRecord], first: Sent, before: SpecCounters,
-                       where: str) -> tuple[list[Sent], list[AcceptanceFigures | None], float, list[str]]:
-    """The rest of the prompts ``accept.concurrency`` at a time, each prompt's counters from its response; the
-    pass's ``/metrics`` delta checked against their sum."""
+                       where: str) -> tuple[list[Sent], list[AcceptanceFigures | None], float,
+                                        AcceptanceFigures | None, list[str]]:
+    """The rest of the prompts ``accept.concurrency`` at a time, each prompt's counters from its response (and
+    their sum, the pass's figures); the pass's ``/metrics`` delta checked against that sum."""
     t0 = time.perf_counter()
     rest = await s.all(prompts[1:])
     seconds = first[1] + time.perf_counter() - t0
@@ -218,7 +217,7 @@ async def _per_request(s: _VllmSender, prompts: Sequence[PromptRecord], first: S
     if seen[0] > said[0] + 1e-9:
         notes.append(f"the server's /metrics counted {seen[0] - said[0]:g} verify steps besides this pass's "
                      "(other requests shared it); each prompt's figures are its own response's")
-    return done, figs, seconds, notes
+    return done, figs, seconds, total, notes
 
 
 async def _one_at_a_time(s: _VllmSender, prompts: Sequence[PromptRecord], first: Sent,
@@ -252,9 +251,7 @@ async def _measured(s: _VllmSender, prompts: Sequence[PromptRecord], *, scrape: 
     after_first = await s.scrape()
     if per_request and first[0].spec_decode is not None:
         _same_counts(_fields(first[0], prompts[0], s.where), vllm_acceptance(before, after_first), s.url)
-        done, figs, seconds, notes = await _per_request(s, prompts, first, before, s.where)
-        known = [f for f in figs if f is not None]
-        return done, figs, seconds, sum_figures(known, "vllm-per-request"), notes
+        return await _per_request(s, prompts, first, before, s.where)
     if per_request:
         _fields(first[0], prompts[0], s.where)  # none sent: fall back; one sent unreadable: an error
     if not one_at_a_time:
