@@ -134,10 +134,13 @@ def measure(work: Path, repeats: int, n_batches: int, hiddens: Sequence[int] = H
             backend = StagedBackend(info, staged)
             best_pipe = best_plain = float("inf")
             for k in range(repeats):
-                best_pipe = min(best_pipe, pipeline(cfg, backend, batches, work / f"pipe-{k}"))
-                shutil.rmtree(work / f"pipe-{k}")
-                best_plain = min(best_plain, plain(files, work / f"plain-{k}"))
-                shutil.rmtree(work / f"plain-{k}")
+                for side in ("pipe", "plain") if k % 2 == 0 else ("plain", "pipe"):
+                    _settle()
+                    if side == "pipe":
+                        best_pipe = min(best_pipe, pipeline(cfg, backend, batches, work / f"pipe-{k}"))
+                    else:
+                        best_plain = min(best_plain, plain(files, work / f"plain-{k}"))
+                    shutil.rmtree(work / f"{side}-{k}")
             nbytes = sum(len(f) for f in files)
             tag = f"host_{dtype}_{hidden}"
             out[f"{tag}_bytes"] = nbytes
@@ -150,6 +153,12 @@ def measure(work: Path, repeats: int, n_batches: int, hiddens: Sequence[int] = H
             del files, staged, backend, batches
         out[f"host_pipeline_vs_plain_write_{dtype}"] = round(min(ratios), 3)
     return out
+
+
+def _settle() -> None:
+    """Flush every dirty page first: neither side pays for the other's writeback (whole runs wrote GBs before)."""
+    os.sync()
+    time.sleep(0.5)
 
 
 def _threads() -> int:
