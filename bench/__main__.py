@@ -56,6 +56,8 @@ TIMEOUTS: dict[str, tuple[int, int]] = {
     "bench_train_disk": (240, 90),
     "bench_storm": (240, 120),
     "bench_online": (3000, 600),  # the learned target at 2,208 rows: four trainings, four accepts
+    "bench_loop": (1200, 1200),  # three 24-epoch trainings and three accepts on the learned target
+    "bench_fidelity": (600, 600),
 }
 DEFAULT_TIMEOUT = (180, 90)
 # Smoke-size flags for scripts that neither read DRAFTGEN_BENCH_QUICK nor accept --quick.
@@ -66,7 +68,8 @@ QUICK_ARGS: dict[str, list[str]] = {
 # Run order: cheap and independent first, the long engine runs after.
 ORDER = ["bench_resume", "bench_reconstruct", "bench_emulator", "bench_report", "bench_merge", "bench_generate",
          "bench_scale", "bench_storm", "bench_peers", "bench_replay", "bench_replay_batch", "bench_plan",
-         "bench_tail", "bench_extract", "bench_train_disk", "bench_online", "bench_spotcheck", "bench_chain"]
+         "bench_tail", "bench_extract", "bench_train_disk", "bench_online", "bench_spotcheck", "bench_chain",
+         "bench_fidelity", "bench_loop"]
 
 
 TARGETS = [
@@ -138,6 +141,27 @@ TARGETS = [
            detail=("al_trained_sglang", "al_trained_vllm_same_prompts")),
     Target("drafter chain: states shifted by one, samples the extract checks flag reference_aux", ("bench_chain",),
            ("shifted_reference_aux",), ">=", 1, "issue 15", detail=("shifted_flagged", "shifted_samples")),
+    Target("drafter chain: held-out prompts whose per-request counters (many in flight) differ from a pass one "
+           "at a time around /metrics", ("bench_chain",), ("per_request_prompts_differ",), "<=", 0, "issue 35",
+           detail=("per_request_prompts", "accept_per_request_s", "accept_one_at_a_time_s")),
+    Target("drafter chain: AL at k=1 from the k=3 pass's per-position counts within the k=1 pass's interval "
+           "(1 = yes)", ("bench_chain",), ("al_trained_k1_within_ci",), ">=", 1, "issue 35",
+           detail=("al_trained_k1_served", "al_trained_k1_from_per_position")),
+    Target("drafter chain: AL at k=2 from the k=3 pass's per-position counts within the k=2 pass's interval "
+           "(1 = yes)", ("bench_chain",), ("al_trained_k2_within_ci",), ">=", 1, "issue 35",
+           detail=("al_trained_k2_served", "al_trained_k2_from_per_position")),
+    Target("provider fidelity on the chain's target: a provider serving it perturbed by 20% flagged (1 = yes)",
+           ("bench_fidelity",), ("fidelity_perturbed_flagged",), ">=", 1, "issue 35",
+           detail=("q20_top1", "faithful_top1", "q20_top1_gap_ci_lo", "q05_top1_gap", "q05_flagged")),
+    Target("provider fidelity on the chain's target: providers flagged among two faithful ones",
+           ("bench_fidelity",), ("fidelity_faithful_flagged",), "<=", 0, "issue 35",
+           detail=("faithful_a_top1", "faithful_b_top1")),
+    Target("data loop on the chain: AL guided - uniform round 2, on the dataset weakest after round 1",
+           ("bench_loop",), ("al_guided_minus_uniform_weakest",), ">=", 0.2, "issue 35",
+           detail=("al_guided_minus_uniform_weakest_ci_lo", "al_guided_minus_uniform_weakest_ci_hi", "weakest")),
+    Target("data loop on the chain: AL guided - uniform round 2, traffic-weighted mean", ("bench_loop",),
+           ("al_guided_minus_uniform_weighted",), ">=", 0.1, "issue 35",
+           detail=("al_guided_minus_uniform_weighted_ci_lo", "al_guided_minus_uniform_weighted_ci_hi")),
     Target("a 20 s 429 storm at 500 in flight: share of samples failed", ("bench_storm",),
            ("storm_failed_fraction",), "<=", 0.0, "issue 22",
            detail=("storm_recover_s", "baseline_failed_fraction")),

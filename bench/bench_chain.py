@@ -99,6 +99,8 @@ def flat_figures(f: dict[str, Any]) -> dict[str, Any]:
     for key in ("per_request_prompts", "per_request_prompts_equal", "accept_per_request_s", "accept_one_at_a_time_s"):
         if key in f:
             out[key] = f[key]
+    if "per_request_prompts" in f:
+        out["per_request_prompts_differ"] = f["per_request_prompts"] - f["per_request_prompts_equal"]
     for k, d in f.get("k_sweep", {}).items():
         out[f"al_trained_{k}_served"] = d["served"]
         out[f"al_trained_{k}_from_per_position"] = d[next(n for n in d if n.startswith("from_k"))]

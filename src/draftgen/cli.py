@@ -233,8 +233,10 @@ def generate_overrides(kw: dict[str, Any]) -> dict[str, Any]:
 @click.option("--redo", multiple=True, type=click.Choice(["changed", "truncated"]),
               help="Generate again the samples whose records were made with other settings (changed) or cut at a "
                    "max_tokens below today's (truncated); repeatable. A rerun without it keeps them and says so.")
+@click.option("--round", "round_", type=click.IntRange(min=2), metavar="N",
+              help="Start round N as `plan --next-round` proposed it (rounds/round-N.json), then generate its prompts.")
 @friendly
-def generate(config: str, redo: tuple[str, ...], **kw: Any) -> None:
+def generate(config: str, redo: tuple[str, ...], round_: int | None, **kw: Any) -> None:
     """Send prepared prompts and write raw responses with exact token ids (resumable)."""
     from draftgen.phases.generate.run import run_generate
     from draftgen.phases.prepare.run import run_prepare
@@ -242,7 +244,7 @@ def generate(config: str, redo: tuple[str, ...], **kw: Any) -> None:
     cfg = _load(config, generate_overrides(kw))
     report = run_generate(cfg, echo=click.echo, force=kw["force"], datasets=list(kw["datasets"]),
                           partition=kw["partition"], argv=sys.argv, base_url_flag=kw.get("base_url"), redo=redo,
-                          prepare=run_prepare)  # the selected datasets not prepared yet are prepared first
+                          prepare=run_prepare, round=round_)  # datasets not prepared yet are prepared first
     if report.exit_code:
         sys.exit(report.exit_code)
 
@@ -434,17 +436,31 @@ def accept(config: str, run_dir: str | None, api_key_file: str | None, base_url:
 @run_dir_option
 @endpoint_options
 @click.option("--pilot", type=int, help="Prompts per dataset to send as a pilot (overrides plan.pilot).")
+@click.option("--next-round", is_flag=True, help="Propose the next round of generation from the run's measured "
+              "acceptance (accept/acceptance.json) and write rounds/round-N.json; `generate --round N` starts it.")
+@click.option("--spread", type=click.Choice(["guided", "uniform"]), default="guided", show_default=True,
+              help="With --next-round: where the model expects the most acceptance per unit spent, or evenly.")
+@click.option("--add-usd", type=float, help="With --next-round: the round's budget in USD (default: what round 1 cost).")
+@click.option("--add-tokens", type=TokenCount(), help="With --next-round: the round's budget in supervised tokens.")
+@click.option("--acceptance", type=click.Path(dir_okay=False, exists=True),
+              help="With --next-round: the accept pass to steer by (default: accept/acceptance.json).")
 @force_option
 @skip_bad_option
 @friendly
 def plan(config: str, run_dir: str | None, api_key_file: str | None, base_url: str | None, pilot: int | None,
+         next_round: bool, spread: str, add_usd: float | None, add_tokens: int | None, acceptance: str | None,
          force: bool, skip_bad: bool) -> None:
-    """Estimate tokens, dollars, time and hidden-state disk before spending."""
+    """Estimate tokens, dollars, time and hidden-state disk before spending; or propose the next round."""
+    from draftgen.phases.plan.rounds import run_next_round
     from draftgen.phases.plan.run import run_plan
 
     cfg = _load(config, {"run_dir": run_dir, **endpoint_overrides(api_key_file, base_url), "plan.pilot": pilot,
                          "prepare.skip_bad": True if skip_bad else None})
-    run_plan(cfg, echo=click.echo, force=force)
+    if next_round:
+        run_next_round(cfg, spread=spread, add_usd=add_usd, add_tokens=add_tokens, echo=click.echo, force=force,
+                       acceptance=Path(acceptance) if acceptance else None)
+    else:
+        run_plan(cfg, echo=click.echo, force=force)
 
 
 @cli.command()

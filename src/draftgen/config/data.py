@@ -36,6 +36,9 @@ class DatasetConfig(Section):
     """Merge weight: the share of this dataset's samples kept is weight (<= 1) or it is repeated (> 1)."""
     cap: int | None = None
     """Merge cap: at most this many samples of the dataset in the merged output."""
+    traffic: float = 1.0
+    """Its weight in the traffic the drafter will serve (any scale; 0: not served). ``plan --next-round``
+    weighs each dataset's acceptance by its share."""
 
 
 class PrepareConfig(Section):

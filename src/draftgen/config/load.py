@@ -141,6 +141,12 @@ def _validate(cfg: RunConfig, where: str) -> None:
     for key, value in budgets:
         if value is not None and value < 0:
             raise ConfigError(f"{where}: {key} {value} must be >= 0 (completion tokens)")
+    for i, d in enumerate(cfg.datasets):
+        if not d.traffic >= 0:
+            raise ConfigError(f"{where}: datasets[{i}].traffic {d.traffic} must be >= 0 (its weight in the "
+                              "served traffic; 1 on every dataset: equal shares)")
+    if not 0 < cfg.plan.round_alpha <= 2:
+        raise ConfigError(f"{where}: plan.round_alpha {cfg.plan.round_alpha} must be in (0, 2]")
     if cfg.plan.pilot < 0:
         raise ConfigError(f"{where}: plan.pilot {cfg.plan.pilot} must be >= 0 (prompts per dataset)")
     if cfg.hidden_states.workers < 1:

@@ -18,6 +18,10 @@ class PlanConfig(Section):
     """``draftgen run`` prints the plan first; when its expected cost (USD) is over this, it asks before
     generating (on a terminal; without one it refuses unless ``--yes``). Backends that cost nothing (the
     emulator, self-hosted servers) and costs that are not known never ask."""
+    round_alpha: float = 0.5
+    """``plan --next-round``: the exponent of the law each dataset's acceptance length is assumed to follow in
+    its training tokens n, AL(n) = (k + 1) - c * n**-round_alpha (c from the measured AL); larger: faster
+    returns on data."""
 
 
 class ProbeConfig(Section):

@@ -15,6 +15,7 @@ Files and the record each line holds:
     <hidden>/index, manifest.json         HiddenIndexRecord, HiddenManifest (records.hidden)
     <hidden>/.draftgen-hidden.json        HiddenOwnerMarker (also <export>/.draftgen-export.json)
     logs/progress.json                    ProgressRecord               (records.progress)
+    rounds/round-<n>.json                 RoundPlan                    (records.rounds)
     train/, accept/                       TrainLogRecord, TrainReport (+ TrainOnlineReport), AcceptReport (records.drafter)
 
 Every record carries ``SCHEMA_VERSION`` (``records.base``). Encoding and decoding happen only in
@@ -134,6 +135,7 @@ from draftgen.records.responses import (
     spend_usd,
     view_mismatches,
 )
+from draftgen.records.rounds import RoundDataset, RoundPlan
 from draftgen.records.run import LockHolder, RunManifest
 
 __all__ = [
@@ -211,6 +213,8 @@ __all__ = [
     "ResponseRecord",
     "ResponseScanView",
     "ResponseSettingsView",
+    "RoundDataset",
+    "RoundPlan",
     "RunManifest",
     "SettlementRecord",
     "SpecForgeConversationRow",

@@ -30,6 +30,7 @@ class MergedDatasetStats(msgspec.Struct, omit_defaults=True):
     truncated: int = 0  # rows whose generation hit max_tokens (the model's real tokens, kept unless drop_truncated)
     tokens_uncapped: int = 0  # prompt + completion tokens before the cap
     dropped: dict[str, int] = msgspec.field(default_factory=dict)  # reason -> samples
+    rounds: dict[str, int] = msgspec.field(default_factory=dict)  # round of generation -> rows (runview.rounds)
 
 
 class MergeStats(msgspec.Struct, omit_defaults=True):

@@ -52,6 +52,7 @@ class PromptRecord(msgspec.Struct, omit_defaults=True):
     content_hash: str = ""
     source: str | None = None  # "file:line" or "hf:name[split]#row"
     turn_index: int | None = None
+    round: int = 1  # the round that drew it (records.rounds); 1, the run as configured, is not written
     schema_version: int = SCHEMA_VERSION
 
 
@@ -89,3 +90,4 @@ class PromptIdView(msgspec.Struct):
     sample_id: str
     content_hash: str = ""
     partition: str = "short"
+    round: int = 1

@@ -21,6 +21,8 @@ Layout (paths relative to the run directory)::
     logs/health.jsonl                  HealthEvent: providers sent to and back from the cool-down
     logs/settlements.jsonl             SettlementRecord: what requests abandoned on the wire were billed
     logs/probe.json                    ProbeMeasurement: the stream probe's request measured (plan's rate)
+    rounds/round-<n>.json              RoundPlan: a later round of generation, proposed by ``plan --next-round``,
+                                       started by ``generate --round N`` (round 1, the run as configured, has none)
     openrouter-batches/journal.jsonl   BatchEvent: every OpenRouter batch of ``endpoint.mode: batch`` (records.batches)
     report.html, logs/<command>.log, emulator/ground_truth.jsonl, plan/pilot/ (a run directory of its own)
     hidden/                            (coming) the extract phase's hidden states: per-sample files, index, manifest
@@ -69,6 +71,7 @@ _MERGED, _CARD, _MANIFEST = "merged", "README.md", "manifest.json"
 _EXPORTS = "exports"
 _EMULATOR, _GROUND_TRUTH = "emulator", "ground_truth.jsonl"
 _PLAN, _PILOT = "plan", "pilot"
+_ROUNDS = "rounds"
 _HIDDEN = "hidden"
 _HIDDEN_STATES, _HIDDEN_INDEX = "states", "index"  # inside a hidden-state destination (HiddenLayout)
 _HIDDEN_MARKER = ".draftgen-hidden.json"  # a hidden-state destination's owner marker (HiddenLayout)
@@ -97,7 +100,7 @@ LAYOUT_FILES: frozenset[str] = frozenset({
 LAYOUT_DIRS: frozenset[str] = frozenset({
     _LOGS, _PREPARED, _RAW, _AUDIT, _MERGED, _EXPORTS, _EMULATOR, _PLAN, _PILOT, _HIDDEN, _TRAIN,
     _HIDDEN_STATES, _HIDDEN_INDEX, _TRAIN_INPUTS, _TRAIN_VOCAB, _TRAIN_CKPTS, _TRAIN_DRAFTER, _TRAIN_EAGLE,
-    _ACCEPT, _HIDDEN_EXPORTS, _BATCHES, _TRAIN_ONLINE, _TRAIN_HANDOVER, _TRAIN_CLAIMS, _TRAIN_PREVIOUS,
+    _ACCEPT, _HIDDEN_EXPORTS, _BATCHES, _TRAIN_ONLINE, _TRAIN_HANDOVER, _TRAIN_CLAIMS, _TRAIN_PREVIOUS, _ROUNDS,
 })
 LAYOUT_NAMES: frozenset[str] = LAYOUT_FILES | LAYOUT_DIRS
 # Files a failed first claim may leave behind; a folder holding only these still counts as empty.
@@ -357,6 +360,14 @@ class RunDir:
     def ground_truth(self) -> Path:
         """What the embedded emulator really generated (``GroundTruthRecord``), for ``audit``."""
         return self.root / _EMULATOR / _GROUND_TRUTH
+
+    @property
+    def rounds(self) -> Path:
+        """``rounds/``: one ``round-<n>.json`` (``records.RoundPlan``) per round after the first."""
+        return self.root / _ROUNDS
+
+    def round_plan(self, n: int) -> Path:
+        return self.rounds / f"round-{n}.json"
 
     @property
     def pilot(self) -> Path:

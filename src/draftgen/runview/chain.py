@@ -7,9 +7,13 @@ Reads (each when it is there; nothing else):
     train/train.json                ``TrainReport``     what ``draftgen train`` published
     accept/acceptance.json          ``AcceptReport``    the run's latest: its own drafter over the configured prompts
     accept/<drafter key>/<pass>.json ``AcceptReport``   every pass (drafter, server, prompt set), none overwritten
+    accept/<key>/<pass>.prompts.jsonl ``PromptAcceptance`` the latest's prompts (``loop.acceptance_by_length``)
+    merged/stats.json               ``MergeStats``      each dataset's supervised tokens (with merged/manifest.json)
 
-``verdict`` is the one sentence that says whether a drafter beat the no-model drafters (copy-last, lookup) on
-its held-out prompts and by how much; ``accept`` prints it, tiny-chain ends with it, the report shows it.
+``ChainView.by_length``: the latest's acceptance per dataset and prompt-length bucket beside each dataset's
+share of the merged supervised tokens (``loop.acceptance_by_length``). ``verdict`` is the one sentence that
+says whether a drafter beat the no-model drafters (copy-last, lookup) on its held-out prompts and by how much;
+``accept`` prints it, tiny-chain ends with it, the report shows it.
 ``fidelity_lines``: the hidden set's provider fidelity (``HiddenFidelity``, the manifest's ``checks.fidelity``) as
 the table extract prints and status shows (``fidelity_status``: the run's own set).
 Writes nothing; imports no phase.
@@ -30,9 +34,11 @@ from draftgen.records import (
     Comparison,
     HiddenFidelity,
     HiddenManifest,
+    MergeStats,
     TrainReport,
 )
 from draftgen.rundir import HiddenLayout, RunDir
+from draftgen.runview.loop import AcceptanceByLength, acceptance_by_length
 from draftgen.store import read_json
 
 __all__ = ["NO_MODEL", "AcceptPass", "ChainView", "accept_line", "accept_status", "beats", "fidelity_lines",
@@ -65,6 +71,7 @@ class ChainView(msgspec.Struct, kw_only=True):
     hidden_path: str | None = None
     train: TrainReport | None = None
     accept: AcceptReport | None = None
+    by_length: AcceptanceByLength | None = None  # the latest's acceptance per dataset and prompt length
     passes: list[AcceptPass] = msgspec.field(default_factory=list)
     drafters: int = 0  # distinct drafters measured (folders under accept/)
     notes: list[str] = msgspec.field(default_factory=list)
@@ -93,6 +100,10 @@ def read_chain(run_dir: Path, hidden: Path | None = None) -> ChainView:
     out.hidden_path = str(folder) if out.hidden is not None else None
     out.train = _read(rd.train_report, TrainReport, out.notes)
     out.accept = _read(rd.accept_json, AcceptReport, out.notes)
+    if out.accept is not None:
+        # stats.json counts once merge finished (its manifest, written last, is there), as in metrics
+        merged = _read(rd.merged_stats, MergeStats, out.notes) if rd.merged_manifest.is_file() else None
+        out.by_length = acceptance_by_length(run_dir, out.accept, merged)
     for path in rd.accept_reports():
         rep = _read(path, AcceptReport, out.notes)
         if rep is None:

@@ -107,10 +107,12 @@ from draftgen.phases.generate.rerun import (
     rerun_lines,
     settings_report,
 )
+from draftgen.phases.generate.rounds import start_round
 from draftgen.phases.generate.summary import budget_lines, failure_lines, overshoot_lines, provider_table
 from draftgen.provenance import check_provenance, expected_provenance
 from draftgen.records import Provenance
 from draftgen.rundir.claim import writer
+from draftgen.runview.rounds import read_rounds
 from draftgen.secrets import scrub_argv
 from draftgen.store import scan_attempt_spend, scan_responses
 from draftgen.tokens import Profile, profile_from_config
@@ -141,6 +143,7 @@ class GenerateOptions:
     force: bool = False  # accept records whose provenance differs from the config
     redo: list[str] = field(default_factory=list)  # generate.rerun.REDO_KINDS: records to generate again
     prepare: Prepare | None = None  # prepares the selected datasets not prepared yet (None: refuse them)
+    round: int | None = None  # a proposed round to start first (generate.rounds)
 
 
 class DatasetSummary(msgspec.Struct, kw_only=True):
@@ -199,12 +202,16 @@ def _prepared(cfg: RunConfig, rd: rundir.RunDir, names: list[str], echo: Echo,
     """Prepare the selected datasets not prepared yet with ``prepare`` (``force`` reaches prepare too; no
     ``prepare``: an InputError naming the fix); returns the profile, loaded here when prepare ran."""
     missing = [n for n in names if not rd.prepared(n).is_file()]
+    if prepare is not None and any(r.started_at is not None for r in read_rounds(rd.root)):
+        missing = list(names)  # a started round may draw more prompts: prepare redoes only what changed
     if not missing:
         return profile
     if prepare is None:
         raise InputError(f"{rd.prepared(missing[0])}: not found ({', '.join(missing)} not prepared yet); "
                          "run `draftgen prepare CONFIG` first")
-    echo(f"preparing prompts first ({', '.join(missing)} not prepared yet)")
+    if not all(rd.prepared(n).is_file() for n in missing):
+        echo(f"preparing prompts first ({', '.join(n for n in missing if not rd.prepared(n).is_file())} "
+             "not prepared yet)")
     profile = profile if profile is not None else profile_from_config(cfg)
     prepare(cfg, echo=echo, profile=profile, force=force)
     still = [n for n in missing if not rd.prepared(n).is_file()]
@@ -220,7 +227,7 @@ def _prepared(cfg: RunConfig, rd: rundir.RunDir, names: list[str], echo: Echo,
 def run_generate(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
                  datasets: Sequence[str] = (), partition: str = "all", argv: Sequence[str] = (),
                  base_url_flag: str | None = None, redo: Sequence[str] = (),
-                 prepare: Prepare | None = None) -> GenerateReport:
+                 prepare: Prepare | None = None, round: int | None = None) -> GenerateReport:
     """Generate every pending sample of the selected datasets and partitions (see module docstring).
     ``profile``: the already loaded profile of ``cfg.model`` (default: loaded here, once, and shared with
     prepare and the embedded emulator). ``force``: accept records whose provenance differs from the config.
@@ -228,9 +235,10 @@ def run_generate(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None 
     or all; ``argv``: the command line recorded in run.json and the log; ``base_url_flag``: ``--base-url``;
     ``redo``: records to generate again, ``changed`` and/or ``truncated`` (``generate.rerun``); ``prepare``:
     prepares the selected datasets not prepared yet (``phases.prepare.run.run_prepare``; None: they are an
-    InputError)."""
+    InputError); ``round``: start that proposed round first (``generate.rounds``: prepare then draws its
+    prompts)."""
     opts = GenerateOptions(datasets=list(datasets), partition=partition, argv=list(argv),
-                           base_url_flag=base_url_flag, force=force, redo=list(redo), prepare=prepare)
+                           base_url_flag=base_url_flag, force=force, redo=list(redo), prepare=prepare, round=round)
     bad = [k for k in opts.redo if k not in REDO_KINDS]
     if bad:
         raise ConfigError(f"--redo {bad[0]!r}: use {' or '.join(REDO_KINDS)}")
@@ -248,6 +256,8 @@ def _run_generate(cfg: RunConfig, opts: GenerateOptions, rd: rundir.RunDir, name
     """Inside the writer lock: the profile and provenance, what is left to do (``_resume``), the run (on the
     embedded emulator when configured), and the lines it prints and logs at the end (``generate.summary``)."""
     check_mode(cfg)  # endpoint.mode / service_tier the backend cannot honour: refused before anything is sent
+    if opts.round is not None:
+        start_round(rd, opts.round, out)
     loaded = _prepared(cfg, rd, names, out, loaded, opts.force, opts.prepare)
     api_key, mgmt = _api_keys(cfg)
     profile = loaded if loaded is not None else profile_from_config(cfg)

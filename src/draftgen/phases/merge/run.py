@@ -82,6 +82,7 @@ from draftgen.records import (
 )
 from draftgen.rundir import RunDir
 from draftgen.rundir.claim import writer
+from draftgen.runview.rounds import read_rounds, round_of_ids
 from draftgen.store import JsonlReader, atomic_write_json, iter_jsonl_offsets, read_json, superseded_lines
 from draftgen.tokens import Profile, profile_from_config
 
@@ -309,10 +310,13 @@ def _select(cfg: RunConfig, scanner: _Scanner) -> tuple[list[MergedRow], list[Me
 def _stats(cfg: RunConfig, scanner: _Scanner, train: list[MergedRow], val: list[MergedRow]) -> MergeStats:
     per = {ds.name: scanner.stats.get(ds.name, MergedDatasetStats(dataset=ds.name)) for ds in cfg.datasets}
     uniq: dict[str, set[str]] = {name: set() for name in per}
+    round_of = round_of_ids(cfg.run_path, list(per)) if read_rounds(cfg.run_path) else {}
     for split, rows in (("train", train), ("validation", val)):
         for r in rows:
             st = per[r.dataset]
             st.samples += 1
+            n = str(round_of.get(r.sample_id, 1))
+            st.rounds[n] = st.rounds.get(n, 0) + 1
             if split == "train":
                 st.train += 1
             else:
@@ -334,6 +338,8 @@ def _stats(cfg: RunConfig, scanner: _Scanner, train: list[MergedRow], val: list[
             setattr(total, f, getattr(total, f) + getattr(st, f))
         for k, v in st.dropped.items():
             total.dropped[k] = total.dropped.get(k, 0) + v
+        for k, v in st.rounds.items():
+            total.rounds[k] = total.rounds.get(k, 0) + v
     total.reasoning_share = total.reasoning_tokens / total.completion_tokens if total.completion_tokens else 0.0
     return MergeStats(datasets=list(per.values()), total=total, notes=list(scanner.notes))
 
@@ -416,6 +422,9 @@ def _nothing_merged(rd: RunDir, stats: MergeStats, echo: Echo) -> None:
     atomic_write_json(rd.merged_stats, stats)
     for line in _table_lines(stats):
         echo(line)
+    if len(stats.total.rounds) > 1:
+        echo("rows by round of generation: " + " · ".join(f"round {k}: {v:,}" for k, v in
+                                                         sorted(stats.total.rounds.items(), key=lambda kv: int(kv[0]))))
     for n in stats.notes:
         echo(f"note: {n}")
     t = stats.total
@@ -470,6 +479,9 @@ def _merge(cfg: RunConfig, rd: RunDir, echo: Echo, force: bool, profile: Profile
     del ids
     for line in _table_lines(stats):
         echo(line)
+    if len(stats.total.rounds) > 1:
+        echo("rows by round of generation: " + " · ".join(f"round {k}: {v:,}" for k, v in
+                                                         sorted(stats.total.rounds.items(), key=lambda kv: int(kv[0]))))
     _hidden(cfg, stats, train, val, echo)
     for n in stats.notes:
         echo(f"note: {n}")

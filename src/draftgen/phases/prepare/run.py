@@ -7,7 +7,9 @@ Per dataset (in config order):
 3. key each prompt by the sha256 of its canonical (messages, tools); ``sample_id = <dataset>-<hash[:16]>``,
    so ids are stable across runs and machines; repeated prompts are dropped (``prepare.dedupe``);
 4. with ``max_samples``, keep the N prompts with the smallest ``sha256(seed, hash)`` (a seeded bottom-k
-   sample: stable when the source grows) in source order;
+   sample: stable when the source grows) in source order; each round ``generate --round`` started
+   (``rounds/round-<n>.json``) adds its prompts for the dataset to N, and each prompt records the round that
+   drew it (round 1: the first ``max_samples`` by key, round 2: the next ones, ...);
 5. count prompt tokens with the target tokenizer and chat template, and pick the partition (the dataset's
    ``partition``, else ``long`` when the prompt has at least ``prepare.long_prompt_tokens`` tokens).
 
@@ -29,8 +31,10 @@ A row that cannot be read or adapted (or that the chat template rejects) stops t
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import heapq
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +58,7 @@ from draftgen.phases import Echo, PhaseContext, PhaseOutcome
 from draftgen.records import DatasetStats, PromptRecord
 from draftgen.rundir import RunDir
 from draftgen.rundir.claim import writer
+from draftgen.runview.rounds import read_rounds, started_adds
 from draftgen.store import JsonlWriter, atomic_write_json, publish, read_json, temp_beside
 from draftgen.tokens import DEFAULT_CONTEXT_LENGTH, Profile, context_length_of, profile_from_config
 
@@ -84,9 +89,12 @@ def _fingerprint(cfg: RunConfig, ds: DatasetConfig) -> str:
         },
         "model": {k: v for k, v in msgspec.to_builtins(cfg.model).items() if k != "id"},
     }
-    # Merge-time knobs do not change prompts.jsonl.
-    for k in ("weight", "cap", "token_budget"):
+    # Merge-time knobs (and the serving traffic plan weighs by) do not change prompts.jsonl.
+    for k in ("weight", "cap", "token_budget", "traffic"):
         keyed["dataset"].pop(k, None)
+    adds = started_adds(read_rounds(cfg.run_path), ds.name) if ds.max_samples is not None else []
+    if any(adds):
+        keyed["rounds"] = adds
     return hashlib.sha256(msgspec.json.encode(keyed, order="sorted")).hexdigest()[:16]
 
 
@@ -97,6 +105,7 @@ class _Picked:
     where: str = field(compare=False)
     hash: str = field(compare=False)
     cut: CutPrompt = field(compare=False)
+    round: int = field(default=1, compare=False)
 
 
 def _sample_key(seed: int, h: str) -> int:
@@ -209,7 +218,8 @@ def _select(cfg: RunConfig, ds: DatasetConfig, max_line_bytes: int, bad: _Bad, s
     seen: dict[str, int] = {}
     heap: list[_Picked] = []  # max-heap on key (neg_key) when max_samples is set; else all prompts
     order = 0
-    limit = ds.max_samples
+    adds = started_adds(read_rounds(cfg.run_path), ds.name) if ds.max_samples is not None else []
+    limit = None if ds.max_samples is None else ds.max_samples + sum(adds)
     for row in iter_rows(ds, Path(cfg.base_dir or "."), max_line_bytes=max_line_bytes):
         stats.rows_read += 1
         if row.error is not None:
@@ -239,7 +249,17 @@ def _select(cfg: RunConfig, ds: DatasetConfig, max_line_bytes: int, bad: _Bad, s
                 heapq.heapreplace(heap, item)
     if limit is not None:
         stats.not_selected = order - len(heap)
+        _assign_rounds(heap, ds.max_samples or 0, adds)
     return sorted(heap, key=lambda p: p.order)
+
+
+def _assign_rounds(picked: list[_Picked], first: int, adds: list[int]) -> None:
+    """Each picked prompt's round: the first ``first`` by sample key are round 1's, the next ``adds[0]``
+    round 2's, and so on (the bottom-k sample of a larger k holds the smaller one's, so a prompt keeps its
+    round when a later round is drawn)."""
+    bounds = list(itertools.accumulate([first, *adds]))
+    for rank, p in enumerate(sorted(picked, key=lambda p: -p.neg_key)):
+        p.round = 1 + bisect.bisect_right(bounds, rank)
 
 
 def _record(
@@ -272,6 +292,7 @@ def _record(
         content_hash=p.hash[:64],
         source=p.where,
         turn_index=p.cut.turn_index,
+        round=p.round,
     )
 
 

@@ -16,8 +16,10 @@ two decode token ids with the run's profile tokenizer (``tokens.profile_from_con
 built here and not in ``metrics``; they are left out, with a note, when it does not load. After merge, when the
 run has them (``runview.chain.read_chain``, embedded as ``#draftgen-chain``): the hidden set (extract), the
 trained drafter (train) and its acceptance (accept: the run's latest pass, with its intervals beside copy-last,
-lookup and zero-aux, the paired differences, per position and per dataset, the verdict sentence, the acceptance
-and expected speedup by k with the recommended k and any slow-down warning, and every pass under ``accept/``).
+lookup and zero-aux, the paired differences, per position and per dataset, per dataset and prompt length beside
+the dataset's share of the training tokens, the verdict sentence, the acceptance and expected speedup by k with the
+recommended k and any slow-down warning, and every pass under ``accept/``). With more than one round of
+generation, the rounds (``runview.loop.round_rows``, embedded as ``#draftgen-rounds``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from draftgen.records import DatasetAudit, MergedParquetRow, MismatchExample, Re
 from draftgen.rundir import RunDir
 from draftgen.runview.chain import ChainView, beats, verdict
 from draftgen.runview.charts import TIME_UNITS, SeqLengths
+from draftgen.runview.loop import RoundsView
 from draftgen.runview.metrics import RunMetrics
 from draftgen.secrets import redact
 from draftgen.store import first_records
@@ -548,7 +551,8 @@ def _chain_context(chain: ChainView | None) -> dict[str, Any]:
 
 def render_html(m: RunMetrics, *, title: str, generated_at: float, settings: dict[str, str],
                 sample: SampleView | None = None, examples: list[ExampleRow] | None = None,
-                notes: list[str] | None = None, chain: ChainView | None = None) -> str:
+                notes: list[str] | None = None, chain: ChainView | None = None,
+                rounds: RoundsView | None = None) -> str:
     import jinja2
     from plotly.offline import get_plotlyjs
 
@@ -593,6 +597,8 @@ def render_html(m: RunMetrics, *, title: str, generated_at: float, settings: dic
         metrics_json=_embed_json(m),
         plotly_js=plotly_js,
         **_chain_context(chain),
+        rounds=rounds if rounds is not None and (rounds.rows or rounds.notes) else None,
+        rounds_json=_embed_json(rounds) if rounds is not None else "",
     )
     return _redact_page(page, plotly_js)
 

@@ -1,10 +1,12 @@
 """``draftgen report CONFIG``: the report phase, ``run_report``: the run's metrics → ``report.html``.
 
 Reads the run directory through ``runview.metrics.compute_metrics`` (so the page shows exactly what ``status``
-would) and the chain's files through ``runview.chain.read_chain`` (the hidden set at ``hidden_states.output``
-when that is a local path, else the run's ``hidden/``; train/train.json; accept/), loads the profile for the token views (the sample viewer and the audit's mismatch chips; left out,
-with a note, when it does not load), has ``html.render_html`` build the page, and writes
-``<run_dir>/report.html`` (or ``output``) atomically under the run directory's writer lock.
+would), the chain's files through ``runview.chain.read_chain`` (the hidden set at ``hidden_states.output``
+when that is a local path, else the run's ``hidden/``; train/train.json; accept/; merged/stats.json) and the
+rounds of generation through ``runview.loop.round_rows``, loads the profile for the token views (the sample
+viewer and the audit's mismatch chips; left out, with a note, when it does not load), has ``html.render_html``
+build the page, and writes ``<run_dir>/report.html`` (or ``output``) atomically under the run directory's
+writer lock.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from draftgen.phases.report.html import SampleView, example_rows, render_html, s
 from draftgen.rundir import RunDir
 from draftgen.rundir.claim import writer
 from draftgen.runview.chain import read_chain
+from draftgen.runview.loop import round_rows
 from draftgen.runview.metrics import compute_metrics
 from draftgen.store import atomic_write_bytes
 
@@ -85,8 +88,10 @@ def _report(cfg: RunConfig, rd: RunDir, output: Path | None, echo: Echo, loaded:
     examples = example_rows(run_dir, m, profile)
     hidden = hidden_url(cfg)
     chain = read_chain(run_dir, Path(hidden) if "://" not in hidden else None)
+    rounds = round_rows(run_dir, [d.name for d in m.datasets], m.merged,
+                        first=[(d.name, d.prepared or 0, d.done) for d in m.datasets])
     page = render_html(m, title=f"draftgen report · {run_dir.name}", generated_at=time.time(), settings=settings,
-                       sample=sample, examples=examples, notes=notes, chain=chain)
+                       sample=sample, examples=examples, notes=notes, chain=chain, rounds=rounds)
     atomic_write_bytes(out, page.encode("utf-8"))
     echo(f"report: {out}")
     return ReportReport(path=out, notes=notes)

@@ -63,6 +63,7 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-
 .verdict.red { background: #fff5f5; border-color: #ffa8a8; } .verdict.red .badge { background: var(--bad); }
 tr.broken td { background: #fff5f5; } td.broken { color: var(--bad); font-weight: 650; }
 tr.warn td { background: #fff9db; }
+td.low { background: #fff5f5; color: var(--bad); }
 #providers th, #providers td { padding: 7px 7px; }
 /* at 1280 px the providers table fits: its cells wrap at their spaces (a figure and its share, p50 / p95) */
 #providers td { white-space: normal; } #providers td.kinds { min-width: 9em; }
@@ -144,6 +145,25 @@ footer { color: var(--muted); font-size: 12px; margin-top: 40px; }
 </tbody>
 </table>
 </div>
+{% if rounds %}
+<h2 id="rounds">Rounds of generation</h2>
+{% if rounds.rows %}<div class="card"><table id="rounds-table">
+<thead><tr><th>round</th><th>spread</th><th>budget</th><th>started</th>{% for d in rounds.datasets %}<th>{{ d }}: prompts added / done</th>{% endfor %}
+<th>merged rows</th><th>acceptance length, measured → expected</th></tr></thead>
+<tbody>{% for r in rounds.rows %}<tr data-round="{{ r.round }}">
+<td>{{ r.round }}</td><td>{{ r.spread or ('as configured' if r.round == 1 else '–') }}</td>
+<td>{% if r.budget is none %}–{% elif r.budget_unit == 'usd' %}{{ r.budget | usd }}{% else %}{{ r.budget | num(0) }} {{ r.budget_unit }}{% endif %}</td>
+<td>{% if r.round == 1 %}–{% elif r.started_at is not none %}{{ r.started_at | time }}{% else %}proposed{% endif %}</td>
+{% for c in r.datasets %}<td title="{{ c.prepared }} drawn">{{ c.added | int }} / {{ c.done | int }}{% if c.expected_acceptance_length is not none %} <span class="muted">→ AL {{ c.expected_acceptance_length | num(3) }}</span>{% endif %}</td>{% endfor %}
+<td>{{ r.merged_rows | int }}</td>
+<td>{% if r.weighted_expected is not none %}{{ r.weighted_now | num(3) }} → {{ r.weighted_expected | num(3) }}{% else %}–{% endif %}</td></tr>{% endfor %}</tbody>
+</table></div>
+<p class="muted">Round 1 is the run as configured; each later round is <code>plan --next-round</code>'s proposal
+(rounds/round-&lt;n&gt;.json), started by <code>generate --round N</code>. Prompts added: the proposal's per dataset
+(round 1: those drawn); done: those with a response. The acceptance lengths are traffic-weighted over the datasets,
+the expected one is the proposal's model; → AL per dataset: what it expected for that dataset.</p>{% endif %}
+{% for n in rounds.notes %}<p class="muted">note: {{ n }}</p>{% endfor %}
+{% endif %}
 
 <h2>Providers</h2>
 {% if m.providers_table %}
@@ -358,6 +378,20 @@ agreement minus this one's lies wholly above {{ fid.margin }} (hidden_states.fid
 <td>{{ d.acceptance_length | num(3) }}</td><td>{{ d.ci95 | ci }}</td>
 {% for alt in ac.alternatives %}<td>{{ d.alternatives.get(alt.name) | num(3) }}</td>{% endfor %}</tr>{% endfor %}</tbody>
 </table></div>{% endif %}
+{% set bl = chain.by_length %}{% if bl %}{% set lo = a.ci95[0] if a.ci95 else none %}
+{% if bl.buckets %}<div class="card" style="margin-top: 12px"><table id="accept-lengths">
+<thead><tr><th>dataset</th><th>share of training tokens (supervised)</th><th>acceptance length [95% interval]</th>
+{% for b in bl.buckets %}<th>prompts of {{ b }} tokens</th>{% endfor %}</tr></thead>
+<tbody>{% for r in bl.rows %}<tr data-lengths="{{ r.dataset }}"{% if loop.last %} class="total"{% endif %}><td>{{ r.dataset }}</td>
+<td>{% if r.training_share is not none %}<span class="bar"><i style="width: {{ '%.1f' % (r.training_share * 100) }}%"></i></span>{{ r.training_share | pct }} <span class="muted">({{ r.supervised_tokens | int }})</span>{% else %}–{% endif %}</td>
+<td>{{ r.acceptance_length | num(3) }}{% if r.ci95 %} <span class="muted">{{ r.ci95 | ci }}</span>{% endif %}</td>
+{% for b in bl.buckets %}{% set c = r.cells.get(b) %}<td{% if c and c.acceptance_length is not none and lo is not none and c.acceptance_length < lo %} class="low" title="below the pass's 95% interval"{% endif %}>{% if c %}{{ c.acceptance_length | num(3) }} <span class="muted">n={{ c.prompts }}</span>{% else %}–{% endif %}</td>{% endfor %}</tr>{% endfor %}</tbody>
+</table></div>
+<p class="muted">Per dataset and prompt length (prompt tokens with the chat template): 1 + accepted / drafts over the
+held-out prompts of the cell that have their own counters ({{ bl.source }}{% if bl.uncounted %}; {{ bl.uncounted }} without them left out{% endif %}),
+n prompts each; red: below the lower end of the whole pass's 95% interval. Share of training tokens: the dataset's
+loss-masked tokens in merged/ over all of them (merged/stats.json; – before a merge).</p>{% endif %}
+{% for n in bl.notes %}<p class="muted">note: {{ n }}</p>{% endfor %}{% endif %}
 <p class="muted">Acceptance length: 1 + accepted / drafts over the prompts ({{ ac.server }}, max_tokens {{ ac.max_tokens | int }});
 per position: the share of drafts whose token at that position was accepted. copy-last and lookup need no model: they are
 replayed on the target's greedy output of the same pass; zero-aux is the same drafter fed zeroed aux states. Intervals:
@@ -391,6 +425,7 @@ Every number on this page is computed from the files of <code>{{ m.run_dir }}</c
 </main>
 <script type="application/json" id="draftgen-metrics">{{ metrics_json | safe }}</script>
 {% if chain and not chain.empty %}<script type="application/json" id="draftgen-chain">{{ chain_json | safe }}</script>{% endif %}
+{% if rounds %}<script type="application/json" id="draftgen-rounds">{{ rounds_json | safe }}</script>{% endif %}
 {% for div, caption, fig, height in figures %}
 <script type="application/json" id="{{ div }}-data">{{ fig | safe }}</script>
 {% endfor %}

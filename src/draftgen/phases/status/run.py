@@ -64,6 +64,7 @@ from draftgen.runview.chain import accept_status, fidelity_status
 from draftgen.runview.datasets import DatasetMetrics
 from draftgen.runview.metrics import RunMetrics, compute_metrics
 from draftgen.runview.providers import ProviderMetrics
+from draftgen.runview.rounds import RoundCount, round_counts
 from draftgen.secrets import redact
 from draftgen.store import read_json
 
@@ -158,6 +159,8 @@ class StatusSummary(msgspec.Struct, kw_only=True):
     """generate's latest figures (``logs/progress.json``): its ETA and pace; ``finished`` once it ended."""
     live: bool = False
     """``progress`` was written by the process that holds the writer lock now (a run in progress)."""
+    rounds: list[RoundCount] = msgspec.field(default_factory=list)
+    """Per round of generation (``plan --next-round``), its prompts and those done; empty with one round."""
 
 
 class StatusReport(msgspec.Struct, kw_only=True):
@@ -330,6 +333,7 @@ def summarize(m: RunMetrics, run_dir: Path, selected: list[str] | None, holder: 
         verdict=m.verdict.level,
         hedges=m.tail.hedges, hedges_won=m.tail.hedges_won, hedge_extra_usd=m.tail.extra_usd,
         slow_streams=m.tail.slow_streams,
+        rounds=round_counts(run_dir, [d.name for d in m.datasets]),
     )
 
 
@@ -471,6 +475,8 @@ def render_status(m: RunMetrics, summary: StatusSummary, *, now: float, fidelity
                         + ([f"first to last response {fmt_duration(m.elapsed_s)} (every run)"] if m.elapsed_s else [])))
     if summary.progress is not None:
         lines.append(Packed(progress_segments(summary.progress, summary.live, now)))
+    if summary.rounds:
+        lines.append(Packed([f"round {r.round}: {fmt_int(r.done)}/{fmt_int(r.prepared)} done" for r in summary.rounds]))
     sp = m.spend
     if sp.booked_usd:
         held = fmt_held(sp.billed_usd, sp.held_usd, sp.abandoned)
