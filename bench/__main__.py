@@ -162,6 +162,10 @@ TARGETS = [
     Target("data loop on the chain: AL guided - uniform round 2, traffic-weighted mean", ("bench_loop",),
            ("al_guided_minus_uniform_weighted",), ">=", 0.1, "issue 35",
            detail=("al_guided_minus_uniform_weighted_ci_lo", "al_guided_minus_uniform_weighted_ci_hi")),
+    Target("data loop on the chain: AL of round 1's 24-epoch drafter - an independent draft LM of its size "
+           "(ids only; same rows, steps, tokens)", ("bench_loop",), ("al_trained_minus_draft_lm",), ">=", 0.0,
+           "issue 35", detail=("al_trained_minus_draft_lm_ci_lo", "al_trained_minus_draft_lm_ci_hi", "al_draft_lm",
+                               "r1_val_loss_change_last_quarter")),
     Target("a 20 s 429 storm at 500 in flight: share of samples failed", ("bench_storm",),
            ("storm_failed_fraction",), "<=", 0.0, "issue 22",
            detail=("storm_recover_s", "baseline_failed_fraction")),

@@ -14,6 +14,11 @@ with the language's four tasks as four datasets:
    train with the same settings from the same seed;
 4. both round-2 drafters measured on the same evaluation prompts.
 
+Beside round 1's drafter, on the same evaluation prompts: an independent draft LM (``draftgen train --draft-lm``:
+a 2-layer Qwen3 decoder reading ids only, the drafter's trainable parameter count, draft vocabulary, rows,
+steps, tokens and learning rate; the target's embedding and head frozen) replayed on the target's greedy
+continuations (``accept --draft-lm``): ``al_trained_minus_draft_lm`` with its paired 95% interval.
+
 ``B`` is ``BUDGET_SHARE`` of round 1's supervised tokens. Figures: each drafter's AL per dataset, the
 proposals' prompts per dataset, and the paired differences guided − uniform over the evaluation prompts
 with 95% bootstrap intervals (prompts resampled within each dataset): on the dataset weakest after round 1
@@ -116,13 +121,15 @@ def data_and_drafter(chain: Any, cfg_path: Path, url: str, echo: Any, *, round_:
     return Path(run_train(load_config(cfg_path), echo=echo).checkpoint)
 
 
-def measure(chain: Any, eval_cfg: Path, target: Path, drafter: Path, work: Path, name: str, echo: Any) -> Any:
-    """``draftgen accept`` of ``drafter`` on the evaluation prompts (per-request fields, many in flight)."""
+def measure(chain: Any, eval_cfg: Path, target: Path, drafter: Path, work: Path, name: str, echo: Any,
+            draft_lm: Path | None = None) -> Any:
+    """``draftgen accept`` of ``drafter`` on the evaluation prompts (per-request fields, many in flight), with
+    ``draft_lm`` replayed beside copy-last and lookup when given."""
     from draftgen.config import load_config
     from draftgen.phases.accept.run import run_accept
 
     with chain.serve(target, work / f"emulate-{name}.log", drafter=drafter, per_request=True) as url:
-        return run_accept(load_config(eval_cfg), drafter=drafter, base_url=url, echo=echo)
+        return run_accept(load_config(eval_cfg), drafter=drafter, base_url=url, echo=echo, draft_lm=draft_lm)
 
 
 def _al(rows: Sequence[Any]) -> float:
@@ -157,6 +164,7 @@ def experiment(work: Path, target: Path | None, echo: Any = print) -> dict[str, 
     from draftgen.drafter.learned import build_learned_target
     from draftgen.phases.plan.rounds import run_next_round
     from draftgen.phases.prepare.run import run_prepare
+    from draftgen.phases.train.draftlm import run_draft_lm
     from draftgen.rundir import RunDir
 
     chain = load_chain_script()
@@ -171,8 +179,17 @@ def experiment(work: Path, target: Path | None, echo: Any = print) -> dict[str, 
         run_prepare(load_config(eval_cfg), echo=echo)
         with stage("round 1: generate, merge, extract, train"):
             d1 = data_and_drafter(chain, r1, url, echo)
-        with stage("round 1: accept"):
-            m1 = measure(chain, eval_cfg, tpath, d1, work, "r1", echo)
+        with stage("round 1: the draft LM (ids only, the drafter's size, steps and tokens)"):
+            lm = run_draft_lm(load_config(r1), echo=echo)
+        with stage("round 1: accept (with the draft LM replayed)"):
+            m1 = measure(chain, eval_cfg, tpath, d1, work, "r1", echo, draft_lm=work / "r1" / "train" / "draft-lm")
+        f.update(draft_lm_params=lm.trainable_params, drafter_params=lm.matched_to, draft_lm_steps=lm.steps,
+                 draft_lm_loss_first=lm.loss_first, draft_lm_loss_last=lm.loss_last)
+        vs = next(c for c in m1.comparisons if c.versus == "draft-lm")
+        f["al_draft_lm"] = next(a.acceptance_length for a in m1.alternatives if a.name == "draft-lm")
+        f["al_trained_minus_draft_lm"] = vs.difference
+        if vs.ci95:
+            f["al_trained_minus_draft_lm_ci_lo"], f["al_trained_minus_draft_lm_ci_hi"] = vs.ci95
         basis = RunDir(work / "eval").accept_report(m1.drafter_key, m1.pass_name)
         budget = round(BUDGET_SHARE * sum(
             d.supervised_tokens for d in load_json_stats(work / "r1")))
@@ -262,6 +279,11 @@ def main() -> None:
     for name in ("r1", "guided", "uniform"):
         print(f"  {name}: {f[f'{name}_epochs']} epochs, validation loss {f[f'{name}_val_loss_first']:.3f} → "
               f"{f[f'{name}_val_loss_last']:.3f}, last quarter vs the one before {f[f'{name}_val_loss_change_last_quarter']:+.1%}")
+    print(f"  round 1's drafter ({f['drafter_params']:,} trainable parameters) vs the draft LM "
+          f"({f['draft_lm_params']:,}, ids only, {f['draft_lm_steps']} steps): AL {f['al_r1']:.3f} vs "
+          f"{f['al_draft_lm']:.3f}, difference {f['al_trained_minus_draft_lm']:+.3f} "
+          f"[{f.get('al_trained_minus_draft_lm_ci_lo', float('nan')):+.3f}, "
+          f"{f.get('al_trained_minus_draft_lm_ci_hi', float('nan')):+.3f}]")
     emit_result("loop", flat(f))
 
 

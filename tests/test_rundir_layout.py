@@ -144,7 +144,7 @@ def test_the_guarded_names_come_from_rundir() -> None:
     spelled += [rd.settlements]
     spelled += [rd.progress]
     spelled += [rd.probe]
-    spelled += [rd.rounds]
+    spelled += [rd.rounds, rd.train_draft_lm]
     names = {part for p in spelled for part in p.relative_to("/r").parts} - {"d"}
     assert names == set(rundir.LAYOUT_NAMES)
     # A pilot is a run directory of its own.

@@ -339,13 +339,16 @@ def extract(config: str, run_dir: str | None, output: str | None, model: str | N
 @click.option("--nproc-per-node", type=int, help="Trainer processes on this node, through torchrun "
               "(overrides train.nproc_per_node).")
 @click.option("--restart", is_flag=True, help="Drop earlier checkpoints and train from scratch.")
+@click.option("--draft-lm", is_flag=True, help="Instead: train the baseline draft LM (ids only, the trained drafter's "
+              "size, steps and tokens) into train/draft-lm/, for accept --draft-lm.")
 @click.option("--allow-partial", is_flag=True,
               help="Train on an incomplete hidden set (extract --limit/--pilot) instead of refusing it.")
 @force_option
 @friendly
 def train(config: str, run_dir: str | None, hidden: str | None, verifier: str | None, speculators_bin: str | None,
           epochs: int | None, max_steps: int | None, draft_vocab_size: int | None, algorithm: str | None,
-          online: bool, nproc_per_node: int | None, restart: bool, allow_partial: bool, force: bool) -> None:
+          online: bool, nproc_per_node: int | None, restart: bool, draft_lm: bool, allow_partial: bool,
+          force: bool) -> None:
     """Train a drafter with speculators on hidden/, or online from the vLLM extract servers (resumes; writes a
     vLLM checkpoint, and an SGLang one for the EAGLE-3 family)."""
     from draftgen.phases.train.run import run_train
@@ -355,7 +358,12 @@ def train(config: str, run_dir: str | None, hidden: str | None, verifier: str | 
                          "train.draft_vocab_size": draft_vocab_size, "train.algorithm": algorithm,
                          "train.online": True if online else None, "train.nproc_per_node": nproc_per_node,
                          "train.allow_partial": True if allow_partial else None})
-    run_train(cfg, echo=click.echo, restart=restart, force=force)
+    if draft_lm:
+        from draftgen.phases.train.draftlm import run_draft_lm
+
+        run_draft_lm(cfg, echo=click.echo, force=force)
+    else:
+        run_train(cfg, echo=click.echo, restart=restart, force=force)
 
 
 @cli.command(name="export-hidden")
@@ -419,16 +427,18 @@ def probe(config: str, api_key_file: str | None, base_url: str | None, prompt: s
 @click.option("--zero-aux-url", help="A server of the same target and drafter fed zeroed aux states "
               "(draftgen emulate --zero-aux): the zero-aux ablation.")
 @click.option("--prompts", type=int, help="Held-out prompts to send (overrides accept.prompts).")
+@click.option("--draft-lm", callback=_from_cwd, help="A draft LM folder (train --draft-lm) to replay beside copy-last "
+              "and lookup (overrides accept.draft_lm).")
 @friendly
 def accept(config: str, run_dir: str | None, api_key_file: str | None, base_url: str | None, drafter: str,
-           baseline_url: str | None, zero_aux_url: str | None, prompts: int | None) -> None:
+           baseline_url: str | None, zero_aux_url: str | None, prompts: int | None, draft_lm: str | None) -> None:
     """Measure the served drafter's acceptance length on held-out prompts (vLLM /metrics or SGLang meta_info),
     beside copy-last and n-gram lookup on the same prompts, with 95% intervals and per dataset."""
     from draftgen.phases.accept.run import run_accept
 
     cfg = _load(config, {"run_dir": run_dir, **endpoint_overrides(api_key_file, base_url)})
     run_accept(cfg, echo=click.echo, drafter=drafter, baseline_url=baseline_url, zero_aux_url=zero_aux_url,
-               prompts=prompts)
+               prompts=prompts, draft_lm=draft_lm)
 
 
 @cli.command()

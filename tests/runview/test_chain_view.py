@@ -7,6 +7,7 @@ from pathlib import Path
 
 from _chain_helpers import accept_report as report
 from _chain_helpers import write_chain
+from draftgen.records import AlternativeFigures
 from draftgen.rundir import RunDir
 from draftgen.runview.chain import accept_line, accept_status, beats, read_chain, verdict
 from draftgen.store import atomic_write_json
@@ -28,6 +29,13 @@ def test_the_verdict_says_in_words_whether_the_drafter_won_and_by_how_much() -> 
     # no paired comparison (per-prompt counters unknown): no verdict, no guess
     assert verdict(report(0, 0, 0, with_comparison=False)) is None and beats(report(0, 0, 0, with_comparison=False)) \
         is None
+
+
+def test_a_draft_lm_beside_them_is_never_named_the_better_no_model_drafter() -> None:
+    rep = report(0.734, 0.573, 0.903)
+    rep.alternatives.append(AlternativeFigures(name="draft-lm", how="replay", acceptance_length=1.9))
+    said = verdict(rep)
+    assert said is not None and "against 1.306 for lookup, the better no-model drafter" in said
 
 
 def test_status_line_shows_the_figure_its_interval_and_the_margin() -> None:

@@ -55,6 +55,10 @@ class AcceptConfig(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tru
     """A server of the same target and drafter that feeds the drafter zeroed aux states (``draftgen emulate
     --model T --drafter D --zero-aux``): its acceptance is reported as the ``zero-aux`` ablation, which shows
     whether the drafter uses the target's hidden states at all."""
+    draft_lm: str | None = None
+    """A draft LM folder (``draftgen train --draft-lm``: a small LM of the drafter's trainable size reading ids
+    only) replayed on the target's greedy continuations beside copy-last and lookup, with its paired
+    comparison; ``draftgen accept`` takes ``--draft-lm``."""
     offline_cond_acc: list[float] | None = None
     """Per-step conditional accuracies for the offline estimate of a drafter that has no training log here (one
     not under the run's ``train/``, or a run without ``train/log.jsonl``)."""

@@ -48,7 +48,8 @@ from torch import Tensor, nn
 from draftgen.errors import ConfigError, InputError
 from draftgen.store import read_json_object
 
-__all__ = ["DrafterConfig", "Eagle3Drafter", "KVCache", "PEagleDrafter", "load_drafter", "read_drafter_config"]
+__all__ = ["DrafterConfig", "Eagle3Drafter", "KVCache", "PEagleDrafter", "draft_vocabulary", "load_drafter",
+           "read_drafter_config"]
 
 _ACTS: dict[str, Callable[[Tensor], Tensor]] = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 
@@ -429,6 +430,17 @@ def _read_tensors(folder: Path) -> dict[str, Tensor]:
             out.update(load_file(str(folder / f)))
         return out
     raise InputError(f"{folder}: no model.safetensors; --drafter must name a drafter checkpoint folder")
+
+
+def draft_vocabulary(path: str | Path) -> tuple[int, list[int]]:
+    """A drafter checkpoint's trainable parameter count (every tensor but the shared embedding and the
+    ``d2t`` / ``t2d`` maps) and its draft vocabulary as target ids (``i + d2t[i]``)."""
+    raw = _read_tensors(Path(path))
+    params = sum(t.numel() for name, t in raw.items() if not name.endswith(("embed_tokens.weight", "d2t", "t2d")))
+    d2t = next((t for name, t in raw.items() if name.endswith("d2t")), None)
+    size = read_drafter_config(Path(path)).draft_vocab_size
+    offsets = d2t.tolist() if d2t is not None else [0] * size
+    return params, [i + int(o) for i, o in enumerate(offsets)]
 
 
 def load_drafter(path: str | Path, *, embed_weight: Tensor | None = None,

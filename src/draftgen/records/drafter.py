@@ -277,3 +277,24 @@ class AcceptReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     warnings: list[str] = msgspec.field(default_factory=list)  # e.g. it trained on fewer samples than the floor
     k_choice: KChoice | None = None  # the figures by k and the k to serve (phases.accept.kchoice)
     schema_version: int = SCHEMA_VERSION
+
+
+class DraftLMInfo(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """``train/draft-lm/draftgen-draft-lm.json``: how the independent draft LM (``drafter.draftlm``) was built and
+    trained."""
+
+    target: str
+    layers: int
+    intermediate_size: int
+    trainable_params: int
+    matched_to: int  # the EAGLE-3 drafter's trainable parameters
+    vocab_ids: list[int]  # the draft vocabulary, as target ids
+    steps: int
+    batch_tokens: int
+    lr: float
+    seed: int
+    rows: int
+    loss_first: float
+    loss_last: float
+    seconds: float
+    schema_version: int = SCHEMA_VERSION

@@ -31,7 +31,7 @@ Layout (paths relative to the run directory)::
                                        states handed to the trainer, which deletes each once read) and
                                        connector-claims/ (a marker per server connector file being answered);
                                        previous/ (drafter/, eagle3/, train.json as published before a run whose
-                                       drafter was refused)
+                                       drafter was refused); draft-lm/ (train --draft-lm: the baseline draft LM)
 
 Every name above is spelled once, in the constants below; ``LAYOUT_NAMES`` holds them all and
 tests/test_rundir_layout.py fails on any of them written as a string anywhere else in the package.
@@ -81,6 +81,7 @@ _TRAIN = "train"
 _TRAIN_INPUTS, _TRAIN_VOCAB, _TRAIN_CKPTS = "inputs", "vocab", "checkpoints"
 _TRAIN_DRAFTER, _TRAIN_EAGLE = "drafter", "eagle3"
 _TRAIN_PREVIOUS = "previous"  # the published drafter a refused run set aside (phases.train.run)
+_TRAIN_DRAFT_LM = "draft-lm"  # the independent draft LM matched to the drafter (train --draft-lm)
 _TRAIN_LOG, _TRAIN_SPEC_LOG, _TRAIN_REPORT = "log.jsonl", "speculators.log", "train.json"
 # online training (train --online): speculators' inputs made from the merged rows, and what they were made from
 _TRAIN_ONLINE, _TRAIN_ONLINE_JSON = "online", "online.json"
@@ -101,6 +102,7 @@ LAYOUT_DIRS: frozenset[str] = frozenset({
     _LOGS, _PREPARED, _RAW, _AUDIT, _MERGED, _EXPORTS, _EMULATOR, _PLAN, _PILOT, _HIDDEN, _TRAIN,
     _HIDDEN_STATES, _HIDDEN_INDEX, _TRAIN_INPUTS, _TRAIN_VOCAB, _TRAIN_CKPTS, _TRAIN_DRAFTER, _TRAIN_EAGLE,
     _ACCEPT, _HIDDEN_EXPORTS, _BATCHES, _TRAIN_ONLINE, _TRAIN_HANDOVER, _TRAIN_CLAIMS, _TRAIN_PREVIOUS, _ROUNDS,
+    _TRAIN_DRAFT_LM,
 })
 LAYOUT_NAMES: frozenset[str] = LAYOUT_FILES | LAYOUT_DIRS
 # Files a failed first claim may leave behind; a folder holding only these still counts as empty.
@@ -311,6 +313,11 @@ class RunDir:
     def train_eagle(self) -> Path:
         """The trained drafter in the flat EAGLE-3 format (SGLang's draft model path)."""
         return self.train / _TRAIN_EAGLE
+
+    @property
+    def train_draft_lm(self) -> Path:
+        """``train/draft-lm/``: the independent draft LM matched to the drafter (``drafter.draftlm``)."""
+        return self.train / _TRAIN_DRAFT_LM
 
     @property
     def train_previous(self) -> Path:

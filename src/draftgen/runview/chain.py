@@ -41,13 +41,15 @@ from draftgen.rundir import HiddenLayout, RunDir
 from draftgen.runview.loop import AcceptanceByLength, acceptance_by_length
 from draftgen.store import read_json
 
-__all__ = ["NO_MODEL", "AcceptPass", "ChainView", "accept_line", "accept_status", "beats", "fidelity_lines",
+__all__ = ["NO_MODEL", "NO_MODEL_NAMES", "AcceptPass", "ChainView", "accept_line", "accept_status", "beats", "fidelity_lines",
            "fidelity_status", "read_chain", "verdict"]
 
 T = TypeVar("T")
 
 #: the comparison against the better of the no-model drafters in each resample (``phases.accept.figures``)
 NO_MODEL = "no-model"
+#: the drafters with no model (``drafter.baselines.NO_MODEL``); the draft LM is replayed too, but it is a model
+NO_MODEL_NAMES = ("copy-last", "lookup")
 
 
 class AcceptPass(msgspec.Struct, kw_only=True):
@@ -124,7 +126,7 @@ def _ci(ci: Sequence[float] | None, signed: bool = False) -> str:
 
 
 def _best_no_model(alternatives: Sequence[AlternativeFigures]) -> AlternativeFigures | None:
-    replayed = [a for a in alternatives if a.how == "replay"]
+    replayed = [a for a in alternatives if a.how == "replay" and a.name in NO_MODEL_NAMES]
     return max(replayed, key=lambda a: a.acceptance_length) if replayed else None
 
 

@@ -499,3 +499,44 @@ def test_run_accept_against_the_model_server(tmp_path: Path) -> None:
     assert rep2.acceptance.source == "sglang-meta_info"
     assert (rep2.acceptance.completion_tokens, rep2.acceptance.verify_calls) == (tokens, verify)
     assert rep2.acceptance.acceptance_length == pytest.approx(tokens / verify)
+
+
+def test_a_draft_lm_is_replayed_beside_copy_last_and_lookup_and_compared_paired(tmp_path: Path) -> None:
+    """accept --draft-lm: the draft LM's counters equal an independent replay of it on the same continuations,
+    with a paired comparison; the verdict still names the better no-model drafter."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from draftgen.drafter.baselines import replay
+    from draftgen.drafter.draftlm import load_proposer, train_draft_lm
+    from draftgen.drafter.tiny import build_tiny_target
+    from draftgen.emulator.real.server import ModelServerOptions, start_in_thread
+    from draftgen.tokens import profile_from_config
+
+    torch.set_num_threads(1)
+    tdir = build_tiny_target(tmp_path / "target")
+    target = transformers.AutoModelForCausalLM.from_pretrained(tdir).eval()
+    _save_speculators_drafter(target, tmp_path / "drafter")
+    rows = [(list(range(100 + i, 140 + i)), [0] * 8 + [1] * 32) for i in range(8)]
+    info = train_draft_lm(tdir, tmp_path / "drafter", rows, tmp_path / "lm", steps=5, batch_tokens=128, lr=1e-3,
+                          echo=lambda _s: None)
+    assert len(info.vocab_ids) == 2048
+    with start_in_thread(ModelServerOptions(model=str(tdir), port=0, threads=1, served_model_name="tiny",
+                                            drafter=str(tmp_path / "drafter"), num_speculative_tokens=3)) as srv:
+        cfg_path = _run_dir(tmp_path, merged=["chat-1"], model={"id": "tiny"},
+                            endpoint={"kind": "vllm", "base_url": srv.base_url},
+                            accept={"prompts": 3, "max_tokens": 24, "concurrency": 2})
+        res = CliRunner().invoke(cli, ["accept", str(cfg_path), "--drafter", str(tmp_path / "drafter"),
+                                       "--draft-lm", str(tmp_path / "lm")])
+    assert res.exit_code == 0, res.output
+    assert "draft-lm" in res.output and "for draft-lm, the better no-model drafter" not in res.output
+    cfg = load(cfg_path)
+    rep = read_json(RunDir(cfg.run_path).accept_json, AcceptReport)
+    lm = next(a for a in rep.alternatives if a.name == "draft-lm")
+    assert lm.how == "replay" and lm.prompts == 3
+    assert any(c.versus == "draft-lm" and c.ci95 for c in rep.comparisons)
+    profile = profile_from_config(cfg)
+    propose = load_proposer(tmp_path / "lm")
+    by_id = {p.sample_id: p for p in held_out_prompts(cfg, RunDir(cfg.run_path), 3).prompts}
+    counts = [replay(profile.prompt_ids(by_id[r.sample_id].messages, by_id[r.sample_id].tools), r.output_ids or [],
+                     propose, k=3, ended=r.ended) for r in rep.per_prompt]
+    assert (lm.drafts, lm.accepted) == (sum(c.drafts for c in counts), sum(c.accepted for c in counts))

@@ -18,12 +18,13 @@ prompt, a no-model drafter's replayed counters, the zero-aux pass's), in the sam
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from draftgen.drafter.baselines import NO_MODEL, replay
+from draftgen.drafter.baselines import NO_MODEL, Propose, replay
 from draftgen.records import AlternativeFigures, Comparison, DatasetAcceptance, PromptAcceptance
 from draftgen.runview.chain import NO_MODEL as NO_MODEL_BEST
+from draftgen.runview.chain import NO_MODEL_NAMES
 
 __all__ = ["BOOT_REPS", "BOOT_SEED", "NO_MODEL_BEST", "Compared", "Series", "alternative_figures", "compare",
            "comparison_lines", "comparisons", "dataset_figures", "interval", "no_model_series", "resamples"]
@@ -87,7 +88,7 @@ def _best(others: Sequence[Series], idx: Sequence[int] | None) -> float:
 
 
 def comparisons(drafter: Series, alternatives: Sequence[Series], rs: list[list[int]],
-                no_model: Sequence[str] = ("copy-last", "lookup")) -> list[Comparison]:
+                no_model: Sequence[str] = NO_MODEL_NAMES) -> list[Comparison]:
     """drafter − each alternative, and drafter − the better no-model drafter, paired over the resamples."""
     if len(drafter.drafts) < 2 or not rs:
         return []
@@ -137,10 +138,12 @@ def _series(name: str, rows: Sequence[PromptAcceptance]) -> Series:
     return Series(name, [r.accepted for r in rows], [r.drafts for r in rows], [list(r.accepted_per_pos) for r in rows])
 
 
-def no_model_series(ids: Sequence[tuple[Sequence[int], Sequence[int]]], ended: Sequence[bool], k: int) -> list[Series]:
-    """copy-last and lookup replayed on each prompt's (prompt ids, greedy continuation)."""
+def no_model_series(ids: Sequence[tuple[Sequence[int], Sequence[int]]], ended: Sequence[bool], k: int,
+                    extra: Mapping[str, Callable[[], Propose]] | None = None) -> list[Series]:
+    """copy-last and lookup (and each of ``extra``'s proposers: the draft LM) replayed on each prompt's (prompt
+    ids, greedy continuation)."""
     out = []
-    for name, make in NO_MODEL.items():
+    for name, make in {**NO_MODEL, **(extra or {})}.items():
         counts = []
         for (p_ids, cont), done in zip(ids, ended, strict=True):
             counts.append(replay(p_ids, cont, make(), k=k, ended=done, eos_ids=cont[-1:] if done else ()))
@@ -151,9 +154,10 @@ def no_model_series(ids: Sequence[tuple[Sequence[int], Sequence[int]]], ended: S
 
 def compare(rows: Sequence[PromptAcceptance], ids: Sequence[tuple[Sequence[int], Sequence[int]] | None], k: int | None,
             *, counted: bool, zero_rows: Sequence[PromptAcceptance] | None = None,
-            zero_url: str | None = None) -> Compared:
+            zero_url: str | None = None, extra: Mapping[str, Callable[[], Propose]] | None = None) -> Compared:
     """The served drafter's interval, the alternatives (copy-last and lookup replayed on the continuations
-    ``ids``; zero-aux from its own pass ``zero_rows``), the paired comparisons and per-dataset figures.
+    ``ids``, and ``extra``'s proposers: the draft LM; zero-aux from its own pass ``zero_rows``), the paired
+    comparisons and per-dataset figures.
     ``counted``: the rows hold per-prompt counters (else only the alternatives, with their intervals)."""
     out = Compared()
     rs = resamples(range(len(rows)))
@@ -166,7 +170,7 @@ def compare(rows: Sequence[PromptAcceptance], ids: Sequence[tuple[Sequence[int],
         out.notes.append(f"the server returned the token ids of {len(known)} of {len(rows)} requests: no copy-last "
                          "/ lookup figures (they are replayed on the target's greedy output ids)")
     elif rows:
-        alts += [(s, "replay", None) for s in no_model_series(known, [r.ended for r in rows], k)]
+        alts += [(s, "replay", None) for s in no_model_series(known, [r.ended for r in rows], k, extra)]
     if zero_rows is not None:
         alts.append((_series("zero-aux", zero_rows), "server", zero_url))
     out.alternatives = [alternative_figures(s, how, rs, base_url=u) for s, how, u in alts]

@@ -59,11 +59,12 @@ import asyncio
 import hashlib
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from draftgen.config import RunConfig
+from draftgen.drafter.baselines import Propose
 from draftgen.errors import APIError, ConfigError, InputError
 from draftgen.phases import Echo
 from draftgen.phases.accept.counters import (
@@ -327,13 +328,15 @@ def _zero_aux(measure: _Measure, url: str, acceptance: str, echo: Echo) -> Pass:
 
 def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = None, force: bool = False,
                drafter: str | Path, base_url: str | None = None, baseline_url: str | None = None,
-               zero_aux_url: str | None = None, prompts: int | None = None) -> AcceptReport:
+               zero_aux_url: str | None = None, prompts: int | None = None,
+               draft_lm: str | Path | None = None) -> AcceptReport:
     """Measure the served drafter's acceptance (see the module docstring); write and return the report.
     ``profile``: the already loaded profile of ``cfg.model``, for prompt ids the server does not return
     (default: loaded when needed). ``force``: nothing to accept (accept checks no provenance); the one phase
     signature. ``drafter``: the checkpoint folder the server serves; ``base_url``/``baseline_url``/``zero_aux_url``:
     the servers with it, without it, and with it fed zeroed aux states (default: the config's); ``prompts``:
-    how many held-out prompts (default ``accept.prompts``)."""
+    how many held-out prompts (default ``accept.prompts``); ``draft_lm``: a draft LM folder (``draftgen train
+    --draft-lm``) replayed on the same continuations beside copy-last and lookup (default ``accept.draft_lm``)."""
     rd = RunDir(cfg.run_path)
     folder = Path(drafter)
     k = _drafter_k(folder)
@@ -370,8 +373,10 @@ def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
     other_k = served if served is not None and k is not None and served != k else None
     k = served or k
     ids = _known_ids(cfg, profile, chosen, main.ids)
+    lm = draft_lm or cfg.accept.draft_lm
+    extra = {"draft-lm": _draft_lm(Path(lm), cfg)} if lm else None
     cmp = compare(main.prompts, ids, k, counted=main.counted and (zero is None or zero.counted),
-                  zero_rows=zero.prompts if zero is not None else None, zero_url=zero_url)
+                  zero_rows=zero.prompts if zero is not None else None, zero_url=zero_url, extra=extra)
     figures.ci95 = cmp.ci95
     cond, source = _offline(cfg, rd, folder)
     trained, warnings, trained_notes = _training(cfg, rd, folder)
@@ -392,6 +397,16 @@ def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
     for line in summary_lines(report) + written:
         echo(line)
     return report
+
+
+def _draft_lm(folder: Path, cfg: RunConfig) -> Callable[[], Propose]:
+    """The draft LM as a fresh-proposer factory (one model, loaded once; its target from the config when set)."""
+    from draftgen.drafter.draftlm import load_proposer
+
+    named = cfg.hidden_states.model
+    target = None if not named else cfg.path(named) if cfg.path(named).exists() else Path(named)
+    propose = load_proposer(folder, target)
+    return lambda: propose
 
 
 def summary_lines(rep: AcceptReport) -> list[str]:
