@@ -164,9 +164,11 @@ class MergedLengths(msgspec.Struct):
 
 
 class MergedProvider(msgspec.Struct):
-    """A view of ``MergedParquetRow``: the row id and the provider that served it (extract's provider fidelity)."""
+    """A view of ``MergedParquetRow``: the row id, its dataset and the provider that served it (extract's provider
+    fidelity)."""
 
     sample_id: str
+    dataset: str
     provider: str | None
 
 

@@ -15,7 +15,7 @@ share of the merged supervised tokens (``loop.acceptance_by_length``). ``verdict
 says whether a drafter beat the no-model drafters (copy-last, lookup) on its held-out prompts and by how much;
 ``accept`` prints it, tiny-chain ends with it, the report shows it.
 ``fidelity_lines``: the hidden set's provider fidelity (``HiddenFidelity``, the manifest's ``checks.fidelity``) as
-the table extract prints and status shows (``fidelity_status``: the run's own set).
+the table extract prints and status shows (``read_fidelity``: the run's own set).
 Writes nothing; imports no phase.
 """
 
@@ -42,7 +42,7 @@ from draftgen.runview.loop import AcceptanceByLength, acceptance_by_length
 from draftgen.store import read_json
 
 __all__ = ["NO_MODEL", "NO_MODEL_NAMES", "AcceptPass", "ChainView", "accept_line", "accept_status", "beats", "fidelity_lines",
-           "fidelity_status", "read_chain", "verdict"]
+           "read_chain", "read_fidelity", "verdict"]
 
 T = TypeVar("T")
 
@@ -213,9 +213,9 @@ def fidelity_lines(fid: HiddenFidelity) -> list[str]:
     return lines
 
 
-def fidelity_status(run_dir: Path) -> list[str]:
-    """``status``'s provider-fidelity lines: ``fidelity_lines`` of the run's hidden set (``hidden/``), none
-    without a manifest or without figures."""
+def read_fidelity(run_dir: Path) -> HiddenFidelity | None:
+    """The provider-fidelity figures of the run's hidden set (``hidden/manifest.json``), None without them."""
     notes: list[str] = []
     m = _read(RunDir(run_dir).hidden / HiddenLayout.manifest, HiddenManifest, notes)
-    return fidelity_lines(m.checks.fidelity) if m is not None and m.checks.fidelity is not None else []
+    return m.checks.fidelity if m is not None else None
+

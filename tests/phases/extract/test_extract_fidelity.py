@@ -131,6 +131,10 @@ def test_the_perturbed_provider_is_flagged_and_the_faithful_one_is_not(
     status: list[str] = []
     run_status(str(cfg.run_path), echo=status.append)
     assert "warning: provider quantized" in status[0] and "faithful:" in status[0]
+    as_json: list[str] = []
+    run_status(str(cfg.run_path), echo=as_json.append, as_json=True)
+    shown = {p["provider"]: p.get("flagged", False) for p in json.loads(as_json[0])["fidelity"]["providers"]}
+    assert shown == {"faithful": False, "quantized": True}
     out = Path(str(cfg.run_path) + "-report.html")
     run_report(cfg, echo=lambda s: None, output=out)
     page = out.read_text(encoding="utf-8")

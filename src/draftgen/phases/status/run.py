@@ -27,8 +27,9 @@ live display with each status line: ``engine.timemodel``'s ETA, counted down fro
 this run's elapsed time and mean tok/s under the display's one definition and labels); once the run is over,
 its last figures. The span from the first response to the last (over every run) is labelled as such.
 
-After the table: the hidden set's provider fidelity when extract measured it (``runview.chain.fidelity_status``:
-one line per provider, a warning line in red per flagged one); OpenRouter batches (``endpoint.mode: batch``, the
+After the table: the hidden set's provider fidelity when extract measured it (``runview.chain.read_fidelity``
+and ``fidelity_lines``: one line per provider, a warning line in red per flagged one; whole in ``--json``'s
+``fidelity``); the rounds of generation when there are several (``runview.rounds``); OpenRouter batches (``endpoint.mode: batch``, the
 batch journal): how many wait to be submitted, are submitted, in progress and done, each open one's age and the
 dollars it reserves.
 
@@ -57,10 +58,10 @@ from draftgen.engine.progress import eta_text, pace_text, pack
 from draftgen.errors import InputError, RunDirError
 from draftgen.fmt import fmt_duration, fmt_held, fmt_int, fmt_pct, fmt_time, fmt_usd, render_text
 from draftgen.phases import PHASES, Echo, Phase, PhaseTable
-from draftgen.records import LockHolder, ProgressRecord, RunManifest
+from draftgen.records import HiddenFidelity, LockHolder, ProgressRecord, RunManifest
 from draftgen.rundir import RunDir
 from draftgen.rundir.claim import live_holder
-from draftgen.runview.chain import accept_status, fidelity_status
+from draftgen.runview.chain import accept_status, fidelity_lines, read_fidelity
 from draftgen.runview.datasets import DatasetMetrics
 from draftgen.runview.metrics import RunMetrics, compute_metrics
 from draftgen.runview.providers import ProviderMetrics
@@ -159,6 +160,9 @@ class StatusSummary(msgspec.Struct, kw_only=True):
     """generate's latest figures (``logs/progress.json``): its ETA and pace; ``finished`` once it ended."""
     live: bool = False
     """``progress`` was written by the process that holds the writer lock now (a run in progress)."""
+    fidelity: HiddenFidelity | None = None
+    """Extract's provider fidelity (``hidden/manifest.json``): each provider's agreement with the target, and
+    which are flagged."""
     rounds: list[RoundCount] = msgspec.field(default_factory=list)
     """Per round of generation (``plan --next-round``), its prompts and those done; empty with one round."""
 
@@ -334,6 +338,7 @@ def summarize(m: RunMetrics, run_dir: Path, selected: list[str] | None, holder: 
         hedges=m.tail.hedges, hedges_won=m.tail.hedges_won, hedge_extra_usd=m.tail.extra_usd,
         slow_streams=m.tail.slow_streams,
         rounds=round_counts(run_dir, [d.name for d in m.datasets]),
+        fidelity=read_fidelity(run_dir),
     )
 
 
@@ -536,7 +541,8 @@ def _status(target: str, *, now: float | None) -> tuple[StatusReport, str, str]:
     summary.progress, summary.live = read_progress(run_dir, summary.lock)
     at = time.time() if now is None else now
     batches = batch_lines(load_batches(RunDir(run_dir).batch_journal).values(), at)  # endpoint.mode: batch
-    text = redact("\n".join([render_text(render_status(metrics, summary, now=at, fidelity=fidelity_status(run_dir))),
+    text = redact("\n".join([render_text(render_status(metrics, summary, now=at,
+                                                      fidelity=fidelity_lines(summary.fidelity) if summary.fidelity else None)),
                               *batches]))
     return StatusReport(run_dir=str(run_dir), metrics=metrics, summary=summary), text, \
         redact(msgspec.json.encode(summary).decode())
