@@ -10,8 +10,8 @@ from pathlib import Path
 
 def write_merged_run(root: Path, name: str, ids: list[list[int]], masks: list[list[int]], sids: list[str]) -> Path:
     """``root/cfg.yaml`` (dataset ``name``, endpoint ``emulator``) and its run dir ``root/run`` whose merged/ holds
-    the rows (``ids``, ``masks``, ``sids`` in that order; no provider known) as one train shard listed by the merge
-    manifest."""
+    the rows (``ids``, ``masks``, ``sids`` in that order; dataset ``name``; no provider known) as one train shard
+    listed by the merge manifest."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     import yaml
@@ -32,6 +32,7 @@ def write_merged_run(root: Path, name: str, ids: list[list[int]], masks: list[li
         pq.write_table(pa.table({"input_ids": pa.array(ids, pa.list_(pa.int32())),
                                  "loss_mask": pa.array(masks, pa.list_(pa.int8())),
                                  "sample_id": pa.array(sids, pa.string()),
+                                 "dataset": pa.array([name] * len(sids), pa.string()),
                                  "provider": pa.array([None] * len(sids), pa.string())}), shard)
         body = shard.read_bytes()
         atomic_write_json(rd.merged_manifest, MergeManifest(
