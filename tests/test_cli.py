@@ -24,7 +24,7 @@ from draftgen.cli import (
     BASE_URL_ENV,
     EMULATOR_API_KEY_ENV,
     EMULATOR_MANAGEMENT_KEY_ENV,
-    _argv_key_problem,
+    argv_key_problem,
     cli,
 )
 from draftgen.emulator.core import emulator_key
@@ -131,7 +131,7 @@ def test_emulate_has_no_key_options_on_argv() -> None:
     assert EMULATOR_MANAGEMENT_KEY_ENV in (opts["--management-key-file"].help or "")
     for args in (["emulate", "--api-key", EMU_KEY], ["emulate", f"--management-key={EMU_KEY}"],
                  ["-v", "emulate", "--api-key-file", EMU_KEY]):
-        problem = _argv_key_problem(args)
+        problem = argv_key_problem(args)
         assert problem is not None and EMU_KEY not in problem and EMULATOR_API_KEY_ENV in problem
 
 

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from _common_helpers import config_dict, write_config
 from _report_helpers import T0, write_run_dir
 from draftgen.backends import errors as backend_errors
-from draftgen.cli import _argv_key_problem, cli
+from draftgen.cli import argv_key_problem, cli
 from draftgen.config import load_config, resolve_api_key
 from draftgen.engine.progress import RunLog
 from draftgen.errors import ConfigError
@@ -252,7 +252,7 @@ def test_resolve_api_key_never_echoes(tmp_path: Path, monkeypatch: pytest.Monkey
     ],
 )
 def test_argv_with_a_key_is_refused(args: list[str]) -> None:
-    problem = _argv_key_problem(args)
+    problem = argv_key_problem(args)
     assert problem is not None and FAKE_KEY not in problem and "S3CR3T" not in problem
     assert "OPENROUTER_API_KEY" in problem and "--api-key-file" in problem
 
@@ -269,7 +269,7 @@ def test_argv_with_a_key_is_refused(args: list[str]) -> None:
     ],
 )
 def test_ordinary_argv_passes(args: list[str]) -> None:
-    assert _argv_key_problem(args) is None
+    assert argv_key_problem(args) is None
 
 
 def test_cli_refuses_a_key_as_api_key_file_before_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,120 +7,44 @@ One convention for every command: ``-v/--verbose`` before or after the subcomman
 to an endpoint (generate, run, plan, probe) takes the same ``--base-url`` (default ``$DRAFTGEN_BASE_URL``) and
 ``--api-key-file``. Keys never travel on the command line: they come from a file or the environment,
 ``emulate``'s included (``--api-key-file`` or ``$DRAFTGEN_EMULATOR_API_KEY``).
+
+The commands are here; how they fail, read their flags and refuse a key on the command line is
+``cli.flags``'s. ``python -m draftgen.cli`` runs ``main`` (``cli/__main__.py``).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from functools import wraps
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any
 
 import click
 
 from draftgen import __version__
-from draftgen.errors import DraftgenError
+from draftgen.cli.flags import (
+    BASE_URL_ENV,
+    EMULATOR_API_KEY_ENV,
+    EMULATOR_MANAGEMENT_KEY_ENV,
+    TokenCount,
+    argv_key_problem,
+    endpoint_options,
+    endpoint_overrides,
+    fail,
+    force_option,
+    friendly,
+    from_cwd,
+    generate_options,
+    generate_overrides,
+    load,
+    run_dir_option,
+    setup_logging,
+    skip_bad_option,
+    url_or_cwd,
+    verbose_option,
+)
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-#: where ``draftgen emulate`` reads the key it accepts, and the management key, when no file is given
-EMULATOR_API_KEY_ENV = "DRAFTGEN_EMULATOR_API_KEY"
-EMULATOR_MANAGEMENT_KEY_ENV = "DRAFTGEN_EMULATOR_MANAGEMENT_KEY"
-
-
-def _fail(message: str, code: int) -> None:
-    from draftgen.secrets import redact
-
-    line = " ".join(redact(message).splitlines())  # one line, and never a key
-    click.echo(f"Error: {line}", err=True)
-    sys.exit(code)
-
-
-def friendly(fn: F) -> F:
-    """Turn library errors into one line and an exit code."""
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except DraftgenError as exc:
-            _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, exc.exit_code)
-        except KeyboardInterrupt:
-            _fail("interrupted; completed work is on disk and the next run resumes from it", 130)
-        except BrokenPipeError:
-            sys.exit(1)
-        except OSError as exc:  # a path the library did not anticipate (a file where a folder must be, ...)
-            where = f"{exc.filename}: " if exc.filename else ""
-            _fail(f"{where}{exc.strerror or exc}; check that path and its permissions", 1)
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
-            raise
-        except Exception as exc:  # a bug: still one line (redacted), the traceback only with -v
-            import logging
-
-            log = logging.getLogger("draftgen")
-            if log.isEnabledFor(logging.DEBUG):
-                import traceback
-
-                from draftgen.secrets import redact
-
-                sys.stderr.write(redact(traceback.format_exc()))
-            _fail(f"unexpected {type(exc).__name__}: {exc}; this is a bug in draftgen, please report it "
-                  "(run with -v for the traceback)", 1)
-
-    return wrapper  # type: ignore[return-value]
-
-
-#: The flag that sets each config key it overrides: a value the config's checks refuse is blamed on it.
-FLAG_OF: dict[str, str] = {
-    "run_dir": "--run-dir", "budget.token_budget": "--token-budget", "budget.max_spend_usd": "--max-spend",
-    "prepare.skip_bad": "--skip-bad", "partitions.short.concurrency": "--short-concurrency",
-    "partitions.long.concurrency": "--long-concurrency", "partitions.short.max_tokens": "--short-max-tokens",
-    "partitions.long.max_tokens": "--long-max-tokens", "endpoint.api_key_file": "--api-key-file",
-    "endpoint.base_url": "--base-url", "audit.reference": "--reference", "hidden_states.output": "--output",
-    "hidden_states.model": "--model", "hidden_states.backend": "--backend", "hidden_states.dtype": "--dtype",
-    "hidden_states.device": "--device", "hidden_states.ray": "--workers", "hidden_states.workers": "--workers",
-    "train.hidden": "--hidden", "train.verifier": "--verifier", "train.speculators": "--speculators",
-    "train.epochs": "--epochs", "train.max_steps": "--max-steps", "train.draft_vocab_size": "--draft-vocab-size",
-    "train.algorithm": "--algorithm", "train.online": "--online", "train.nproc_per_node": "--nproc-per-node",
-    "train.allow_partial": "--allow-partial", "probe.prompt": "--prompt", "plan.pilot": "--pilot",
-}
-
-
-def _load(config: str, overrides: dict[str, Any] | None = None) -> Any:
-    from draftgen.config import load_config
-    from draftgen.extensions import check_config
-
-    cfg = load_config(config, overrides, flags=FLAG_OF)
-    check_config(cfg, config)
-    return cfg
-
-
-def _setup_logging(verbose: bool) -> None:
-    """Log to stderr; ``verbose`` turns on debug logging. Idempotent: ``-v`` before the subcommand (the group)
-    and after it (the command) set the same state, and once on it stays on."""
-    import logging
-
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    if verbose:
-        logging.getLogger().setLevel(logging.DEBUG)
-
-
-_VERBOSE_HELP = "Debug logging on stderr (also accepted before the subcommand)."
-
-
-def _verbose_callback(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-    if value:
-        _setup_logging(True)
-
-
-#: ``-v/--verbose`` after the subcommand; added to every command below (see the end of the module)
-verbose_option = click.option("-v", "--verbose", is_flag=True, expose_value=False, callback=_verbose_callback,
-                              help=_VERBOSE_HELP)
+__all__ = ["BASE_URL_ENV", "EMULATOR_API_KEY_ENV", "EMULATOR_MANAGEMENT_KEY_ENV", "TokenCount", "argv_key_problem",
+           "cli", "main"]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -128,103 +52,8 @@ verbose_option = click.option("-v", "--verbose", is_flag=True, expose_value=Fals
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging on stderr (also accepted after the subcommand).")
 def cli(verbose: bool) -> None:
     """Generate exact-token-ID training data for speculative-decoding drafters."""
-    _setup_logging(verbose)
+    setup_logging(verbose)
 
-
-def _from_cwd(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """A path typed on the command line is relative to the working directory (run_dir in a config file is
-    relative to the file's folder); the absolute path goes into the config overrides."""
-    return str(Path(value).resolve()) if value else value
-
-
-#: the environment variable that gives ``--base-url`` when the flag is absent
-BASE_URL_ENV = "DRAFTGEN_BASE_URL"
-
-
-def endpoint_options(fn: F) -> F:
-    """``--api-key-file`` and ``--base-url``, the same on every command that talks to an endpoint."""
-    opts = [
-        click.option("--api-key-file", type=click.Path(dir_okay=False),
-                     help="File holding only the API key (default: the variable named by endpoint.api_key_env, "
-                          "OPENROUTER_API_KEY). Keys are never passed on the command line."),
-        click.option("--base-url", envvar=BASE_URL_ENV,
-                     help=f"API root, e.g. https://openrouter.ai/api/v1 or http://127.0.0.1:PORT/api/v1 "
-                          f"(default: ${BASE_URL_ENV}, else endpoint.base_url of the config)."),
-    ]
-    for opt in reversed(opts):
-        fn = opt(fn)
-    return fn
-
-
-def endpoint_overrides(api_key_file: str | None, base_url: str | None) -> dict[str, Any]:
-    """Config overrides of the two endpoint options (a key file's path is made absolute here)."""
-    return {
-        "endpoint.api_key_file": str(Path(api_key_file).resolve()) if api_key_file else None,
-        "endpoint.base_url": base_url or None,
-    }
-
-
-run_dir_option = click.option("--run-dir", type=click.Path(file_okay=False), callback=_from_cwd,
-                              help="Run directory (overrides run_dir; relative to the working directory).")
-force_option = click.option("--force", is_flag=True,
-                            help="Accept records made by another model, profile or tokenizer (the outputs record it).")
-skip_bad_option = click.option("--skip-bad", is_flag=True,
-                               help="Skip and count malformed input lines instead of stopping (prepare.skip_bad).")
-
-
-class TokenCount(click.ParamType):  # type: ignore[type-arg]
-    """A token count: an integer, with an optional k / M / G suffix (``10M`` = 10,000,000; ``1.5k``)."""
-
-    name = "TOKENS"
-    _SCALE: ClassVar[dict[str, int]] = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int):
-            return value
-        text = str(value).strip().replace(",", "").replace("_", "")
-        suffix = text[-1:].lower() if text[-1:].isalpha() else ""
-        try:
-            number = float(text[: len(text) - len(suffix)]) * self._SCALE[suffix]
-        except (KeyError, ValueError):
-            self.fail(f"{value!r} is not a token count; write e.g. 20000000, 20M or 500k", param, ctx)
-        if number < 0 or number != int(number):
-            self.fail(f"{value!r} is not a whole, non-negative token count", param, ctx)
-        return int(number)
-
-
-
-def generate_options(fn: F) -> F:
-    opts = [
-        click.option("--dataset", "datasets", multiple=True, help="Only this dataset (repeatable)."),
-        click.option("--partition", type=click.Choice(["short", "long", "all"]), default="all", show_default=True),
-        click.option("--token-budget", type=TokenCount(), help="Completion-token budget per dataset (10M, 500k, 20000000)."),
-        click.option("--max-spend", type=float, help="Dollar budget for this run directory (USD)."),
-        click.option("--short-concurrency", type=int, help="Requests in flight for the short partition."),
-        click.option("--long-concurrency", type=int, help="Requests in flight for the long partition."),
-        click.option("--short-max-tokens", type=int, help="max_tokens for short prompts."),
-        click.option("--long-max-tokens", type=int, help="max_tokens for long prompts."),
-        run_dir_option,
-        force_option,
-        skip_bad_option,
-    ]
-    for opt in reversed(opts):
-        fn = opt(fn)
-    return endpoint_options(fn)
-
-
-def generate_overrides(kw: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "run_dir": kw.get("run_dir"),
-        "budget.token_budget": kw.get("token_budget"),
-        "prepare.skip_bad": True if kw.get("skip_bad") else None,
-        "budget.max_spend_usd": kw.get("max_spend"),
-        "partitions.short.concurrency": kw.get("short_concurrency"),
-        "partitions.long.concurrency": kw.get("long_concurrency"),
-        "partitions.short.max_tokens": kw.get("short_max_tokens"),
-        "partitions.long.max_tokens": kw.get("long_max_tokens"),
-        **endpoint_overrides(kw.get("api_key_file"), kw.get("base_url")),
-    }
-    return out
 
 
 @cli.command()
@@ -241,7 +70,7 @@ def generate(config: str, redo: tuple[str, ...], round_: int | None, **kw: Any) 
     from draftgen.phases.generate.run import run_generate
     from draftgen.phases.prepare.run import run_prepare
 
-    cfg = _load(config, generate_overrides(kw))
+    cfg = load(config, generate_overrides(kw))
     report = run_generate(cfg, echo=click.echo, force=kw["force"], datasets=list(kw["datasets"]),
                           partition=kw["partition"], argv=sys.argv, base_url_flag=kw.get("base_url"), redo=redo,
                           prepare=run_prepare, round=round_)  # datasets not prepared yet are prepared first
@@ -259,7 +88,7 @@ def prepare(config: str, run_dir: str | None, skip_bad: bool, force: bool) -> No
     """Normalise prompt datasets into prepared/<dataset>/prompts.jsonl."""
     from draftgen.phases.prepare.run import run_prepare
 
-    cfg = _load(config, {"run_dir": run_dir, "prepare.skip_bad": True if skip_bad else None})
+    cfg = load(config, {"run_dir": run_dir, "prepare.skip_bad": True if skip_bad else None})
     run_prepare(cfg, echo=click.echo, force=force)
 
 
@@ -273,7 +102,7 @@ def audit(config: str, run_dir: str | None, reference: str | None, force: bool) 
     """Check reconstructed ids: structure, billing agreement, BPE drift against reference ids."""
     from draftgen.phases.audit.run import run_audit
 
-    cfg = _load(config, {"run_dir": run_dir, "audit.reference": str(Path(reference).resolve()) if reference else None})
+    cfg = load(config, {"run_dir": run_dir, "audit.reference": str(Path(reference).resolve()) if reference else None})
     run_audit(cfg, echo=click.echo, force=force)
 
 
@@ -286,22 +115,16 @@ def merge(config: str, run_dir: str | None, force: bool) -> None:
     """Filter, dedupe, cap, shuffle and split into merged/ Parquet plus exports."""
     from draftgen.phases.merge.run import run_merge
 
-    cfg = _load(config, {"run_dir": run_dir})
+    cfg = load(config, {"run_dir": run_dir})
     run_merge(cfg, echo=click.echo, force=force)
 
-
-def _url_or_cwd(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """A URL (or, for --model, a hub id that is no local path) as it is; a local path from the working directory."""
-    if not value or "://" in value or (param.name == "model" and not Path(value).exists()):
-        return value
-    return _from_cwd(ctx, param, value)
 
 
 @cli.command()
 @click.argument("config", type=click.Path(dir_okay=False))
 @run_dir_option
-@click.option("--output", callback=_url_or_cwd, help="Destination folder or fsspec URL, e.g. s3://bucket/prefix (overrides hidden_states.output).")
-@click.option("--model", callback=_url_or_cwd, help="Target model folder or hub id (overrides hidden_states.model).")
+@click.option("--output", callback=url_or_cwd, help="Destination folder or fsspec URL, e.g. s3://bucket/prefix (overrides hidden_states.output).")
+@click.option("--model", callback=url_or_cwd, help="Target model folder or hub id (overrides hidden_states.model).")
 @click.option("--backend", help="Capture backend (overrides hidden_states.backend): hf, vllm.")
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32", "fp8"]), help="Storage dtype (overrides hidden_states.dtype).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Where the target runs (overrides hidden_states.device).")
@@ -316,7 +139,7 @@ def extract(config: str, run_dir: str | None, output: str | None, model: str | N
     """Capture the target's hidden states for every merged train row into hidden/ (resumable; checked)."""
     from draftgen.phases.extract.run import run_extract
 
-    cfg = _load(config, {"run_dir": run_dir, "hidden_states.output": output, "hidden_states.model": model,
+    cfg = load(config, {"run_dir": run_dir, "hidden_states.output": output, "hidden_states.model": model,
                          "hidden_states.backend": backend, "hidden_states.dtype": dtype, "hidden_states.device": device,
                          "hidden_states.ray": True if workers else None, "hidden_states.workers": workers})
     run_extract(cfg, echo=click.echo, limit=limit, pilot=pilot, force=force)
@@ -325,9 +148,9 @@ def extract(config: str, run_dir: str | None, output: str | None, model: str | N
 @cli.command()
 @click.argument("config", type=click.Path(dir_okay=False))
 @run_dir_option
-@click.option("--hidden", callback=_url_or_cwd, help="The hidden set to train on (overrides train.hidden).")
-@click.option("--verifier", callback=_from_cwd, help="The target model's local folder (overrides train.verifier).")
-@click.option("--speculators", "speculators_bin", callback=_from_cwd,
+@click.option("--hidden", callback=url_or_cwd, help="The hidden set to train on (overrides train.hidden).")
+@click.option("--verifier", callback=from_cwd, help="The target model's local folder (overrides train.verifier).")
+@click.option("--speculators", "speculators_bin", callback=from_cwd,
               help="speculators' executable or its environment's python (overrides train.speculators).")
 @click.option("--epochs", type=int, help="Training epochs (overrides train.epochs); a rerun with more resumes.")
 @click.option("--max-steps", type=int, help="Stop after this many steps in all (overrides train.max_steps).")
@@ -353,7 +176,7 @@ def train(config: str, run_dir: str | None, hidden: str | None, verifier: str | 
     vLLM checkpoint, and an SGLang one for the EAGLE-3 family)."""
     from draftgen.phases.train.run import run_train
 
-    cfg = _load(config, {"run_dir": run_dir, "train.hidden": hidden, "train.verifier": verifier,
+    cfg = load(config, {"run_dir": run_dir, "train.hidden": hidden, "train.verifier": verifier,
                          "train.speculators": speculators_bin, "train.epochs": epochs, "train.max_steps": max_steps,
                          "train.draft_vocab_size": draft_vocab_size, "train.algorithm": algorithm,
                          "train.online": True if online else None, "train.nproc_per_node": nproc_per_node,
@@ -372,9 +195,9 @@ def train(config: str, run_dir: str | None, hidden: str | None, verifier: str | 
 @click.option("--format", "formats", multiple=True, required=True,
               type=click.Choice(["speculators", "specforge", "modelopt"]),
               help="Trainer format (repeatable): speculators, specforge, modelopt.")
-@click.option("--out", callback=_from_cwd, help="Output folder (default <run>/hidden-exports/<format>).")
-@click.option("--hidden", callback=_url_or_cwd, help="The hidden set (default hidden_states.output or <run>/hidden).")
-@click.option("--target", callback=_from_cwd, help="Target model folder, for the post-norm final state "
+@click.option("--out", callback=from_cwd, help="Output folder (default <run>/hidden-exports/<format>).")
+@click.option("--hidden", callback=url_or_cwd, help="The hidden set (default hidden_states.output or <run>/hidden).")
+@click.option("--target", callback=from_cwd, help="Target model folder, for the post-norm final state "
               "(default hidden_states.model).")
 @click.option("--include-flagged", is_flag=True, help="Also export samples that failed an extract check.")
 @friendly
@@ -383,7 +206,7 @@ def export_hidden(config: str, run_dir: str | None, formats: tuple[str, ...], ou
     """Write hidden/ in a peer trainer's offline format, in extraction order (sample_ids.jsonl maps it)."""
     from draftgen.hidden import exports
 
-    cfg = _load(config, {"run_dir": run_dir})
+    cfg = load(config, {"run_dir": run_dir})
     exports.export_hidden(cfg, list(formats), out, hidden=hidden, target_dir=target, include_flagged=include_flagged,
                           echo=click.echo)
 
@@ -398,7 +221,7 @@ def import_(config: str, file: str, dataset: str, run_dir: str | None, force: bo
     """Check and add records made elsewhere (local SGLang {sample_id, output_ids} rows, another run's raw log)."""
     from draftgen.phases.importer.run import run_import
 
-    cfg = _load(config, {"run_dir": run_dir})
+    cfg = load(config, {"run_dir": run_dir})
     run_import(cfg, echo=click.echo, force=force, dataset=dataset, source=Path(file))
 
 
@@ -411,7 +234,7 @@ def probe(config: str, api_key_file: str | None, base_url: str | None, prompt: s
     """One request that checks key, credits, provider, reasoning field, cost and reconstruction."""
     from draftgen.phases.probe.run import run_probe
 
-    cfg = _load(config, {**endpoint_overrides(api_key_file, base_url), "probe.prompt": prompt})
+    cfg = load(config, {**endpoint_overrides(api_key_file, base_url), "probe.prompt": prompt})
     report = run_probe(cfg, echo=click.echo)
     if not report.ok:
         sys.exit(1)
@@ -427,7 +250,7 @@ def probe(config: str, api_key_file: str | None, base_url: str | None, prompt: s
 @click.option("--zero-aux-url", help="A server of the same target and drafter fed zeroed aux states "
               "(draftgen emulate --zero-aux): the zero-aux ablation.")
 @click.option("--prompts", type=int, help="Held-out prompts to send (overrides accept.prompts).")
-@click.option("--draft-lm", callback=_from_cwd, help="A draft LM folder (train --draft-lm) to replay beside copy-last "
+@click.option("--draft-lm", callback=from_cwd, help="A draft LM folder (train --draft-lm) to replay beside copy-last "
               "and lookup (overrides accept.draft_lm).")
 @friendly
 def accept(config: str, run_dir: str | None, api_key_file: str | None, base_url: str | None, drafter: str,
@@ -436,7 +259,7 @@ def accept(config: str, run_dir: str | None, api_key_file: str | None, base_url:
     beside copy-last and n-gram lookup on the same prompts, with 95% intervals and per dataset."""
     from draftgen.phases.accept.run import run_accept
 
-    cfg = _load(config, {"run_dir": run_dir, **endpoint_overrides(api_key_file, base_url)})
+    cfg = load(config, {"run_dir": run_dir, **endpoint_overrides(api_key_file, base_url)})
     run_accept(cfg, echo=click.echo, drafter=drafter, baseline_url=baseline_url, zero_aux_url=zero_aux_url,
                prompts=prompts, draft_lm=draft_lm)
 
@@ -464,7 +287,7 @@ def plan(config: str, run_dir: str | None, api_key_file: str | None, base_url: s
     from draftgen.phases.plan.rounds import run_next_round
     from draftgen.phases.plan.run import run_plan
 
-    cfg = _load(config, {"run_dir": run_dir, **endpoint_overrides(api_key_file, base_url), "plan.pilot": pilot,
+    cfg = load(config, {"run_dir": run_dir, **endpoint_overrides(api_key_file, base_url), "plan.pilot": pilot,
                          "prepare.skip_bad": True if skip_bad else None})
     if next_round:
         run_next_round(cfg, spread=spread, add_usd=add_usd, add_tokens=add_tokens, echo=click.echo, force=force,
@@ -489,7 +312,7 @@ def run(config: str, yes: bool, dry_run: bool, **kw: Any) -> None:
     """
     from draftgen.phases.pipeline import run_pipeline
 
-    cfg = _load(config, generate_overrides(kw))
+    cfg = load(config, generate_overrides(kw))
     ask = (lambda question: click.confirm(question, default=False)) if sys.stdin.isatty() else None
     report = run_pipeline(cfg, argv=sys.argv, datasets=list(kw["datasets"]), partition=kw["partition"],
                           base_url_flag=kw.get("base_url"), force=kw["force"], echo=click.echo,
@@ -544,7 +367,7 @@ def report(config: str, run_dir: str | None, output: str | None, force: bool) ->
     """Write report.html: one self-contained page with tables and charts."""
     from draftgen.phases.report.run import run_report
 
-    cfg = _load(config, {"run_dir": run_dir})
+    cfg = load(config, {"run_dir": run_dir})
     run_report(cfg, echo=click.echo, force=force, output=Path(output) if output else None)  # echoes "report: PATH"
 
 
@@ -610,41 +433,6 @@ def emulate(api_key_file: str | None, management_key_file: str | None, model_dir
     serve_forever(EmulatorOptions(api_key=api_key, management_key=management_key, **kw), echo=click.echo)
 
 
-#: flags that would carry a key on the command line (no command has one)
-_KEY_FLAGS = ("--api-key", "--api_key", "--apikey", "--key", "--openrouter-api-key", "--openrouter-key",
-              "--management-key", "--token")
-_NO_KEY_ON_ARGV = ("keys are never passed on the command line; set OPENROUTER_API_KEY (or the variable named "
-                   "by endpoint.api_key_env) to the key, or pass --api-key-file PATH (a file holding only the key)")
-_NO_KEY_ON_EMULATE = (f"keys are never passed on the command line; set {EMULATOR_API_KEY_ENV} (the key to accept) "
-                      f"or {EMULATOR_MANAGEMENT_KEY_ENV} (the key that may read /credits), or pass --api-key-file "
-                      "PATH / --management-key-file PATH (a file holding only the key)")
-
-
-def _argv_key_problem(args: list[str]) -> str | None:
-    """Why ``args`` must be refused before click parses them (a key on the command line), or None.
-    Never includes the key. ``emulate`` too reads its keys from files or the environment only."""
-    from draftgen.secrets import contains_key, looks_like_key
-
-    command = next((a for a in args if not a.startswith("-")), None)
-    how = _NO_KEY_ON_EMULATE if command == "emulate" else _NO_KEY_ON_ARGV
-    for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
-        if flag in _KEY_FLAGS:
-            return f"{flag} is not an option: {how}"
-        if flag in ("--api-key-file", "--management-key-file"):
-            path = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            parts = [path, *Path(path).parts] if path else []
-            if any(looks_like_key(p) or contains_key(p) for p in parts) and not Path(path).is_file():
-                env = EMULATOR_API_KEY_ENV if command == "emulate" else "OPENROUTER_API_KEY"
-                return (f"{flag} takes the PATH of a file holding only the key, and its value looks like "
-                        f"the key itself; write the key to a file and pass that file's path, or set "
-                        f"{env} to the key")
-        if flag == "--base-url" or (i > 0 and args[i - 1] == "--base-url"):
-            continue  # config validation names what in the URL is a credential
-        if looks_like_key(arg) or contains_key(arg):
-            return f"an argument looks like an API key; {how}"
-    return None
-
 
 # -v/--verbose after the subcommand as well as before it, on every command (keep this after the last command)
 for _command in cli.commands.values():
@@ -652,11 +440,7 @@ for _command in cli.commands.values():
 
 
 def main() -> None:
-    problem = _argv_key_problem(sys.argv[1:])
+    problem = argv_key_problem(sys.argv[1:])
     if problem:
-        _fail(problem, 2)
+        fail(problem, 2)
     cli(prog_name="draftgen")
-
-
-if __name__ == "__main__":
-    main()
