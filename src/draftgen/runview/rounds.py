@@ -61,14 +61,18 @@ class RoundCount(msgspec.Struct, kw_only=True):
     """dataset → [prepared, done]."""
 
 
+def _rounds_of(rd: RunDir, dataset: str) -> dict[str, int] | None:
+    """sample id → the round that drew it, for the prepared prompts of ``dataset`` (None: not prepared)."""
+    path = rd.prepared(dataset)
+    return {v.sample_id: v.round for _, v in iter_jsonl(path, PromptIdView)} if path.is_file() else None
+
+
 def round_of_ids(run_dir: Path, datasets: list[str]) -> dict[str, int]:
     """sample id → the round that drew it, for every prepared prompt of ``datasets``."""
     rd = RunDir(run_dir)
     out: dict[str, int] = {}
     for name in datasets:
-        path = rd.prepared(name)
-        if path.is_file():
-            out.update((v.sample_id, v.round) for _, v in iter_jsonl(path, PromptIdView))
+        out.update(_rounds_of(rd, name) or {})
     return out
 
 
@@ -80,10 +84,9 @@ def round_counts(run_dir: Path, datasets: list[str]) -> list[RoundCount]:
         return []  # one round: no second pass over the raw logs (status runs this on every refresh)
     rounds: dict[int, RoundCount] = {}
     for name in datasets:
-        path = rd.prepared(name)
-        if not path.is_file():
+        of = _rounds_of(rd, name)
+        if of is None:
             continue
-        of = {v.sample_id: v.round for _, v in iter_jsonl(path, PromptIdView)}
         done: set[str] = set()
         raw = rd.raw(name)
         if raw.is_file():

@@ -402,10 +402,9 @@ def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
 def _draft_lm(folder: Path, cfg: RunConfig) -> Callable[[], Propose]:
     """The draft LM as a fresh-proposer factory (one model, loaded once; its target from the config when set)."""
     from draftgen.drafter.draftlm import load_proposer
+    from draftgen.target import model_ref_of
 
-    named = cfg.hidden_states.model
-    target = None if not named else cfg.path(named) if cfg.path(named).exists() else Path(named)
-    propose = load_proposer(folder, target)
+    propose = load_proposer(folder, Path(model_ref_of(cfg)) if cfg.hidden_states.model else None)
     return lambda: propose
 
 

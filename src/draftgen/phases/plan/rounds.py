@@ -164,8 +164,8 @@ def propose_round(cfg: RunConfig, *, spread: str = "guided", add_usd: float | No
         raise InputError(f"--spread {spread!r}: one of {', '.join(SPREADS)}")
     rd = RunDir(cfg.run_path)
     rep, merged = _read_basis(rd, acceptance)
-    basis = acceptance.resolve() if acceptance is not None else rd.accept_json
-    shown = str(basis.relative_to(rd.root.resolve()) if basis.is_relative_to(rd.root.resolve()) else basis)
+    basis, root = (acceptance or rd.accept_json).resolve(), rd.root.resolve()
+    shown = str(basis.relative_to(root) if basis.is_relative_to(root) else basis)
     k = int(rep.k or 0)
     lines = _lines(cfg, rd, rep, merged)
     unit = "tokens" if add_tokens is not None or any(ln.usd_per_sample <= 0 for ln in lines) else "usd"
@@ -194,8 +194,7 @@ def propose_round(cfg: RunConfig, *, spread: str = "guided", add_usd: float | No
         notes.append(f"the acceptance was measured before round {started[-1].round} started: train on that "
                      "round and measure again first, or this proposal repeats the last one")
     return RoundPlan(round=n, spread=spread, budget_unit=unit, budget=budget, k=k, alpha=cfg.plan.round_alpha,
-                     basis=shown if acceptance is not None else str(rd.accept_json.relative_to(rd.root)),
-                     drafter=rep.drafter, datasets=lines,
+                     basis=shown, drafter=rep.drafter, datasets=lines,
                      weighted_now=round(now, 4), weighted_expected=round(after, 4), notes=notes,
                      proposed_at=time.time())
 

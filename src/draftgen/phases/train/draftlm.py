@@ -13,11 +13,12 @@ import shutil
 from pathlib import Path
 
 from draftgen.config import RunConfig
-from draftgen.errors import ConfigError, InputError
+from draftgen.errors import InputError
 from draftgen.phases import Echo
 from draftgen.records import DraftLMInfo, TrainReport
 from draftgen.rundir.claim import writer
 from draftgen.store import read_json
+from draftgen.target import model_ref_of
 from draftgen.target.rows import read_merged_rows
 
 __all__ = ["run_draft_lm"]
@@ -34,10 +35,7 @@ def run_draft_lm(cfg: RunConfig, *, echo: Echo = print, force: bool = False) -> 
         rep = read_json(rd.train_report, TrainReport)
         if not rep.checkpoint or not Path(rep.checkpoint).is_dir():
             raise InputError(f"{rd.train_report}: names no drafter checkpoint that exists; train again")
-        if not cfg.hidden_states.model:
-            raise ConfigError("hidden_states.model: not set; the draft LM shares the target's embedding and head")
-        named = cfg.hidden_states.model
-        target = cfg.path(named) if cfg.path(named).exists() else Path(named)
+        target = Path(model_ref_of(cfg))  # a ConfigError naming hidden_states.model when it is not set
         rows = [(r.input_ids.tolist(), r.loss_mask.tolist()) for r in read_merged_rows(rd)]
         out = rd.train_draft_lm
         if out.exists():
