@@ -56,7 +56,7 @@ TIMEOUTS: dict[str, tuple[int, int]] = {
     "bench_train_disk": (240, 90),
     "bench_storm": (240, 120),
     "bench_online": (3000, 600),  # the learned target at 2,208 rows: four trainings, four accepts
-    "bench_loop": (1200, 1200),  # three 24-epoch trainings and three accepts on the learned target
+    "bench_loop": (1800, 1800),  # seven 24-epoch trainings and seven accepts on the learned target
     "bench_fidelity": (600, 600),
 }
 DEFAULT_TIMEOUT = (180, 90)

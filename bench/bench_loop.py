@@ -10,9 +10,15 @@ with the language's four tasks as four datasets:
    in the pool): ``draftgen accept`` at k = 3, each prompt's counters from the server's per-request fields;
 3. the round-1 run copied twice (its prepared prompts, raw responses and merged rows; not its hidden states or
    drafter); in one, ``plan --next-round --spread guided --acceptance <that pass> --add-tokens B``, in the
-   other the same with ``--spread uniform``; then in each ``generate --round 2`` → audit → merge → extract →
-   train with the same settings from the same seed;
-4. both round-2 drafters measured on the same evaluation prompts.
+   other the same with ``--spread uniform``; then in each ``generate --round 2`` → audit → merge → extract,
+   and a drafter trained on it from each of the training seeds ``SEEDS`` (same settings otherwise);
+4. every round-2 drafter measured on the same evaluation prompts.
+
+Generation runs one request at a time (``GEN_CONCURRENCY``): the server then computes each response alone, so
+the data are the same on every run (with many in flight, batching changed the padded numerics enough to flip
+a greedy token now and then, and round 1's data differed between runs). A drafter trained 24 epochs on a few
+hundred rows still depends on its seed: each arm is therefore trained from several seeds, and an arm's
+acceptance is pooled over its seeds' drafters (1 + Σ accepted / Σ drafts over seeds and prompts).
 
 Beside round 1's drafter, on the same evaluation prompts: an independent draft LM (``draftgen train --draft-lm``:
 a 2-layer Qwen3 decoder reading ids only, the drafter's trainable parameter count, draft vocabulary, rows,
@@ -21,9 +27,11 @@ continuations (``accept --draft-lm``): ``al_trained_minus_draft_lm`` with its pa
 
 ``B`` is ``BUDGET_SHARE`` of round 1's supervised tokens. Figures: each drafter's AL per dataset, the
 proposals' prompts per dataset, and the paired differences guided − uniform over the evaluation prompts
-with 95% bootstrap intervals (prompts resampled within each dataset): on the dataset weakest after round 1
+with 95% bootstrap intervals (prompts resampled within each dataset, the same prompts for both arms, and each
+arm's training seeds resampled too, so the interval holds the training noise as well as the prompts'): on
+the dataset weakest after round 1
 (``al_guided_minus_uniform_weakest`` with ``_ci_lo``) and on the traffic-weighted mean (equal traffic:
-``al_guided_minus_uniform_weighted``). Each stage's wall time.
+``al_guided_minus_uniform_weighted``), and the weighted difference seed by seed. Each stage's wall time.
 
 Needs the ``[extract]`` extra and speculators 0.9 (``DRAFTGEN_SPECULATORS`` or ``.venv-speculators``).
 ``--quick`` runs the same experiment (it has one size).
@@ -59,6 +67,10 @@ EVAL = 24
 EVAL_SEED = 4242
 ROUND_ONE = {"walk": 48, "sort": 8, "count": 48, "close": 8}
 BUDGET_SHARE = 0.5
+#: training seeds of each round-2 arm (round 1's drafter, the basis of the proposal, is trained from the first)
+SEEDS = (0, 1, 2)
+#: requests in flight while generating: one, so that every run makes the same data (see the docstring)
+GEN_CONCURRENCY = 1
 #: training epochs of every drafter: its validation loss flat by then (the ``*_val_loss_change_last_quarter`` figures)
 EPOCHS = 24
 BOOT = 2000
@@ -87,14 +99,16 @@ def write_sources(work: Path, chain: Any) -> None:
 
 
 def write_cfg(chain: Any, work: Path, name: str, url: str, target: Path, *, source: str,
-              counts: dict[str, int] | None) -> Path:
-    """The chain's example config for run ``name``: datasets from ``source``/, ``max_samples`` from ``counts``
-    (None: every prompt), no merge cap, ``EPOCHS`` epochs."""
+              counts: dict[str, int] | None, seed: int = SEEDS[0], run: str | None = None) -> Path:
+    """The chain's example config ``name``.yaml for run ``run`` (default ``name``): datasets from ``source``/,
+    ``max_samples`` from ``counts`` (None: every prompt), no merge cap, ``GEN_CONCURRENCY`` requests in flight
+    while generating, ``EPOCHS`` epochs from training seed ``seed``."""
     import yaml
 
-    path = chain.write_config(work, name, base_url=url, run=name, target=target,
-                              train={"epochs": EPOCHS, "seed": 0})
+    path = chain.write_config(work, name, base_url=url, run=run or name, target=target,
+                              train={"epochs": EPOCHS, "seed": seed})
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data["partitions"] = {p: {**v, "concurrency": GEN_CONCURRENCY} for p, v in data["partitions"].items()}
     data["datasets"] = [{"name": t, "path": str(work / source / f"{t}.jsonl"),
                          **({"max_samples": counts[t]} if counts else {})} for t in TASKS]
     data["accept"] = {**data["accept"], "prompts": EVAL * len(TASKS)}
@@ -109,7 +123,6 @@ def data_and_drafter(chain: Any, cfg_path: Path, url: str, echo: Any, *, round_:
     from draftgen.phases.generate.run import run_generate
     from draftgen.phases.merge.run import run_merge
     from draftgen.phases.prepare.run import run_prepare
-    from draftgen.phases.train.run import run_train
 
     cfg = load_config(cfg_path)
     gen = run_generate(cfg, echo=echo, prepare=run_prepare, round=round_)
@@ -118,6 +131,13 @@ def data_and_drafter(chain: Any, cfg_path: Path, url: str, echo: Any, *, round_:
     run_audit(cfg, echo=echo)
     run_merge(cfg, echo=echo)
     chain._extract(cfg_path, None, echo)
+    return train(cfg_path, echo)
+
+
+def train(cfg_path: Path, echo: Any) -> Path:
+    from draftgen.config import load_config
+    from draftgen.phases.train.run import run_train
+
     return Path(run_train(load_config(cfg_path), echo=echo).checkpoint)
 
 
@@ -137,25 +157,65 @@ def _al(rows: Sequence[Any]) -> float:
     return 1.0 + sum(r.accepted for r in rows) / drafts if drafts else 1.0
 
 
-def paired(g: Any, u: Any, datasets: Sequence[str], weights: dict[str, float]) -> dict[str, list[float]]:
-    """Per dataset and traffic-weighted: guided − uniform AL, with its 95% bootstrap interval (prompts
-    resampled within each dataset, the same draw for both drafters: they saw the same prompts)."""
-    by_g = {r.sample_id: r for r in g.per_prompt}
-    by_u = {r.sample_id: r for r in u.per_prompt}
-    ids = {d: sorted(s for s, r in by_g.items() if r.dataset == d and s in by_u) for d in datasets}
+def pooled_al(reports: Sequence[Any], dataset: str) -> float:
+    """The AL of ``dataset``'s prompts pooled over the drafters of ``reports`` (one per training seed)."""
+    return _al([r for rep in reports for r in rep.per_prompt if r.dataset == dataset])
 
-    def diff(draw: dict[str, list[str]]) -> dict[str, float]:
-        per = {d: _al([by_g[s] for s in draw[d]]) - _al([by_u[s] for s in draw[d]]) for d in datasets}
+
+def paired(g: Sequence[Any], u: Sequence[Any], datasets: Sequence[str],
+           weights: dict[str, float]) -> dict[str, list[float]]:
+    """Per dataset and traffic-weighted: guided − uniform AL, each arm pooled over its seeds' drafters (``g``,
+    ``u``: their accept reports), with its 95% bootstrap interval: prompts resampled within each dataset (the
+    same draw for both arms: they saw the same prompts) and each arm's seeds resampled with replacement."""
+    def counters(reps: Sequence[Any]) -> list[dict[str, tuple[float, float]]]:
+        return [{r.sample_id: (r.accepted, r.drafts) for r in rep.per_prompt} for rep in reps]
+
+    arms = counters(g), counters(u)
+    of = {r.sample_id: r.dataset for rep in (*g, *u) for r in rep.per_prompt}
+    ids = {d: sorted(s for s, ds in of.items() if ds == d and all(s in c for arm in arms for c in arm))
+           for d in datasets}
+
+    def al(arm: Sequence[dict[str, tuple[float, float]]], sids: list[str]) -> float:
+        acc = sum(c[s][0] for c in arm for s in sids)
+        drafts = sum(c[s][1] for c in arm for s in sids)
+        return 1.0 + acc / drafts if drafts else 1.0
+
+    def diff(draw: dict[str, list[str]], pick: tuple[Sequence[Any], Sequence[Any]]) -> dict[str, float]:
+        per = {d: al(pick[0], draw[d]) - al(pick[1], draw[d]) for d in datasets}
         per["weighted"] = sum(weights[d] * per[d] for d in datasets)
         return per
 
-    point = diff(ids)
+    point = diff(ids, arms)
     rng = random.Random(0)
-    reps = [diff({d: [rng.choice(ids[d]) for _ in ids[d]] for d in datasets}) for _ in range(BOOT)]
+    reps = [diff({d: [rng.choice(ids[d]) for _ in ids[d]] for d in datasets},
+                 ([rng.choice(arms[0]) for _ in arms[0]], [rng.choice(arms[1]) for _ in arms[1]]))
+            for _ in range(BOOT)]
     out = {}
     for key, value in point.items():
         vals = sorted(r[key] for r in reps)
         out[key] = [round(value, 4), round(vals[int(0.025 * BOOT)], 4), round(vals[int(0.975 * BOOT) - 1], 4)]
+    return out
+
+
+def seeded_drafters(chain: Any, work: Path, spread: str, url: str, tpath: Path, eval_cfg: Path, first: Path,
+                    stage: Any, echo: Any, f: dict[str, Any]) -> list[Any]:
+    """Arm ``spread``'s drafter from each of ``SEEDS`` (``first``: the one trained with its data), each measured
+    on the evaluation prompts, its validation-loss plateau in ``f``; each seed's ``train/`` kept as
+    ``train-seed<s>/``."""
+    run = work / spread
+    out = []
+    for seed in SEEDS:
+        if seed != SEEDS[0]:
+            with stage(f"round 2 ({spread}): train, seed {seed}"):
+                drafter = train(write_cfg(chain, work, f"{spread}-seed{seed}", url, tpath, source="pool",
+                                          counts=ROUND_ONE, seed=seed, run=spread), echo)
+        else:
+            drafter = first
+        with stage(f"round 2 ({spread}): accept, seed {seed}"):
+            out.append(measure(chain, eval_cfg, tpath, drafter, work, f"{spread}-seed{seed}", echo))
+        for key, value in chain.plateau(run).items():
+            f[f"{spread}_seed{seed}_{key}"] = value
+        (run / "train").rename(run / f"train-seed{seed}")
     return out
 
 
@@ -194,7 +254,9 @@ def experiment(work: Path, target: Path | None, echo: Any = print) -> dict[str, 
         budget = round(BUDGET_SHARE * sum(
             d.supervised_tokens for d in load_json_stats(work / "r1")))
         f["budget_tokens"] = budget
-        drafters: dict[str, Any] = {"r1": m1}
+        for key, value in chain.plateau(work / "r1").items():
+            f[f"r1_{key}"] = value
+        arms: dict[str, list[Any]] = {"r1": [m1]}
         for spread in ("guided", "uniform"):
             run = work / spread
             shutil.copytree(work / "r1", run, ignore=shutil.ignore_patterns("hidden", "train", "accept", "*.lock"))
@@ -202,19 +264,23 @@ def experiment(work: Path, target: Path | None, echo: Any = print) -> dict[str, 
             plan = run_next_round(load_config(cfg_path), spread=spread, add_tokens=budget, acceptance=basis,
                                   echo=echo)
             f[f"{spread}_adds"] = {d.dataset: d.add_samples for d in plan.datasets}
-            with stage(f"round 2 ({spread}): generate, merge, extract, train"):
+            with stage(f"round 2 ({spread}): generate, merge, extract, train seed {SEEDS[0]}"):
                 d2 = data_and_drafter(chain, cfg_path, url, echo, round_=2)
-            with stage(f"round 2 ({spread}): accept"):
-                drafters[spread] = measure(chain, eval_cfg, tpath, d2, work, spread, echo)
-    for name, rep in drafters.items():
-        for key, value in plateau(work / name).items():
-            f[f"{name}_{key}"] = value
-        f[f"al_{name}"] = round(rep.acceptance.acceptance_length, 4)
-        for d in rep.datasets:
-            f[f"{d.dataset}_al_{name}"] = round(d.acceptance_length, 4)
+            arms[spread] = seeded_drafters(chain, work, spread, url, tpath, eval_cfg, d2, stage, echo, f)
+    weights = {t: 1 / len(TASKS) for t in TASKS}
+    for name, reps in arms.items():
+        for t in TASKS:
+            f[f"{t}_al_{name}"] = round(pooled_al(reps, t), 4)
+        f[f"al_{name}"] = round(_al([r for rep in reps for r in rep.per_prompt]), 4)
+    for spread in ("guided", "uniform"):
+        changes = [f[f"{spread}_seed{s}_val_loss_change_last_quarter"] for s in SEEDS]
+        f[f"{spread}_val_loss_change_last_quarter_worst"] = max(changes, key=abs)
     weakest = min(TASKS, key=lambda t: f[f"{t}_al_r1"])
     f["weakest"] = weakest
-    diffs = paired(drafters["guided"], drafters["uniform"], TASKS, {t: 1 / len(TASKS) for t in TASKS})
+    for s, (g, u) in zip(SEEDS, zip(arms["guided"], arms["uniform"], strict=True), strict=True):
+        f[f"weighted_guided_minus_uniform_seed{s}"] = round(
+            sum(weights[t] * (pooled_al([g], t) - pooled_al([u], t)) for t in TASKS), 4)
+    diffs = paired(arms["guided"], arms["uniform"], TASKS, weights)
     for key, (v, _lo, _hi) in diffs.items():
         f[f"{key}_guided_minus_uniform"] = v
     f["al_guided_minus_uniform_weakest"], f["al_guided_minus_uniform_weakest_ci_lo"], \
@@ -222,21 +288,6 @@ def experiment(work: Path, target: Path | None, echo: Any = print) -> dict[str, 
     f["al_guided_minus_uniform_weighted"], f["al_guided_minus_uniform_weighted_ci_lo"], \
         f["al_guided_minus_uniform_weighted_ci_hi"] = diffs["weighted"]
     return f
-
-
-def plateau(run: Path) -> dict[str, float]:
-    """The drafter's validation loss per epoch (``train/log.jsonl``): first, last, and the relative change
-    from the mean of the third quarter of the epochs to the mean of the last quarter (near 0: a plateau)."""
-    from draftgen.records import TrainLogRecord
-    from draftgen.rundir import RunDir
-    from draftgen.store import iter_jsonl
-
-    val = [r.loss for _, r in iter_jsonl(RunDir(run).train_log, TrainLogRecord) if r.kind == "val"]
-    q = max(1, len(val) // 4)
-    third, last = val[-2 * q:-q], val[-q:]
-    change = (sum(last) / len(last) - sum(third) / len(third)) / (sum(third) / len(third))
-    return {"epochs": len(val), "val_loss_first": round(val[0], 4), "val_loss_last": round(val[-1], 4),
-            "val_loss_change_last_quarter": round(change, 4)}
 
 
 def load_json_stats(run: Path) -> list[Any]:
@@ -269,14 +320,17 @@ def main() -> None:
           "supervised tokens:")
     for spread in ("guided", "uniform"):
         print(f"  {spread}: " + ", ".join(f"{t} +{n}" for t, n in f[f"{spread}_adds"].items()))
-    print(f"  {'dataset':<8} {'round 1':>8} {'guided':>8} {'uniform':>8}")
+    print(f"  {'dataset':<8} {'round 1':>8} {'guided':>8} {'uniform':>8}   (round 2: pooled over {len(SEEDS)} "
+          "training seeds)")
     for t in TASKS:
         print(f"  {t:<8} {f[f'{t}_al_r1']:>8.3f} {f[f'{t}_al_guided']:>8.3f} {f[f'{t}_al_uniform']:>8.3f}")
     print(f"  weakest after round 1: {f['weakest']}; guided - uniform there {f['al_guided_minus_uniform_weakest']:+.3f} "
           f"[{f['al_guided_minus_uniform_weakest_ci_lo']:+.3f}, {f['al_guided_minus_uniform_weakest_ci_hi']:+.3f}]; "
           f"traffic-weighted {f['al_guided_minus_uniform_weighted']:+.3f} "
           f"[{f['al_guided_minus_uniform_weighted_ci_lo']:+.3f}, {f['al_guided_minus_uniform_weighted_ci_hi']:+.3f}]")
-    for name in ("r1", "guided", "uniform"):
+    print("  traffic-weighted guided - uniform seed by seed: "
+          + ", ".join(f"seed {s} {f[f'weighted_guided_minus_uniform_seed{s}']:+.3f}" for s in SEEDS))
+    for name in ("r1", *(f"{a}_seed{s}" for a in ("guided", "uniform") for s in SEEDS)):
         print(f"  {name}: {f[f'{name}_epochs']} epochs, validation loss {f[f'{name}_val_loss_first']:.3f} → "
               f"{f[f'{name}_val_loss_last']:.3f}, last quarter vs the one before {f[f'{name}_val_loss_change_last_quarter']:+.1%}")
     print(f"  round 1's drafter ({f['drafter_params']:,} trainable parameters) vs the draft LM "

@@ -24,6 +24,9 @@ class DatasetConfig(Section):
     """Row format; ``auto`` detects messages, ShareGPT, Alpaca, plain prompts and glaive rows."""
     field: str | None = None
     """Column holding the conversation or prompt, when not the format's usual one."""
+    tags_field: str | None = None
+    """Column holding each prompt's tags (a string or a list of strings, e.g. ``category``): accept's acceptance
+    and ``plan --next-round``'s proposal go per tag as well. Unset: no tags; a row without the column: none."""
     partition: Literal["auto", "short", "long"] = "auto"
     """``short``/``long`` for the whole dataset, or ``auto`` by prompt length (prepare.long_prompt_tokens)."""
     max_samples: int | None = None

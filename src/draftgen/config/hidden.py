@@ -70,7 +70,7 @@ class HiddenStatesConfig(Section):
     fidelity_margin: float = 0.02
     """Provider fidelity: a provider is flagged when the 95% bootstrap interval (over samples) of the best provider's top-1 agreement minus its own lies wholly above this margin (a share of positions: 0.02 is 2 points), both providers with at least 5 measured samples (docs/extract.md, Provider fidelity)."""
     fidelity_action: Literal["warn", "exclude"] = "warn"
-    """Provider fidelity: ``warn`` reports a flagged provider (extract's output, status, the report); ``exclude`` also leaves its rows out of the set's training samples (train and export-hidden skip them; train.json counts them)."""
+    """Provider fidelity: ``warn`` reports a flagged provider (extract's output, status, the report); ``exclude`` also leaves its rows out of the set's training samples (train and export-hidden skip them; train.json counts them). ``train --online`` measures it through its first server before training and does the same."""
     max_flagged_fraction: float = 0.001
     """``draftgen extract`` exits 3 when more than this share of samples fails a check (flagged samples are still stored and listed in the manifest)."""
     base_urls: list[str] = msgspec.field(default_factory=list)

@@ -100,6 +100,8 @@ from draftgen.records.merged import (
 )
 from draftgen.records.progress import ProgressRecord
 from draftgen.records.prompts import (
+    UNTAGGED,
+    UNTAGGED_LABEL,
     DatasetStats,
     FunctionCall,
     Message,
@@ -109,6 +111,8 @@ from draftgen.records.prompts import (
     ToolCall,
     ToolFunction,
     check_ids,
+    tag_keys,
+    tag_label,
 )
 from draftgen.records.responses import (
     VIEWS,
@@ -136,7 +140,7 @@ from draftgen.records.responses import (
     spend_usd,
     view_mismatches,
 )
-from draftgen.records.rounds import RoundDataset, RoundPlan
+from draftgen.records.rounds import RoundDataset, RoundPlan, RoundTag
 from draftgen.records.run import LockHolder, RunManifest
 
 __all__ = [
@@ -145,6 +149,8 @@ __all__ = [
     "MERGED_VIEWS",
     "REPEAT_MARK",
     "SCHEMA_VERSION",
+    "UNTAGGED",
+    "UNTAGGED_LABEL",
     "VIEWS",
     "AcceptReport",
     "AcceptanceFigures",
@@ -217,6 +223,7 @@ __all__ = [
     "ResponseSettingsView",
     "RoundDataset",
     "RoundPlan",
+    "RoundTag",
     "RunManifest",
     "SettlementRecord",
     "SpecForgeConversationRow",
@@ -242,6 +249,8 @@ __all__ = [
     "parse_row_id",
     "row_id",
     "spend_usd",
+    "tag_keys",
+    "tag_label",
     "trained_line",
     "view_mismatches",
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import msgspec
 
 from draftgen.records.base import SCHEMA_VERSION
+from draftgen.records.hidden import HiddenFidelity
 
 
 class TrainLogRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -50,6 +51,7 @@ class TrainOnlineReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     peak_files: int = 0  # files on disk for the trainer at once (copies waiting for it, captures in flight)
     peak_bytes: int = 0  # their bytes (captures in flight at their reservations)
     window_bytes: int = 0  # the window they were bounded by (train.online_window_mb)
+    fidelity: HiddenFidelity | None = None  # each provider's agreement with the target, measured before training
     schema_version: int = SCHEMA_VERSION
 
 
@@ -148,7 +150,7 @@ class PromptAcceptance(msgspec.Struct, omit_defaults=True, kw_only=True):
     """One held-out prompt's share of a pass: the drafter's counters on it (``source``: "vllm-per-request", its
     response's ``metrics.speculative_decoding``; "vllm-metrics", the ``/metrics`` deltas around its request,
     sent alone; "sglang-meta_info", its ``meta_info``; None: not known), joined to its dataset, its prompt's
-    length and length bucket (``phases.accept.passes.length_bucket``), and the target's greedy
+    length and length bucket (``phases.accept.passes.length_bucket``) and its tags, and the target's greedy
     continuation (its ids, when the server returned them: the no-model figures can be replayed from the report
     alone). Also one line each of ``accept/<drafter key>/<pass>.prompts.jsonl``."""
 
@@ -164,6 +166,7 @@ class PromptAcceptance(msgspec.Struct, omit_defaults=True, kw_only=True):
     source: str | None = None
     prompt_tokens: int | None = None
     length_bucket: str | None = None
+    tags: list[str] | None = None  # its prepared prompt's tags (``PromptRecord.tags``)
     schema_version: int = SCHEMA_VERSION
 
     @property
@@ -200,9 +203,11 @@ class Comparison(msgspec.Struct, omit_defaults=True, kw_only=True):
 
 class DatasetAcceptance(msgspec.Struct, omit_defaults=True, kw_only=True):
     """The acceptance on one dataset's held-out prompts: the drafter's, with its interval, and each
-    alternative's acceptance length on the same prompts."""
+    alternative's acceptance length on the same prompts. With ``tag`` (``AcceptReport.tags``): on those of its
+    held-out prompts that carry the tag (``records.prompts.UNTAGGED``: those that carry none)."""
 
     dataset: str
+    tag: str | None = None
     prompts: int
     acceptance_length: float
     ci95: list[float] | None = None
@@ -268,6 +273,8 @@ class AcceptReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     alternatives: list[AlternativeFigures] = msgspec.field(default_factory=list)
     comparisons: list[Comparison] = msgspec.field(default_factory=list)
     datasets: list[DatasetAcceptance] = msgspec.field(default_factory=list)
+    # per (dataset, tag), for the datasets whose held-out prompts carry tags: by dataset, then by tag
+    tags: list[DatasetAcceptance] = msgspec.field(default_factory=list)
     per_prompt: list[PromptAcceptance] = msgspec.field(default_factory=list)
     notes: list[str] = msgspec.field(default_factory=list)
     created_at: float = 0.0

@@ -168,7 +168,7 @@ class HiddenCounts(msgspec.Struct):
 
 
 class ProviderFidelity(msgspec.Struct, omit_defaults=True, kw_only=True):
-    """One provider's agreement with the target (``phases.extract.fidelity``): over its ``samples`` measured
+    """One provider's agreement with the target (``target.fidelity``): over its ``samples`` measured
     samples (``positions`` completion positions in all; ``rows`` of the set are its), the mean log p of the
     completion ids under the target and the target's top-1 agreement (both pooled over the positions), each
     with its 95% bootstrap interval over the samples; the best provider's top-1 minus this one's (``top1_gap``,
@@ -193,7 +193,7 @@ class ProviderFidelity(msgspec.Struct, omit_defaults=True, kw_only=True):
 
 
 class HiddenFidelity(msgspec.Struct, omit_defaults=True, kw_only=True):
-    """Provider fidelity of a set (``phases.extract.fidelity``): each provider's figures (best top-1 first),
+    """Provider fidelity of a set (``target.fidelity``): each provider's figures (best top-1 first),
     the best one, and the rule's settings (``hidden_states.fidelity_margin``, ``fidelity_action``)."""
 
     providers: list[ProviderFidelity]

@@ -53,7 +53,24 @@ class PromptRecord(msgspec.Struct, omit_defaults=True):
     source: str | None = None  # "file:line" or "hf:name[split]#row"
     turn_index: int | None = None
     round: int = 1  # the round that drew it (records.rounds); 1, the run as configured, is not written
+    tags: list[str] | None = None  # its source row's ``datasets[].tags_field``: sorted, unique, none empty
     schema_version: int = SCHEMA_VERSION
+
+
+#: the tag key of the prompts that carry no tag, in a dataset whose other prompts do (``DatasetStats.tags``,
+#: accept's per-tag figures, a round's tag lines); shown as ``UNTAGGED_LABEL``
+UNTAGGED = ""
+UNTAGGED_LABEL = "(untagged)"
+
+
+def tag_keys(tags: list[str] | None) -> list[str]:
+    """The tag keys a prompt counts under: its tags, or ``UNTAGGED`` when it has none."""
+    return list(tags) if tags else [UNTAGGED]
+
+
+def tag_label(tag: str | None) -> str:
+    """How a tag key is shown (``UNTAGGED``: ``UNTAGGED_LABEL``)."""
+    return tag or UNTAGGED_LABEL
 
 
 def check_ids(ids: list[int] | None, vocab_size: int, where: str, name: str) -> None:
@@ -78,6 +95,11 @@ class DatasetStats(msgspec.Struct, omit_defaults=True):
     source: str = ""
     rows_read: int = 0  # source rows read (before multi-turn cuts, dedupe and sampling)
     not_selected: int = 0  # unique prompts left out by max_samples
+    # where any prompt of the source carries a tag (``datasets[].tags_field``), per tag key (``tag_keys``: a
+    # prompt of several tags counts under each): the prompts written, and the unique prompts left out by
+    # max_samples (what a round can still draw for that tag); empty for a dataset without tags
+    tags: dict[str, int] = msgspec.field(default_factory=dict)
+    tags_not_selected: dict[str, int] = msgspec.field(default_factory=dict)
     max_prompt_tokens: int = 0
     multi_turn: str = ""  # "last" | "all"
     fingerprint: str = ""  # hash of the inputs that decide prompts.jsonl; equal → prepare is a no-op

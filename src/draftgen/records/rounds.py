@@ -4,7 +4,8 @@
 Round 1 is the run as configured; it has no file. A round's file is written by ``plan`` while the round is
 proposed (a new proposal replaces it) and rewritten once by ``generate --round N`` with ``started_at`` set;
 from then on it is fixed, and ``prepare`` draws each dataset's ``add_samples`` more prompts for it (the
-seeded bottom-k sample grows, so every earlier prompt stays and keeps its id and its round).
+seeded bottom-k sample grows, so every earlier prompt stays and keeps its id and its round), or, for a
+dataset whose line has tags, each tag's ``add_samples`` more prompts carrying that tag.
 """
 
 from __future__ import annotations
@@ -12,6 +13,31 @@ from __future__ import annotations
 import msgspec
 
 from draftgen.records.base import SCHEMA_VERSION
+
+
+class RoundTag(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One tag's line under its dataset (``datasets[].tags_field``): the tag is an arm of the same model as a
+    dataset, with its own measured acceptance, training tokens, traffic and room."""
+
+    tag: str
+    """The tag (``records.prompts.UNTAGGED``, "": the dataset's prompts that carry none)."""
+    traffic: float = 0.0
+    """The dataset's traffic share split over its tags by their share of its drawn prompts."""
+    acceptance_length: float | None = None
+    ci95: list[float] | None = None
+    prompts_measured: int = 0
+    training_tokens: int = 0
+    """The dataset's supervised tokens × the tag's share of its drawn prompts (an estimate: merged/ keeps no
+    tags)."""
+    tokens_per_sample: float = 0.0
+    """The dataset's mean supervised tokens per sample."""
+    available: int = 0
+    """Prompts of the source carrying the tag not drawn yet (prepare's ``tags_not_selected``)."""
+    add_samples: int = 0
+    add_tokens: int = 0
+    add_usd: float = 0.0
+    expected_acceptance_length: float | None = None
+    note: str | None = None
 
 
 class RoundDataset(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -37,6 +63,9 @@ class RoundDataset(msgspec.Struct, omit_defaults=True, kw_only=True):
     add_usd: float = 0.0
     expected_acceptance_length: float | None = None
     note: str | None = None
+    tags: list[RoundTag] = msgspec.field(default_factory=list)
+    """Its tags' lines where its measured prompts carry tags; ``add_samples`` is then their sum, and prepare
+    draws each tag's own (``RoundPlan.tag_adds``)."""
 
 
 class RoundPlan(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -68,3 +97,8 @@ class RoundPlan(msgspec.Struct, omit_defaults=True, kw_only=True):
     def adds(self, dataset: str) -> int:
         """The prompts this round adds to ``dataset`` (0 when it names none)."""
         return next((d.add_samples for d in self.datasets if d.dataset == dataset), 0)
+
+    def tag_adds(self, dataset: str) -> dict[str, int]:
+        """The prompts this round adds to ``dataset`` per tag ({}: none by tag, ``adds`` by sample key)."""
+        line = next((d for d in self.datasets if d.dataset == dataset), None)
+        return {t.tag: t.add_samples for t in line.tags} if line is not None and line.tags else {}

@@ -15,7 +15,8 @@ share of the merged supervised tokens (``loop.acceptance_by_length``). ``verdict
 says whether a drafter beat the no-model drafters (copy-last, lookup) on its held-out prompts and by how much;
 ``accept`` prints it, tiny-chain ends with it, the report shows it.
 ``fidelity_lines``: the hidden set's provider fidelity (``HiddenFidelity``, the manifest's ``checks.fidelity``) as
-the table extract prints and status shows (``read_fidelity``: the run's own set).
+the table extract prints and status shows (``read_fidelity``: the run's own set, or what online training
+measured).
 Writes nothing; imports no phase.
 """
 
@@ -214,8 +215,13 @@ def fidelity_lines(fid: HiddenFidelity) -> list[str]:
 
 
 def read_fidelity(run_dir: Path) -> HiddenFidelity | None:
-    """The provider-fidelity figures of the run's hidden set (``hidden/manifest.json``), None without them."""
+    """The provider-fidelity figures of the run's hidden set (``hidden/manifest.json``), else those online
+    training measured (``train/train.json``'s ``online.fidelity``); None without either."""
     notes: list[str] = []
-    m = _read(RunDir(run_dir).hidden / HiddenLayout.manifest, HiddenManifest, notes)
-    return m.checks.fidelity if m is not None else None
+    rd = RunDir(run_dir)
+    m = _read(rd.hidden / HiddenLayout.manifest, HiddenManifest, notes)
+    if m is not None and m.checks.fidelity is not None:
+        return m.checks.fidelity
+    t = _read(rd.train_report, TrainReport, notes)
+    return t.online.fidelity if t is not None and t.online is not None else None
 

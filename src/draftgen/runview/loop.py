@@ -1,12 +1,18 @@
 """The data loop read as numbers, for report.html: where the drafter's acceptance is low beside how much of the
-training data each dataset had (``acceptance_by_length``), and the rounds of generation (``round_rows``).
+training data each dataset (and each tag of a dataset whose prompts carry tags) had (``acceptance_by_length``),
+and the rounds of generation (``round_rows``).
 
 Reads:
 
     accept/<drafter key>/<pass>.prompts.jsonl  ``PromptAcceptance``  the shown pass's acceptance per held-out
                                                                     prompt (a pass without the file: the
                                                                     report's own ``per_prompt``)
+    prepared/<dataset>/stats.json              ``DatasetStats``      a tagged dataset's prompts per tag
+                                                                    (``tag_training_tokens``)
     rounds/round-<n>.json, prepared/, raw/     through ``runview.rounds`` (``read_rounds``, ``round_counts``)
+
+A tag's training tokens are an estimate, ``tag_training_tokens``: merged/ keeps no tags, so the dataset's
+supervised tokens × the tag's share of the dataset's drawn prompts (``plan --next-round`` uses the same).
 
 The pass's ``AcceptReport`` and ``merged/stats.json`` (``MergeStats``) are handed in by the caller
 (``chain.read_chain``, the report), read once there. Writes nothing; imports no phase; nothing depends on the
@@ -21,13 +27,22 @@ from pathlib import Path
 import msgspec
 
 from draftgen.errors import InputError
-from draftgen.records import AcceptReport, MergeStats, PromptAcceptance, RoundPlan
+from draftgen.records import (
+    UNTAGGED,
+    AcceptReport,
+    DatasetAcceptance,
+    DatasetStats,
+    MergeStats,
+    PromptAcceptance,
+    RoundPlan,
+    tag_keys,
+)
 from draftgen.rundir import RunDir
 from draftgen.runview.rounds import RoundCount, read_rounds, round_counts
-from draftgen.store import iter_jsonl
+from draftgen.store import iter_jsonl, read_json
 
 __all__ = ["ALL", "UNKNOWN_BUCKET", "AcceptanceByLength", "DatasetLengths", "LengthCell", "RoundCell", "RoundRow",
-           "RoundsView", "acceptance_by_length", "round_rows"]
+           "RoundsView", "acceptance_by_length", "round_rows", "tag_training_tokens"]
 
 #: the row over every dataset (as in ``MergeStats.total``)
 ALL = "all"
@@ -45,10 +60,13 @@ class LengthCell(msgspec.Struct, kw_only=True):
 
 
 class DatasetLengths(msgspec.Struct, kw_only=True):
-    """One dataset's row (``ALL``: every dataset's): its share of the merged supervised tokens, its acceptance
-    over the pass with the interval accept gave, and a cell per length bucket it has prompts in."""
+    """One dataset's row (``ALL``: every dataset's), or with ``tag`` one tag's of a dataset whose prompts carry
+    tags (``records.UNTAGGED``: its prompts without one): its share of the merged supervised tokens (a tag's:
+    ``tag_training_tokens``), its acceptance over the pass with the interval accept gave, and a cell per
+    length bucket it has prompts in."""
 
     dataset: str
+    tag: str | None = None
     supervised_tokens: int | None = None  # None: nothing merged
     training_share: float | None = None  # supervised_tokens / all merged supervised tokens
     prompts: int = 0  # its held-out prompts with their own counters
@@ -64,7 +82,7 @@ class AcceptanceByLength(msgspec.Struct, kw_only=True):
 
     source: str  # the per-prompt file read (relative to the run directory), or "per_prompt" of the report
     buckets: list[str] = msgspec.field(default_factory=list)
-    rows: list[DatasetLengths] = msgspec.field(default_factory=list)
+    rows: list[DatasetLengths] = msgspec.field(default_factory=list)  # each tagged dataset's tag rows follow it
     uncounted: int = 0  # prompts of the pass without their own counters (left out of every cell)
     notes: list[str] = msgspec.field(default_factory=list)
 
@@ -110,6 +128,52 @@ def _bucket_order(rows: Sequence[PromptAcceptance]) -> list[str]:
     return sorted(least, key=lambda b: (b == UNKNOWN_BUCKET, least[b], b))
 
 
+def _row_of(row: DatasetLengths, mine: list[PromptAcceptance], fig: DatasetAcceptance | None,
+            supervised: int | None, total: int) -> DatasetLengths:
+    """``row`` filled: the cells of its prompts ``mine``, accept's figure ``fig`` (None: the same formula over
+    ``mine``, no interval) and its share of ``total`` merged supervised tokens (None: nothing merged)."""
+    row.prompts, row.cells = len(mine), _cells(mine)
+    if supervised is not None:
+        row.supervised_tokens = supervised
+        row.training_share = supervised / total if total else None
+    if fig is not None:
+        row.acceptance_length, row.ci95 = fig.acceptance_length, fig.ci95
+    elif mine:  # a report without per-dataset figures: the same formula, no interval
+        row.acceptance_length = _cell(mine).acceptance_length
+    return row
+
+
+def tag_training_tokens(supervised_tokens: int, stats: DatasetStats | None) -> dict[str, int]:
+    """A tagged dataset's supervised tokens per tag key (``records.tag_keys``), estimated: its
+    ``supervised_tokens`` × the tag's share of its drawn prompts (``DatasetStats.tags`` over ``samples``; a
+    prompt of several tags counts in each). {} without prepared stats or tags."""
+    if stats is None or not stats.samples:
+        return {}
+    return {t: round(supervised_tokens * n / stats.samples) for t, n in stats.tags.items()}
+
+
+def _tag_rows(rd: RunDir, parent: DatasetLengths, mine: list[PromptAcceptance], figs: list[DatasetAcceptance],
+              total: int, notes: list[str]) -> list[DatasetLengths]:
+    """The tag rows of the dataset row ``parent``: one per tag its counted prompts ``mine`` or accept's
+    per-tag figures ``figs`` name, by tag; a tag's share of the training tokens from the dataset's prepared
+    stats (an unreadable stats.json costs the tags' shares, with a note)."""
+    name = parent.dataset
+    by: dict[str, list[PromptAcceptance]] = {}
+    for r in mine:
+        for t in tag_keys(r.tags):
+            by.setdefault(t, []).append(r)
+    acc = {f.tag or UNTAGGED: f for f in figs if f.dataset == name}
+    stats, path = None, rd.prepared_stats(name)
+    try:
+        stats = read_json(path, DatasetStats) if path.is_file() else None
+    except InputError as exc:
+        notes.append(str(exc))
+    tokens = tag_training_tokens(parent.supervised_tokens or 0, stats)
+    return [_row_of(DatasetLengths(dataset=name, tag=t), by.get(t, []), acc.get(t),
+                    tokens.get(t) if parent.supervised_tokens is not None else None, total)
+            for t in sorted(set(by) | set(acc))]
+
+
 def _merged_tokens(merged: MergeStats | None) -> tuple[dict[str, int], int]:
     if merged is None:
         return {}, 0
@@ -137,16 +201,11 @@ def acceptance_by_length(run_dir: Path, rep: AcceptReport, merged: MergeStats | 
     names = list(dict.fromkeys([*figures, *(r.dataset for r in counted), *tokens]))
     for name in names:
         mine = [r for r in counted if r.dataset == name]
-        row = DatasetLengths(dataset=name, prompts=len(mine), cells=_cells(mine))
-        if merged is not None:
-            row.supervised_tokens = tokens.get(name, 0)
-            row.training_share = row.supervised_tokens / total if total else None
-        fig = figures.get(name)
-        if fig is not None:
-            row.acceptance_length, row.ci95 = fig.acceptance_length, fig.ci95
-        elif mine:  # a report without per-dataset figures: the same formula, no interval
-            row.acceptance_length = _cell(mine).acceptance_length
+        row = _row_of(DatasetLengths(dataset=name), mine, figures.get(name),
+                      None if merged is None else tokens.get(name, 0), total)
         out.rows.append(row)
+        if any(r.tags for r in mine) or any(t.dataset == name for t in rep.tags):
+            out.rows.extend(_tag_rows(rd, row, mine, rep.tags, total, out.notes))
     a = rep.acceptance
     out.rows.append(DatasetLengths(dataset=ALL, supervised_tokens=total if merged is not None else None,
                                    training_share=1.0 if merged is not None and total else None,

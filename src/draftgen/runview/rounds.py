@@ -2,8 +2,8 @@
 each prepared prompt was drawn in (``PromptRecord.round``), counted against the raw logs.
 
 Reads ``rounds/``, ``prepared/<dataset>/prompts.jsonl`` and ``raw/<dataset>/raw_responses.jsonl``; writes
-nothing. ``prepare`` asks ``started_adds`` how many prompts each started round adds to a dataset; ``status``,
-``merge`` and the report show ``round_counts``.
+nothing. ``prepare`` asks ``started_draws`` how many prompts each started round adds to a dataset (in all, and
+per tag where the round's line has tags); ``status``, ``merge`` and the report show ``round_counts``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from draftgen.records import PromptIdView, RoundPlan
 from draftgen.rundir import RunDir
 from draftgen.store import iter_jsonl, read_json
 
-__all__ = ["RoundCount", "read_rounds", "round_counts", "round_of_ids", "started_adds"]
+__all__ = ["RoundCount", "RoundDraw", "read_rounds", "round_counts", "round_of_ids", "started_adds", "started_draws"]
 
 _NAME = re.compile(r"round-([0-9]+)\.json")
 
@@ -45,6 +45,19 @@ def read_rounds(run_dir: Path) -> list[RoundPlan]:
 def started_adds(rounds: list[RoundPlan], dataset: str) -> list[int]:
     """The prompts each started round adds to ``dataset``, in round order (round 2 first)."""
     return [r.adds(dataset) for r in rounds if r.started_at is not None]
+
+
+class RoundDraw(msgspec.Struct, frozen=True):
+    """What one started round draws from a dataset: ``added`` prompts in all, and per tag when ``by_tag`` is
+    not empty (else the next ``added`` by sample key)."""
+
+    added: int
+    by_tag: dict[str, int]
+
+
+def started_draws(rounds: list[RoundPlan], dataset: str) -> list[RoundDraw]:
+    """What each started round draws from ``dataset``, in round order (round 2 first)."""
+    return [RoundDraw(r.adds(dataset), r.tag_adds(dataset)) for r in rounds if r.started_at is not None]
 
 
 class _Id(msgspec.Struct):

@@ -30,7 +30,8 @@ With the ``overlap`` capability the checks' calls (``embed``, ``head_logprobs``,
 Modules: ``hf`` and ``vllm`` (the backends; ``answer`` and ``connector``: the vllm backend's answers and
 connector folder), ``checks`` (the per-sample and teacher checks), ``layers`` (layer ids and their
 convention), ``rows`` (the merged train rows as ``ExtractRow``s), ``identity`` (the target's identity and
-weights digest). Here only the target's ``config.json`` (``config_digest``) and, for a hub id, the local
+weights digest), ``fidelity`` (provider fidelity: the rows measured, each provider's figures and flag; extract
+and ``train --online`` both measure it). Here only the target's ``config.json`` (``config_digest``) and, for a hub id, the local
 Hugging Face cache (``target_folder``) are read; each module says what it reads. Nothing here imports a
 phase: extract and ``train --online`` both stand on it.
 
@@ -75,7 +76,7 @@ __all__ = [
 @dataclass(frozen=True)
 class ExtractRow:
     """One merged train row: exactly its ids and mask; ``fidelity``: extract measures how well the target agrees
-    with its completion (``target.checks.check_fidelity``; chosen by ``phases.extract.fidelity``)."""
+    with its completion (``target.checks.check_fidelity``; chosen by ``target.fidelity``)."""
 
     sample_id: str
     input_ids: np.ndarray  # int64 [T]

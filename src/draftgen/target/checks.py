@@ -59,7 +59,7 @@ test targets (bf16), about 2× at fp8.
 Provider fidelity (``check_fidelity``, on the samples extract chooses: ``ExtractRow.fidelity`` or
 teacher-checked): the same head on the stored final state at the same positions gives the mean log p of the
 completion ids and the share of positions where the id the provider emitted is the target's top-1
-(``FidelityResult``; not a check: nothing fails, ``phases.extract.fidelity`` compares providers). Pure
+(``FidelityResult``; not a check: nothing fails, ``target.fidelity`` compares providers). Pure
 computation: no I/O.
 """
 

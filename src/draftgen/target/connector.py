@@ -171,23 +171,26 @@ class ConnectorFolder:
         return len(sizes), sum(sizes)
 
     def close(self, wait_s: float = 2.0) -> None:
-        """Give the watched writers up to ``wait_s`` to let go, then remove every watched file and lock (a writer
-        that still holds its lock keeps its claim, for the next ``sweep``) and forget them."""
+        """Give the watched writers up to ``wait_s`` to let go, then remove every watched file and lock, except
+        those whose writer still holds the lock: left as they are, claimed, for the next ``sweep``; forget them."""
         deadline = time.monotonic() + wait_s
         while self._watch and time.monotonic() < deadline:
             self.tidy()
             if self._watch:
                 time.sleep(0.02)
         for real in list(self._watch):
-            held = _locked(real + ".lock")
-            self.remove(real)
-            if held:
+            if _locked(real + ".lock"):
                 self.claim(real)
+            else:
+                self.remove(real)
         self._watch.clear()
 
     def sweep(self) -> tuple[int, int]:
         """At a start, before any request: remove the files (and locks) ``claims`` names in this folder, left by
-        a run that was killed; drop every claim. Returns (files removed, claims of another folder dropped)."""
+        a run that was killed (or given up on by an earlier pass of this one), and drop their claims; a file
+        whose writer still holds its lock is left as it is, claimed (removing it under a late write would only
+        let the write bring it back unclaimed): the next ``sweep`` takes it. Returns (files removed, claims of
+        another folder dropped)."""
         if self.claims is None or not os.path.isdir(self.claims):
             return 0, 0
         removed = elsewhere = 0
@@ -199,6 +202,8 @@ class ConnectorFolder:
             except (IsADirectoryError, FileNotFoundError):
                 continue
             if os.path.dirname(real) == self.root and os.path.basename(real) == name and CONNECTOR_NAME.fullmatch(name):
+                if _locked(real + ".lock"):
+                    continue
                 removed += os.path.lexists(real) or os.path.lexists(real + ".lock")
                 self.remove(real)
             else:

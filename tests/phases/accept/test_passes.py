@@ -1,7 +1,8 @@
 """Acceptance per prompt at full speed (issue 35, item 1): vLLM's per-request spec-decode fields
 (``--per-request-spec-decode-metrics``, vLLM PR #48915) read with many requests in flight, equal to the
 one-at-a-time ``/metrics`` figures on the same prompts; each prompt's record joined to its dataset and length
-bucket, written one a line; fields that do not add up, or that disagree with the server's own counters, refused.
+bucket (and tags, with the per-tag figures pooled from them), written one a line; fields that do not add up, or
+that disagree with the server's own counters, refused.
 
 The server is draftgen's own ``emulate --model`` over a tiny random Qwen3 with a random EAGLE-3 drafter (real
 greedy speculative verification); the hostile servers are an HTTP man-in-the-middle in front of it.
@@ -275,3 +276,82 @@ def test_a_server_drafting_another_k_is_measured_at_its_k_in_a_file_of_its_own(s
     assert read_json(rd.accept_json, AcceptReport) == rep3
     assert any("served at k=2, not the drafter's own k" in ln for ln in lines)
     assert any("the server drafts 2 tokens a step; the drafter's config says 3" in n for n in rep2.notes)
+
+
+# -- tags -----------------------------------------------------------------------------------------------------
+
+TOPICS: list[Any] = ["x", "y", ["x", "y"], None, "x", ["y"], "x", None]
+
+
+def _bootstrap(al: Callable[[list[int]], float], idx: list[int]) -> list[float]:
+    """The 95% percentile-bootstrap interval accept documents (2,000 resamples of the prompts, random.Random(0),
+    linear interpolation), written out again."""
+    import random
+
+    rng = random.Random(0)
+    values = sorted(al([idx[rng.randrange(len(idx))] for _ in idx]) for _ in range(2000))
+
+    def at(q: float) -> float:
+        pos = q * (len(values) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(values) - 1)
+        return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+    return [round(at(0.025), 4), round(at(0.975), 4)]
+
+
+def test_each_prompts_tags_are_joined_and_the_per_tag_figures_pool_its_prompts(served: dict[str, Any],
+                                                                               tmp_path: Path) -> None:
+    """Prepared for real with ``tags_field`` (chat) and without (code): each prompt's record carries its prepared
+    prompt's tags; the report's per-(dataset, tag) figures are the per-prompt records pooled (a prompt of two
+    tags in both, the untagged ones under ""), each with its bootstrap interval; the console shows them."""
+    from draftgen.phases.prepare.run import run_prepare
+
+    rows = []
+    for i, topic in enumerate(TOPICS):
+        row: dict[str, Any] = {"messages": [{"role": "user", "content": f"chat: {WORDS[i]} {i}"}]}
+        if topic is not None:
+            row["topic"] = topic
+        rows.append(row)
+    (tmp_path / "chat.jsonl").write_bytes(b"".join(encode_json(r) + b"\n" for r in rows))
+    (tmp_path / "code.jsonl").write_bytes(b"".join(
+        encode_json({"messages": [{"role": "user", "content": f"code: {w}"}], "topic": "z"}) + b"\n"
+        for w in WORDS[:4]))
+    with Middle(served["root"]) as fast:
+        cfg = load(write_config(tmp_path, config_dict(
+            tmp_path, [{"name": "chat", "path": "chat.jsonl", "tags_field": "topic"},
+                       {"name": "code", "path": "code.jsonl"}],
+            endpoint={"kind": "vllm", "base_url": fast.url},
+            accept={"prompts": 12, "max_tokens": 24, "concurrency": 8})))
+        run_prepare(cfg, echo=lambda _s: None)
+        lines: list[str] = []
+        rep = run_accept(cfg, drafter=served["drafter"], echo=lines.append)
+    rd = RunDir(tmp_path / "run")
+    prepared = {p.sample_id: p.tags for ds in ("chat", "code") for _, p in iter_jsonl(rd.prepared(ds), PromptRecord)}
+    written = [r for _, r in iter_jsonl(rd.accept_prompts(rep.drafter_key, rep.pass_name), PromptAcceptance)]
+    assert len(written) == 12 and all(r.tags == prepared[r.sample_id] for r in written)
+    assert sorted(tuple(r.tags or ()) for r in written if r.dataset == "chat") == sorted(
+        tuple(sorted(t if isinstance(t, list) else [t])) if t else () for t in TOPICS)
+    assert all(r.tags is None for r in written if r.dataset == "code")  # no tags_field: none
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(written):
+        if r.dataset == "chat":
+            for t in r.tags or [""]:
+                groups.setdefault(t, []).append(i)
+
+    def al(idx: list[int]) -> float:
+        drafts = sum(written[i].drafts for i in idx)
+        return 1.0 + sum(written[i].accepted for i in idx) / drafts if drafts > 0 else 1.0
+
+    assert sorted(groups) == ["", "x", "y"] and [len(groups[t]) for t in ("", "x", "y")] == [2, 4, 3]
+    assert [(f.dataset, f.tag, f.prompts) for f in rep.tags] == [("chat", t, len(groups[t])) for t in ("", "x", "y")]
+    for f in rep.tags:
+        assert f.acceptance_length == round(al(groups[f.tag or ""]), 4)
+        assert f.ci95 == _bootstrap(al, groups[f.tag or ""])
+        assert f.ci95[0] <= f.acceptance_length <= f.ci95[1]
+        assert set(f.alternatives) == {"copy-last", "lookup"}
+        shown = f"  chat / {f.tag or '(untagged)'}: {f.acceptance_length:.3f} [{f.ci95[0]:.3f}, {f.ci95[1]:.3f}] " \
+                f"over {f.prompts} prompts"
+        assert any(line.startswith("  " + shown) for line in lines), (shown, lines)
+    chat_line = next(i for i, line in enumerate(lines) if line.startswith("  dataset chat:"))
+    assert lines[chat_line + 1].startswith("    chat / (untagged):")  # the tags under their dataset

@@ -27,11 +27,11 @@ pytest.importorskip("transformers")
 
 from _common_helpers import config_dict, load, write_config  # noqa: E402
 from draftgen.config import RunConfig  # noqa: E402
-from draftgen.phases.extract.fidelity import MIN_SAMPLES, summarize  # noqa: E402
 from draftgen.phases.pipeline import run_pipeline  # noqa: E402
 from draftgen.records import HiddenIndexRecord, HiddenManifest, ProviderFidelity  # noqa: E402
 from draftgen.rundir import RunDir  # noqa: E402
 from draftgen.store import iter_jsonl, read_json  # noqa: E402
+from draftgen.target.fidelity import MIN_SAMPLES, summarize  # noqa: E402
 
 NAME = "tiny-fidelity"
 PERTURB = 0.05  # relative scale of the noise on every weight of the "quantized" provider
@@ -252,3 +252,57 @@ def test_faithful_providers_are_never_flagged(target: Path, tmp_path: Path, seed
         assert fid is not None
         flagged += [split] if any(p.flagged for p in fid.providers) else []
     assert len(flagged) <= 4, flagged
+
+
+def test_online_training_measures_fidelity_first_and_leaves_the_flagged_rows_out(
+        greedy_run: tuple[Path, RunConfig, list[str]], target: Path, tmp_path: Path) -> None:
+    """``train --online`` (no hidden set: states come from a ``draftgen emulate --model --extract-dir`` server)
+    measures each provider's fidelity through the server before training, as extract does: the perturbed
+    provider is flagged, the faithful one is not, and under ``fidelity_action: exclude`` speculators' dataset
+    holds only the faithful provider's rows; train.json keeps the figures and counts the rows left out, and
+    status shows them."""
+    import shutil
+
+    from _extract_helpers import merged_rows
+    from _hidden_export_helpers import speculators_python
+    from draftgen.emulator.real.server import ModelServerOptions, start_in_thread
+    from draftgen.phases.status.run import run_status
+    from draftgen.phases.train.run import run_train
+    from draftgen.records import TrainReport
+
+    path, cfg, _ = greedy_run
+    run = tmp_path / "run"
+    shutil.copytree(cfg.run_path, run, ignore=shutil.ignore_patterns("hidden", "train", "*.lock"))
+    rows = [sid for sid, _, _ in merged_rows(run)]
+    with start_in_thread(ModelServerOptions(model=str(target), port=0, threads=1, served_model_name=NAME,
+                                            extract_dir=str(tmp_path / "hs"), extract_layers=[1, 2, 3, 4])) as srv:
+        online = load(path, {"run_dir": str(run), "hidden_states.base_urls": [srv.root_url],
+                             "hidden_states.connector_dir": str(tmp_path / "hs"),
+                             "hidden_states.fidelity_action": "exclude", "hidden_states.teacher_fraction": 0.0,
+                             "train.speculators": str(speculators_python()), "train.online": True,
+                             "train.epochs": 1, "train.online_check_rows": 2, "train.nproc_per_node": 1,
+                             "train.draft_vocab_size": 64, "train.total_seq_len": 96})
+        lines: list[str] = []
+        rep = run_train(online, echo=lines.append)
+    assert rep.exit_code == 0 and rep.online is not None and rep.online.fidelity is not None, rep.message
+    fid = rep.online.fidelity
+    by = {p.provider: p for p in fid.providers}
+    good, bad = by["faithful"], by["quantized"]
+    assert fid.best == "faithful" and bad.flagged and not good.flagged and fid.action == "exclude"
+    assert good.samples == good.rows >= MIN_SAMPLES and good.rows + bad.rows == len(rows)
+    assert good.top1 >= 0.98 and bad.top1 < good.top1 - 0.05
+    # the same figures as extract's hf backend measured on the same rows
+    hf = _by_provider(_manifest(cfg))
+    assert (bad.samples, bad.positions, bad.top1) == (hf["quantized"].samples, hf["quantized"].positions,
+                                                        hf["quantized"].top1)
+    assert rep.excluded == {"fidelity: quantized": bad.rows} and rep.samples == good.rows
+    assert rep.online.rows == good.rows
+    listed = {json.loads(ln)["sample_id"] for ln in
+              (RunDir(run).train_online / "sample_ids.jsonl").read_text().splitlines()}
+    assert listed == set(rows) - set(bad.excluded_sample_ids) and len(bad.excluded_sample_ids) == bad.rows
+    assert any(f"left out {bad.rows} rows of provider quantized" in ln for ln in lines)
+    assert any(ln.startswith("warning: provider quantized agrees with the target") for ln in lines)
+    assert read_json(RunDir(run).train_report, TrainReport).online.fidelity == fid  # type: ignore[union-attr]
+    status: list[str] = []
+    run_status(str(run), echo=status.append)
+    assert "warning: provider quantized" in status[0]

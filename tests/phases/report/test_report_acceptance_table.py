@@ -13,11 +13,12 @@ import msgspec
 from click.testing import CliRunner
 
 from _common_helpers import config_dict, write_config
-from _merge_helpers import chat_rows, prepared_run
+from _merge_helpers import chat_rows, fake_generate, make_config, prepared_run, write_jsonl
 from _report_helpers import html_table
 from draftgen.cli import cli
 from draftgen.config import RunConfig, load_config
 from draftgen.fmt import fmt_pct, fmt_time, fmt_usd
+from draftgen.phases.accept.figures import compare
 from draftgen.phases.accept.passes import length_bucket
 from draftgen.phases.accept.run import drafter_key, pass_name
 from draftgen.phases.generate.run import run_generate
@@ -29,6 +30,7 @@ from draftgen.records import (
     AcceptanceFigures,
     AcceptReport,
     DatasetAcceptance,
+    DatasetStats,
     MergeStats,
     PromptAcceptance,
     ThroughputFigures,
@@ -43,15 +45,15 @@ QUIET = {"echo": lambda s: None}
 
 
 def _prompt(sid: str, dataset: str, tokens: int | None, drafts: float, accepted: float,
-            source: str | None = "vllm-per-request") -> PromptAcceptance:
+            source: str | None = "vllm-per-request", tags: list[str] | None = None) -> PromptAcceptance:
     """One held-out prompt's line as accept's pass writes it (its bucket from accept's own rule)."""
     return PromptAcceptance(sample_id=sid, dataset=dataset, drafts=drafts if source else 0.0,
                             accepted=accepted if source else 0.0, completion_tokens=32, source=source,
-                            prompt_tokens=tokens, length_bucket=length_bucket(tokens))
+                            prompt_tokens=tokens, length_bucket=length_bucket(tokens), tags=tags)
 
 
 def _write_pass(run: Path, rows: list[PromptAcceptance], datasets: list[DatasetAcceptance], al: float,
-                ci: list[float]) -> AcceptReport:
+                ci: list[float], tags: list[DatasetAcceptance] | None = None) -> AcceptReport:
     """The pass's report, the run's latest copy and its prompts file, where and as ``draftgen accept`` writes
     them."""
     rd = RunDir(run)
@@ -63,7 +65,7 @@ def _write_pass(run: Path, rows: list[PromptAcceptance], datasets: list[DatasetA
                                      drafts=sum(r.drafts for r in rows), accepted=sum(r.accepted for r in rows)),
         speculative=ThroughputFigures(base_url="http://127.0.0.1:1/v1", requests=len(rows), completion_tokens=32,
                                       seconds=1.0, tokens_per_s=32.0),
-        datasets=datasets, per_prompt=rows)
+        datasets=datasets, tags=tags or [], per_prompt=rows)
     with JsonlWriter(rd.accept_prompts(rep.drafter_key, rep.pass_name), fsync=False) as w:
         w.write_many(rows)
     atomic_write_json(rd.accept_report(rep.drafter_key, rep.pass_name), rep)
@@ -207,3 +209,65 @@ def test_the_rounds_table_shows_each_round_once_a_later_one_is_proposed(tmp_path
     assert table[3][:4] == ["3", "uniform", fmt_usd(three.budget), "proposed"]
     view = msgspec.json.decode(_embedded(page, "draftgen-rounds"), type=RoundsView)
     assert [r.round for r in view.rows] == [1, 2, 3] and view.rows[1].started_at == started.started_at
+
+
+def test_a_tagged_datasets_tags_get_rows_of_their_own_under_it(tmp_path: Path) -> None:
+    """``chat`` prepared with ``tags_field`` (tags x, y, both, none), ``code`` without: both acceptance tables
+    show a ``chat / <tag>`` row per tag under chat, with accept's per-tag figures (``figures.compare`` on the
+    pass's prompts, as accept makes them), the cells pooled from the prompts carrying the tag, and the tag's
+    estimated share of the training tokens (chat's × the tag's share of chat's drawn prompts)."""
+    topics: list[object] = ["x", ["x", "y"], None, "y", "x", None]
+    write_jsonl(tmp_path / "chat.jsonl", [{**r, **({"topic": t} if t else {})}
+                                          for r, t in zip(chat_rows("chat", 6), topics, strict=True)])
+    write_jsonl(tmp_path / "code.jsonl", chat_rows("code", 4))
+    cfg = make_config(tmp_path, [{"name": "chat", "path": "chat.jsonl", "tags_field": "topic"},
+                                 {"name": "code", "path": "code.jsonl"}])
+    run_prepare(cfg, **QUIET)
+    fake_generate(cfg)
+    run_merge(cfg, **QUIET)
+    run = cfg.run_path
+    merged = read_json(RunDir(run).merged_stats, MergeStats)
+    sup = {d.dataset: d.supervised_tokens for d in merged.datasets}
+    total = merged.total.supervised_tokens
+    rows = [
+        _prompt("chat-h0", "chat", 40, 2, 4, tags=["x"]),  # AL 3.0
+        _prompt("chat-h1", "chat", 90, 6, 0, tags=["x", "y"]),  # AL 1.0, in x and in y
+        _prompt("chat-h2", "chat", 2000, 4, 0),  # AL 1.0, untagged
+        _prompt("chat-h3", "chat", 300, 4, 6, tags=["y"]),  # AL 2.5
+        _prompt("code-h0", "code", 300, 4, 6),
+    ]
+    cmp = compare(rows, [None] * len(rows), None, counted=True)
+    assert [(t.dataset, t.tag, t.prompts) for t in cmp.tags] == [("chat", "", 1), ("chat", "x", 2), ("chat", "y", 2)]
+    _write_pass(run, rows, cmp.datasets, al=1.9, ci=[1.5, 2.3], tags=cmp.tags)
+    page = _page(cfg)
+    figs = {t.tag: t for t in cmp.tags}
+    assert [f.acceptance_length for f in figs.values()] == [1.0, 1.5, round(1 + 6 / 10, 4)]
+
+    def al_ci(f: DatasetAcceptance) -> str:
+        return f"{f.acceptance_length:.3f}" + (f" [{f.ci95[0]:.3f}, {f.ci95[1]:.3f}]" if f.ci95 else "")
+
+    stats = read_json(RunDir(run).prepared_stats("chat"), DatasetStats)
+    assert stats.tags == {"x": 3, "y": 2, "": 2} and stats.samples == 6
+
+    def share(tag: str) -> str:
+        n = round(sup["chat"] * stats.tags[tag] / stats.samples)
+        return f"{fmt_pct(n / total)} ({n:,})"
+
+    table = html_table(page, "accept-lengths")
+    assert [r[0] for r in table] == ["dataset", "chat", "chat / (untagged)", "chat / x", "chat / y", "code", "all"]
+    assert table[0][3:] == ["prompts of <256 tokens", "prompts of 256-1k tokens", "prompts of 1k-4k tokens"]
+    assert table[2] == ["chat / (untagged)", share(""), al_ci(figs[""]), "–", "–", "1.000 n=1"]
+    assert table[3] == ["chat / x", share("x"), al_ci(figs["x"]), "1.500 n=2", "–", "–"]
+    assert table[4] == ["chat / y", share("y"), al_ci(figs["y"]), "1.000 n=1", "2.500 n=1", "–"]
+    assert table[1][:3] == ["chat", f"{fmt_pct(sup['chat'] / total)} ({sup['chat']:,})", al_ci(cmp.datasets[0])]
+    assert "a dataset / tag row's is an estimate" in page
+    datasets = html_table(page, "accept-datasets")
+    assert [r[:4] for r in datasets[1:]] == [
+        ["chat", "4", al_ci(cmp.datasets[0]).split(" ")[0], _ci(cmp.datasets[0].ci95)],
+        *[[f"chat / {t or '(untagged)'}", str(figs[t].prompts), f"{figs[t].acceptance_length:.3f}", _ci(figs[t].ci95)]
+          for t in ("", "x", "y")],
+        ["code", "1", f"{cmp.datasets[1].acceptance_length:.3f}", "–"]]
+
+
+def _ci(ci: list[float] | None) -> str:
+    return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "–"

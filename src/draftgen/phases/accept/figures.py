@@ -12,7 +12,9 @@ prompt, a no-model drafter's replayed counters, the zero-aux pass's), in the sam
   differences are paired by prompt.
 - ``no-model``: the better of copy-last and lookup, taken in each resample (the interval of
   "drafter − max(copy-last, lookup)").
-- Per dataset: the same, with the resamples drawn within that dataset's prompts.
+- Per dataset: the same, with the resamples drawn within that dataset's prompts; per (dataset, tag), for a
+  dataset whose prompts carry tags, the same within the prompts of the dataset carrying the tag (a prompt of
+  several tags counts in each; those with none under ``records.UNTAGGED``).
 """
 
 from __future__ import annotations
@@ -22,12 +24,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from draftgen.drafter.baselines import NO_MODEL, Propose, replay
-from draftgen.records import AlternativeFigures, Comparison, DatasetAcceptance, PromptAcceptance
+from draftgen.records import (
+    AlternativeFigures,
+    Comparison,
+    DatasetAcceptance,
+    PromptAcceptance,
+    tag_keys,
+    tag_label,
+)
 from draftgen.runview.chain import NO_MODEL as NO_MODEL_BEST
 from draftgen.runview.chain import NO_MODEL_NAMES
 
 __all__ = ["BOOT_REPS", "BOOT_SEED", "NO_MODEL_BEST", "Compared", "Series", "alternative_figures", "compare",
-           "comparison_lines", "comparisons", "dataset_figures", "interval", "no_model_series", "resamples"]
+           "comparison_lines", "comparisons", "dataset_figures", "interval", "no_model_series", "resamples",
+           "tag_figures"]
 
 BOOT_REPS = 2000
 BOOT_SEED = 0
@@ -107,16 +117,37 @@ def alternative_figures(s: Series, how: str, rs: list[list[int]], *, base_url: s
                               accepted=sum(s.accepted), prompts=len(s.drafts), base_url=base_url)
 
 
+def _group(idx: Sequence[int], drafter: Series, alternatives: Sequence[Series], dataset: str,
+           tag: str | None = None) -> DatasetAcceptance:
+    """The figures of the prompts ``idx``: the drafter's AL with its interval (resamples within them) and each
+    alternative's AL on the same prompts."""
+    rs = resamples(idx)
+    ci = _percentiles([drafter.al(r) for r in rs]) if len(idx) > 1 else None
+    return DatasetAcceptance(dataset=dataset, tag=tag, prompts=len(idx), acceptance_length=round(drafter.al(idx), 4),
+                             ci95=ci, alternatives={a.name: round(a.al(idx), 4) for a in alternatives})
+
+
 def dataset_figures(datasets: Sequence[str], drafter: Series, alternatives: Sequence[Series]) -> list[DatasetAcceptance]:
     """Per dataset (in first-seen order): the drafter's AL with its interval (resamples within the dataset) and
     each alternative's AL on the same prompts."""
+    return [_group([i for i, d in enumerate(datasets) if d == name], drafter, alternatives, name)
+            for name in dict.fromkeys(datasets)]
+
+
+def tag_figures(datasets: Sequence[str], tags: Sequence[Sequence[str] | None], drafter: Series,
+                alternatives: Sequence[Series]) -> list[DatasetAcceptance]:
+    """Per (dataset, tag), for each dataset (in first-seen order) some of whose prompts carry tags, by tag: the
+    figures of ``dataset_figures`` over the dataset's prompts carrying the tag (``records.tag_keys``)."""
     out = []
     for name in dict.fromkeys(datasets):
         idx = [i for i, d in enumerate(datasets) if d == name]
-        rs = resamples(idx)
-        ci = _percentiles([drafter.al(r) for r in rs]) if len(idx) > 1 else None
-        out.append(DatasetAcceptance(dataset=name, prompts=len(idx), acceptance_length=round(drafter.al(idx), 4),
-                                     ci95=ci, alternatives={a.name: round(a.al(idx), 4) for a in alternatives}))
+        if not any(tags[i] for i in idx):
+            continue
+        groups: dict[str, list[int]] = {}
+        for i in idx:
+            for t in tag_keys(list(tags[i] or [])):
+                groups.setdefault(t, []).append(i)
+        out += [_group(groups[t], drafter, alternatives, name, t) for t in sorted(groups)]
     return out
 
 
@@ -131,6 +162,7 @@ class Compared:
     alternatives: list[AlternativeFigures] = field(default_factory=list)
     comparisons: list[Comparison] = field(default_factory=list)
     datasets: list[DatasetAcceptance] = field(default_factory=list)
+    tags: list[DatasetAcceptance] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -157,7 +189,7 @@ def compare(rows: Sequence[PromptAcceptance], ids: Sequence[tuple[Sequence[int],
             zero_url: str | None = None, extra: Mapping[str, Callable[[], Propose]] | None = None) -> Compared:
     """The served drafter's interval, the alternatives (copy-last and lookup replayed on the continuations
     ``ids``, and ``extra``'s proposers: the draft LM; zero-aux from its own pass ``zero_rows``), the paired
-    comparisons and per-dataset figures.
+    comparisons, per-dataset and per-(dataset, tag) figures.
     ``counted``: the rows hold per-prompt counters (else only the alternatives, with their intervals)."""
     out = Compared()
     rs = resamples(range(len(rows)))
@@ -184,13 +216,14 @@ def compare(rows: Sequence[PromptAcceptance], ids: Sequence[tuple[Sequence[int],
     out.ci95 = interval(drafter, rs)
     out.comparisons = comparisons(drafter, series, rs)
     out.datasets = dataset_figures([r.dataset for r in rows], drafter, series)
+    out.tags = tag_figures([r.dataset for r in rows], [r.tags for r in rows], drafter, series)
     return out
 
 
 def comparison_lines(alternatives: Sequence[AlternativeFigures], comps: Sequence[Comparison],
-                     datasets: Sequence[DatasetAcceptance]) -> list[str]:
-    """The console lines of the alternatives, the comparisons and the per-dataset figures (the verdict after
-    them: ``runview.chain.verdict``)."""
+                     datasets: Sequence[DatasetAcceptance], tags: Sequence[DatasetAcceptance] = ()) -> list[str]:
+    """The console lines of the alternatives, the comparisons and the per-dataset figures, each dataset's tags
+    under it (the verdict after them: ``runview.chain.verdict``)."""
     lines = []
     if alternatives:
         parts = [f"{a.name} {a.acceptance_length:.3f}{_ci(a.ci95)}" for a in alternatives]
@@ -202,10 +235,14 @@ def comparison_lines(alternatives: Sequence[AlternativeFigures], comps: Sequence
             f"{'max(copy-last, lookup)' if c.versus == NO_MODEL_BEST else c.versus} {c.difference:+.3f}"
             f" [{c.ci95[0]:+.3f}, {c.ci95[1]:+.3f}]" for c in comps))
     for d in datasets:
-        alts = ", ".join(f"{n} {v:.3f}" for n, v in d.alternatives.items())
-        lines.append(f"  dataset {d.dataset}: {d.acceptance_length:.3f}{_ci(d.ci95)} over {d.prompts} prompts"
-                     + (f" ({alts})" if alts else ""))
+        lines.append(_figure_line(f"dataset {d.dataset}", d))
+        lines.extend(_figure_line(f"  {d.dataset} / {tag_label(t.tag)}", t) for t in tags if t.dataset == d.dataset)
     return lines
+
+
+def _figure_line(label: str, d: DatasetAcceptance) -> str:
+    alts = ", ".join(f"{n} {v:.3f}" for n, v in d.alternatives.items())
+    return f"  {label}: {d.acceptance_length:.3f}{_ci(d.ci95)} over {d.prompts} prompts" + (f" ({alts})" if alts else "")
 
 
 def _ci(ci: Sequence[float] | None) -> str:

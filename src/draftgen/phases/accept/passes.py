@@ -3,7 +3,7 @@
 Reads nothing on disk; sends requests through the backends' HTTP layer (the backend's one session,
 ``backends.http`` bounds, ``backends.errors`` classification) with retryable failures retried by the one policy
 (``engine.retry``, ``retry.*``), as generate's. Returns a ``Pass``: throughput, the acceptance over the pass,
-per prompt its counters and the ids the server returned.
+per prompt its counters (joined to its dataset, length bucket and tags) and the ids the server returned.
 
 How each prompt's counters are known:
 
@@ -124,7 +124,8 @@ def _greedy_cfg(cfg: RunConfig, server: str) -> RunConfig:
 def _prompt_row(p: PromptRecord, tokens: int, ended: bool, fig: AcceptanceFigures | None,
                 out: list[int] | None, prompt_tokens: int | None) -> PromptAcceptance:
     row = PromptAcceptance(sample_id=p.sample_id, dataset=p.dataset, completion_tokens=tokens, ended=ended,
-                           output_ids=out, prompt_tokens=prompt_tokens, length_bucket=length_bucket(prompt_tokens))
+                           output_ids=out, prompt_tokens=prompt_tokens, length_bucket=length_bucket(prompt_tokens),
+                           tags=p.tags)
     if fig is not None:
         row.drafts, row.accepted, row.accepted_per_pos = fig.drafts, fig.accepted, fig.accepted_per_pos
         row.source = fig.source
@@ -341,7 +342,7 @@ async def sglang_pass(cfg: RunConfig, server: str, url: str, prompts: Sequence[P
                              accepted=float(m.completion_tokens - m.spec_verify_ct) if m.spec_verify_ct else 0.0,
                              completion_tokens=m.completion_tokens, verify_calls=m.spec_verify_ct,
                              ended=m.finished_by_stop(), output_ids=r.output_ids, source="sglang-meta_info",
-                             prompt_tokens=len(i), length_bucket=length_bucket(len(i)))
+                             prompt_tokens=len(i), length_bucket=length_bucket(len(i)), tags=p.tags)
             for p, m, r, i in zip(prompts, metas, replies, ids, strict=True)]
     out_ids: list[tuple[list[int] | None, list[int]] | None] = [
         (list(i), list(r.output_ids)) if r.output_ids is not None else None for i, r in zip(ids, replies, strict=True)]

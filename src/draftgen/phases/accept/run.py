@@ -29,13 +29,14 @@ any drafter while the run has none) over the configured prompts (a ``--prompts``
      profile; each response's ``meta_info`` gives ``completion_tokens`` and ``spec_verify_ct``, and AL =
      Σcompletion_tokens / Σspec_verify_ct.
    A counter that went down between the scrapes (a restarted server), per-request counts that do not add up,
-   or a run without a single draft is an error naming the fix. Each prompt's counters, joined to its dataset
-   and prompt length bucket, are also written one typed record a line (``records.PromptAcceptance``) to
-   ``accept/<drafter key>/<pass name>.prompts.jsonl``.
+   or a run without a single draft is an error naming the fix. Each prompt's counters, joined to its dataset,
+   prompt length bucket and tags (``datasets[].tags_field``), are also written one typed record a line
+   (``records.PromptAcceptance``) to ``accept/<drafter key>/<pass name>.prompts.jsonl``.
 3. Beside the drafter, on the same prompts (``accept.figures``): copy-last and n-gram lookup, replayed
    on the target's greedy continuations of this pass (``drafter.baselines``), and with ``--zero-aux-url``
    (``accept.zero_aux_url``) the same drafter fed zeroed aux states by a second server; every figure with a
-   95% bootstrap interval over the prompts, the paired differences, and per dataset.
+   95% bootstrap interval over the prompts, the paired differences, and per dataset (and per dataset and tag,
+   for a dataset whose held-out prompts carry tags: the report's ``tags``).
 4. With ``--baseline-url`` (``accept.baseline_url``) the same prompts go to a server without the drafter:
    tokens/s with and without speculation, and their ratio.
 5. Offline estimate: AL ≈ 1 + Σ_k Π_{j≤k} cond_acc_j from the drafter's own training log, the run's
@@ -389,6 +390,7 @@ def run_accept(cfg: RunConfig, *, echo: Echo = print, profile: Profile | None = 
                  if base_fig and base_fig.tokens_per_s else None),
         k=k, offline_al=round(offline_al(cond), 4) if cond else None, offline_cond_acc=cond,
         offline_source=source, alternatives=cmp.alternatives, comparisons=cmp.comparisons, datasets=cmp.datasets,
+        tags=cmp.tags,
         per_prompt=main.prompts, notes=notes + main.notes + cmp.notes + trained_notes, created_at=time.time(),
         samples_trained=trained.samples_trained if trained else None,
         samples_asked=trained.samples_asked if trained else None, warnings=warnings)
@@ -410,7 +412,7 @@ def _draft_lm(folder: Path, cfg: RunConfig) -> Callable[[], Propose]:
 
 def summary_lines(rep: AcceptReport) -> list[str]:
     """The report in a few lines: AL measured (with its interval) next to the offline estimate, per position,
-    the alternatives on the same prompts, the comparisons, per dataset, the verdict (``runview.chain.verdict``),
+    the alternatives on the same prompts, the comparisons, per dataset (and tag), the verdict (``runview.chain.verdict``),
     tokens/s."""
     a = rep.acceptance
     ci = f" [{a.ci95[0]:.3f}, {a.ci95[1]:.3f}]" if a.ci95 else ""
@@ -420,7 +422,7 @@ def summary_lines(rep: AcceptReport) -> list[str]:
     if a.per_position:
         lines.append("per position " + " ".join(f"{v:.3f}" for v in a.per_position)
                      + (f"  acceptance rate {a.acceptance_rate:.3f}" if a.acceptance_rate is not None else ""))
-    lines.extend(comparison_lines(rep.alternatives, rep.comparisons, rep.datasets))
+    lines.extend(comparison_lines(rep.alternatives, rep.comparisons, rep.datasets, rep.tags))
     said = verdict(rep)
     if said is not None:
         lines.append(f"verdict: {said}" + ("" if beats(rep) else " Prompt lookup (vLLM's ngram method) needs no "

@@ -9,10 +9,9 @@ store's ``hidden.stream.Sink``) to ``hidden_states.output`` (default ``<run>/hid
 merged rows → length-sorted batches → one worker → an executor → a sink. Modules: ``run`` (the driver and
 its one loop, ``drive``), ``batches`` (length-sorted batches, resume, settings checks), ``worker`` (the
 Worker: capture → encode → checks → the sink, overlapped; ``PoolWorker`` in another process), ``executor``
-(the protocol and ``InProcess``), ``proc_pool`` / ``ray_pool`` (the two pools), ``fidelity`` (provider
-fidelity: the rows measured, each provider's figures and flag). The target itself (the backends, the checks,
-the layer ids) is ``draftgen.target``'s. Imports: run → {executor, proc_pool, ray_pool, fidelity} → worker →
-batches; nothing imports run.
+(the protocol and ``InProcess``), ``proc_pool`` / ``ray_pool`` (the two pools). The target itself (the backends,
+the checks, the layer ids, provider fidelity: ``target.fidelity``) is ``draftgen.target``'s. Imports: run →
+{executor, proc_pool, ray_pool} → worker → batches; nothing imports run.
 
 Layer ids are stored in the vLLM convention (``target.layers``). The modules here import torch,
 transformers, safetensors and fsspec only when they run (``pip install 'draftgen[extract]'``).

@@ -63,7 +63,6 @@ from draftgen.phases.extract.batches import (
     split_batches,
 )
 from draftgen.phases.extract.executor import Executor, InProcess
-from draftgen.phases.extract.fidelity import choose, summarize
 from draftgen.phases.extract.proc_pool import Processes
 from draftgen.phases.extract.ray_pool import RayPool
 from draftgen.phases.extract.worker import TIMING_KEYS, BatchResult
@@ -80,6 +79,7 @@ from draftgen.records import (
 from draftgen.rundir import HiddenLayout, RunDir
 from draftgen.rundir.claim import writer
 from draftgen.runview.chain import fidelity_lines
+from draftgen.target.fidelity import choose, summarize
 from draftgen.target.identity import identity_of
 from draftgen.target.layers import CONVENTION
 from draftgen.target.rows import read_merged_providers, read_merged_rows

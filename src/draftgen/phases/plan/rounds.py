@@ -14,6 +14,22 @@ dataset's data is assumed not to move another's acceptance) and weighed by their
 ``guided`` spends the budget one prompt at a time where ``w_d`` × the expected gain per unit spent is largest
 (the gains are concave, so this is the best split under the model); ``uniform`` gives every dataset the same
 share of the budget (the comparison). Each dataset adds at most the prompts its source has left.
+
+Tags (``datasets[].tags_field``): where a dataset's measured prompts carry tags (the acceptance report's
+``tags``), each of its tags t is an arm of the same model instead of the dataset, ``AL_t(n) = A - c_t *
+n**-alpha``, with the tag's measured AL, and
+- its training tokens n_t = the dataset's supervised tokens × the tag's share of the dataset's drawn prompts
+  (``runview.loop.tag_training_tokens``: ``prepared/<dataset>/stats.json``'s ``tags`` over ``samples``; a
+  prompt of several tags counts in each): merged/ keeps no tags, so this is an estimate that takes the tag's
+  prompts to be of the dataset's mean length;
+- its traffic w_t = w_d × its share of the dataset's drawn prompts, the shares normalised to sum to 1 (the
+  tag mix of what was drawn is taken to be the tag mix of what will be served);
+- its cost per sample the dataset's, and its room the prompts carrying it not drawn yet (``tags_not_selected``;
+  a prompt of several tags is counted in each tag's room, drawn once).
+The prompts without a tag in such a dataset are one more arm (``records.UNTAGGED``). ``guided`` spends over
+every arm alike; ``uniform`` gives every dataset the same share and splits a tagged dataset's share evenly over
+its tags that can grow. The dataset's line adds the sum of its tags' prompts, and its expected AL is its
+measured AL plus its tags' expected gains weighed by their traffic within it.
 """
 
 from __future__ import annotations
@@ -27,10 +43,21 @@ from draftgen.config import RunConfig
 from draftgen.errors import InputError
 from draftgen.fmt import fmt_int, fmt_usd
 from draftgen.phases import Echo
-from draftgen.records import AcceptReport, DatasetStats, MergeStats, RoundDataset, RoundPlan
+from draftgen.records import (
+    UNTAGGED,
+    AcceptReport,
+    DatasetAcceptance,
+    DatasetStats,
+    MergeStats,
+    RoundDataset,
+    RoundPlan,
+    RoundTag,
+    tag_label,
+)
 from draftgen.rundir import RunDir
 from draftgen.rundir.claim import writer
 from draftgen.runview.datasets import DatasetMetrics
+from draftgen.runview.loop import tag_training_tokens
 from draftgen.runview.metrics import compute_metrics
 from draftgen.runview.rounds import read_rounds
 from draftgen.store import atomic_write_json, read_json
@@ -42,13 +69,15 @@ SPREADS = ("guided", "uniform")
 
 @dataclass
 class _Arm:
-    """One dataset under the model: its gap to the ceiling, its training tokens, what a sample costs."""
+    """One dataset (or one tag of a dataset) under the model: its gap to the ceiling, its training tokens, what a
+    sample costs. ``group``: the dataset of a tag's arm (``uniform`` spreads per dataset, then per tag)."""
 
-    line: RoundDataset
+    line: RoundDataset | RoundTag
     gap: float
     n: float
     cost: float  # budget units per sample
     alpha: float
+    group: str | None = None
 
     def gain(self, samples: int) -> float:
         """Expected AL gain from ``samples`` more prompts."""
@@ -74,7 +103,8 @@ def _read_basis(rd: RunDir, acceptance: Path | None) -> tuple[AcceptReport, Merg
 
 
 def _lines(cfg: RunConfig, rd: RunDir, rep: AcceptReport, merged: MergeStats) -> list[RoundDataset]:
-    """Each configured dataset's measured line (traffic shares normalised)."""
+    """Each configured dataset's measured line (traffic shares normalised), with its tags' lines where its
+    measured prompts carry tags."""
     total_w = sum(d.traffic for d in cfg.datasets)
     if total_w <= 0:
         raise InputError("datasets[].traffic: every dataset's is 0; give the datasets the drafter will serve a weight")
@@ -96,21 +126,47 @@ def _lines(cfg: RunConfig, rd: RunDir, rep: AcceptReport, merged: MergeStats) ->
             tokens_per_sample=round(t.supervised_tokens / rows, 3) if t and rows else 0.0,
             usd_per_sample=m.cost_usd / m.done if m.done else 0.0,
             available=stats.not_selected if stats and d.max_samples is not None else 0))
+        figs = [f for f in rep.tags if f.dataset == d.name]
+        if figs:
+            out[-1].tags = _tag_lines(out[-1], figs, stats, d.max_samples is not None)
+    return out
+
+
+def _tag_lines(ln: RoundDataset, figs: list[DatasetAcceptance], stats: DatasetStats | None,
+               capped: bool) -> list[RoundTag]:
+    """The tag lines of dataset line ``ln``: each tag measured (``figs``), drawn or left in its source."""
+    drawn = stats.tags if stats else {}
+    left = stats.tags_not_selected if stats and capped else {}
+    tokens = tag_training_tokens(ln.training_tokens, stats)
+    per_tag = sum(drawn.values())
+    acc = {f.tag or UNTAGGED: f for f in figs}
+    out = []
+    for t in sorted(set(drawn) | set(left) | set(acc)):
+        f = acc.get(t)
+        out.append(RoundTag(
+            tag=t, traffic=round(ln.traffic * drawn.get(t, 0) / per_tag, 6) if per_tag else 0.0,
+            acceptance_length=f.acceptance_length if f else None, ci95=f.ci95 if f else None,
+            prompts_measured=f.prompts if f else 0, training_tokens=tokens.get(t, 0),
+            tokens_per_sample=ln.tokens_per_sample, available=left.get(t, 0)))
     return out
 
 
 def _arms(lines: list[RoundDataset], k: int, alpha: float, unit: str) -> list[_Arm]:
+    """One arm per dataset line, or per tag line of a dataset that has them; each line's note says why it
+    cannot grow, where it cannot."""
     arms = []
     for ln in lines:
-        if ln.acceptance_length is None:
-            ln.note = "no held-out prompt of it was measured: nothing to steer by"
-        elif not ln.training_tokens or not ln.tokens_per_sample:
-            ln.note = "none of its rows are in merged/: the law has no n"
-        elif not ln.available:
-            ln.note = "its source has no prompt left to draw (raise the source, or it has no max_samples)"
         cost = ln.usd_per_sample if unit == "usd" else ln.tokens_per_sample
-        gap = max(k + 1 - (ln.acceptance_length or k + 1), 0.0)
-        arms.append(_Arm(ln, gap, float(ln.training_tokens), cost, alpha))
+        items: list[RoundDataset | RoundTag] = [*ln.tags] if ln.tags else [ln]
+        for item in items:
+            if item.acceptance_length is None:
+                item.note = "no held-out prompt of it was measured: nothing to steer by"
+            elif not item.training_tokens or not item.tokens_per_sample:
+                item.note = "none of its rows are in merged/: the law has no n"
+            elif not item.available:
+                item.note = "its source has no prompt left to draw (raise the source, or it has no max_samples)"
+            gap = max(k + 1 - (item.acceptance_length or k + 1), 0.0)
+            arms.append(_Arm(item, gap, float(item.training_tokens), cost, alpha, ln.dataset if ln.tags else None))
     return arms
 
 
@@ -135,10 +191,10 @@ def _guided(arms: list[_Arm], budget: float) -> None:
             heapq.heappush(heap, (-value(i), i))
 
 
-def _uniform(arms: list[_Arm], budget: float) -> None:
-    """The same share of the budget for every dataset that can grow; what a capped one cannot use is shared
-    again among the rest."""
-    open_ = [a for a in arms if a.cost > 0 and a.line.available]
+def _even(arms: list[_Arm], budget: float) -> float:
+    """The same share of ``budget`` for every arm that can grow; what a capped one cannot use is shared again
+    among the rest. Returns what was spent."""
+    open_ = [a for a in arms if a.cost > 0 and a.line.available > a.line.add_samples]
     left = budget
     while open_ and left > 0:
         share = left / len(open_)
@@ -149,6 +205,32 @@ def _uniform(arms: list[_Arm], budget: float) -> None:
             left -= take * a.cost
             if a.line.add_samples < a.line.available and take > 0:
                 grown.append(a)
+        if len(grown) == len(open_) or not grown:
+            break
+        open_ = grown
+    return budget - left
+
+
+def _uniform(arms: list[_Arm], budget: float) -> None:
+    """The same share of the budget for every dataset that can grow, a tagged dataset's share split evenly
+    over its tags (``_even``); what a capped one cannot use is shared again among the rest."""
+    groups: dict[object, list[_Arm]] = {}
+    for i, a in enumerate(arms):
+        groups.setdefault(a.group if a.group is not None else i, []).append(a)
+
+    def can_grow(g: list[_Arm]) -> bool:
+        return any(a.cost > 0 and a.line.available > a.line.add_samples for a in g)
+
+    open_ = [g for g in groups.values() if can_grow(g)]
+    left = budget
+    while open_ and left > 0:
+        share = left / len(open_)
+        grown = []
+        for g in open_:
+            spent = _even(g, share)
+            left -= spent
+            if spent > 0 and can_grow(g):
+                grown.append(g)
         if len(grown) == len(open_) or not grown:
             break
         open_ = grown
@@ -177,13 +259,8 @@ def propose_round(cfg: RunConfig, *, spread: str = "guided", add_usd: float | No
                     if unit == "usd" else sum(ln.training_tokens for ln in lines)))
     arms = _arms(lines, k, cfg.plan.round_alpha, unit)
     (_guided if spread == "guided" else _uniform)(arms, budget)
+    _settle(lines, arms)
     notes = []
-    for a in arms:
-        ln = a.line
-        ln.add_tokens = round(ln.add_samples * ln.tokens_per_sample)
-        ln.add_usd = round(ln.add_samples * ln.usd_per_sample, 6)
-        if ln.acceptance_length is not None:
-            ln.expected_acceptance_length = round(ln.acceptance_length + a.gain(ln.add_samples), 4)
     measured = [ln for ln in lines if ln.acceptance_length is not None]
     wsum = sum(ln.traffic for ln in measured) or 1.0
     now = sum(ln.traffic * (ln.acceptance_length or 0.0) for ln in measured) / wsum
@@ -199,6 +276,26 @@ def propose_round(cfg: RunConfig, *, spread: str = "guided", add_usd: float | No
                      proposed_at=time.time())
 
 
+def _settle(lines: list[RoundDataset], arms: list[_Arm]) -> None:
+    """Each line's tokens, dollars and expected AL from the prompts its arm (or its tags' arms) adds."""
+    gains = {id(a.line): a.gain(a.line.add_samples) for a in arms}
+    for ln in lines:
+        for t in ln.tags:
+            t.add_tokens = round(t.add_samples * t.tokens_per_sample)
+            t.add_usd = round(t.add_samples * ln.usd_per_sample, 6)
+            if t.acceptance_length is not None:
+                t.expected_acceptance_length = round(t.acceptance_length + gains[id(t)], 4)
+        if ln.tags:
+            ln.add_samples = sum(t.add_samples for t in ln.tags)
+            gain = sum(t.traffic * gains[id(t)] for t in ln.tags) / ln.traffic if ln.traffic else 0.0
+        else:
+            gain = gains[id(ln)]
+        ln.add_tokens = round(ln.add_samples * ln.tokens_per_sample)
+        ln.add_usd = round(ln.add_samples * ln.usd_per_sample, 6)
+        if ln.acceptance_length is not None:
+            ln.expected_acceptance_length = round(ln.acceptance_length + gain, 4)
+
+
 def _done(merged: MergeStats, lines: list[RoundDataset]) -> list[int]:
     by = {d.dataset: d.unique_samples for d in merged.datasets}
     return [by.get(ln.dataset, 0) for ln in lines]
@@ -208,22 +305,28 @@ def round_lines(plan: RoundPlan) -> list[str]:
     """The proposal as the console shows it."""
     money = plan.budget_unit == "usd"
     spent = fmt_usd(plan.budget) if money else f"{fmt_int(round(plan.budget))} supervised tokens"
-    out = [f"round {plan.round} ({plan.spread}, {spent}; AL(n) = {plan.k + 1} - c·n^-{plan.alpha:g} per dataset, "
+    out = [f"round {plan.round} ({plan.spread}, {spent}; AL(n) = {plan.k + 1} - c·n^-{plan.alpha:g} per dataset or tag, "
            f"from {plan.basis}):",
            f"  {'dataset':<16} {'traffic':>7} {'AL now':>18} {'train share':>11} {'+prompts':>9} "
            f"{'+tokens':>9} {'+USD':>9} {'AL expected':>11}"]
     for d in plan.datasets:
-        al = "-" if d.acceptance_length is None else (
-            f"{d.acceptance_length:.3f}" + (f" [{d.ci95[0]:.2f},{d.ci95[1]:.2f}]" if d.ci95 else ""))
-        exp = "-" if d.expected_acceptance_length is None else f"{d.expected_acceptance_length:.3f}"
-        out.append(f"  {d.dataset:<16} {d.traffic:>7.1%} {al:>18} {d.training_share:>11.1%} "
-                   f"{fmt_int(d.add_samples):>9} {fmt_int(d.add_tokens):>9} {fmt_usd(d.add_usd):>9} {exp:>11}"
-                   + (f"  ({d.note})" if d.note else ""))
+        out.append(_round_line(d.dataset, d, d.training_share))
+        for t in d.tags:
+            share = d.training_share * t.training_tokens / d.training_tokens if d.training_tokens else 0.0
+            out.append(_round_line(f"  / {tag_label(t.tag)}", t, share))
     if plan.weighted_now is not None and plan.weighted_expected is not None:
         out.append(f"  traffic-weighted AL {plan.weighted_now:.3f} → {plan.weighted_expected:.3f} expected "
                    "(a model's expectation, not a measurement: measure the round's drafter with draftgen accept)")
     out += [f"  note: {n}" for n in plan.notes]
     return out
+
+
+def _round_line(label: str, d: RoundDataset | RoundTag, share: float) -> str:
+    al = "-" if d.acceptance_length is None else (
+        f"{d.acceptance_length:.3f}" + (f" [{d.ci95[0]:.2f},{d.ci95[1]:.2f}]" if d.ci95 else ""))
+    exp = "-" if d.expected_acceptance_length is None else f"{d.expected_acceptance_length:.3f}"
+    return (f"  {label:<16} {d.traffic:>7.1%} {al:>18} {share:>11.1%} {fmt_int(d.add_samples):>9} "
+            f"{fmt_int(d.add_tokens):>9} {fmt_usd(d.add_usd):>9} {exp:>11}" + (f"  ({d.note})" if d.note else ""))
 
 
 def run_next_round(cfg: RunConfig, *, spread: str = "guided", add_usd: float | None = None,

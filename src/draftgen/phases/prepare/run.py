@@ -8,9 +8,13 @@ Per dataset (in config order):
    so ids are stable across runs and machines; repeated prompts are dropped (``prepare.dedupe``);
 4. with ``max_samples``, keep the N prompts with the smallest ``sha256(seed, hash)`` (a seeded bottom-k
    sample: stable when the source grows) in source order; each round ``generate --round`` started
-   (``rounds/round-<n>.json``) adds its prompts for the dataset to N, and each prompt records the round that
-   drew it (round 1: the first ``max_samples`` by key, round 2: the next ones, ...);
-5. count prompt tokens with the target tokenizer and chat template, and pick the partition (the dataset's
+   (``rounds/round-<n>.json``) adds its prompts for the dataset, and each prompt records the round that
+   drew it (round 1: the first ``max_samples`` by key, round 2: the next ones, or the next ones of each tag
+   where round 2 adds per tag, ...; ``draw``);
+5. with ``tags_field``, each prompt carries its row's tags (a string or a list of strings; a row without the
+   field has none; any other value is a bad row): sorted, repeats and empty strings dropped. Tags change no
+   sample id or content hash; ``stats.json`` counts the prompts written and left out per tag;
+6. count prompt tokens with the target tokenizer and chat template, and pick the partition (the dataset's
    ``partition``, else ``long`` when the prompt has at least ``prepare.long_prompt_tokens`` tokens).
 
 Bounds: the context length is ``model.context_length``, else the tokenizer config's ``model_max_length``,
@@ -31,12 +35,10 @@ A row that cannot be read or adapted (or that the chat template rejects) stops t
 
 from __future__ import annotations
 
-import bisect
 import hashlib
-import heapq
-import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -55,10 +57,11 @@ from draftgen.datasets import (
 )
 from draftgen.errors import ConfigError, DraftgenError, InputError, TokenizerError
 from draftgen.phases import Echo, PhaseContext, PhaseOutcome
-from draftgen.records import DatasetStats, PromptRecord
+from draftgen.phases.prepare.draw import Draw, Picked
+from draftgen.records import UNTAGGED, DatasetStats, PromptRecord, tag_keys
 from draftgen.rundir import RunDir
 from draftgen.rundir.claim import writer
-from draftgen.runview.rounds import read_rounds, started_adds
+from draftgen.runview.rounds import read_rounds, started_draws
 from draftgen.store import JsonlWriter, atomic_write_json, publish, read_json, temp_beside
 from draftgen.tokens import DEFAULT_CONTEXT_LENGTH, Profile, context_length_of, profile_from_config
 
@@ -92,20 +95,12 @@ def _fingerprint(cfg: RunConfig, ds: DatasetConfig) -> str:
     # Merge-time knobs (and the serving traffic plan weighs by) do not change prompts.jsonl.
     for k in ("weight", "cap", "token_budget", "traffic"):
         keyed["dataset"].pop(k, None)
-    adds = started_adds(read_rounds(cfg.run_path), ds.name) if ds.max_samples is not None else []
-    if any(adds):
-        keyed["rounds"] = adds
+    draws = started_draws(read_rounds(cfg.run_path), ds.name) if ds.max_samples is not None else []
+    if any(d.added for d in draws):
+        keyed["rounds"] = [d.added for d in draws]
+    if any(d.by_tag for d in draws):
+        keyed["round_tags"] = [d.by_tag for d in draws]
     return hashlib.sha256(msgspec.json.encode(keyed, order="sorted")).hexdigest()[:16]
-
-
-@dataclass(order=True)
-class _Picked:
-    neg_key: int
-    order: int
-    where: str = field(compare=False)
-    hash: str = field(compare=False)
-    cut: CutPrompt = field(compare=False)
-    round: int = field(default=1, compare=False)
 
 
 def _sample_key(seed: int, h: str) -> int:
@@ -208,18 +203,35 @@ def prepare_dataset(cfg: RunConfig, ds: DatasetConfig, profile: Profile, *, echo
         tmp.unlink(missing_ok=True)
         raise
     stats.bad_lines_skipped = bad.count
+    if not set(stats.tags) - {UNTAGGED} and not set(stats.tags_not_selected) - {UNTAGGED}:
+        stats.tags, stats.tags_not_selected = {}, {}  # no prompt carries a tag: the dataset has none
     atomic_write_json(stats_path, stats)
     return stats
 
 
-def _select(cfg: RunConfig, ds: DatasetConfig, max_line_bytes: int, bad: _Bad, stats: DatasetStats) -> list[_Picked]:
+def _tags(data: Any, name: str) -> list[str] | None:
+    """The tags in the row's column ``name`` (``datasets[].tags_field``): sorted, unique, empty strings dropped;
+    None when the row has no such column or no tag. Raises RowError for any value but a string or a list of
+    strings."""
+    value = data.get(name) if isinstance(data, dict) else None
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        shown = msgspec.json.encode(value).decode()
+        raise RowError(f"its tags column {name!r} (datasets[].tags_field) holds "
+                       f"{shown if len(shown) <= 40 else shown[:40] + '…'}, not a string or a list of strings")
+    return sorted({v for v in value if v}) or None
+
+
+def _select(cfg: RunConfig, ds: DatasetConfig, max_line_bytes: int, bad: _Bad, stats: DatasetStats) -> list[Picked]:
     """The prompts of ``ds`` to write, in source order: rows read and adapted, prompts cut, repeats dropped
-    (``prepare.dedupe``) and, with ``max_samples``, the seeded bottom-k sample. Counts into ``stats``."""
+    (``prepare.dedupe``) and, with ``max_samples``, the seeded draw of every round (``draw``). Counts into
+    ``stats``."""
     seen: dict[str, int] = {}
-    heap: list[_Picked] = []  # max-heap on key (neg_key) when max_samples is set; else all prompts
-    order = 0
-    adds = started_adds(read_rounds(cfg.run_path), ds.name) if ds.max_samples is not None else []
-    limit = None if ds.max_samples is None else ds.max_samples + sum(adds)
+    draws = started_draws(read_rounds(cfg.run_path), ds.name) if ds.max_samples is not None else []
+    draw = Draw(ds.max_samples, draws)
     for row in iter_rows(ds, Path(cfg.base_dir or "."), max_line_bytes=max_line_bytes):
         stats.rows_read += 1
         if row.error is not None:
@@ -230,6 +242,11 @@ def _select(cfg: RunConfig, ds: DatasetConfig, max_line_bytes: int, bad: _Bad, s
         except RowError as exc:
             bad(row.where, str(exc))
             continue
+        try:
+            tags = _tags(row.data, ds.tags_field) if ds.tags_field else None
+        except RowError as exc:
+            bad(row.where, str(exc), "fix the row, point tags_field at the column of tags, or pass --skip-bad")
+            continue
         for cut in cuts:
             h = content_hash(cut.messages, cut.tools)
             n_seen = seen.get(h, 0)
@@ -239,31 +256,16 @@ def _select(cfg: RunConfig, ds: DatasetConfig, max_line_bytes: int, bad: _Bad, s
                 continue
             # Without dedupe a repeated prompt keeps a distinct, still stable, id.
             ident = h if not n_seen else f"{h}-{n_seen}"
-            item = _Picked(-_sample_key(cfg.prepare.seed, ident), order, row.where, ident, cut)
-            order += 1
-            if limit is None:
-                heap.append(item)
-            elif len(heap) < limit:
-                heapq.heappush(heap, item)
-            elif item.neg_key > heap[0].neg_key:
-                heapq.heapreplace(heap, item)
-    if limit is not None:
-        stats.not_selected = order - len(heap)
-        _assign_rounds(heap, ds.max_samples or 0, adds)
-    return sorted(heap, key=lambda p: p.order)
-
-
-def _assign_rounds(picked: list[_Picked], first: int, adds: list[int]) -> None:
-    """Each picked prompt's round: the first ``first`` by sample key are round 1's, the next ``adds[0]``
-    round 2's, and so on (the bottom-k sample of a larger k holds the smaller one's, so a prompt keeps its
-    round when a later round is drawn)."""
-    bounds = list(itertools.accumulate([first, *adds]))
-    for rank, p in enumerate(sorted(picked, key=lambda p: -p.neg_key)):
-        p.round = 1 + bisect.bisect_right(bounds, rank)
+            draw.offer(Picked(-_sample_key(cfg.prepare.seed, ident), draw.seen, row.where, ident, cut, tags))
+    picked = draw.picked()
+    stats.not_selected, left = draw.not_selected(picked)
+    if set(left) - {UNTAGGED}:  # some prompt carries a tag: what each tag has left
+        stats.tags_not_selected = left
+    return picked
 
 
 def _record(
-    cfg: RunConfig, ds: DatasetConfig, profile: Profile, p: _Picked, ctx: tuple[int, str], bad: _Bad
+    cfg: RunConfig, ds: DatasetConfig, profile: Profile, p: Picked, ctx: tuple[int, str], bad: _Bad
 ) -> PromptRecord | None:
     """The record of one picked prompt: tokens counted, partition chosen; None (and ``bad`` told) for a
     prompt the chat template rejects or one over the context length ``ctx`` (tokens, where it comes from)."""
@@ -293,6 +295,7 @@ def _record(
         source=p.where,
         turn_index=p.cut.turn_index,
         round=p.round,
+        tags=p.tags,
     )
 
 
@@ -306,6 +309,8 @@ def _count(stats: DatasetStats, rec: PromptRecord) -> None:
         stats.long += 1
     else:
         stats.short += 1
+    for t in tag_keys(rec.tags):
+        stats.tags[t] = stats.tags.get(t, 0) + 1
 
 
 def _is_current(cfg: RunConfig, ds: DatasetConfig) -> DatasetStats | None:
@@ -348,6 +353,8 @@ def _run_prepare(cfg: RunConfig, rd: RunDir, echo: Echo, profile: Profile | None
             extra.append(f"{st.bad_lines_skipped} bad rows skipped")
         if st.not_selected:
             extra.append(f"{st.not_selected} left out by max_samples")
+        if st.tags:
+            extra.append(f"{len(set(st.tags) - {UNTAGGED})} tags")
         echo(
             f"{ds.name}: {st.samples} prompts ({', '.join(extra)}), {st.prompt_tokens:,} prompt tokens, "
             f"{st.short} short / {st.long} long → {rd.prepared(ds.name)}"

@@ -16,8 +16,8 @@ two decode token ids with the run's profile tokenizer (``tokens.profile_from_con
 built here and not in ``metrics``; they are left out, with a note, when it does not load. After merge, when the
 run has them (``runview.chain.read_chain``, embedded as ``#draftgen-chain``): the hidden set (extract), the
 trained drafter (train) and its acceptance (accept: the run's latest pass, with its intervals beside copy-last,
-lookup and zero-aux, the paired differences, per position and per dataset, per dataset and prompt length beside
-the dataset's share of the training tokens, the verdict sentence, the acceptance and expected speedup by k with the
+lookup and zero-aux, the paired differences, per position, dataset and tag, per dataset (and tag) and prompt length
+beside the share of the training tokens, the verdict sentence, the acceptance and expected speedup by k with the
 recommended k and any slow-down warning, and every pass under ``accept/``). With more than one round of
 generation, the rounds (``runview.loop.round_rows``, embedded as ``#draftgen-rounds``).
 """
@@ -35,7 +35,7 @@ import msgspec
 
 from draftgen.exporters.parquet import PARQUET, read_merged
 from draftgen.fmt import fmt_duration, fmt_float, fmt_held, fmt_int, fmt_pct, fmt_time, fmt_usd
-from draftgen.records import DatasetAudit, MergedParquetRow, MismatchExample, ResponseIdsView
+from draftgen.records import DatasetAudit, MergedParquetRow, MismatchExample, ResponseIdsView, tag_label
 from draftgen.rundir import RunDir
 from draftgen.runview.chain import ChainView, beats, verdict
 from draftgen.runview.charts import TIME_UNITS, SeqLengths
@@ -562,7 +562,7 @@ def render_html(m: RunMetrics, *, title: str, generated_at: float, settings: dic
     from draftgen.hidden.estimate import format_bytes
 
     env.filters.update(int=fmt_int, pct=fmt_pct, usd=fmt_usd, dur=fmt_duration, time=fmt_time, num=fmt_float,
-                       bytes=format_bytes, tok=_token, secs=_secs, ci=_ci,
+                       bytes=format_bytes, tok=_token, secs=_secs, ci=_ci, tag=tag_label,
                        ctx=lambda text: text.replace("\n", "↵").replace("\t", "⇥"))
     figs = _figures(m)
     t = m.total

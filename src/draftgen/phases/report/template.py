@@ -41,6 +41,7 @@ th { white-space: normal; vertical-align: bottom; font-size: 11.5px; color: var(
 th:first-child, td:first-child { text-align: left; }
 tbody tr:hover { background: #f8f9fc; }
 tr.total td { font-weight: 650; border-top: 2px solid var(--line); border-bottom: none; }
+tr.tag td:first-child { padding-left: 22px; color: var(--muted); }
 .bar { display: inline-block; width: 80px; height: 6px; border-radius: 3px; background: #eceff3; vertical-align: middle; margin-right: 8px; overflow: hidden; }
 .bar i { display: block; height: 100%; background: var(--accent); }
 .grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(520px, 1fr)); gap: 16px; }
@@ -374,15 +375,17 @@ agreement minus this one's lies wholly above {{ fid.margin }} (hidden_states.fid
 </tbody></table></div>
 {% if ac.datasets %}<div class="card" style="margin-top: 12px"><table id="accept-datasets">
 <thead><tr><th>dataset</th><th>prompts</th><th>drafter</th><th>95% interval</th>{% for alt in ac.alternatives %}<th>{{ alt.name }}</th>{% endfor %}</tr></thead>
-<tbody>{% for d in ac.datasets %}<tr data-dataset="{{ d.dataset }}"><td>{{ d.dataset }}</td><td>{{ d.prompts | int }}</td>
-<td>{{ d.acceptance_length | num(3) }}</td><td>{{ d.ci95 | ci }}</td>
-{% for alt in ac.alternatives %}<td>{{ d.alternatives.get(alt.name) | num(3) }}</td>{% endfor %}</tr>{% endfor %}</tbody>
-</table></div>{% endif %}
+<tbody>{% for d in ac.datasets %}{% for x in [d] + (ac.tags | selectattr('dataset', 'equalto', d.dataset) | list) %}
+<tr data-dataset="{{ x.dataset }}"{% if x.tag is not none %} data-tag="{{ x.tag }}" class="tag"{% endif %}><td>{{ x.dataset }}{% if x.tag is not none %} / {{ x.tag | tag }}{% endif %}</td><td>{{ x.prompts | int }}</td>
+<td>{{ x.acceptance_length | num(3) }}</td><td>{{ x.ci95 | ci }}</td>
+{% for alt in ac.alternatives %}<td>{{ x.alternatives.get(alt.name) | num(3) }}</td>{% endfor %}</tr>{% endfor %}{% endfor %}</tbody>
+</table></div>{% if ac.tags %}<p class="muted">dataset / tag: the dataset's held-out prompts that carry the tag
+(<code>datasets[].tags_field</code>; a prompt of several tags counts in each).</p>{% endif %}{% endif %}
 {% set bl = chain.by_length %}{% if bl %}{% set lo = a.ci95[0] if a.ci95 else none %}
 {% if bl.buckets %}<div class="card" style="margin-top: 12px"><table id="accept-lengths">
 <thead><tr><th>dataset</th><th>share of training tokens (supervised)</th><th>acceptance length [95% interval]</th>
 {% for b in bl.buckets %}<th>prompts of {{ b }} tokens</th>{% endfor %}</tr></thead>
-<tbody>{% for r in bl.rows %}<tr data-lengths="{{ r.dataset }}"{% if loop.last %} class="total"{% endif %}><td>{{ r.dataset }}</td>
+<tbody>{% for r in bl.rows %}<tr data-lengths="{{ r.dataset }}"{% if r.tag is not none %} data-tag="{{ r.tag }}" class="tag"{% elif loop.last %} class="total"{% endif %}><td>{{ r.dataset }}{% if r.tag is not none %} / {{ r.tag | tag }}{% endif %}</td>
 <td>{% if r.training_share is not none %}<span class="bar"><i style="width: {{ '%.1f' % (r.training_share * 100) }}%"></i></span>{{ r.training_share | pct }} <span class="muted">({{ r.supervised_tokens | int }})</span>{% else %}–{% endif %}</td>
 <td>{{ r.acceptance_length | num(3) }}{% if r.ci95 %} <span class="muted">{{ r.ci95 | ci }}</span>{% endif %}</td>
 {% for b in bl.buckets %}{% set c = r.cells.get(b) %}<td{% if c and c.acceptance_length is not none and lo is not none and c.acceptance_length < lo %} class="low" title="below the pass's 95% interval"{% endif %}>{% if c %}{{ c.acceptance_length | num(3) }} <span class="muted">n={{ c.prompts }}</span>{% else %}–{% endif %}</td>{% endfor %}</tr>{% endfor %}</tbody>
@@ -390,7 +393,8 @@ agreement minus this one's lies wholly above {{ fid.margin }} (hidden_states.fid
 <p class="muted">Per dataset and prompt length (prompt tokens with the chat template): 1 + accepted / drafts over the
 held-out prompts of the cell that have their own counters ({{ bl.source }}{% if bl.uncounted %}; {{ bl.uncounted }} without them left out{% endif %}),
 n prompts each; red: below the lower end of the whole pass's 95% interval. Share of training tokens: the dataset's
-loss-masked tokens in merged/ over all of them (merged/stats.json; – before a merge).</p>{% endif %}
+loss-masked tokens in merged/ over all of them (merged/stats.json; – before a merge){% if bl.rows | rejectattr('tag', 'none') | list %};
+a dataset / tag row's is an estimate, the dataset's × the tag's share of its drawn prompts (merged/ keeps no tags){% endif %}.</p>{% endif %}
 {% for n in bl.notes %}<p class="muted">note: {{ n }}</p>{% endfor %}{% endif %}
 <p class="muted">Acceptance length: 1 + accepted / drafts over the prompts ({{ ac.server }}, max_tokens {{ ac.max_tokens | int }});
 per position: the share of drafts whose token at that position was accepted. copy-last and lookup need no model: they are

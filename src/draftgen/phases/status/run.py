@@ -27,7 +27,7 @@ live display with each status line: ``engine.timemodel``'s ETA, counted down fro
 this run's elapsed time and mean tok/s under the display's one definition and labels); once the run is over,
 its last figures. The span from the first response to the last (over every run) is labelled as such.
 
-After the table: the hidden set's provider fidelity when extract measured it (``runview.chain.read_fidelity``
+After the table: provider fidelity when extract or online training measured it (``runview.chain.read_fidelity``
 and ``fidelity_lines``: one line per provider, a warning line in red per flagged one; whole in ``--json``'s
 ``fidelity``); the rounds of generation when there are several (``runview.rounds``); OpenRouter batches (``endpoint.mode: batch``, the
 batch journal): how many wait to be submitted, are submitted, in progress and done, each open one's age and the

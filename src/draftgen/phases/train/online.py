@@ -12,7 +12,12 @@ from) and what offline ``train`` writes (``vocab/``, ``checkpoints/``, ``drafter
 1. Preflight, before any training step: every server runs ``train.online_check_rows`` rows (evenly spaced over
    the merged order) through the full capture check: exact ids (the vllm backend's own, ``target.vllm``),
    every per-sample check and the log-prob check against its ``prompt_logprobs`` (``target.checks``). A
-   server that fails it stops the run, named with the check, before speculators starts.
+   server that fails it stops the run, named with the check, before speculators starts. Then provider
+   fidelity, as extract measures it (``target.fidelity``): of each provider's rows,
+   ``hidden_states.fidelity_samples`` captured through the first server and scored through the target's head;
+   the table is printed and kept in train.json's ``online.fidelity`` (``status`` shows it), and under
+   ``hidden_states.fidelity_action: exclude`` a flagged provider's rows are left out of speculators' dataset
+   (train.json's ``excluded``, "fidelity: <provider>").
 2. The checking proxy (``proxy``) starts on a loopback port in front of all the servers (first
    sweeping what a killed run left: the connector files its requests were named, claimed in
    ``train/connector-claims/``, and its copies in ``train/handover/``); speculators gets it as
@@ -36,6 +41,7 @@ Checkpoints trained on other rows are refused unless ``--restart`` (online.json'
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections import Counter
 from collections.abc import Sequence
@@ -44,7 +50,7 @@ from typing import TYPE_CHECKING
 
 from draftgen.errors import APIError, ConfigError, DraftgenError, InputError, StorageError, ThresholdBroken
 from draftgen.phases import Echo
-from draftgen.records import TrainOnlineReport, TrainReport
+from draftgen.records import HiddenFidelity, TrainOnlineReport, TrainReport
 
 if TYPE_CHECKING:
     from draftgen.config import RunConfig
@@ -52,11 +58,13 @@ if TYPE_CHECKING:
     from draftgen.rundir import RunDir
     from draftgen.target import ExtractRow, TargetInfo
 
-__all__ = ["MAX_FILES", "train_online"]
+__all__ = ["FIDELITY_BATCH", "MAX_FILES", "train_online"]
 
 #: connector files on disk at once, at most, whatever their bytes (a request waits for room): two batches'
 #: samples for the runner's fetch and prefetch (``speculators_runner.FETCH_THREADS``) on short rows
 MAX_FILES = 16
+#: rows captured at once for provider fidelity (each capture's states are held until it is scored)
+FIDELITY_BATCH = 8
 
 
 def _servers(cfg: RunConfig) -> list[str]:
@@ -93,6 +101,7 @@ def train_online(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> Train
         raise ConfigError(f"train.verifier {str(verifier)!r} is not the target the servers serve "
                           f"(hidden_states.model {cfg.hidden_states.model!r}): their final norms or weights "
                           "differ; point both at the folder of the model the servers run")
+    rows, fidelity, left_out = _fidelity(cfg, rd, rows, urls[0], echo)
     ids, slots = select(tc.algorithm, info.layers.aux, info.num_layers, tc.layer_ids)
     data, digest = _write_inputs(rd, rows, restart, urls, echo)
     runner = [ONLINE_FLAG] + ([SELECT_FLAG, ",".join(map(str, slots))]
@@ -107,9 +116,10 @@ def train_online(cfg: RunConfig, rd: RunDir, echo: Echo, restart: bool) -> Train
                 "--request-timeout", str(cfg.endpoint.request_timeout_s or cfg.endpoint.idle_timeout_s)]
         prep = Prepared(python=python, verifier=verifier, data=data, samples=len(rows),
                         source="online: " + ", ".join(urls), fingerprint=digest, layer_ids=ids,
-                        norm_sha256=norm_digest(verifier), runner_flags=runner, speculators_flags=spec)
+                        norm_sha256=norm_digest(verifier), runner_flags=runner, speculators_flags=spec,
+                        excluded={f"fidelity: {p}": n for p, n in left_out.items()})
         session = _Session(proxy, urls, models, rows, digest, checks, tc.online_check_rows,
-                           cfg.hidden_states.max_flagged_fraction, rd)
+                           cfg.hidden_states.max_flagged_fraction, rd, fidelity)
         echo(f"train: online through {proxy.url} (checking proxy) in front of {len(urls)} server(s): "
              + ", ".join(f"{u} ({m})" for u, m in zip(urls, models, strict=True)))
         try:
@@ -169,6 +179,61 @@ def _preflight(cfg: RunConfig, rows: Sequence[ExtractRow], urls: list[str], echo
     return info, models, ran
 
 
+def _fidelity(cfg: RunConfig, rd: RunDir, rows: list[ExtractRow], url: str,
+              echo: Echo) -> tuple[list[ExtractRow], HiddenFidelity | None, dict[str, int]]:
+    """Provider fidelity before training (see the module docstring), measured through the server ``url``: the
+    rows to train on, the figures (None: none measured) and the rows left out per flagged provider."""
+    from draftgen.phases.train.proxy import check_captured
+    from draftgen.runview.chain import fidelity_lines
+    from draftgen.target.fidelity import UNKNOWN, choose, summarize_results
+    from draftgen.target.rows import read_merged_providers
+    from draftgen.target.vllm import VllmExtractBackend
+
+    hs = cfg.hidden_states
+    providers = read_merged_providers(rd)
+    measure = choose(rows, providers, hs.fidelity_samples)
+    picked = [dataclasses.replace(r, fidelity=True) for r in rows if r.sample_id in measure]
+    if not picked:
+        return rows, None, {}
+    # the spot check's own settings: a fidelity request looks like every other (each asks prompt_logprobs)
+    be = VllmExtractBackend(cfg, base_urls=[url], claims=str(rd.train_connector_claims))
+    results = {}
+    lost: list[str] = []  # a measurement, not a check: a batch the server fails is left unmeasured (the proxy
+    try:                  # checks every sample trained on)
+        for i in range(0, len(picked), FIDELITY_BATCH):
+            batch = picked[i:i + FIDELITY_BATCH]
+            try:
+                caps = be.capture(batch)
+            except (APIError, StorageError) as exc:
+                lost += [f"{len(batch)} rows: {str(exc)[:200]}"]
+                continue
+            for row, cap in zip(batch, caps, strict=True):
+                res = check_captured(be, hs, row, cap, teacher=False, fidelity=True)
+                if not res.failed and res.fidelity is not None:
+                    results[row.sample_id] = res.fidelity
+    finally:
+        be.close()
+    if lost:
+        echo(f"train: provider fidelity: {len(lost)} batch(es) of rows could not be captured through {url} and "
+             f"are not measured (first: {lost[0]})")
+    fid = summarize_results(results, {r.sample_id: providers.get(r.sample_id) or UNKNOWN for r in rows}, hs)
+    if fid is None:
+        return rows, None, {}
+    for line in fidelity_lines(fid):
+        echo(line)
+    left_out = {p.provider: len(p.excluded_sample_ids) for p in fid.providers if p.excluded_sample_ids}
+    gone = {sid for p in fid.providers for sid in p.excluded_sample_ids}
+    keep = [r for r in rows if r.sample_id not in gone]
+    if not keep:
+        raise InputError(f"{rd.merged}: every merged row is of a provider the fidelity check flagged "
+                         "(hidden_states.fidelity_action: exclude); nothing is left to train on: generate with "
+                         "another provider, or set fidelity_action: warn")
+    for provider, n in left_out.items():
+        echo(f"train: left out {n} rows of provider {provider}: the fidelity check flagged it "
+             "(hidden_states.fidelity_action: exclude)")
+    return keep, fid, left_out
+
+
 def _rows_digest(rows: Sequence[ExtractRow]) -> str:
     from draftgen.hidden.codec import row_digest
 
@@ -212,10 +277,11 @@ class _Session:
     samples excluded)."""
 
     def __init__(self, proxy: CheckingProxy, urls: list[str], models: list[str], rows: Sequence[ExtractRow],
-                 digest: str, checks: list[str], preflight_rows: int, max_flagged: float, rd: RunDir) -> None:
+                 digest: str, checks: list[str], preflight_rows: int, max_flagged: float, rd: RunDir,
+                 fidelity: HiddenFidelity | None) -> None:
         self.proxy, self.urls, self.models, self.checks = proxy, urls, models, checks
         self.rows, self.digest, self.preflight_rows = len(rows), digest, min(preflight_rows, len(rows))
-        self.max_flagged, self.rd = max_flagged, rd
+        self.max_flagged, self.rd, self.fidelity = max_flagged, rd, fidelity
 
     def report(self) -> TrainOnlineReport:
         s = self.proxy.stats
@@ -225,7 +291,7 @@ class _Session:
                                  excluded=s.excluded, excluded_by_check=dict(s.excluded_by_check),
                                  excluded_ids=list(s.excluded_ids), teacher_checked=s.teacher_checked,
                                  peak_files=s.peak_files, peak_bytes=s.peak_bytes,
-                                 window_bytes=self.proxy.window_bytes)
+                                 window_bytes=self.proxy.window_bytes, fidelity=self.fidelity)
 
     def refusal(self) -> str | None:
         """Why the drafter must not be published (None: it may): the proxy stopped (a server failed the

@@ -330,14 +330,15 @@ class CheckingProxy:
 
 
 def check_captured(backend: VllmExtractBackend, hs: HiddenStatesConfig, row: ExtractRow, cap: Captured, *,
-                   teacher: bool) -> CheckResult:
+                   teacher: bool, fidelity: bool = False) -> CheckResult:
     """The per-sample checks of offline extraction (and with ``teacher`` the log-prob check) on the states as
     the server wrote them (its dtype), which is what the trainer reads; the log-prob tolerance takes the
-    server's compute dtype to be at most as fine as its file's (vLLM writes states in the model dtype)."""
+    server's compute dtype to be at most as fine as its file's (vLLM writes states in the model dtype). With
+    ``fidelity``, the provider fidelity of the row's completion too (``CheckResult.fidelity``)."""
     import torch
 
     from draftgen.hidden.codec import LoadedSample
-    from draftgen.target.checks import check_sample
+    from draftgen.target.checks import check_fidelity, check_sample
 
     dtype = _DTYPES.get(str(cap.aux.dtype), "bf16")
     if _COARSER.index(dtype) < _COARSER.index(hs.compute_dtype):  # the server computed at its file's precision
@@ -345,7 +346,10 @@ def check_captured(backend: VllmExtractBackend, hs: HiddenStatesConfig, row: Ext
     sample = LoadedSample(sample_id=row.sample_id, input_ids=torch.from_numpy(row.input_ids).to(torch.int64),
                           loss_mask=torch.from_numpy(row.loss_mask).to(torch.uint8), aux=cap.aux.float(),
                           final=cap.final.float(), dtype=dtype)
-    return check_sample(sample, row, backend, hs, teacher=teacher)
+    res = check_sample(sample, row, backend, hs, teacher=teacher)
+    if fidelity:
+        check_fidelity(sample, row, backend, hs, res)
+    return res
 
 
 def _json(payload: dict[str, Any], status: int = 200) -> web.Response:

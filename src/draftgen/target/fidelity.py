@@ -1,5 +1,5 @@
-"""Provider fidelity in ``draftgen extract``: which rows are measured, and how well the target agrees with each
-provider's completions.
+"""Provider fidelity (``draftgen extract``, and ``train --online`` before it trains): which rows are measured, and
+how well the target agrees with each provider's completions.
 
 A provider stands in for the local target (a hosted INT4 copy, say); this measures whether its text is what the
 target would write. Each measured sample's figures come from the worker (``target.checks.check_fidelity``: the
@@ -10,7 +10,8 @@ provider emitted is the target's top-1 (``records.FidelityResult`` in the sample
 - ``choose(rows, providers, n)``: the rows measured besides the teacher-checked ones: of each provider's rows
   (``target.rows.read_merged_providers``; rows without one form the provider ``UNKNOWN``), the ``n``
   (``hidden_states.fidelity_samples``) with the smallest sha256(sample_id): the same rows on every run;
-- ``summarize(held, providers, hs)`` -> ``records.HiddenFidelity``: per provider, over its measured samples, the
+- ``summarize(held, providers, hs)`` -> ``records.HiddenFidelity`` (``summarize_results`` from each measured
+  sample's ``FidelityResult``, the form ``train --online`` measures them in): per provider, over its measured samples, the
   mean log-prob and the top-1 agreement pooled over their positions (Σ value × positions / Σ positions), each
   with a 95% percentile bootstrap interval over the samples (``BOOT_REPS`` resamples with replacement, seeded
   by the provider's name); the best provider: the highest top-1 among those with at least ``MIN_SAMPLES``
@@ -40,10 +41,10 @@ if TYPE_CHECKING:
     import numpy as np
 
     from draftgen.config.hidden import HiddenStatesConfig
-    from draftgen.records import HiddenIndexRecord
+    from draftgen.records import FidelityResult, HiddenIndexRecord
     from draftgen.target import ExtractRow
 
-__all__ = ["BOOT_REPS", "MIN_SAMPLES", "UNKNOWN", "choose", "summarize"]
+__all__ = ["BOOT_REPS", "MIN_SAMPLES", "UNKNOWN", "choose", "summarize", "summarize_results"]
 
 BOOT_REPS = 2000
 #: fewer measured samples than this: no interval is trusted enough to flag the provider (or to make it the best)
@@ -104,19 +105,14 @@ def _ci(values: np.ndarray) -> list[float]:
     return [round(float(lo), 4), round(float(hi), 4)]
 
 
-def _measured(held: Mapping[str, HiddenIndexRecord], providers: Mapping[str, str]) -> dict[str, _Measured]:
-    """Each provider's measured samples (a repeat shares its base's record and file: counted once)."""
-    out: dict[str, _Measured] = defaultdict(_Measured)
+def _measured(held: Mapping[str, HiddenIndexRecord]) -> dict[str, FidelityResult]:
+    """The measured samples of the set's rows (a repeat shares its base's record and file: counted once)."""
+    out: dict[str, FidelityResult] = {}
     seen: set[str] = set()
     for sid, rec in held.items():
-        f = rec.fidelity
-        if f is None or not f.positions or rec.file in seen:
-            continue
-        seen.add(rec.file)
-        m = out[providers.get(sid) or UNKNOWN]
-        m.lp.append(f.logprob_mean)
-        m.top.append(f.top1)
-        m.n.append(f.positions)
+        if rec.fidelity is not None and rec.file not in seen:
+            seen.add(rec.file)
+            out[sid] = rec.fidelity
     return out
 
 
@@ -124,12 +120,26 @@ def summarize(held: Mapping[str, HiddenIndexRecord], providers: Mapping[str, str
               hs: HiddenStatesConfig) -> HiddenFidelity | None:
     """Each provider's figures and the flag (see the module docstring) over the set's rows ``held`` (row id ->
     its index record, repeats included); None when no sample was measured."""
-    measured = _measured(held, providers)
+    return summarize_results(_measured(held), {sid: providers.get(sid) or UNKNOWN for sid in held}, hs)
+
+
+def summarize_results(results: Mapping[str, FidelityResult], rows: Mapping[str, str],
+                      hs: HiddenStatesConfig) -> HiddenFidelity | None:
+    """Each provider's figures and the flag (see the module docstring) from the measured samples ``results``
+    (row id -> its figures) over all the rows ``rows`` (row id -> provider, ``UNKNOWN`` where none); None when
+    no sample was measured."""
+    measured: dict[str, _Measured] = defaultdict(_Measured)
+    for sid, f in results.items():
+        if f.positions:
+            m = measured[rows.get(sid) or UNKNOWN]
+            m.lp.append(f.logprob_mean)
+            m.top.append(f.top1)
+            m.n.append(f.positions)
     if not measured:
         return None
-    rows: dict[str, list[str]] = defaultdict(list)
-    for sid in held:
-        rows[providers.get(sid) or UNKNOWN].append(sid)
+    by: dict[str, list[str]] = defaultdict(list)
+    for sid, provider in rows.items():
+        by[provider or UNKNOWN].append(sid)
     boot = {p: m.resampled(zlib.crc32(p.encode())) for p, m in measured.items() if len(m.n) > 1}
     figures = {p: m.pooled() for p, m in measured.items()}
     trusted = [p for p, m in measured.items() if len(m.n) >= MIN_SAMPLES] or list(measured)
@@ -137,7 +147,7 @@ def summarize(held: Mapping[str, HiddenIndexRecord], providers: Mapping[str, str
     out: list[ProviderFidelity] = []
     for p, m in measured.items():
         lp, top = figures[p]
-        pf = ProviderFidelity(provider=p, rows=len(rows[p]), samples=len(m.n), positions=sum(m.n),
+        pf = ProviderFidelity(provider=p, rows=len(by[p]), samples=len(m.n), positions=sum(m.n),
                               logprob_mean=round(lp, 4), top1=round(top, 4),
                               top1_gap=round(figures[best][1] - top, 4), logprob_gap=round(figures[best][0] - lp, 4))
         if p in boot:
@@ -148,7 +158,7 @@ def summarize(held: Mapping[str, HiddenIndexRecord], providers: Mapping[str, str
             pf.flagged = (len(m.n) >= MIN_SAMPLES and len(measured[best].n) >= MIN_SAMPLES
                           and pf.top1_gap_ci95[0] > hs.fidelity_margin)
         if pf.flagged and hs.fidelity_action == "exclude":
-            pf.excluded_sample_ids = sorted(rows[p])
+            pf.excluded_sample_ids = sorted(by[p])
         out.append(pf)
     out.sort(key=lambda pf: (-pf.top1, pf.provider))
     return HiddenFidelity(providers=out, best=best, margin=hs.fidelity_margin, action=hs.fidelity_action)
