@@ -119,7 +119,8 @@ def flat_figures(f: dict[str, Any]) -> dict[str, Any]:
     out.update(train_trained_steps=tr["steps"], train_trained_s=tr["seconds"], offline_al_trained=tr["offline_al"],
                train_trained_epochs=tr["epochs"], train_trained_val_loss_first=tr["val_loss_first"],
                train_trained_val_loss_last=tr["val_loss_last"],
-               train_trained_val_loss_change_last_quarter=tr["val_loss_change_last_quarter"])
+               train_trained_val_loss_change_last_quarter=tr["val_loss_change_last_quarter"],
+               train_trained_val_loss_spread_last_half=tr["val_loss_spread_last_half"])
     for stage, secs in f["times_s"].items():
         slug = re.sub(r"[^a-z0-9]+", "_", stage.split(":")[0].lower()).strip("_")
         out[f"stage_{slug}_s"] = secs

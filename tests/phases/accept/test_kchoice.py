@@ -30,6 +30,10 @@ from draftgen.store import atomic_write_json, encode_json, read_json
 PER_POS = [[6, 3, 1], [8, 5, 2], [4, 2, 0], [6, 2, 1]]
 
 
+#: AL at k' = 1, 2 of PER_POS's prompts (each prompt's tokens over its steps at k': the first test)
+AL1, AL2 = 1.6099, 1.907
+
+
 def _rows() -> list[PromptAcceptance]:
     return [PromptAcceptance(sample_id=f"s{i}", dataset="walk", drafts=10.0, accepted=float(sum(p)),
                              accepted_per_pos=[float(v) for v in p], completion_tokens=20)
@@ -37,7 +41,7 @@ def _rows() -> list[PromptAcceptance]:
 
 
 def _report(**changes: Any) -> AcceptReport:
-    """tiny-chain's report (k 3) with the per-prompt counters of PER_POS: AL(1) 1.6, AL(2) 1.9, AL(3) 2.0."""
+    """tiny-chain's report (k 3) with the per-prompt counters of PER_POS: AL(1) AL1, AL(2) AL2, AL(3) 2.0."""
     rep = accept_report(0.734, 0.573, 0.903, prompts=len(PER_POS))
     acc = msgspec.structs.replace(rep.acceptance, acceptance_length=2.0, per_position=[0.6, 0.3, 0.1],
                                   drafts=40.0, accepted=40.0, accepted_per_pos=[24.0, 12.0, 4.0])
@@ -53,10 +57,14 @@ def _measured(rep: AcceptReport, speedup: float) -> AcceptReport:
     return msgspec.structs.replace(rep, speculative=spec, baseline=base, speedup=round(speedup, 4))
 
 
-def test_the_acceptance_length_at_every_k_is_one_plus_the_accepted_shares_of_its_positions() -> None:
+def test_the_acceptance_length_at_every_k_is_each_prompts_tokens_over_its_steps_at_that_k() -> None:
     rep = _report()
     by_k, notes = acceptance_by_k(rep.per_prompt, rep.acceptance, 3)
-    assert [(f.k, f.acceptance_length) for f in by_k] == [(1, 1.6), (2, 1.9), (3, 2.0)] and notes == []
+    # prompt p's 10 + A_p tokens in (10 + A_p) / (1 + its first k' positions' accepted / 10) steps: at k' = 1
+    # 80 tokens in 20/1.6 + 25/1.8 + 16/1.4 + 19/1.6 steps; the pooled shares alone would say 1.6 and 1.9
+    want = [round(80 / sum((10 + sum(p)) / (1 + sum(p[:j]) / 10) for p in PER_POS), 4) for j in (1, 2, 3)]
+    assert want == [AL1, AL2, 2.0]
+    assert [(f.k, f.acceptance_length) for f in by_k] == list(zip((1, 2, 3), want, strict=True)) and notes == []
     # the intervals: figures' seeded bootstrap, so the same on every call, and at the served k the drafter's own
     again, _ = acceptance_by_k(rep.per_prompt, rep.acceptance, 3)
     assert [f.ci95 for f in again] == [f.ci95 for f in by_k]
@@ -79,19 +87,41 @@ def test_the_acceptance_length_at_every_k_is_one_plus_the_accepted_shares_of_its
                     measured_concurrency=1) is None
 
 
+@pytest.mark.parametrize("rates", [(0.9, 0.2), (0.95, 0.5, 0.1), (0.6, 0.6)])
+def test_an_easy_prompt_takes_fewer_steps_at_the_served_k_and_is_weighed_as_at_the_smaller_k(
+        rates: tuple[float, ...]) -> None:
+    """Prompts whose every draft token is accepted with their own rate a (the chain assumption), counted as a k
+    = 3 server counts them: the AL at k' is exactly what serving at k' gives, Σ T / Σ T / (1 + a + ... +
+    a^k'), where pooling the counts as measured (each prompt weighed by its steps at k = 3) is biased low as
+    soon as the prompts differ."""
+    tokens = 600.0
+    rows, truth = [], {}
+    for i, a in enumerate(rates):
+        steps = tokens / sum(a**n for n in range(4))
+        per_pos = [steps * a**n for n in (1, 2, 3)]
+        rows.append(PromptAcceptance(sample_id=f"s{i}", dataset="walk", drafts=steps, accepted=sum(per_pos),
+                                     accepted_per_pos=per_pos))
+    for j in (1, 2, 3):
+        truth[j] = len(rates) * tokens / sum(tokens / sum(a**n for n in range(j + 1)) for a in rates)
+    by_k, _ = acceptance_by_k(rows, AcceptanceFigures(source="vllm-per-request", acceptance_length=truth[3]), 3)
+    assert [f.acceptance_length for f in by_k] == [round(truth[j], 4) for j in (1, 2, 3)]
+    pooled = 1 + sum(r.accepted_per_pos[0] for r in rows) / sum(r.drafts for r in rows)
+    assert (pooled < truth[1] - 0.01) == (len(set(rates)) > 1)
+
+
 def test_the_cost_model_figures_and_the_recommendation_on_a_hand_computed_case() -> None:
-    # d 0.05, S 256. At c <= 32 every step is memory-bound: speedup = AL(k) / (1 + 0.05 k): 1.6/1.05, 1.9/1.1,
-    # 2.0/1.15. At c 128: t0 = 1, verifying k+1 tokens costs 128 (k+1)/256: 1.6/(1+.05), 1.9/(1.5+.1), 2/(2+.15)
+    # d 0.05, S 256. At c <= 32 every step is memory-bound: speedup = AL(k) / (1 + 0.05 k): AL1/1.05, AL2/1.1,
+    # 2.0/1.15. At c 128: t0 = 1, verifying k+1 tokens costs 128 (k+1)/256: AL1/(1+.05), AL2/(1.5+.1), 2/(2+.15)
     kc = k_choice(_report(), AcceptConfig(concurrency=4), measured_concurrency=1)
     assert kc is not None and not kc.calibrated and kc.concurrencies == [1, 8, 32, 128]
-    expected = {1: [1.6 / 1.05] * 4, 2: [1.9 / 1.1] * 3 + [1.9 / 1.6], 3: [2.0 / 1.15] * 3 + [2.0 / 2.15]}
+    expected = {1: [AL1 / 1.05] * 4, 2: [AL2 / 1.1] * 3 + [AL2 / 1.6], 3: [2.0 / 1.15] * 3 + [2.0 / 2.15]}
     for f in kc.by_k:
         assert [f.speedup[c] for c in kc.concurrencies] == pytest.approx(expected[f.k], abs=5e-4), f.k
     assert kc.best_k == {1: 3, 8: 3, 32: 3, 128: 1}
     # accept.concurrency 4 is not listed: the recommendation is at the smallest listed concurrency
     assert (kc.recommended_k, kc.recommended_at, kc.slower_at) == (3, 1, [128])
     assert kc.warnings == ["at concurrency 128 the drafter is expected to slow serving to 0.93× at k=3: serve k=1 "
-                           "there (×1.52)"]
+                           f"there (×{AL1 / 1.05:.2f})"]
     assert kc.notes[0].startswith("expected speedups from the cost model (docs/train.md), not measured: a target "
                                   "step of n tokens costs max(1, n/256) decode steps, a draft step 0.05 of one")
     # served at concurrency 128 (listed): k 1 there, and it is faster than plain decoding everywhere
@@ -107,10 +137,10 @@ def test_the_slow_down_warning_appears_only_where_the_recommended_k_is_below_one
     slow = k_choice(_report(), AcceptConfig(saturation_tokens=16), measured_concurrency=1)
     assert slow is not None and (slow.recommended_k, slow.slower_at) == (3, [8, 32, 128])
     assert slow.warnings[0] == ("at concurrency 8 the drafter is expected to slow serving to 0.93× at k=3: serve k=1 "
-                                "there (×1.52)")
+                                f"there (×{AL1 / 1.05:.2f})")
     # 128: t0 8, k 3 costs 512/16 + 0.15, k 1 costs 256/16 + 0.05
     assert slow.warnings[2] == (f"at concurrency 128 the drafter is expected to slow serving to {16 / 32.15:.2f}× at "
-                                f"k=3 (at best {12.8 / 16.05:.2f}× at k=1): serve without it at that concurrency")
+                                f"k=3 (at best {AL1 * 8 / 16.05:.2f}× at k=1): serve without it at that concurrency")
     lines = k_lines(_report(k_choice=slow))
     assert [line for line in lines if line.startswith("warning:")] == [f"warning: {w}" for w in slow.warnings]
 
@@ -159,7 +189,7 @@ def test_the_figures_by_k_round_trip_through_the_store_and_an_old_report_still_r
     path = tmp_path / "accept" / "pass.json"
     atomic_write_json(path, rep)
     back = read_json(path, AcceptReport)
-    # measured ×1.5 at k 3: draft steps of 1/9 (2.0 / (1 + 3d) = 1.5), and then k 2 is faster (1.9 / (1 + 2/9))
+    # measured ×1.5 at k 3: draft steps of 1/9 (2.0 / (1 + 3d) = 1.5), and then k 2 is faster (AL2 / (1 + 2/9))
     assert back == rep and back.k_choice is not None and back.k_choice.draft_step_cost == 0.1111
     assert back.k_choice.best_k == {1: 2, 8: 2, 32: 2, 128: 1}  # int keys back as ints
     old = msgspec.structs.replace(rep, k_choice=None)
@@ -198,10 +228,10 @@ def test_the_report_page_and_status_show_the_figures_by_k_and_the_recommended_k(
     assert table[0] == ["k", "acceptance length", "95% interval"] + [
         f"expected speedup, concurrency {c}" for c in (1, 8, 32, 128)]
     ci = rep.k_choice.by_k[0].ci95 or [0.0, 0.0]
-    assert table[1] == ["1", "1.600", f"[{ci[0]:.3f}, {ci[1]:.3f}]", "1.52×", "1.52×", "1.52×", "1.52×"]
+    assert table[1] == ["1", f"{AL1:.3f}", f"[{ci[0]:.3f}, {ci[1]:.3f}]"] + [f"{AL1 / 1.05:.2f}×"] * 4
     assert table[3][0] == "3 (recommended) (served)" and table[3][-1] == "0.93×"
-    assert "at concurrency 128 the drafter is expected to slow serving to 0.93× at k=3: serve k=1 there (×1.52)" \
-        in htmllib.unescape(page)
+    assert ("at concurrency 128 the drafter is expected to slow serving to 0.93× at k=3: serve k=1 there "
+            f"(×{AL1 / 1.05:.2f})") in htmllib.unescape(page)
     out: list[str] = []
     run_status(str(run), echo=out.append)
     assert ("k=3 recommended at concurrency 1 (slower than without the drafter at concurrency 128)"

@@ -10,15 +10,23 @@ computation; no I/O.
 Acceptance length at k'. vLLM counts, per position i of a draft, the drafts whose token i was accepted.
 Verification stops at the first rejected token, so position i is accepted only when every position before
 it is (the chain assumption), and a drafter proposing only its first k' tokens would have had the same ones
-accepted:
+accepted. Per prompt p (its drafts D_p, its accepted tokens A_p):
 
-    AL(k') = 1 + Σ_{i<k'} accepted_per_pos[i] / drafts          (AL(k) is the measured AL)
+    AL_p(k') = 1 + Σ_{i<k'} accepted_per_pos_p[i] / D_p
 
-Its 95% interval is ``figures``' percentile bootstrap over the prompts (the same seeded resamples, so a
-report's intervals are reproducible, and the one at the served k is the drafter's own). An estimate: at a
-smaller k' the steps start at other places of the text. Without per-prompt per-position counts the pass's
-``per_position`` gives the figures without intervals; without any (SGLang's ``meta_info``) only the served k
-is known.
+Pooled over the prompts, an AL is tokens over steps. A prompt's tokens T_p = D_p + A_p (what its steps
+produced; greedy verification writes the same text at any k) take T_p / AL_p(k') steps at k', not D_p: a
+prompt the drafter does well on takes fewer steps at the served k than at a smaller k', so pooling the
+counts as measured would weigh it too little and bias AL(k') low (by 0.08 at k' = 1 on the CPU chain's
+24-epoch drafter). Hence
+
+    AL(k') = Σ_p T_p / Σ_p (T_p / AL_p(k'))                      (AL(k) is the measured AL)
+
+Within a prompt the steps are taken to be alike (its acceptance does not vary along its text). The 95%
+interval is ``figures``' percentile bootstrap over the prompts (the same seeded resamples, so a report's
+intervals are reproducible, and the one at the served k is the drafter's own). Without per-prompt
+per-position counts the pass's ``per_position`` gives ``1 + Σ_{i<k'} per_position[i]``, unweighted and
+without intervals; without any (SGLang's ``meta_info``) only the served k is known.
 
 Cost model, in target decode steps (one memory-bound forward of the target = 1). At concurrency c (sequences
 in flight), a step of n tokens costs ``max(1, n / S)``: the weights are read once until the step's tokens
@@ -91,7 +99,7 @@ def acceptance_by_k(rows: Sequence[PromptAcceptance], acceptance: AcceptanceFigu
         rs = resamples(range(len(rows)))
         out = []
         for j in range(1, top + 1):
-            s = Series(f"k={j}", [sum(r.accepted_per_pos[:j]) for r in rows], [r.drafts for r in rows])
+            s = _served_at(rows, j)
             out.append(KFigures(k=j, acceptance_length=round(s.al(), 4), ci95=interval(s, rs)))
         return out, _short(positions, k)
     if acceptance.per_position:
@@ -105,6 +113,19 @@ def acceptance_by_k(rows: Sequence[PromptAcceptance], acceptance: AcceptanceFigu
         return [], []
     return [KFigures(k=k, acceptance_length=round(acceptance.acceptance_length, 4), ci95=acceptance.ci95)], [
         f"the server gave no per-position counts ({acceptance.source}): the acceptance below k={k} is unknown"]
+
+
+def _served_at(rows: Sequence[PromptAcceptance], j: int) -> Series:
+    """The prompts' counters as serving at k' = ``j`` would have made them (the module docstring): each
+    prompt's tokens T_p in T_p / AL_p(j) steps, so that ``Series.al`` is Σ T_p / Σ steps."""
+    steps: list[float] = []
+    accepted: list[float] = []
+    for r in rows:
+        tokens = r.drafts + r.accepted
+        n = tokens / (1.0 + sum(r.accepted_per_pos[:j]) / r.drafts) if r.drafts > 0 else 0.0
+        steps.append(n)
+        accepted.append(tokens - n)
+    return Series(f"k={j}", accepted, steps)
 
 
 def _short(positions: int, k: int | None) -> list[str]:
