@@ -210,7 +210,9 @@ def test_chain_figures_flatten_with_the_bounded_differences() -> None:
               "target": {"sha256": "ab" * 32, "matches_recorded": True, "accuracy": {"walk": 1.0},
                          "train_seconds": 80.0},
               "shifted": {"threshold_broken": True, "samples": 256, "flagged": 17, "reference_aux": 17},
-              "train_trained": {"steps": 52, "seconds": 91.9, "offline_al": 1.68},
+              "train_trained": {"steps": 52, "seconds": 91.9, "offline_al": 1.68, "epochs": 24,
+                                "val_loss_first": 5.8, "val_loss_last": 0.99, "val_loss_change_last_quarter": -0.02,
+                                "val_loss_spread_last_half": 0.15},
               "times_s": {"target": 3.6, "train (untrained: lr 0, 1 step)": 12.8}, "total_s": 317.8}
     flat = flat_figures(nested)
     assert flat["al_trained_minus_untrained"] == pytest.approx(1.1)
@@ -222,4 +224,6 @@ def test_chain_figures_flatten_with_the_bounded_differences() -> None:
     assert flat["shifted_reference_aux"] == 17 and flat["shifted_extract_refused"] is True
     assert flat["stage_train_untrained_s"] == 12.8 and flat["chain_wall_s"] == 317.8
     assert flat["held_out_looping"] == 0 and flat["random_target_al_lookup"] == 1.738
+    assert (flat["train_trained_epochs"], flat["train_trained_val_loss_change_last_quarter"],
+            flat["train_trained_val_loss_spread_last_half"]) == (24, -0.02, 0.15)
     assert all(isinstance(v, int | float | str | bool) for v in flat.values())
