@@ -140,7 +140,7 @@ from draftgen.records.responses import (
     spend_usd,
     view_mismatches,
 )
-from draftgen.records.rounds import RoundDataset, RoundPlan, RoundTag
+from draftgen.records.rounds import RoundArm, RoundDataset, RoundPlan, RoundTag
 from draftgen.records.run import LockHolder, RunManifest
 
 __all__ = [
@@ -221,6 +221,7 @@ __all__ = [
     "ResponseRecord",
     "ResponseScanView",
     "ResponseSettingsView",
+    "RoundArm",
     "RoundDataset",
     "RoundPlan",
     "RoundTag",

@@ -15,54 +15,46 @@ import msgspec
 from draftgen.records.base import SCHEMA_VERSION
 
 
-class RoundTag(msgspec.Struct, omit_defaults=True, kw_only=True):
+class RoundArm(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """What a dataset's line and a tag's line of a proposal share: each is an arm of the model, with what was
+    measured, what the model expects and what to add."""
+
+    traffic: float = 0.0
+    """Its share of the served traffic (``datasets[].traffic``, normalised; equal shares when unset; a tag's:
+    its dataset's split over its tags by their share of its drawn prompts)."""
+    acceptance_length: float | None = None
+    ci95: list[float] | None = None
+    prompts_measured: int = 0
+    training_tokens: int = 0
+    """Supervised (loss-masked) tokens in merged/ when the acceptance was measured (a tag's: the dataset's × the
+    tag's share of its drawn prompts, an estimate: merged/ keeps no tags)."""
+    tokens_per_sample: float = 0.0
+    """Mean supervised tokens a new sample adds (the dataset's merged rows)."""
+    available: int = 0
+    """Prompts of the source not drawn yet (prepare's ``not_selected``, a tag's ``tags_not_selected``): the most
+    this round can add."""
+    add_samples: int = 0
+    add_tokens: int = 0
+    add_usd: float = 0.0
+    expected_acceptance_length: float | None = None
+    note: str | None = None
+
+
+class RoundTag(RoundArm, kw_only=True):
     """One tag's line under its dataset (``datasets[].tags_field``): the tag is an arm of the same model as a
     dataset, with its own measured acceptance, training tokens, traffic and room."""
 
     tag: str
     """The tag (``records.prompts.UNTAGGED``, "": the dataset's prompts that carry none)."""
-    traffic: float = 0.0
-    """The dataset's traffic share split over its tags by their share of its drawn prompts."""
-    acceptance_length: float | None = None
-    ci95: list[float] | None = None
-    prompts_measured: int = 0
-    training_tokens: int = 0
-    """The dataset's supervised tokens × the tag's share of its drawn prompts (an estimate: merged/ keeps no
-    tags)."""
-    tokens_per_sample: float = 0.0
-    """The dataset's mean supervised tokens per sample."""
-    available: int = 0
-    """Prompts of the source carrying the tag not drawn yet (prepare's ``tags_not_selected``)."""
-    add_samples: int = 0
-    add_tokens: int = 0
-    add_usd: float = 0.0
-    expected_acceptance_length: float | None = None
-    note: str | None = None
 
 
-class RoundDataset(msgspec.Struct, omit_defaults=True, kw_only=True):
-    """One dataset's line of a proposal: what was measured, what the model expects, what to add."""
+class RoundDataset(RoundArm, kw_only=True):
+    """One dataset's line of a proposal."""
 
     dataset: str
-    traffic: float
-    """Its share of the served traffic (``datasets[].traffic``, normalised; equal shares when unset)."""
-    acceptance_length: float | None = None
-    ci95: list[float] | None = None
-    prompts_measured: int = 0
-    training_tokens: int = 0
-    """Supervised (loss-masked) tokens of the dataset in merged/ when the acceptance was measured."""
     training_share: float = 0.0
-    tokens_per_sample: float = 0.0
-    """Mean supervised tokens a new sample adds (the dataset's merged rows)."""
     usd_per_sample: float = 0.0
     """Mean cost of one of its responses so far (0: free, or not known)."""
-    available: int = 0
-    """Prompts of the source not drawn yet (prepare's ``not_selected``): the most this round can add."""
-    add_samples: int = 0
-    add_tokens: int = 0
-    add_usd: float = 0.0
-    expected_acceptance_length: float | None = None
-    note: str | None = None
     tags: list[RoundTag] = msgspec.field(default_factory=list)
     """Its tags' lines where its measured prompts carry tags; ``add_samples`` is then their sum, and prepare
     draws each tag's own (``RoundPlan.tag_adds``)."""

@@ -120,26 +120,26 @@ def summarize(held: Mapping[str, HiddenIndexRecord], providers: Mapping[str, str
               hs: HiddenStatesConfig) -> HiddenFidelity | None:
     """Each provider's figures and the flag (see the module docstring) over the set's rows ``held`` (row id ->
     its index record, repeats included); None when no sample was measured."""
-    return summarize_results(_measured(held), {sid: providers.get(sid) or UNKNOWN for sid in held}, hs)
+    return summarize_results(_measured(held), held, providers, hs)
 
 
-def summarize_results(results: Mapping[str, FidelityResult], rows: Mapping[str, str],
+def summarize_results(results: Mapping[str, FidelityResult], row_ids: Iterable[str], providers: Mapping[str, str],
                       hs: HiddenStatesConfig) -> HiddenFidelity | None:
     """Each provider's figures and the flag (see the module docstring) from the measured samples ``results``
-    (row id -> its figures) over all the rows ``rows`` (row id -> provider, ``UNKNOWN`` where none); None when
-    no sample was measured."""
+    (row id -> its figures) over all the rows ``row_ids`` (``providers``: row id -> provider; ``UNKNOWN`` where
+    none); None when no sample was measured."""
+    by: dict[str, list[str]] = defaultdict(list)
+    for sid in row_ids:
+        by[providers.get(sid) or UNKNOWN].append(sid)
     measured: dict[str, _Measured] = defaultdict(_Measured)
     for sid, f in results.items():
         if f.positions:
-            m = measured[rows.get(sid) or UNKNOWN]
+            m = measured[providers.get(sid) or UNKNOWN]
             m.lp.append(f.logprob_mean)
             m.top.append(f.top1)
             m.n.append(f.positions)
     if not measured:
         return None
-    by: dict[str, list[str]] = defaultdict(list)
-    for sid, provider in rows.items():
-        by[provider or UNKNOWN].append(sid)
     boot = {p: m.resampled(zlib.crc32(p.encode())) for p, m in measured.items() if len(m.n) > 1}
     figures = {p: m.pooled() for p, m in measured.items()}
     trusted = [p for p, m in measured.items() if len(m.n) >= MIN_SAMPLES] or list(measured)

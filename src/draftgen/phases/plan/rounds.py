@@ -49,6 +49,7 @@ from draftgen.records import (
     DatasetAcceptance,
     DatasetStats,
     MergeStats,
+    RoundArm,
     RoundDataset,
     RoundPlan,
     RoundTag,
@@ -72,7 +73,7 @@ class _Arm:
     """One dataset (or one tag of a dataset) under the model: its gap to the ceiling, its training tokens, what a
     sample costs. ``group``: the dataset of a tag's arm (``uniform`` spreads per dataset, then per tag)."""
 
-    line: RoundDataset | RoundTag
+    line: RoundArm
     gap: float
     n: float
     cost: float  # budget units per sample
@@ -157,7 +158,7 @@ def _arms(lines: list[RoundDataset], k: int, alpha: float, unit: str) -> list[_A
     arms = []
     for ln in lines:
         cost = ln.usd_per_sample if unit == "usd" else ln.tokens_per_sample
-        items: list[RoundDataset | RoundTag] = [*ln.tags] if ln.tags else [ln]
+        items: list[RoundArm] = [*ln.tags] if ln.tags else [ln]
         for item in items:
             if item.acceptance_length is None:
                 item.note = "no held-out prompt of it was measured: nothing to steer by"
@@ -321,7 +322,7 @@ def round_lines(plan: RoundPlan) -> list[str]:
     return out
 
 
-def _round_line(label: str, d: RoundDataset | RoundTag, share: float) -> str:
+def _round_line(label: str, d: RoundArm, share: float) -> str:
     al = "-" if d.acceptance_length is None else (
         f"{d.acceptance_length:.3f}" + (f" [{d.ci95[0]:.2f},{d.ci95[1]:.2f}]" if d.ci95 else ""))
     exp = "-" if d.expected_acceptance_length is None else f"{d.expected_acceptance_length:.3f}"

@@ -185,7 +185,7 @@ def _fidelity(cfg: RunConfig, rd: RunDir, rows: list[ExtractRow], url: str,
     rows to train on, the figures (None: none measured) and the rows left out per flagged provider."""
     from draftgen.phases.train.proxy import check_captured
     from draftgen.runview.chain import fidelity_lines
-    from draftgen.target.fidelity import UNKNOWN, choose, summarize_results
+    from draftgen.target.fidelity import choose, summarize_results
     from draftgen.target.rows import read_merged_providers
     from draftgen.target.vllm import VllmExtractBackend
 
@@ -216,7 +216,7 @@ def _fidelity(cfg: RunConfig, rd: RunDir, rows: list[ExtractRow], url: str,
     if lost:
         echo(f"train: provider fidelity: {len(lost)} batch(es) of rows could not be captured through {url} and "
              f"are not measured (first: {lost[0]})")
-    fid = summarize_results(results, {r.sample_id: providers.get(r.sample_id) or UNKNOWN for r in rows}, hs)
+    fid = summarize_results(results, (r.sample_id for r in rows), providers, hs)
     if fid is None:
         return rows, None, {}
     for line in fidelity_lines(fid):
